@@ -1,0 +1,125 @@
+"""Fixed, hand-written configurations costed by the same estimator as the planner's plans.
+
+`UniformConfig` is a Megatron/DeepSpeed-style 3D configuration — one TP degree, one pipeline
+degree, data parallelism over what remains, one ZeRO stage, one recomputation setting and a
+per-rank micro-batch — as written on the command line:
+
+    gbmw estimate JOB --uniform tp=8,pp=2,zero=1,ckpt=full,micro=1
+
+It becomes a Plan with the same strategy on every layer (TP innermost on consecutive ranks,
+data parallel outside it, pipeline outermost, as Megatron lays out ranks) and Megatron's even
+pipeline split.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gbmw.errors import PlanError
+from gbmw.plan import Plan, megatron_partition
+from gbmw.spec import JobSpec
+from gbmw.space import Strategy
+
+ZERO_AXES = {0: "dp", 1: "z1dp", 2: "z2dp", 3: "sdp"}
+UNIFORM_KEYS = {
+    "tp": "tensor-parallel degree (power of two)",
+    "pp": "pipeline degree (power of two)",
+    "dp": "data-parallel degree (optional; must equal devices / (tp * pp))",
+    "zero": "ZeRO stage 0-3 (3 = sharded data parallel)",
+    "ckpt": "activation recomputation: full or none",
+    "micro": "micro-batch size per data-parallel rank (Megatron --micro-batch-size)",
+    "batch": "global batch (optional; default the job's global_batch)",
+}
+
+
+@dataclass(frozen=True)
+class UniformConfig:
+    tp: int = 1
+    pp: int = 1
+    dp: int | None = None
+    zero: int = 0
+    ckpt: str = "none"
+    micro: int = 1
+    batch: int | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> "UniformConfig":
+        values: dict[str, object] = {}
+        for item in filter(None, (part.strip() for part in text.split(","))):
+            key, sep, value = item.partition("=")
+            key = key.strip()
+            if not sep or key not in UNIFORM_KEYS:
+                known = ", ".join(f"{k} ({v})" for k, v in UNIFORM_KEYS.items())
+                raise PlanError(f"--uniform: cannot read {item!r}; write key=value pairs joined by ',' with keys: {known}")
+            value = value.strip()
+            if key == "ckpt":
+                if value not in ("full", "none"):
+                    raise PlanError(
+                        f"--uniform ckpt={value!r}: only full (every Transformer block recomputed) or none is "
+                        "modelled; selective recomputation is not"
+                    )
+                values[key] = value
+                continue
+            try:
+                number = int(value)
+            except ValueError:
+                raise PlanError(f"--uniform {key}={value!r}: must be an integer ({UNIFORM_KEYS[key]})") from None
+            if number < (0 if key == "zero" else 1):
+                raise PlanError(f"--uniform {key}={number}: must be positive ({UNIFORM_KEYS[key]})")
+            if key == "zero" and number > 3:
+                raise PlanError(f"--uniform zero={number}: ZeRO stages are 0, 1, 2 and 3")
+            values[key] = number
+        return cls(**values)  # type: ignore[arg-type]
+
+    def to_plan(self, job: JobSpec) -> Plan:
+        devices = job.cluster.num_devices
+        if devices % (self.tp * self.pp):
+            raise PlanError(
+                f"--uniform tp={self.tp}, pp={self.pp}: devices({devices}) % (tp * pp = {self.tp * self.pp}) != 0"
+            )
+        dp = devices // (self.tp * self.pp)
+        if self.dp is not None and self.dp != dp:
+            raise PlanError(
+                f"--uniform dp={self.dp}: devices({devices}) / (tp({self.tp}) * pp({self.pp})) = {dp}; "
+                f"leave dp out or set it to {dp}"
+            )
+        global_batch = self.batch or job.global_batch
+        if global_batch is None:
+            raise PlanError(f"--uniform: job {job.name} has no global_batch; add batch=N to --uniform")
+        micro_batch = self.micro * dp
+        if global_batch % micro_batch:
+            raise PlanError(
+                f"--uniform: global batch {global_batch} is not a multiple of micro({self.micro}) * dp({dp}) = "
+                f"{micro_batch}; DeepSpeed's identity is train_batch = micro * grad_accum * dp"
+            )
+        dims = []
+        if self.tp > 1:
+            dims.append(("tp", self.tp))
+        if dp > 1:
+            dims.append((ZERO_AXES[self.zero], dp))
+        block = Strategy(tuple(dims), ckpt=self.ckpt == "full")
+        plain = Strategy(tuple(dims), ckpt=False)
+        strategies = tuple(
+            plain if layer.kind in ("embedding", "head") else block for layer in job.model.layers
+        )
+        plan = Plan(
+            model=job.model.name,
+            cluster=job.cluster.name,
+            num_devices=devices,
+            precision=job.precision,
+            global_batch=global_batch,
+            micro_batch=micro_batch,
+            num_micro_batches=global_batch // micro_batch,
+            pp=self.pp,
+            partition=tuple(megatron_partition(job.model, self.pp)),
+            strategies=strategies,
+            target="runtime",
+            provenance={"made_by": "uniform", "config": self.describe()},
+        )
+        plan.check_against(job.model, devices)
+        return plan
+
+    def describe(self) -> str:
+        return f"tp={self.tp},pp={self.pp},zero={self.zero},ckpt={self.ckpt},micro={self.micro}" + (
+            f",batch={self.batch}" if self.batch else ""
+        )

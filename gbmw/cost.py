@@ -1,0 +1,371 @@
+"""The cost estimator: per-layer time and memory under each strategy, transitions, stages, pipeline.
+
+Paper Sec. 5 and Appendix C. For one micro-batch of `micro_batch` samples entering a stage whose
+group has G devices, a layer under strategy S (data-parallel ways d, TP degree t) processes
+micro_batch / d samples per device:
+
+* compute: forward = per-sample time × samples / t (profiled time, or FLOPs over the device's
+  sustained FLOP/s); backward = 2 × forward; CKPT adds one forward (recompute) before backward.
+* TP: the layer's all-reduces in forward and as many in backward (and again in the recompute).
+* DP/SDP: SDP all-gathers parameters before forward and backward and reduce-scatters gradients
+  every micro-batch (DeepSpeed ZeRO-3 keeps no unsharded gradients across micro-batches);
+  DP all-reduces gradients once per iteration, on the last micro-batch (Appendix C); ZeRO-1
+  reduce-scatters gradients and all-gathers updated parameters then; ZeRO-2 reduce-scatters every
+  micro-batch and all-gathers parameters on the last. Backward DP/SDP communication overlaps
+  backward compute and both slow down by the cluster's overlap factor f while they share the
+  device: time = max(c, g) + (f - 1) · min(c, g).
+* memory (bytes per device): model states per precision and optimizer, divided by the sharding
+  axes; forward-stashed activations f (boundary + intermediate, or boundary only under CKPT);
+  backward extra b (the recomputed intermediates of a CKPT layer, the gathered parameters and
+  gradients of an SDP layer) — the O_f, O_b, O_ms of Eq. (4)–(5).
+
+Stages add the transition cost R between neighbouring layers whose activation layouts differ
+(Eq. 6), the p2p transfers to neighbouring stages, and the 1F1B stash: stage i of P keeps the
+activations of min(P - i, m) micro-batches. The pipeline time is Eq. (9).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from gbmw.comm import CommModel
+from gbmw.errors import PlanError
+from gbmw.plan import Estimate, Plan
+from gbmw.spec import ClusterSpec, JobSpec, ModelSpec
+from gbmw.space import DATA_PARALLEL_AXES, Strategy
+
+#: Bytes per parameter of (parameters, gradients, optimizer states) by precision and optimizer.
+#: Mixed precision keeps 16-bit parameters and gradients and an fp32 master copy with Adam's two
+#: moments (Rajbhandari et al., "ZeRO", Sec. 3.1: 2 + 2 + 12 bytes); fp32 keeps 4 + 4 + 8.
+MODEL_STATE_BYTES: dict[tuple[str, str], tuple[int, int, int]] = {
+    ("fp32", "adam"): (4, 4, 8),
+    ("fp16", "adam"): (2, 2, 12),
+    ("bf16", "adam"): (2, 2, 12),
+    ("fp32", "sgd"): (4, 4, 0),
+    ("fp16", "sgd"): (2, 2, 4),
+    ("bf16", "sgd"): (2, 2, 4),
+}
+
+
+@dataclass(frozen=True)
+class CostSettings:
+    """What the costs depend on besides the layers and strategies."""
+
+    cluster: ClusterSpec
+    precision: str
+    optimizer: str = "adam"
+
+
+@dataclass
+class LayerCosts:
+    """Per-layer costs for one strategy (arrays over layers), one micro-batch."""
+
+    time_s: np.ndarray
+    """Layer time on the last micro-batch (gradient synchronisation included)."""
+    time_no_grad_sync_s: np.ndarray
+    """Layer time on the other micro-batches."""
+    forward_memory_bytes: np.ndarray
+    """O_f: activations stashed from forward to backward (one micro-batch)."""
+    backward_memory_bytes: np.ndarray
+    """O_b: extra memory only while this layer runs backward."""
+    model_state_bytes: np.ndarray
+    """O_ms: parameters, gradients and optimizer states held throughout."""
+    samples_per_device: float
+
+
+def model_state_bytes_per_parameter(strategy: Strategy, precision: str, optimizer: str) -> float:
+    """Bytes of model states per (TP-local) parameter on one device under `strategy`'s sharding."""
+    parameter_bytes, gradient_bytes, optimizer_bytes = MODEL_STATE_BYTES[(precision, optimizer)]
+    zero3 = strategy.degree("sdp")
+    zero2 = zero3 * strategy.degree("z2dp")
+    zero1 = zero2 * strategy.degree("z1dp")
+    return parameter_bytes / zero3 + gradient_bytes / zero2 + optimizer_bytes / zero1
+
+
+def tp_local_parameters(model: ModelSpec, tp: int) -> np.ndarray:
+    arrays = model.arrays
+    return arrays.tp_split_parameter_count / tp + (arrays.parameter_count - arrays.tp_split_parameter_count)
+
+
+def forward_time_per_sample_s(model: ModelSpec, settings: CostSettings) -> np.ndarray:
+    """Measured per-sample forward time where profiled, else FLOPs / sustained FLOP/s."""
+    arrays = model.arrays
+    analytic = arrays.forward_flops_per_sample / settings.cluster.sustained_flops(settings.precision)
+    return np.where(arrays.has_measured_time, arrays.forward_time_per_sample_s, analytic)
+
+
+def layer_costs(
+    model: ModelSpec, strategy: Strategy, micro_batch: float, settings: CostSettings, comm: CommModel
+) -> LayerCosts:
+    """c(l, S), O_f(l, S), O_b(l, S), O_ms(l, S) of every layer l under one strategy S."""
+    arrays = model.arrays
+    parameter_bytes, gradient_bytes, _ = MODEL_STATE_BYTES[(settings.precision, settings.optimizer)]
+    tp = strategy.tp
+    samples = micro_batch / strategy.data_parallel
+    slowdown = settings.cluster.overlap_slowdown
+
+    # Compute.
+    forward_compute = forward_time_per_sample_s(model, settings) * samples / tp
+    backward_compute = 2.0 * forward_compute
+
+    # Tensor-parallel all-reduces (blocking, not overlapped).
+    tp_stride = strategy.stride("tp") if tp > 1 else 1
+    tp_forward = _vector(comm.allreduce_s, arrays.tp_allreduce_bytes_per_sample * samples, tp, tp_stride)
+
+    # Data-parallel communication of this layer's (TP-local) parameters and gradients.
+    local_parameters = tp_local_parameters(model, tp)
+    every_micro_batch = np.zeros(model.num_layers)  # backward, overlappable
+    forward_gather = np.zeros(model.num_layers)
+    last_micro_batch = np.zeros(model.num_layers)  # backward, overlappable, once per iteration
+    shard = 1
+    for axis, degree in strategy.dims:
+        if axis not in DATA_PARALLEL_AXES:
+            continue
+        stride = strategy.stride(axis)
+        shard_parameters = local_parameters / shard
+        if axis == "sdp":
+            gather = _vector(comm.allgather_s, shard_parameters * parameter_bytes, degree, stride)
+            forward_gather += gather
+            every_micro_batch += gather + _vector(comm.reduce_scatter_s, shard_parameters * gradient_bytes, degree, stride)
+            shard *= degree
+        elif axis == "z2dp":
+            every_micro_batch += _vector(comm.reduce_scatter_s, shard_parameters * gradient_bytes, degree, stride)
+            last_micro_batch += _vector(comm.allgather_s, shard_parameters * parameter_bytes, degree, stride)
+        elif axis == "z1dp":
+            last_micro_batch += _vector(comm.reduce_scatter_s, shard_parameters * gradient_bytes, degree, stride)
+            last_micro_batch += _vector(comm.allgather_s, shard_parameters * parameter_bytes, degree, stride)
+        else:  # dp
+            last_micro_batch += _vector(comm.allreduce_s, shard_parameters * gradient_bytes, degree, stride)
+
+    def overlapped(compute: np.ndarray, communication: np.ndarray) -> np.ndarray:
+        return np.maximum(compute, communication) + (slowdown - 1.0) * np.minimum(compute, communication)
+
+    forward = forward_compute + tp_forward + forward_gather
+    recompute = (forward_compute + tp_forward) if strategy.ckpt else 0.0
+    backward_common = tp_forward + recompute
+    time_no_sync = forward + backward_common + overlapped(backward_compute, every_micro_batch)
+    time_sync = forward + backward_common + overlapped(backward_compute, every_micro_batch + last_micro_batch)
+
+    # Memory.
+    boundary = arrays.boundary_activation_bytes_per_sample * samples
+    intermediate = (
+        arrays.intermediate_activation_bytes_per_sample + arrays.intermediate_tp_split_activation_bytes_per_sample / tp
+    ) * samples
+    if strategy.ckpt:
+        forward_memory, backward_memory = boundary, intermediate.copy()
+    else:
+        forward_memory, backward_memory = boundary + intermediate, np.zeros(model.num_layers)
+    sdp = strategy.degree("sdp")
+    if sdp > 1:  # the gathered full parameters and unscattered gradients of the running layer
+        backward_memory = backward_memory + local_parameters * (parameter_bytes + gradient_bytes) * (1 - 1 / sdp)
+    states = local_parameters * model_state_bytes_per_parameter(strategy, settings.precision, settings.optimizer)
+    return LayerCosts(
+        time_s=time_sync,
+        time_no_grad_sync_s=time_no_sync,
+        forward_memory_bytes=forward_memory,
+        backward_memory_bytes=backward_memory,
+        model_state_bytes=states,
+        samples_per_device=samples,
+    )
+
+
+def _vector(function, message_bytes: np.ndarray, size: int, stride: int) -> np.ndarray:
+    """Apply a collective time function to each layer's message (times are affine in the size);
+    a layer with nothing to send costs nothing."""
+    if size <= 1:
+        return np.zeros_like(message_bytes)
+    base = function(0.0, size, stride)
+    per_byte = function(1.0, size, stride) - base
+    return np.where(message_bytes > 0, base + per_byte * message_bytes, 0.0)
+
+
+# ----------------------------------------------------------------------------------------------
+# Transition cost R (Eq. 6) from activation layouts
+# ----------------------------------------------------------------------------------------------
+
+
+@lru_cache(maxsize=None)
+def activation_layout(strategy: Strategy) -> tuple[tuple[int, int], ...]:
+    """For each device of the group, the slice of the micro-batch it holds: (shard index, shard count).
+
+    Devices are numbered innermost dimension first (mixed radix over `dims`); the shard index
+    combines the data-parallel digits with the outer axis most significant. Strategies with the
+    same layout (tp2-dp4 and tp2-sdp4; any two with CKPT on and off) need no transition.
+    """
+    layout = []
+    for device in range(strategy.group_size):
+        remainder, shard, shards = device, 0, 1
+        for axis, degree in strategy.dims:
+            digit = remainder % degree
+            remainder //= degree
+            if axis in DATA_PARALLEL_AXES:
+                shard += digit * shards
+                shards *= degree
+        layout.append((shard, shards))
+    return tuple(layout)
+
+
+@lru_cache(maxsize=None)
+def transition_fraction(previous: Strategy, current: Strategy) -> float:
+    """Largest fraction of the micro-batch's boundary activation one device must receive in the
+    Slice-Gather from `previous`'s layout to `current`'s, forward (activations it lacks) plus
+    backward (gradients of the activations it held but no longer computes)."""
+    if previous.group_size != current.group_size:
+        raise ValueError("strategies of one stage share the group size")
+    worst = 0.0
+    for (held, held_count), (needed, needed_count) in zip(activation_layout(previous), activation_layout(current)):
+        held_range = (held / held_count, (held + 1) / held_count)
+        needed_range = (needed / needed_count, (needed + 1) / needed_count)
+        overlap = max(0.0, min(held_range[1], needed_range[1]) - max(held_range[0], needed_range[0]))
+        forward = 1 / needed_count - overlap
+        backward = 1 / held_count - overlap
+        worst = max(worst, forward + backward)
+    return worst
+
+
+def transition_time_s(
+    previous: Strategy, current: Strategy, boundary_bytes_per_sample: float, micro_batch: float, comm: CommModel
+) -> float:
+    """R(l, S_i, S_j): Slice-Gather time between neighbouring layers (0 when the layouts agree)."""
+    fraction = transition_fraction(previous, current)
+    if fraction == 0.0:
+        return 0.0
+    return comm.exchange_s(fraction * boundary_bytes_per_sample * micro_batch, previous.group_size)
+
+
+# ----------------------------------------------------------------------------------------------
+# Stages and the pipeline (Eq. 9, Appendix C; 1F1B stash)
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StageEstimate:
+    first_layer: int
+    num_layers: int
+    time_s: float
+    """C(M_i, B_m): one micro-batch through the stage, gradient synchronisation included."""
+    time_no_grad_sync_s: float
+    peak_memory_bytes: float
+    model_state_bytes: float
+    activation_bytes: float
+    """Peak activation memory (stash of in-flight micro-batches plus the backward extra)."""
+    in_flight_micro_batches: int
+
+
+def stage_estimate(
+    model: ModelSpec,
+    strategies: list[Strategy],
+    first_layer: int,
+    stage_index: int,
+    pp: int,
+    micro_batch: float,
+    num_micro_batches: int,
+    settings: CostSettings,
+    comm: CommModel,
+    cost_cache: dict | None = None,
+) -> StageEstimate:
+    """Time and peak memory of one pipeline stage holding layers [first_layer, first_layer + len(strategies))."""
+    cache = cost_cache if cost_cache is not None else {}
+    count = len(strategies)
+    layers = range(first_layer, first_layer + count)
+    arrays = model.arrays
+    time = no_sync = 0.0
+    forward_memory, backward_memory, states = np.zeros(count), np.zeros(count), np.zeros(count)
+    side_input_stashed = False
+    for position, (layer, strategy) in enumerate(zip(layers, strategies)):
+        if strategy not in cache:
+            cache[strategy] = layer_costs(model, strategy, micro_batch, settings, comm)
+        costs = cache[strategy]
+        time += costs.time_s[layer]
+        no_sync += costs.time_no_grad_sync_s[layer]
+        forward_memory[position] = costs.forward_memory_bytes[layer]
+        backward_memory[position] = costs.backward_memory_bytes[layer]
+        tied = arrays.tied_to_index[layer]
+        shared_in_stage = tied >= 0 and first_layer <= tied < first_layer + count
+        states[position] = 0.0 if shared_in_stage else costs.model_state_bytes[layer]
+        side = arrays.side_input_bytes_per_sample[layer]
+        if side > 0 and not side_input_stashed:  # the encoder output, stashed once per stage
+            forward_memory[position] += side * costs.samples_per_device
+            side_input_stashed = True
+        if position:
+            transition = transition_time_s(
+                strategies[position - 1], strategy, arrays.boundary_activation_bytes_per_sample[layer], micro_batch, comm
+            )
+            time += transition
+            no_sync += transition
+    # p2p: send the output forward and the input's gradient backward, as the sending device.
+    group = strategies[0].group_size
+    send = 0.0
+    last = first_layer + count - 1
+    if stage_index < pp - 1:
+        out_bytes = arrays.boundary_activation_bytes_per_sample[last + 1] + arrays.side_input_bytes_per_sample[last + 1]
+        send += comm.p2p_s(out_bytes * micro_batch / strategies[-1].data_parallel, group)
+    if stage_index > 0:
+        in_bytes = arrays.boundary_activation_bytes_per_sample[first_layer] + arrays.side_input_bytes_per_sample[first_layer]
+        send += comm.p2p_s(in_bytes * micro_batch / strategies[0].data_parallel, group)
+    time += send
+    no_sync += send
+    in_flight = min(pp - stage_index, num_micro_batches)
+    activations = (in_flight - 1) * forward_memory.sum() + float(
+        np.max(np.cumsum(forward_memory) + backward_memory)
+    )
+    return StageEstimate(
+        first_layer=first_layer,
+        num_layers=count,
+        time_s=float(time),
+        time_no_grad_sync_s=float(no_sync),
+        peak_memory_bytes=float(states.sum() + activations),
+        model_state_bytes=float(states.sum()),
+        activation_bytes=float(activations),
+        in_flight_micro_batches=in_flight,
+    )
+
+
+def pipeline_time_s(stages: list[StageEstimate], num_micro_batches: int) -> float:
+    """Eq. (9): (m - 1) · max_i C_no_grad_sync(M_i) + Σ_i C(M_i)."""
+    slowest = max(stage.time_no_grad_sync_s for stage in stages)
+    return (num_micro_batches - 1) * slowest + sum(stage.time_s for stage in stages)
+
+
+# ----------------------------------------------------------------------------------------------
+# A whole plan
+# ----------------------------------------------------------------------------------------------
+
+
+def estimate_plan(job: JobSpec, plan: Plan, memory_budget_bytes: float | None = None) -> Estimate:
+    """Iteration time (Eq. 9), throughput, per-stage time and peak memory of `plan` for `job`."""
+    plan.check_against(job.model, job.cluster.num_devices)
+    settings = CostSettings(job.cluster, job.precision, job.optimizer)
+    comm = CommModel(job.cluster)
+    cache: dict = {}
+    stages = [
+        stage_estimate(
+            job.model, list(plan.stage_strategies(index)), first, index, plan.pp, plan.micro_batch,
+            plan.num_micro_batches, settings, comm, cache,
+        )
+        for index, (first, _) in enumerate(plan.stage_bounds)
+    ]
+    iteration_s = pipeline_time_s(stages, plan.num_micro_batches)
+    if iteration_s <= 0:
+        raise PlanError(
+            f"model {job.model.name}: the estimated iteration time is 0 — its layers have no FLOPs, measured "
+            "times or communication; check forward_flops_per_sample in the model spec"
+        )
+    budget = float(memory_budget_bytes if memory_budget_bytes is not None else job.memory_budget_bytes)
+    model_flops = 3.0 * job.model.forward_flops_per_sample * plan.global_batch
+    tflops_per_device = model_flops / iteration_s / plan.num_devices / 1e12
+    return Estimate(
+        iteration_time_s=iteration_s,
+        samples_per_s=plan.global_batch / iteration_s,
+        stage_time_s=tuple(stage.time_s for stage in stages),
+        stage_peak_memory_bytes=tuple(stage.peak_memory_bytes for stage in stages),
+        stage_model_state_bytes=tuple(stage.model_state_bytes for stage in stages),
+        stage_activation_bytes=tuple(stage.activation_bytes for stage in stages),
+        memory_budget_bytes=budget,
+        fits=all(stage.peak_memory_bytes <= budget for stage in stages),
+        model_tflops_per_device=tflops_per_device,
+        mfu=tflops_per_device * 1e12 / job.cluster.peak_flops(job.precision),
+    )

@@ -1,0 +1,19 @@
+"""The errors gbmw raises on bad input.
+
+Every error a user can cause is a `GbmwError`: the CLI prints its message (which names the file,
+the field, the value and what would work) and exits with status 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+
+class GbmwError(Exception):
+    """Base of all user-facing errors; the message is complete on its own."""
+
+
+class SpecError(GbmwError):
+    """A model, cluster or job description is malformed or inconsistent."""
+
+
+class PlanError(GbmwError):
+    """A plan is inconsistent with itself, its model or its cluster (the message shows the arithmetic)."""

@@ -1,0 +1,174 @@
+"""Per-layer strategies and the decision-tree search space (paper Sec. 3.2, Takeaways #1–#3, Fig. 3).
+
+A `Strategy` is the parallelisation of one layer over the device group of its pipeline stage
+(N / pp devices): ordered `(axis, degree)` pairs, innermost — fastest links, consecutive ranks —
+first, and whether the layer is checkpointed. Its short name is the dims joined by `-` with
+`+ckpt` appended: `tp2-dp4`, `sdp8+ckpt`, `dp2-tp4`. A group of one device is `single`.
+
+Axes:
+  dp    data parallel, gradients all-reduced (PyTorch DDP)
+  z1dp  data parallel with optimizer states sharded (ZeRO-1 / Megatron's distributed optimizer)
+  z2dp  data parallel with optimizer states and gradients sharded (ZeRO-2)
+  sdp   sharded data parallel: parameters, gradients and optimizer states sharded (ZeRO-3 / FSDP)
+  tp    tensor parallel (Megatron)
+
+The default space (`enumerate_strategies`) is the paper's: dp, sdp and tp, each at most once per
+tree, power-of-two degrees >= 2 whose product is the group size, every order, CKPT on and off,
+and — Takeaway #3 — no tree with both dp and sdp. z1dp/z2dp appear only in hand-written configs
+(`--uniform zero=1`) and stock-framework targets.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from dataclasses import dataclass
+from functools import cached_property
+
+from gbmw.errors import PlanError
+
+AXES = ("dp", "z1dp", "z2dp", "sdp", "tp")
+DATA_PARALLEL_AXES = ("dp", "z1dp", "z2dp", "sdp")
+SEARCH_AXES = ("dp", "sdp", "tp")
+SINGLE_DEVICE_NAME = "single"
+_TOKEN = re.compile(r"^(dp|z1dp|z2dp|sdp|tp)(\d+)$")
+
+
+def is_power_of_two(value: int) -> bool:
+    return value >= 1 and value & (value - 1) == 0
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """One layer's parallelisation inside its pipeline stage's device group."""
+
+    dims: tuple[tuple[str, int], ...]
+    """`(axis, degree)` pairs, innermost (consecutive ranks) first; empty for a one-device group."""
+    ckpt: bool = False
+    """Activation checkpointing: stash only the layer input and recompute the rest in backward."""
+
+    def __post_init__(self) -> None:
+        axes = [axis for axis, _ in self.dims]
+        for axis, degree in self.dims:
+            if axis not in AXES:
+                raise PlanError(f"strategy axis {axis!r} is unknown; axes are {list(AXES)}")
+            if degree < 2 or not is_power_of_two(degree):
+                raise PlanError(f"strategy {axis}{degree}: degrees are powers of two >= 2")
+        if len(set(axes)) != len(axes):
+            raise PlanError(f"strategy {self.name}: each axis may appear once")
+
+    @classmethod
+    def parse(cls, name: str) -> "Strategy":
+        """The inverse of `name`: `tp2-dp4+ckpt` → Strategy((('tp', 2), ('dp', 4)), ckpt=True)."""
+        text = name.strip()
+        ckpt = text.endswith("+ckpt")
+        body = text.removesuffix("+ckpt")
+        if body == SINGLE_DEVICE_NAME:
+            return cls((), ckpt)
+        dims = []
+        for token in body.split("-"):
+            match = _TOKEN.match(token)
+            if match is None:
+                raise PlanError(
+                    f"strategy {name!r}: cannot read {token!r}; write axis+degree tokens joined by '-' "
+                    f"with an optional '+ckpt', axes {list(AXES)}, e.g. tp2-dp4, sdp8+ckpt, single"
+                )
+            dims.append((match.group(1), int(match.group(2))))
+        return cls(tuple(dims), ckpt)
+
+    @cached_property
+    def name(self) -> str:
+        body = "-".join(f"{axis}{degree}" for axis, degree in self.dims) or SINGLE_DEVICE_NAME
+        return body + ("+ckpt" if self.ckpt else "")
+
+    def __str__(self) -> str:
+        return self.name
+
+    def degree(self, axis: str) -> int:
+        """Degree of one axis (1 when the axis is absent)."""
+        for name, degree in self.dims:
+            if name == axis:
+                return degree
+        return 1
+
+    @cached_property
+    def group_size(self) -> int:
+        size = 1
+        for _, degree in self.dims:
+            size *= degree
+        return size
+
+    @property
+    def tp(self) -> int:
+        return self.degree("tp")
+
+    @cached_property
+    def data_parallel(self) -> int:
+        """Ways the batch is split: the product of all data-parallel axes (dp, z1dp, z2dp, sdp)."""
+        size = 1
+        for axis, degree in self.dims:
+            if axis in DATA_PARALLEL_AXES:
+                size *= degree
+        return size
+
+    def stride(self, axis: str) -> int:
+        """Rank distance between neighbours of `axis`' groups: the product of the inner degrees."""
+        stride = 1
+        for name, degree in self.dims:
+            if name == axis:
+                return stride
+            stride *= degree
+        raise PlanError(f"strategy {self.name} has no {axis} axis")
+
+    def with_ckpt(self, ckpt: bool) -> "Strategy":
+        return Strategy(self.dims, ckpt)
+
+
+def _ordered_factorisations(group_size: int, parts: int) -> list[tuple[int, ...]]:
+    """All ordered tuples of `parts` powers of two >= 2 whose product is `group_size`."""
+    exponent = group_size.bit_length() - 1
+    result = []
+    for split in itertools.product(range(1, exponent + 1), repeat=parts):
+        if sum(split) == exponent:
+            result.append(tuple(2**e for e in split))
+    return result
+
+
+def enumerate_strategies(
+    group_size: int, axes: tuple[str, ...] = SEARCH_AXES, prune_dp_with_sdp: bool = True, ckpt: bool = True
+) -> list[Strategy]:
+    """The decision trees over one stage's `group_size` devices (Sec. 3.2 construction rules).
+
+    Each tree uses each axis at most once, innermost first, degrees from {2, 4, 8, …}; each tree
+    appears without and (if `ckpt`) with activation checkpointing. Takeaway #3 drops trees that
+    hold both dp and sdp unless `prune_dp_with_sdp` is False.
+    """
+    if not is_power_of_two(group_size):
+        raise PlanError(f"group size {group_size} is not a power of two; the decision trees need 1, 2, 4, 8, …")
+    trees: list[tuple[tuple[str, int], ...]] = []
+    if group_size == 1:
+        trees.append(())
+    for count in range(1, len(axes) + 1):
+        for chosen in itertools.permutations(axes, count):
+            if prune_dp_with_sdp and "dp" in chosen and "sdp" in chosen:
+                continue
+            for degrees in _ordered_factorisations(group_size, count):
+                trees.append(tuple(zip(chosen, degrees)))
+    checkpointing = (False, True) if ckpt else (False,)
+    return [Strategy(tree, flag) for flag in checkpointing for tree in trees]
+
+
+def pipeline_degrees(num_devices: int, max_pp: int | None = None) -> list[int]:
+    """PP degrees the planner tries: the powers of two that divide the device count (Alg. 1 l.4)."""
+    if not is_power_of_two(num_devices):
+        raise PlanError(f"{num_devices} devices: the search space needs a power-of-two device count")
+    limit = num_devices if max_pp is None else min(max_pp, num_devices)
+    return [2**e for e in range(num_devices.bit_length()) if 2**e <= limit]
+
+
+def space_by_pipeline_degree(num_devices: int, prune_dp_with_sdp: bool = True) -> dict[int, list[Strategy]]:
+    """{pp degree: candidate strategies over num_devices / pp devices} — the paper's Fig. 3 count."""
+    return {
+        pp: enumerate_strategies(num_devices // pp, prune_dp_with_sdp=prune_dp_with_sdp)
+        for pp in pipeline_degrees(num_devices)
+    }

@@ -1,0 +1,51 @@
+"""Shared fixtures: a small cluster and hand-made layers whose costs are easy to compute by hand."""
+
+from __future__ import annotations
+
+import pytest
+
+from gbmw.spec import ClusterSpec, JobSpec, LayerSpec, ModelSpec
+
+
+def make_cluster(nodes: int = 1, devices_per_node: int = 8, intra_gb_per_s: float = 100.0,
+                 inter_gb_per_s: float = 10.0, latency_us: float = 0.0, overlap: float = 1.3) -> ClusterSpec:
+    links = [{"name": "intra_node", "devices": devices_per_node, "bandwidth_gb_per_s": intra_gb_per_s,
+              "latency_us": latency_us}]
+    if nodes > 1:
+        links.append({"name": "inter_node", "devices": nodes * devices_per_node,
+                      "bandwidth_gb_per_s": inter_gb_per_s, "latency_us": latency_us})
+    return ClusterSpec.model_validate({
+        "name": "test-cluster",
+        "nodes": nodes,
+        "devices_per_node": devices_per_node,
+        "device": {"name": "test-device", "memory": "16GiB",
+                   "peak_tflops": {"fp32": 2.0, "bf16": 4.0}, "sustained_tflops": {"fp32": 1.0, "bf16": 2.0}},
+        "links": links,
+        "overlap_slowdown": overlap,
+    })
+
+
+def make_layer(name: str = "block", **overrides) -> LayerSpec:
+    fields = dict(
+        name=name, kind="encoder", parameter_count=1000, tp_split_parameter_count=800,
+        forward_flops_per_sample=1e6, boundary_activation_bytes_per_sample=100.0,
+        intermediate_activation_bytes_per_sample=50.0, intermediate_tp_split_activation_bytes_per_sample=200.0,
+        tp_allreduce_bytes_per_sample=100.0,
+    )
+    fields.update(overrides)
+    return LayerSpec(**fields)
+
+
+def make_model(layers: list[LayerSpec], precision: str = "fp32") -> ModelSpec:
+    return ModelSpec(name="test-model", family="profiled", precision=precision, sequence_length=1,
+                     hidden_size=1, layers=tuple(layers))
+
+
+def make_job(model: ModelSpec, cluster: ClusterSpec, precision: str = "fp32", budget: int = 2**30) -> JobSpec:
+    return JobSpec(name="test-job", model=model, cluster=cluster, precision=precision,
+                   memory_budget_bytes=budget)
+
+
+@pytest.fixture
+def cluster8() -> ClusterSpec:
+    return make_cluster()

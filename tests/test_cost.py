@@ -1,0 +1,201 @@
+"""The estimator against hand-computed values, and its properties."""
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from conftest import make_cluster, make_job, make_layer, make_model
+from gbmw.comm import CommModel
+from gbmw.cost import (
+    CostSettings, estimate_plan, layer_costs, pipeline_time_s, stage_estimate, transition_fraction,
+)
+from gbmw.plan import plan_from_strategy_names
+from gbmw.space import Strategy, enumerate_strategies
+
+
+def costs(name, micro_batch=8, precision="fp32", layer=None, cluster=None):
+    cluster = cluster or make_cluster()
+    model = make_model([layer or make_layer()], precision)
+    return layer_costs(model, Strategy.parse(name), micro_batch, CostSettings(cluster, precision), CommModel(cluster))
+
+
+# Layer: 1000 parameters (800 split by TP), boundary 100 B, intermediate 50 B whole + 200 B split, per sample.
+@pytest.mark.parametrize(
+    "name, states, forward, backward",
+    [
+        # fp32 Adam: 4 + 4 + 8 = 16 bytes per parameter.
+        ("dp8", 1000 * 16, 1 * (100 + 50 + 200), 0),
+        ("sdp8", 1000 * 16 / 8, 1 * (100 + 50 + 200), 1000 * (4 + 4) * 7 / 8),  # gathered params + grads
+        ("tp8", (800 / 8 + 200) * 16, 8 * (100 + 50 + 200 / 8), 0),
+        ("tp2-dp4", (800 / 2 + 200) * 16, 2 * (100 + 50 + 200 / 2), 0),
+        ("dp4-tp2", (800 / 2 + 200) * 16, 2 * (100 + 50 + 200 / 2), 0),
+        ("dp8+ckpt", 1000 * 16, 1 * 100, 1 * (50 + 200)),
+        ("tp4-sdp2+ckpt", (800 / 4 + 200) * 16 / 2, 4 * 100, 4 * (50 + 200 / 4) + (800 / 4 + 200) * 8 / 2),
+        ("z1dp8", 1000 * (4 + 4 + 8 / 8), 350, 0),
+        ("z2dp8", 1000 * (4 + 4 / 8 + 8 / 8), 350, 0),
+    ],
+)
+def test_single_layer_memory_by_hand(name, states, forward, backward):
+    result = costs(name)
+    assert result.model_state_bytes[0] == pytest.approx(states)
+    assert result.forward_memory_bytes[0] == pytest.approx(forward)
+    assert result.backward_memory_bytes[0] == pytest.approx(backward)
+
+
+def test_mixed_precision_model_states_are_16_bytes_per_parameter_and_zero_shards_them():
+    assert costs("dp8", precision="bf16").model_state_bytes[0] == pytest.approx(1000 * (2 + 2 + 12))
+    assert costs("z1dp8", precision="bf16").model_state_bytes[0] == pytest.approx(1000 * (2 + 2 + 12 / 8))
+    assert costs("sdp8", precision="bf16").model_state_bytes[0] == pytest.approx(1000 * 16 / 8)
+
+
+def test_single_layer_time_by_hand():
+    # 1 sample per device, 1e6 FLOPs at 1 TFLOP/s: forward 1 us, backward 2 us.
+    # DP all-reduce of 1000 fp32 gradients over 8 ranks at 100 GB/s: 2 * 7/8 * 4000 / 1e11 = 70 ns,
+    # overlapped with the 2 us backward and slowed by 1.3: + 0.3 * 70 ns.
+    result = costs("dp8")
+    assert result.time_no_grad_sync_s[0] == pytest.approx(3e-6)
+    assert result.time_s[0] == pytest.approx(3e-6 + 0.3 * 7e-8)
+    # CKPT recomputes the forward.
+    assert costs("dp8+ckpt").time_s[0] == pytest.approx(4e-6 + 0.3 * 7e-8)
+    # TP8 over the full micro-batch of 8: compute 8 us / 8; two all-reduces of 8 * 100 B in forward and backward.
+    allreduce = 2 * 7 / 8 * 800 / 1e11
+    assert costs("tp8").time_s[0] == pytest.approx(3e-6 + 2 * allreduce)
+    # SDP8: all-gather (7/8 * 4000 B) before forward and before backward, reduce-scatter after, every micro-batch.
+    gather = 7 / 8 * 4000 / 1e11
+    sdp = costs("sdp8")
+    assert sdp.time_no_grad_sync_s[0] == pytest.approx(1e-6 + gather + 2e-6 + 0.3 * 2 * gather)
+    assert sdp.time_s[0] == pytest.approx(sdp.time_no_grad_sync_s[0])
+
+
+def test_overlap_when_communication_dominates():
+    # A slow link: the all-reduce takes longer than backward compute: max(c, g) + (f - 1) * min(c, g).
+    slow = make_cluster(intra_gb_per_s=0.001)
+    result = costs("dp8", cluster=slow)
+    communication = 2 * 7 / 8 * 4000 / 1e6
+    assert result.time_s[0] == pytest.approx(1e-6 + communication + 0.3 * 2e-6)
+
+
+def test_cross_node_group_shares_the_nics():
+    cluster = make_cluster(nodes=2, devices_per_node=4, intra_gb_per_s=100, inter_gb_per_s=8)
+    comm = CommModel(cluster)
+    # 8 ranks over 2 nodes, 4 per node: all devices of a node take part: the level's full bandwidth.
+    assert comm.allreduce_s(1e9, 8, 1) == pytest.approx(2 * 7 / 8 * 1e9 / 8e9)
+    # 2 ranks 4 apart (one per node): 4 such groups share each node's links: a quarter each.
+    assert comm.allreduce_s(1e9, 2, 4) == pytest.approx(2 * 1 / 2 * 1e9 / 2e9)
+    # Inside a node: the intra-node level.
+    assert comm.allreduce_s(1e9, 4, 1) == pytest.approx(2 * 3 / 4 * 1e9 / 100e9)
+
+
+def test_transition_fractions():
+    same = [("tp2-dp4", "tp2-sdp4"), ("dp8", "dp8+ckpt"), ("dp8", "sdp8")]
+    for a, b in same:
+        assert transition_fraction(Strategy.parse(a), Strategy.parse(b)) == 0.0
+    # dp8 -> tp8: every device lacks 7/8 of the batch forward; backward it only slices.
+    assert transition_fraction(Strategy.parse("dp8"), Strategy.parse("tp8")) == pytest.approx(7 / 8)
+    assert transition_fraction(Strategy.parse("tp8"), Strategy.parse("dp8")) == pytest.approx(7 / 8)
+    # tp2-dp4 and dp4-tp2 split the batch over different devices: some device holds a disjoint quarter.
+    assert transition_fraction(Strategy.parse("tp2-dp4"), Strategy.parse("dp4-tp2")) == pytest.approx(0.5)
+
+
+def test_one_f_one_b_stage_memory_and_pipeline_time():
+    cluster = make_cluster()
+    model = make_model([make_layer(f"l{i}") for i in range(4)])
+    settings, comm = CostSettings(cluster, "fp32"), CommModel(cluster)
+    strategy = [Strategy.parse("dp4")] * 2
+    first = stage_estimate(model, strategy, 0, 0, 2, 8, 4, settings, comm)
+    last = stage_estimate(model, strategy, 2, 1, 2, 8, 4, settings, comm)
+    per_layer_f = 2 * 350  # 2 samples per device
+    assert first.in_flight_micro_batches == 2 and last.in_flight_micro_batches == 1
+    assert first.activation_bytes == pytest.approx(2 * 2 * per_layer_f)
+    assert last.activation_bytes == pytest.approx(2 * per_layer_f)
+    assert first.model_state_bytes == pytest.approx(2 * 16000)
+    stages = [first, last]
+    assert pipeline_time_s(stages, 4) == pytest.approx(
+        3 * max(s.time_no_grad_sync_s for s in stages) + sum(s.time_s for s in stages)
+    )
+
+
+def test_ckpt_backward_extra_counts_at_the_peak_layer_only():
+    cluster = make_cluster()
+    model = make_model([make_layer(f"l{i}") for i in range(3)])
+    settings, comm = CostSettings(cluster, "fp32"), CommModel(cluster)
+    stage = stage_estimate(model, [Strategy.parse("dp8+ckpt")] * 3, 0, 0, 1, 8, 1, settings, comm)
+    # stash 3 boundaries (100 B each) + one layer's recomputed intermediates (250 B) at its backward
+    assert stage.activation_bytes == pytest.approx(3 * 100 + 250)
+
+
+def test_estimate_plan_end_to_end_and_tied_layers_counted_once():
+    cluster = make_cluster()
+    layers = [make_layer("embedding", kind="embedding"), make_layer("l1"),
+              make_layer("head", kind="head", tied_to="embedding")]
+    model = make_model(layers)
+    job = make_job(model, cluster)
+    one_stage = plan_from_strategy_names(model, 8, ["dp8"] * 3, [3], 16, 2)
+    two_stage = plan_from_strategy_names(model, 8, ["dp4"] * 3, [2, 1], 16, 2)
+    assert estimate_plan(job, one_stage).stage_model_state_bytes[0] == pytest.approx(2 * 16000)
+    estimate = estimate_plan(job, two_stage)
+    assert estimate.stage_model_state_bytes == pytest.approx((2 * 16000, 16000))
+    assert estimate.samples_per_s == pytest.approx(16 / estimate.iteration_time_s)
+    assert estimate.fits
+    assert estimate.model_tflops_per_device == pytest.approx(3 * 3e6 * 16 / estimate.iteration_time_s / 8 / 1e12)
+
+
+# ------------------------------------------------------------------ properties over random specs
+
+layer_fields = st.fixed_dictionaries({
+    "parameter_count": st.integers(0, 10**9),
+    "split_share": st.floats(0, 1),
+    "forward_flops_per_sample": st.floats(1e3, 1e13),
+    "boundary_activation_bytes_per_sample": st.floats(0, 1e9),
+    "intermediate_activation_bytes_per_sample": st.floats(0, 1e9),
+    "intermediate_tp_split_activation_bytes_per_sample": st.floats(0, 1e9),
+    "tp_allreduce_bytes_per_sample": st.floats(0, 1e9),
+})
+
+
+def random_layer(values, index=0):
+    values = dict(values)
+    share = values.pop("split_share")
+    return make_layer(f"l{index}", tp_split_parameter_count=int(values["parameter_count"] * share), **values)
+
+
+@settings(max_examples=60, deadline=None)
+@given(values=layer_fields, precision=st.sampled_from(["fp32", "bf16"]), micro_batch=st.sampled_from([8, 16, 64]))
+def test_more_tp_or_sdp_never_raises_model_states_and_ckpt_never_raises_stash(values, precision, micro_batch):
+    cluster = make_cluster(nodes=2, devices_per_node=4)
+    model = make_model([random_layer(values)], precision)
+    settings_, comm = CostSettings(cluster, precision), CommModel(cluster)
+    by_name = {s.name: layer_costs(model, s, micro_batch, settings_, comm) for s in enumerate_strategies(8, prune_dp_with_sdp=False)}
+    for name, result in by_name.items():
+        strategy = Strategy.parse(name)
+        assert np.all(result.time_s >= 0) and np.all(result.time_no_grad_sync_s >= 0)
+        assert np.all(result.time_s >= result.time_no_grad_sync_s - 1e-15)
+        if strategy.ckpt:
+            plain = by_name[strategy.with_ckpt(False).name]
+            assert result.forward_memory_bytes[0] <= plain.forward_memory_bytes[0] + 1e-6
+            assert result.time_s[0] >= plain.time_s[0] - 1e-12
+    # Replacing a dp factor by tp or sdp of the same degree never raises model states.
+    pairs = [("dp8", "sdp8"), ("dp8", "tp8"), ("tp2-dp4", "tp2-sdp4"), ("tp2-dp4", "tp8"), ("dp2-tp4", "tp8"),
+             ("dp4-tp2", "sdp4-tp2"), ("dp8", "dp2-sdp4"), ("tp2-dp4", "tp4-dp2")]
+    for lower, higher in pairs:
+        assert by_name[higher].model_state_bytes[0] <= by_name[lower].model_state_bytes[0] + 1e-6
+
+
+@settings(max_examples=30, deadline=None)
+@given(layers=st.lists(layer_fields, min_size=2, max_size=6), pp=st.sampled_from([1, 2]),
+       micro_batches=st.sampled_from([1, 2, 4]), data=st.data())
+def test_random_plans_have_positive_time_and_memory(layers, pp, micro_batches, data):
+    cluster = make_cluster()
+    model = make_model([random_layer(values, i) for i, values in enumerate(layers)])
+    job = make_job(model, cluster)
+    candidates = [s.name for s in enumerate_strategies(8 // pp)]
+    names = [data.draw(st.sampled_from(candidates)) for _ in layers]
+    cut = data.draw(st.integers(1, len(layers) - 1)) if pp == 2 else None
+    partition = [len(layers)] if pp == 1 else [cut, len(layers) - cut]
+    plan = plan_from_strategy_names(model, 8, names, partition, 8 * micro_batches, micro_batches)
+    estimate = estimate_plan(job, plan)
+    assert estimate.iteration_time_s >= 0 and not math.isnan(estimate.iteration_time_s)
+    assert all(m >= 0 for m in estimate.stage_peak_memory_bytes)
+    assert estimate.fits == all(m <= job.memory_budget_bytes for m in estimate.stage_peak_memory_bytes)

@@ -1,0 +1,59 @@
+import pytest
+
+from gbmw.errors import PlanError
+from gbmw.space import Strategy, enumerate_strategies, space_by_pipeline_degree
+
+
+@pytest.mark.parametrize(
+    "devices, pruned, unpruned",
+    [(1, 2, 2), (2, 8, 8), (8, 44, 68), (16, 74, 146), (32, 112, 272), (64, 158, 458)],
+)
+def test_space_counts_match_the_paper(devices, pruned, unpruned):
+    assert sum(len(s) for s in space_by_pipeline_degree(devices).values()) == pruned
+    assert sum(len(s) for s in space_by_pipeline_degree(devices, prune_dp_with_sdp=False).values()) == unpruned
+
+
+def test_eight_devices_by_pipeline_degree():
+    space = space_by_pipeline_degree(8)
+    assert {pp: len(s) for pp, s in space.items()} == {1: 22, 2: 14, 4: 6, 8: 2}
+
+
+def test_takeaway_3_removes_exactly_the_dp_with_sdp_trees():
+    full = set(enumerate_strategies(8, prune_dp_with_sdp=False))
+    pruned = set(enumerate_strategies(8))
+    removed = full - pruned
+    assert removed and all(s.degree("dp") > 1 and s.degree("sdp") > 1 for s in removed)
+    assert all(not (s.degree("dp") > 1 and s.degree("sdp") > 1) for s in pruned)
+
+
+def test_every_candidate_covers_the_group_and_is_unique():
+    for group in (1, 2, 4, 8, 16):
+        strategies = enumerate_strategies(group)
+        assert len(set(strategies)) == len(strategies)
+        assert all(s.group_size == group for s in strategies)
+        assert sum(s.ckpt for s in strategies) * 2 == len(strategies)
+
+
+@pytest.mark.parametrize("name", ["tp2-dp4", "sdp8+ckpt", "dp2-tp4", "single", "single+ckpt", "tp8-z1dp2", "z2dp4"])
+def test_names_round_trip(name):
+    strategy = Strategy.parse(name)
+    assert strategy.name == name
+    assert Strategy.parse(strategy.name) == strategy
+    assert hash(strategy) == hash(Strategy.parse(name))
+
+
+def test_strategy_arithmetic():
+    strategy = Strategy.parse("tp2-dp4+ckpt")
+    assert strategy.group_size == 8 and strategy.tp == 2 and strategy.data_parallel == 4 and strategy.ckpt
+    assert strategy.stride("tp") == 1 and strategy.stride("dp") == 2
+
+
+@pytest.mark.parametrize("bad", ["tp3", "xp2", "tp2-tp2", "tp1", "", "tp2--dp2"])
+def test_bad_names_are_refused_with_a_plan_error(bad):
+    with pytest.raises(PlanError):
+        Strategy.parse(bad)
+
+
+def test_non_power_of_two_group_is_refused():
+    with pytest.raises(PlanError, match="power of two"):
+        enumerate_strategies(6)
