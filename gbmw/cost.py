@@ -284,8 +284,11 @@ def stage_estimate(
         forward_memory[position] = costs.forward_memory_bytes[layer]
         backward_memory[position] = costs.backward_memory_bytes[layer]
         tied = arrays.tied_to_index[layer]
-        shared_in_stage = tied >= 0 and first_layer <= tied < first_layer + count
-        states[position] = 0.0 if shared_in_stage else costs.model_state_bytes[layer]
+        states[position] = costs.model_state_bytes[layer]
+        if tied >= 0 and first_layer <= tied < first_layer + count:  # one copy of weights shared in the stage
+            states[position] -= arrays.tied_parameter_count[layer] / strategy.tp * model_state_bytes_per_parameter(
+                strategy, settings.precision, settings.optimizer
+            )
         side = arrays.side_input_bytes_per_sample[layer]
         if side > 0 and not side_input_stashed:  # the encoder output, stashed once per stage
             forward_memory[position] += side * costs.samples_per_device

@@ -307,6 +307,7 @@ def lm_head_layer(
         intermediate_tp_split_activation_bytes_per_sample=float(tokens * vocab * (d + 4)),
         tp_allreduce_bytes_per_sample=float(tokens * hidden * d),
         tied_to=tied_to,
+        tied_parameter_count=vocab * hidden if tied_to else 0,
     )
 
 
@@ -397,6 +398,7 @@ def _build_t5(arch: T5Architecture, d: int) -> tuple[list[LayerSpec], int, int]:
         decoder_embedding.model_copy(
             update=dict(
                 tied_to="encoder_embedding",
+                tied_parameter_count=arch.vocab_size * h,
                 # The encoder's final norm runs here, on the encoder output the decoder carries along.
                 parameter_count=decoder_embedding.parameter_count + h,
                 side_input_bytes_per_sample=float(s_enc * h * d),

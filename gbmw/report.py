@@ -16,7 +16,11 @@ GIB = 2**30
 
 
 def _console() -> Console:
-    return Console(highlight=False, soft_wrap=True)
+    """A console that keeps tables readable when the output is a pipe or a file (120 columns)."""
+    console = Console(highlight=False)
+    if not console.is_terminal:
+        console = Console(highlight=False, width=120)
+    return console
 
 
 def print_space(devices: int, space: dict[int, list[Strategy]], pruned: bool) -> None:
@@ -46,17 +50,17 @@ def print_estimate(job: JobSpec, plan: Plan, estimate: Estimate) -> None:
         f"{plan.micro_batch}; pp {plan.pp}, partition {list(plan.partition)}"
     )
     table = Table()
-    for column, justify in (("stage", "right"), ("layers", "left"), ("strategies", "left"), ("time/micro-batch", "right"),
-                            ("model states", "right"), ("activations", "right"), ("peak memory", "right"),
-                            ("of budget", "right")):
+    for column, justify in (("stage", "right"), ("layers", "left"), ("strategies (× consecutive layers)", "left"),
+                            ("time/micro-batch", "right"), ("model states", "right"), ("activations", "right"),
+                            ("peak memory", "right"), ("of budget", "right")):
         table.add_column(column, justify=justify)
     for index, (first, end) in enumerate(plan.stage_bounds):
-        runs = [f"{strategy.name}×{count}" for start, count, strategy in plan.runs() if first <= start < end]
+        runs = [f"{strategy.name} ×{count}" for start, count, strategy in plan.runs() if first <= start < end]
         peak = estimate.stage_peak_memory_bytes[index]
         share = peak / estimate.memory_budget_bytes
         style = "red" if share > 1 else ""
         table.add_row(
-            str(index), f"{first}–{end - 1}", ", ".join(runs), f"{estimate.stage_time_s[index] * 1e3:.1f} ms",
+            str(index), f"{first}–{end - 1}", "\n".join(runs), f"{estimate.stage_time_s[index] * 1e3:.1f} ms",
             f"{estimate.stage_model_state_bytes[index] / GIB:.2f} GiB", f"{estimate.stage_activation_bytes[index] / GIB:.2f} GiB",
             f"[{style}]{peak / GIB:.2f} GiB[/{style}]" if style else f"{peak / GIB:.2f} GiB", f"{share:.0%}",
         )

@@ -71,8 +71,10 @@ class LayerSpec(_Frozen):
     kv_heads: int = Field(default=0, ge=0)
     """Key/value heads (grouped-query attention; 0: as many as attention_heads); TP must divide it."""
     tied_to: str | None = None
-    """Name of a layer whose parameters this one shares (an output head tied to the embedding):
-    not counted again in the model's parameter total, nor in a stage that holds both."""
+    """Name of a layer whose parameters this one shares (an output head tied to the embedding)."""
+    tied_parameter_count: int = Field(default=0, ge=0)
+    """The part of `parameter_count` shared with `tied_to` (TP divides it): not counted again in the
+    model's parameter total, nor in a stage that holds both layers."""
     forward_time_per_sample_s: float | None = Field(default=None, ge=0)
     """Measured forward time per sample on one device (from `gbmw profile`); when absent, time is
     `forward_flops_per_sample` over the device's sustained FLOP/s."""
@@ -88,6 +90,13 @@ class LayerSpec(_Frozen):
 
     @model_validator(mode="after")
     def _split_within_total(self) -> "LayerSpec":
+        if self.tied_parameter_count and self.tied_to is None:
+            raise ValueError(f"tied_parameter_count ({self.tied_parameter_count}) needs tied_to: the layer it shares with")
+        if self.tied_parameter_count > self.tp_split_parameter_count:
+            raise ValueError(
+                f"tied_parameter_count ({self.tied_parameter_count}) > tp_split_parameter_count "
+                f"({self.tp_split_parameter_count}): tied weights are vocabulary-parallel under TP"
+            )
         if self.tp_split_parameter_count > self.parameter_count:
             raise ValueError(
                 f"tp_split_parameter_count ({self.tp_split_parameter_count}) > "
@@ -112,6 +121,7 @@ class LayerArrays:
             "intermediate_tp_split_activation_bytes_per_sample"
         )
         self.side_input_bytes_per_sample = column("side_input_bytes_per_sample")
+        self.tied_parameter_count = column("tied_parameter_count")
         self.tp_allreduce_bytes_per_sample = column("tp_allreduce_bytes_per_sample")
         self.has_measured_time = np.array([layer.forward_time_per_sample_s is not None for layer in layers])
         self.forward_time_per_sample_s = column("forward_time_per_sample_s")
@@ -158,7 +168,7 @@ class ModelSpec(_Frozen):
     @property
     def parameter_count(self) -> int:
         """Unique parameters: a layer tied to another is not counted twice."""
-        return sum(layer.parameter_count for layer in self.layers if layer.tied_to is None)
+        return sum(layer.parameter_count - layer.tied_parameter_count for layer in self.layers)
 
     @property
     def forward_flops_per_sample(self) -> float:

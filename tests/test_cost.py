@@ -129,14 +129,15 @@ def test_ckpt_backward_extra_counts_at_the_peak_layer_only():
 def test_estimate_plan_end_to_end_and_tied_layers_counted_once():
     cluster = make_cluster()
     layers = [make_layer("embedding", kind="embedding"), make_layer("l1"),
-              make_layer("head", kind="head", tied_to="embedding")]
+              make_layer("head", kind="head", tied_to="embedding", tied_parameter_count=600)]
     model = make_model(layers)
     job = make_job(model, cluster)
     one_stage = plan_from_strategy_names(model, 8, ["dp8"] * 3, [3], 16, 2)
     two_stage = plan_from_strategy_names(model, 8, ["dp4"] * 3, [2, 1], 16, 2)
-    assert estimate_plan(job, one_stage).stage_model_state_bytes[0] == pytest.approx(2 * 16000)
+    assert estimate_plan(job, one_stage).stage_model_state_bytes[0] == pytest.approx(3 * 16000 - 600 * 16)
     estimate = estimate_plan(job, two_stage)
     assert estimate.stage_model_state_bytes == pytest.approx((2 * 16000, 16000))
+    assert model.parameter_count == 3000 - 600
     assert estimate.samples_per_s == pytest.approx(16 / estimate.iteration_time_s)
     assert estimate.fits
     assert estimate.model_tflops_per_device == pytest.approx(3 * 3e6 * 16 / estimate.iteration_time_s / 8 / 1e12)

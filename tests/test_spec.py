@@ -1,0 +1,102 @@
+"""Loading specs: every bundled recipe loads; every bad input is one SpecError naming file, field, value."""
+
+import pytest
+
+from gbmw.errors import SpecError
+from gbmw.spec import RECIPES_DIR, load_cluster, load_job, parse_bytes
+
+JOBS = sorted(path.stem for path in (RECIPES_DIR / "jobs").glob("*.yaml"))
+CLUSTERS = sorted((RECIPES_DIR / "clusters").glob("*.yaml"))
+
+
+def test_required_recipes_exist():
+    for job in ("gpt3-15b_a100-80g-x32", "gpt3-39b_a100-80g-x32", "gpt3-65b_a100-80g-x32", "bert-huge-32_rtx-titan-x8"):
+        assert job in JOBS
+    clusters = {path.stem for path in CLUSTERS}
+    assert {"rtx-titan-x8", "rtx-titan-2x8", "a100-2x8", "a100-40g-x64", "a100-80g-x32", "h100-80g-x64"} <= clusters
+
+
+@pytest.mark.parametrize("job", JOBS)
+def test_every_bundled_job_loads(job):
+    spec = load_job(job)
+    assert spec.memory_budget_bytes > 0
+    assert spec.cluster.sustained_flops(spec.precision) <= spec.cluster.peak_flops(spec.precision)
+
+
+@pytest.mark.parametrize("path", CLUSTERS, ids=lambda p: p.stem)
+def test_every_cluster_cites_sources(path):
+    cluster = load_cluster(path)
+    assert cluster.name == path.stem
+    assert cluster.sources and all("http" in source for source in cluster.sources)
+
+
+def write(tmp_path, name, text):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+CLUSTER = """
+name: c
+nodes: 1
+devices_per_node: 8
+device: {name: d, memory: 16GiB, peak_tflops: {fp32: 10}, sustained_tflops: {fp32: 5}}
+links: [{name: intra_node, devices: 8, bandwidth_gb_per_s: 10}]
+"""
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("name: [unclosed", "not valid YAML at line 1"),
+        ("- a\n- b\n", "expected a mapping"),
+        (CLUSTER.replace("nodes: 1", "nodes: -1"), "field `nodes`: value -1 — Input should be greater than or equal to 1"),
+        (CLUSTER.replace("nodes: 1\n", ""), "field `nodes` is required"),
+        (CLUSTER + "bandwith: 3\n", "unknown field `bandwith`"),
+        (CLUSTER.replace("memory: 16GiB", "memory: lots"), "field `device.memory`: value 'lots'"),
+        (CLUSTER.replace("sustained_tflops: {fp32: 5}", "sustained_tflops: {fp32: 50}"),
+         "sustained_tflops.fp32 (50.0) exceeds peak_tflops.fp32 (10.0)"),
+        (CLUSTER.replace("devices: 8,", "devices: 4,"), "outermost link level spans 4 devices but the cluster has"),
+    ],
+)
+def test_cluster_errors_name_the_field_and_value(tmp_path, text, message):
+    path = write(tmp_path, "c.yaml", text)
+    with pytest.raises(SpecError) as error:
+        load_cluster(path)
+    assert message in str(error.value)
+    assert str(path) in str(error.value)
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(SpecError, match="no such file"):
+        load_cluster(tmp_path / "absent.yaml")
+
+
+def test_job_errors(tmp_path):
+    write(tmp_path, "c.yaml", CLUSTER)
+    write(tmp_path, "m.yaml", "name: m\nfamily: gpt\nnum_layers: 2\nhidden_size: 64\nnum_heads: 4\nseq_length: 8\nvocab_size: 10\n")
+    good = "model: m.yaml\ncluster: c.yaml\nprecision: fp32\n"
+    assert load_job(write(tmp_path, "j.yaml", good)).model.num_layers == 4
+    cases = [
+        (good.replace("fp32", "fp8"), "field `precision`: value 'fp8' — Input should be 'fp32', 'fp16' or 'bf16'"),
+        (good.replace("fp32", "bf16"), "has no bf16 FLOP/s; supported precisions: ['fp32']"),
+        (good.replace("m.yaml", "nosuch"), "model 'nosuch': no such file or bundled recipe; bundled models: bert-huge-32"),
+        (good + "global_batch: 0\n", "field `global_batch`: value 0"),
+    ]
+    for text, message in cases:
+        with pytest.raises(SpecError) as error:
+            load_job(write(tmp_path, "bad.yaml", text))
+        assert message in str(error.value)
+    with pytest.raises(SpecError, match="field `family`: value 'rnn'"):
+        write(tmp_path, "m.yaml", "name: m\nfamily: rnn\n")
+        load_job(write(tmp_path, "j2.yaml", good))
+    write(tmp_path, "m.yaml", "name: m\nfamily: gpt\nnum_layers: 2\nhidden_size: 64\nnum_heads: 4\nseq_length: 8\n")
+    with pytest.raises(SpecError, match="field `vocab_size` is required"):
+        load_job(write(tmp_path, "j3.yaml", good))
+
+
+def test_memory_sizes():
+    assert parse_bytes("16GiB", "x") == 16 * 2**30
+    assert parse_bytes("1.5 GB", "x") == 1_500_000_000
+    with pytest.raises(SpecError, match="--memory: value 'sixteen' is not a memory size"):
+        parse_bytes("sixteen", "--memory")
