@@ -1,0 +1,74 @@
+"""The `gbmw` command end to end: output, JSON, and one clear error line for bad input."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from gbmw.cli import main
+
+
+def run(*args):
+    result = subprocess.run([sys.executable, "-m", "gbmw.cli", *args], capture_output=True, text=True, timeout=120)
+    return result.returncode, result.stdout, result.stderr
+
+
+def test_space_says_44_for_8_devices(capsys):
+    assert main(["space", "--devices", "8"]) == 0
+    assert "total: 44" in capsys.readouterr().out
+    assert main(["space", "--devices", "8", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["total"] == 44 and len(data["by_pp"]["1"]) == 22
+    assert main(["space", "--devices", "8", "--no-prune", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["total"] == 68
+
+
+@pytest.mark.parametrize("size", ["15b", "39b", "65b"])
+def test_estimate_gpt3_jobs_under_a_megatron_style_config(size, capsys):
+    assert main(["estimate", f"gpt3-{size}_a100-80g-x32", "--uniform", "tp=8,pp=2,zero=1,ckpt=full,micro=1",
+                 "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    for key in ("iteration_time_s", "samples_per_s", "stage_peak_memory_bytes", "fits", "model_tflops_per_device", "mfu"):
+        assert key in data
+    assert data["fits"]
+    assert 0.15 < data["mfu"] < 0.52  # below the sustained/peak ratio the cluster recipe is calibrated to
+    assert data["samples_per_s"] == pytest.approx(data["plan"]["global_batch"] / data["iteration_time_s"])
+
+
+def test_estimate_table_and_plan_file(tmp_path, capsys):
+    assert main(["estimate", "bert-huge-32_rtx-titan-x8", "--uniform", "zero=3,micro=2,batch=16"]) == 0
+    out = capsys.readouterr().out
+    assert "sdp8 ×34" in out and "samples/s" in out and "fits in 16.00 GiB" in out
+    assert main(["estimate", "bert-huge-32_rtx-titan-x8", "--uniform", "zero=3,micro=2,batch=16", "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)["plan"]
+    from gbmw.plan import Plan
+    path = Plan.from_dict(plan).save(tmp_path / "plan.yaml")
+    assert main(["estimate", "bert-huge-32_rtx-titan-x8", "--plan", str(path), "--memory", "4GiB"]) == 0
+    assert "does NOT fit in 4.00 GiB" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["estimate", "no-such-job", "--uniform", "tp=1"], "job 'no-such-job': no such file or bundled recipe"),
+        (["estimate", "gpt3-15b_a100-80g-x32", "--uniform", "tp=16"], "not divisible by tp=16"),
+        (["estimate", "gpt3-15b_a100-80g-x32", "--uniform", "tp=8", "--memory", "lots"], "--memory: value 'lots'"),
+        (["estimate", "gpt3-15b_a100-80g-x32", "--plan", "/nonexistent/plan.yaml"], "cannot read the plan"),
+        (["space", "--devices", "6"], "6 devices: the search space needs a power-of-two device count"),
+    ],
+)
+def test_bad_input_is_one_clear_line(args, message):
+    code, out, err = run(*args)
+    assert code == 2
+    assert "Traceback" not in err
+    assert err.startswith("gbmw: error:") and message in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_plan_for_another_device_count_is_refused(tmp_path, capsys):
+    assert main(["estimate", "bert-huge-32_rtx-titan-x8", "--uniform", "micro=1,batch=8", "--json"]) == 0
+    from gbmw.plan import Plan
+    path = Plan.from_dict(json.loads(capsys.readouterr().out)["plan"]).save(tmp_path / "p.yaml")
+    code, _, err = run("estimate", "bert-huge-32_a100-2x8", "--plan", str(path))
+    assert code == 2 and "plan is for 8 devices but 16 are available" in err
