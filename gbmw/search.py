@@ -1,0 +1,230 @@
+"""Dynamic programming over the layers of one pipeline stage (paper Sec. 4.1.2, Eq. 6; Appendix A, Alg. 2).
+
+The paper's DP keeps C(l, E_fwd) — the least time of the first l layers whose forward memory
+(model states plus stashed activations) is at most E_fwd — with the previous layer's strategy in
+the state because of the transition cost R (Eq. 6), then raises E_fwd until the overall memory
+E_all (Eq. 4), which adds the backward peak, exceeds the budget (Alg. 2).
+
+We compute the same thing without a memory axis and without the E_fwd sweep. After each layer we
+keep, per activation layout of the last layer's strategy (strategies that share a layout share R,
+so the layout — not the strategy — is the state), the Pareto frontier of partial plans over
+
+    stash   S = Σ (O_ms + k · O_f)          the forward memory E_f of Eq. (5), with the 1F1B
+                                            stash of k in-flight micro-batches folded in
+    excess  X = max_j (Σ_{i≤j} O_f + O_b(j)) − Σ O_f      how far the backward peak of Eq. (4)
+                                            reaches above the stash; X' = max(X − O_f, O_b)
+    time    T = Σ c(l, S_l) + Σ R(l, S_{l-1}, S_l)
+
+so that E_all = S + X exactly. A partial plan is dropped only if another with the same layout is
+no worse in all three (or if S + X already exceeds the budget: E_all never falls as layers are
+added). The frontier after the last layer holds C(L, E_fwd) for every E_fwd at once, so Alg. 2's
+sweep is one pass over it, and carrying X makes its overall-memory check exact: the result is the
+fastest plan with E_all ≤ E, equal to exhaustive enumeration (tests/test_search.py), where the
+paper's sweep can stop early at a plan whose backward peak is high.
+
+Memory is counted in units of `granularity_bytes` (default 1 MiB, as the paper's DP), each
+per-layer term rounded up, so a plan the DP accepts fits. The inner step is compiled with numba:
+the frontier merge is sequential (a sweep with a Fenwick tree over the excess axis) and numpy
+cannot vectorise it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numba import njit
+
+MIB = 2**20
+DEFAULT_GRANULARITY_BYTES = MIB
+MAX_MEMORY_UNITS = 2**24  # keeps the packed sort key within int64
+
+
+@njit(cache=True)
+def _fenwick_min_query(tree: np.ndarray, position: int) -> float:
+    best = np.inf
+    i = position + 1
+    while i > 0:
+        if tree[i] < best:
+            best = tree[i]
+        i -= i & (-i)
+    return best
+
+
+@njit(cache=True)
+def _fenwick_min_update(tree: np.ndarray, position: int, value: float) -> None:
+    i = position + 1
+    size = tree.shape[0]
+    while i < size:
+        if value < tree[i]:
+            tree[i] = value
+        i += i & (-i)
+
+
+@njit(cache=True)
+def extend_frontier(
+    stash: np.ndarray, excess: np.ndarray, time: np.ndarray, layout: np.ndarray,
+    option_time: np.ndarray, option_stash: np.ndarray, option_forward: np.ndarray, option_backward: np.ndarray,
+    option_layout: np.ndarray, transition: np.ndarray, budget: int,
+):
+    """One layer of the DP: every kept partial plan × every option of the new layer, then the
+    per-layout 3-D Pareto frontier. Returns (stash, excess, time, layout, option, parent) arrays.
+
+    `transition[a, b]` is R from layout a to layout b for this layer (Eq. 6).
+    """
+    points, options = stash.shape[0], option_time.shape[0]
+    capacity = points * options
+    new_stash = np.empty(capacity, np.int64)
+    new_excess = np.empty(capacity, np.int64)
+    new_time = np.empty(capacity, np.float64)
+    new_layout = np.empty(capacity, np.int64)
+    new_option = np.empty(capacity, np.int64)
+    new_parent = np.empty(capacity, np.int64)
+    count = 0
+    for o in range(options):
+        target = option_layout[o]
+        for p in range(points):
+            s = stash[p] + option_stash[o]
+            if s > budget:
+                continue
+            x = excess[p] - option_forward[o]
+            if x < option_backward[o]:
+                x = option_backward[o]
+            if s + x > budget:
+                continue
+            new_stash[count] = s
+            new_excess[count] = x
+            new_time[count] = time[p] + option_time[o] + transition[layout[p], target]
+            new_layout[count] = target
+            new_option[count] = o
+            new_parent[count] = p
+            count += 1
+    if count == 0:
+        return (new_stash[:0], new_excess[:0], new_time[:0], new_layout[:0], new_option[:0], new_parent[:0])
+    new_stash, new_excess, new_time = new_stash[:count], new_excess[:count], new_time[:count]
+    new_layout, new_option, new_parent = new_layout[:count], new_option[:count], new_parent[:count]
+
+    # Sort by (layout, stash, excess, time): a dominating point always comes before what it dominates.
+    span = budget + 1
+    key = (new_layout * span + new_stash) * span + new_excess
+    order = np.argsort(new_time, kind="mergesort")
+    order = order[np.argsort(key[order], kind="mergesort")]
+
+    keep = np.zeros(count, np.bool_)
+    start = 0
+    while start < count:
+        group_layout = new_layout[order[start]]
+        end = start
+        while end < count and new_layout[order[end]] == group_layout:
+            end += 1
+        group = order[start:end]
+        ranks = np.searchsorted(np.unique(new_excess[group]), new_excess[group])
+        tree = np.full(ranks.max() + 2, np.inf)
+        for position in range(group.shape[0]):
+            index = group[position]
+            if _fenwick_min_query(tree, ranks[position]) <= new_time[index]:
+                continue  # some plan with no more stash and excess is no slower
+            keep[index] = True
+            _fenwick_min_update(tree, ranks[position], new_time[index])
+        start = end
+    selected = np.nonzero(keep)[0]
+    return (new_stash[selected], new_excess[selected], new_time[selected], new_layout[selected],
+            new_option[selected], new_parent[selected])
+
+
+@dataclass
+class LayerOptions:
+    """The candidate strategies of one layer at one stage position, in DP units."""
+
+    strategy: np.ndarray
+    """Index into the stage's strategy list."""
+    time_s: np.ndarray
+    stash_units: np.ndarray
+    forward_units: np.ndarray
+    backward_units: np.ndarray
+    layout: np.ndarray
+
+    def pruned(self) -> "LayerOptions":
+        """Drop options another option of the same layout beats in every respect (no slower, no
+        more stash or backward extra, at least as much forward stash — which lowers the excess)."""
+        n = self.time_s.shape[0]
+        keep = np.ones(n, bool)
+        for i in range(n):
+            same = (self.layout == self.layout[i]) & keep
+            same[i] = False
+            better = (
+                same
+                & (self.time_s <= self.time_s[i])
+                & (self.stash_units <= self.stash_units[i])
+                & (self.backward_units <= self.backward_units[i])
+                & (self.forward_units >= self.forward_units[i])
+            )
+            if better.any():
+                keep[i] = False
+        return LayerOptions(*(getattr(self, f)[keep] for f in ("strategy", "time_s", "stash_units", "forward_units",
+                                                                "backward_units", "layout")))
+
+
+class Frontier:
+    """The Pareto frontier of partial plans after some layers of a stage, with back-pointers."""
+
+    __slots__ = ("stash", "excess", "time", "layout", "strategy", "parent", "previous", "depth")
+
+    def __init__(self, stash, excess, time, layout, strategy, parent, previous: "Frontier | None", depth: int):
+        self.stash, self.excess, self.time, self.layout = stash, excess, time, layout
+        self.strategy, self.parent, self.previous, self.depth = strategy, parent, previous, depth
+
+    @classmethod
+    def empty(cls) -> "Frontier":
+        """Before the first layer: one empty plan (its layout, 0, has no transition cost)."""
+        zero = np.zeros(1, np.int64)
+        return cls(zero, zero.copy(), np.zeros(1), zero.copy(), np.full(1, -1), np.full(1, -1), None, 0)
+
+    def extend(self, options: LayerOptions, transition_s: np.ndarray, budget_units: int) -> "Frontier":
+        """The frontier after one more layer with `options`; `transition_s[a, b]` is R from layout a to b
+        (row 0 must be zero for the first layer of a stage)."""
+        stash, excess, time, layout, option, parent = extend_frontier(
+            self.stash, self.excess, self.time, self.layout,
+            options.time_s, options.stash_units, options.forward_units, options.backward_units,
+            options.layout, transition_s, budget_units,
+        )
+        return Frontier(stash, excess, time, layout, options.strategy[option], parent, self, self.depth + 1)
+
+    def __len__(self) -> int:
+        return int(self.time.shape[0])
+
+    def best(self, budget_units: int, exit_time_by_layout: np.ndarray | None = None) -> int:
+        """Index of the fastest plan with E_all = stash + excess within the budget (-1 if none);
+        `exit_time_by_layout` adds a cost that depends on the last layer's layout (the p2p send)."""
+        if len(self) == 0:
+            return -1
+        total = self.time if exit_time_by_layout is None else self.time + exit_time_by_layout[self.layout]
+        feasible = (self.stash + self.excess) <= budget_units
+        if not feasible.any():
+            return -1
+        return int(np.argmin(np.where(feasible, total, np.inf)))
+
+    def backtrack(self, index: int) -> list[int]:
+        """Strategy indices of the plan at `index`, first layer first."""
+        chosen: list[int] = []
+        frontier: Frontier | None = self
+        while frontier is not None and frontier.depth > 0:
+            chosen.append(int(frontier.strategy[index]))
+            index = int(frontier.parent[index])
+            frontier = frontier.previous
+        return chosen[::-1]
+
+
+def to_units(values_bytes: np.ndarray, granularity_bytes: int) -> np.ndarray:
+    """Round memory up to whole units (a plan the DP accepts never exceeds its budget)."""
+    return np.ceil(np.asarray(values_bytes, dtype=np.float64) / granularity_bytes - 1e-9).astype(np.int64).clip(min=0)
+
+
+def budget_units(budget_bytes: float, granularity_bytes: int) -> int:
+    units = int(np.floor(budget_bytes / granularity_bytes))
+    if units > MAX_MEMORY_UNITS:
+        raise ValueError(
+            f"memory granularity {granularity_bytes} B gives {units} units for a {budget_bytes:.0f} B budget; "
+            f"use a granularity of at least {int(np.ceil(budget_bytes / MAX_MEMORY_UNITS))} B"
+        )
+    return units
