@@ -74,6 +74,10 @@ class CommModel:
 
     reduce_scatter_s = allgather_s
 
+    def exchange_rate(self, group_size: int) -> tuple[float, float]:
+        """(bytes/s, latency s) of the Slice-Gather exchange in a group of `group_size` consecutive devices."""
+        return self._rate(group_size, 1, None)
+
     def exchange_s(self, received_bytes: float, group_size: int) -> float:
         """Every device of a `group_size` group receives `received_bytes` from the others at once
         (Slice-Gather between layers with different layouts)."""

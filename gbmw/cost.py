@@ -266,6 +266,7 @@ def stage_estimate(
     settings: CostSettings,
     comm: CommModel,
     cost_cache: dict | None = None,
+    schedule: str = "1f1b",
 ) -> StageEstimate:
     """Time and peak memory of one pipeline stage holding layers [first_layer, first_layer + len(strategies))."""
     cache = cost_cache if cost_cache is not None else {}
@@ -311,7 +312,7 @@ def stage_estimate(
         send += comm.p2p_s(in_bytes * micro_batch / strategies[0].data_parallel, group)
     time += send
     no_sync += send
-    in_flight = min(pp - stage_index, num_micro_batches)
+    in_flight = in_flight_micro_batches(schedule, stage_index, pp, num_micro_batches)
     activations = (in_flight - 1) * forward_memory.sum() + float(
         np.max(np.cumsum(forward_memory) + backward_memory)
     )
@@ -325,6 +326,14 @@ def stage_estimate(
         activation_bytes=float(activations),
         in_flight_micro_batches=in_flight,
     )
+
+
+def in_flight_micro_batches(schedule: str, stage_index: int, pp: int, num_micro_batches: int) -> int:
+    """Micro-batches whose activations a stage holds at its peak: 1F1B-flush keeps min(P - i, m)
+    (Narayanan et al., 2021); GPipe runs every forward before any backward and keeps all m."""
+    if schedule == "gpipe":
+        return num_micro_batches
+    return min(pp - stage_index, num_micro_batches)
 
 
 def pipeline_time_s(stages: list[StageEstimate], num_micro_batches: int) -> float:
@@ -347,7 +356,7 @@ def estimate_plan(job: JobSpec, plan: Plan, memory_budget_bytes: float | None = 
     stages = [
         stage_estimate(
             job.model, list(plan.stage_strategies(index)), first, index, plan.pp, plan.micro_batch,
-            plan.num_micro_batches, settings, comm, cache,
+            plan.num_micro_batches, settings, comm, cache, plan.schedule,
         )
         for index, (first, _) in enumerate(plan.stage_bounds)
     ]
@@ -371,4 +380,64 @@ def estimate_plan(job: JobSpec, plan: Plan, memory_budget_bytes: float | None = 
         fits=all(stage.peak_memory_bytes <= budget for stage in stages),
         model_tflops_per_device=tflops_per_device,
         mfu=tflops_per_device * 1e12 / job.cluster.peak_flops(job.precision),
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# All candidate strategies at once (what the search reads)
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class StrategyTables:
+    """Per-strategy, per-layer costs ([strategy, layer] arrays) for one micro-batch size and group size."""
+
+    strategies: tuple[Strategy, ...]
+    micro_batch: int
+    time_s: np.ndarray
+    time_no_grad_sync_s: np.ndarray
+    forward_memory_bytes: np.ndarray
+    backward_memory_bytes: np.ndarray
+    model_state_bytes: np.ndarray
+    state_bytes_per_parameter: np.ndarray
+    """[strategy]: model-state bytes per TP-local parameter (for tied weights shared in a stage)."""
+    tp: np.ndarray
+    data_parallel: np.ndarray
+    layout: np.ndarray
+    """[strategy]: activation-layout id; strategies with equal ids need no Slice-Gather between them."""
+    transition_fraction: np.ndarray
+    """[layout, layout]: share of the micro-batch's boundary activation one device receives (R)."""
+
+
+def strategy_tables(
+    model: ModelSpec, strategies: list[Strategy], micro_batch: int, settings: CostSettings, comm: CommModel
+) -> StrategyTables:
+    """`layer_costs` of every strategy, stacked, with layout ids and the layout transition matrix."""
+    costs = [layer_costs(model, strategy, micro_batch, settings, comm) for strategy in strategies]
+    layouts: dict[tuple, int] = {}
+    layout_ids = np.array([layouts.setdefault(activation_layout(s), len(layouts)) for s in strategies])
+    representative = {}
+    for strategy, layout in zip(strategies, layout_ids):
+        representative.setdefault(int(layout), strategy)
+    count = len(layouts)
+    fraction = np.zeros((count, count))
+    for a in range(count):
+        for b in range(count):
+            if a != b:
+                fraction[a, b] = transition_fraction(representative[a], representative[b])
+    return StrategyTables(
+        strategies=tuple(strategies),
+        micro_batch=micro_batch,
+        time_s=np.stack([c.time_s for c in costs]),
+        time_no_grad_sync_s=np.stack([c.time_no_grad_sync_s for c in costs]),
+        forward_memory_bytes=np.stack([c.forward_memory_bytes for c in costs]),
+        backward_memory_bytes=np.stack([c.backward_memory_bytes for c in costs]),
+        model_state_bytes=np.stack([c.model_state_bytes for c in costs]),
+        state_bytes_per_parameter=np.array(
+            [model_state_bytes_per_parameter(s, settings.precision, settings.optimizer) for s in strategies]
+        ),
+        tp=np.array([s.tp for s in strategies]),
+        data_parallel=np.array([s.data_parallel for s in strategies]),
+        layout=layout_ids,
+        transition_fraction=fraction,
     )

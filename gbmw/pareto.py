@@ -1,6 +1,7 @@
-"""Dynamic programming over the layers of one pipeline stage (paper Sec. 4.1.2, Eq. 6; Appendix A, Alg. 2).
+"""The stage DP without a memory grid: exact Pareto frontiers (the checking engine, `--exact`).
 
-The paper's DP keeps C(l, E_fwd) — the least time of the first l layers whose forward memory
+gbmw.search solves Eq. (6) on a memory grid as the paper does. This engine solves the same stage
+problem exactly, to compare against. The paper's DP keeps C(l, E_fwd) — the least time of the first l layers whose forward memory
 (model states plus stashed activations) is at most E_fwd — with the previous layer's strategy in
 the state because of the transition cost R (Eq. 6), then raises E_fwd until the overall memory
 E_all (Eq. 4), which adds the backward peak, exceeds the budget (Alg. 2).
@@ -22,22 +23,15 @@ sweep is one pass over it, and carrying X makes its overall-memory check exact: 
 fastest plan with E_all ≤ E, equal to exhaustive enumeration (tests/test_search.py), where the
 paper's sweep can stop early at a plan whose backward peak is high.
 
-Memory is counted in units of `granularity_bytes` (default 1 MiB, as the paper's DP), each
-per-layer term rounded up, so a plan the DP accepts fits. The inner step is compiled with numba:
-the frontier merge is sequential (a sweep with a Fenwick tree over the excess axis) and numpy
-cannot vectorise it.
+Memory terms are whole units (rounded up by the caller). The inner step is compiled with numba:
+the frontier merge is a sequential sweep with a Fenwick tree that numpy cannot vectorise. Its cost
+grows with the frontier (thousands of points for 80 GB budgets), which is why the grid is the default.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 from numba import njit
-
-MIB = 2**20
-DEFAULT_GRANULARITY_BYTES = MIB
-MAX_MEMORY_UNITS = 2**24  # keeps the packed sort key within int64
 
 
 @njit(cache=True)
@@ -71,6 +65,10 @@ def extend_frontier(
     per-layout 3-D Pareto frontier. Returns (stash, excess, time, layout, option, parent) arrays.
 
     `transition[a, b]` is R from layout a to layout b for this layer (Eq. 6).
+
+    Dominance uses E = stash + excess rather than the excess: the final E_all of any completion is
+    max(E + A, stash + B) for A, B fixed by the completion, so a plan with no more stash, no more E
+    and no more time is never worse — which keeps fewer points than comparing excesses.
     """
     points, options = stash.shape[0], option_time.shape[0]
     capacity = points * options
@@ -92,9 +90,10 @@ def extend_frontier(
                 x = option_backward[o]
             if s + x > budget:
                 continue
+            t = time[p] + option_time[o] + transition[layout[p], target]
             new_stash[count] = s
             new_excess[count] = x
-            new_time[count] = time[p] + option_time[o] + transition[layout[p], target]
+            new_time[count] = t
             new_layout[count] = target
             new_option[count] = o
             new_parent[count] = p
@@ -104,9 +103,10 @@ def extend_frontier(
     new_stash, new_excess, new_time = new_stash[:count], new_excess[:count], new_time[:count]
     new_layout, new_option, new_parent = new_layout[:count], new_option[:count], new_parent[:count]
 
-    # Sort by (layout, stash, excess, time): a dominating point always comes before what it dominates.
+    # Sort by (layout, stash, E, time): a dominating point always comes before what it dominates.
     span = budget + 1
-    key = (new_layout * span + new_stash) * span + new_excess
+    total = new_stash + new_excess
+    key = (new_layout * span + new_stash) * span + total
     order = np.argsort(new_time, kind="mergesort")
     order = order[np.argsort(key[order], kind="mergesort")]
 
@@ -118,51 +118,18 @@ def extend_frontier(
         while end < count and new_layout[order[end]] == group_layout:
             end += 1
         group = order[start:end]
-        ranks = np.searchsorted(np.unique(new_excess[group]), new_excess[group])
+        ranks = np.searchsorted(np.unique(total[group]), total[group])
         tree = np.full(ranks.max() + 2, np.inf)
         for position in range(group.shape[0]):
             index = group[position]
             if _fenwick_min_query(tree, ranks[position]) <= new_time[index]:
-                continue  # some plan with no more stash and excess is no slower
+                continue  # some plan with no more stash and no more E is no slower
             keep[index] = True
             _fenwick_min_update(tree, ranks[position], new_time[index])
         start = end
     selected = np.nonzero(keep)[0]
     return (new_stash[selected], new_excess[selected], new_time[selected], new_layout[selected],
             new_option[selected], new_parent[selected])
-
-
-@dataclass
-class LayerOptions:
-    """The candidate strategies of one layer at one stage position, in DP units."""
-
-    strategy: np.ndarray
-    """Index into the stage's strategy list."""
-    time_s: np.ndarray
-    stash_units: np.ndarray
-    forward_units: np.ndarray
-    backward_units: np.ndarray
-    layout: np.ndarray
-
-    def pruned(self) -> "LayerOptions":
-        """Drop options another option of the same layout beats in every respect (no slower, no
-        more stash or backward extra, at least as much forward stash — which lowers the excess)."""
-        n = self.time_s.shape[0]
-        keep = np.ones(n, bool)
-        for i in range(n):
-            same = (self.layout == self.layout[i]) & keep
-            same[i] = False
-            better = (
-                same
-                & (self.time_s <= self.time_s[i])
-                & (self.stash_units <= self.stash_units[i])
-                & (self.backward_units <= self.backward_units[i])
-                & (self.forward_units >= self.forward_units[i])
-            )
-            if better.any():
-                keep[i] = False
-        return LayerOptions(*(getattr(self, f)[keep] for f in ("strategy", "time_s", "stash_units", "forward_units",
-                                                                "backward_units", "layout")))
 
 
 class Frontier:
@@ -180,7 +147,7 @@ class Frontier:
         zero = np.zeros(1, np.int64)
         return cls(zero, zero.copy(), np.zeros(1), zero.copy(), np.full(1, -1), np.full(1, -1), None, 0)
 
-    def extend(self, options: LayerOptions, transition_s: np.ndarray, budget_units: int) -> "Frontier":
+    def extend(self, options, transition_s: np.ndarray, budget_units: int) -> "Frontier":
         """The frontier after one more layer with `options`; `transition_s[a, b]` is R from layout a to b
         (row 0 must be zero for the first layer of a stage)."""
         stash, excess, time, layout, option, parent = extend_frontier(
@@ -192,6 +159,19 @@ class Frontier:
 
     def __len__(self) -> int:
         return int(self.time.shape[0])
+
+    @property
+    def empty_of_plans(self) -> bool:
+        return len(self) == 0
+
+    def time_at(self, index: int) -> float:
+        return float(self.time[index])
+
+    def layout_at(self, index: int) -> int:
+        return int(self.layout[index])
+
+    def memory_at(self, index: int) -> int:
+        return int(self.stash[index] + self.excess[index])
 
     def best(self, budget_units: int, exit_time_by_layout: np.ndarray | None = None) -> int:
         """Index of the fastest plan with E_all = stash + excess within the budget (-1 if none);
@@ -213,18 +193,3 @@ class Frontier:
             index = int(frontier.parent[index])
             frontier = frontier.previous
         return chosen[::-1]
-
-
-def to_units(values_bytes: np.ndarray, granularity_bytes: int) -> np.ndarray:
-    """Round memory up to whole units (a plan the DP accepts never exceeds its budget)."""
-    return np.ceil(np.asarray(values_bytes, dtype=np.float64) / granularity_bytes - 1e-9).astype(np.int64).clip(min=0)
-
-
-def budget_units(budget_bytes: float, granularity_bytes: int) -> int:
-    units = int(np.floor(budget_bytes / granularity_bytes))
-    if units > MAX_MEMORY_UNITS:
-        raise ValueError(
-            f"memory granularity {granularity_bytes} B gives {units} units for a {budget_bytes:.0f} B budget; "
-            f"use a granularity of at least {int(np.ceil(budget_bytes / MAX_MEMORY_UNITS))} B"
-        )
-    return units

@@ -22,6 +22,7 @@ from gbmw.spec import ModelSpec
 from gbmw.space import Strategy, is_power_of_two
 
 TARGETS = ("runtime", "deepspeed", "megatron-deepspeed", "megatron-core")
+SCHEDULES = ("1f1b", "gpipe")
 PLAN_FORMAT_VERSION = 1
 
 
@@ -65,6 +66,8 @@ class Plan:
     strategies: tuple[Strategy, ...]
     """One per layer of the model."""
     target: str = "runtime"
+    schedule: str = "1f1b"
+    """Pipeline schedule: `1f1b` (1F1B-flush, the runtime's) or `gpipe` (baselines only)."""
     estimate: Estimate | None = None
     provenance: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
     """gbmw version, search settings and seconds, or how a hand-written plan was made."""
@@ -73,6 +76,8 @@ class Plan:
         problems = []
         if self.target not in TARGETS:
             problems.append(f"target {self.target!r} is not one of {list(TARGETS)}")
+        if self.schedule not in SCHEDULES:
+            problems.append(f"schedule {self.schedule!r} is not one of {list(SCHEDULES)}")
         if self.pp < 1 or self.num_devices % self.pp != 0:
             problems.append(f"num_devices({self.num_devices}) % pp({self.pp}) != 0: stages need equal device groups")
         if len(self.partition) != self.pp:
@@ -215,6 +220,7 @@ class Plan:
                 partition=tuple(_integer(v, "partition", where) for v in data["partition"]),
                 strategies=tuple(strategies),
                 target=str(data.get("target", "runtime")),
+                schedule=str(data.get("schedule", "1f1b")),
                 estimate=estimate,
                 provenance=dict(data.get("provenance") or {}),
                 **integers,

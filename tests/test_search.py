@@ -1,4 +1,9 @@
-"""The stage DP equals exhaustive enumeration (up to 6 layers, 4 strategies, with transition costs)."""
+"""The stage DPs against exhaustive enumeration (up to 6 layers, 4 strategies, with transition costs).
+
+gbmw.pareto is exact: it equals the fastest plan whose E_all fits. gbmw.search (the grid, the
+paper's Eq. 6) equals exhaustive enumeration of C(L, E_fwd) for every forward budget, and its answer
+after the overall-memory check always fits and is optimal when no layer has a backward extra.
+"""
 
 import itertools
 
@@ -6,84 +11,119 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from gbmw.search import Frontier, LayerOptions
+from gbmw.pareto import Frontier
+from gbmw.search import GridFrontier, LayerOptions
 
 
-def evaluate(plan, time, stash, forward, backward, layout, transition):
-    """(time, E_all) of one plan: E_all = Σ stash − Σ f + max_j (Σ_{i≤j} f + b_j) (Eq. 4 with the 1F1B stash)."""
+def evaluate(plan, case):
+    """(time, forward memory E_f, overall memory E_all) of one plan (Eq. 4–6 with the 1F1B stash)."""
+    time, stash, forward, backward, layout, transition = (case[k] for k in ("time", "stash", "forward", "backward",
+                                                                             "layout", "transition"))
     total = sum(time[l, s] for l, s in enumerate(plan))
     total += sum(transition[l, layout[plan[l - 1]], layout[plan[l]]] for l in range(1, len(plan)))
     prefix, peak = 0, 0
     for l, s in enumerate(plan):
         prefix += forward[l, s]
         peak = max(peak, prefix + backward[l, s])
-    return total, sum(stash[l, s] for l, s in enumerate(plan)) - prefix + peak
+    forward_memory = sum(stash[l, s] for l, s in enumerate(plan))
+    return total, forward_memory, forward_memory - prefix + peak
 
 
-def brute_force(time, stash, forward, backward, layout, transition, budget):
-    """The fastest of all plans whose E_all is within the budget."""
+def all_plans(case):
+    layers, options = case["time"].shape
+    return [(plan, *evaluate(plan, case)) for plan in itertools.product(range(options), repeat=layers)]
+
+
+def run_dp(case, root, prune=True):
+    time = case["time"]
     layers, options = time.shape
-    best_time, best_plan = np.inf, None
-    for plan in itertools.product(range(options), repeat=layers):
-        total, memory = evaluate(plan, time, stash, forward, backward, layout, transition)
-        if memory <= budget and total < best_time - 1e-12:
-            best_time, best_plan = total, plan
-    return best_time, best_plan
-
-
-def dp(time, stash, forward, backward, layout, transition, budget, prune):
-    layers, options = time.shape
-    frontier = Frontier.empty()
-    n_layouts = int(layout.max()) + 1
+    frontier = root
+    n_layouts = int(case["layout"].max()) + 1
     for l in range(layers):
-        layer = LayerOptions(np.arange(options), time[l], stash[l], forward[l], backward[l], layout.copy())
+        layer = LayerOptions(np.arange(options), time[l], case["stash"][l], case["forward"][l], case["backward"][l],
+                             case["layout"].copy())
         if prune:
             layer = layer.pruned()
-        r = np.zeros((n_layouts, n_layouts)) if l == 0 else transition[l]
-        frontier = frontier.extend(layer, r, budget)
-    index = frontier.best(budget)
-    if index < 0:
-        return np.inf, None
-    return float(frontier.time[index]), tuple(frontier.backtrack(index))
+        r = np.zeros((n_layouts, n_layouts)) if l == 0 else case["transition"][l]
+        frontier = frontier.extend(layer, r, case["budget"])
+    return frontier
 
 
-@settings(max_examples=300, deadline=None)
-@given(
-    layers=st.integers(1, 6), options=st.integers(1, 4), n_layouts=st.integers(1, 3),
-    seed=st.integers(0, 2**31 - 1), prune=st.booleans(),
-)
-def test_stage_dp_equals_exhaustive_enumeration(layers, options, n_layouts, seed, prune):
+def random_case(layers, options, n_layouts, seed, with_backward=True):
     rng = np.random.default_rng(seed)
     time = rng.uniform(0.0, 10.0, (layers, options)).round(2)
     forward = rng.integers(0, 8, (layers, options))
     stash = forward * rng.integers(1, 3) + rng.integers(0, 8, (layers, options))  # ms + k·f with k in {1, 2}
     backward = rng.integers(0, 10, (layers, options)) * rng.integers(0, 2, (layers, options))
+    if not with_backward:
+        backward[:] = 0
     layout = rng.integers(0, n_layouts, options)
     transition = rng.uniform(0.0, 3.0, (layers, n_layouts, n_layouts)).round(2)
     for l in range(layers):
         np.fill_diagonal(transition[l], 0.0)
     budget = int(rng.integers(0, int(stash.sum(axis=1).max() * layers // 2 + 20)))
-    expected_time, expected_plan = brute_force(time, stash, forward, backward, layout, transition, budget)
-    got_time, got_plan = dp(time, stash, forward, backward, layout, transition, budget, prune)
-    if expected_plan is None:
-        assert got_plan is None
-    else:
-        assert got_time == pytest.approx(expected_time, abs=1e-9)
-        # The plan the DP returns really has that time and fits.
-        plan_time, plan_memory = evaluate(got_plan, time, stash, forward, backward, layout, transition)
-        assert plan_time == pytest.approx(got_time, abs=1e-9) and plan_memory <= budget
+    return dict(time=time, stash=stash, forward=forward, backward=backward, layout=layout, transition=transition,
+                budget=budget)
+
+
+case_strategy = dict(layers=st.integers(1, 6), options=st.integers(1, 4), n_layouts=st.integers(1, 3),
+                     seed=st.integers(0, 2**31 - 1))
+
+
+@settings(max_examples=250, deadline=None)
+@given(**case_strategy, prune=st.booleans())
+def test_exact_engine_equals_exhaustive_enumeration(layers, options, n_layouts, seed, prune):
+    case = random_case(layers, options, n_layouts, seed)
+    fitting = [(t, plan) for plan, t, _, memory in all_plans(case) if memory <= case["budget"]]
+    frontier = run_dp(case, Frontier.empty(), prune)
+    index = frontier.best(case["budget"])
+    if not fitting:
+        assert index < 0
+        return
+    assert index >= 0
+    plan = tuple(frontier.backtrack(index))
+    plan_time, _, plan_memory = evaluate(plan, case)
+    assert frontier.time_at(index) == pytest.approx(min(fitting)[0], abs=1e-9)
+    assert plan_time == pytest.approx(frontier.time_at(index), abs=1e-9) and plan_memory <= case["budget"]
+
+
+@settings(max_examples=250, deadline=None)
+@given(**case_strategy)
+def test_grid_equals_exhaustive_enumeration_for_every_forward_budget(layers, options, n_layouts, seed):
+    case = random_case(layers, options, n_layouts, seed, with_backward=False)
+    plans = all_plans(case)
+    grid = run_dp(case, GridFrontier.empty(n_layouts, case["budget"]))
+    best_by_memory = np.minimum.accumulate(grid.time.min(axis=0))  # C(L, E_fwd) for E_fwd = 0 … budget
+    for e_fwd in range(case["budget"] + 1):
+        expected = min((t for _, t, forward_memory, _ in plans if forward_memory <= e_fwd), default=np.inf)
+        assert best_by_memory[e_fwd] == pytest.approx(expected, abs=1e-9)
+
+
+@settings(max_examples=250, deadline=None)
+@given(**case_strategy)
+def test_grid_answer_fits_and_is_never_better_than_the_optimum(layers, options, n_layouts, seed):
+    case = random_case(layers, options, n_layouts, seed)
+    fitting = [t for _, t, _, memory in all_plans(case) if memory <= case["budget"]]
+    grid = run_dp(case, GridFrontier.empty(n_layouts, case["budget"]))
+    index = grid.best(case["budget"])
+    if index < 0:
+        return  # the grid may miss a fitting plan whose forward memory is dominated (paper semantics)
+    plan = tuple(grid.backtrack(index))
+    plan_time, _, plan_memory = evaluate(plan, case)
+    assert plan_memory <= case["budget"] and grid.memory_at(index) == plan_memory
+    assert plan_time == pytest.approx(grid.time_at(index), abs=1e-9)
+    assert plan_time >= min(fitting) - 1e-9
 
 
 def test_backward_peak_makes_the_forward_only_optimum_infeasible():
     # Two layers, two options each. Option 1 is fast with low stash but a big backward extra (CKPT).
-    time = np.array([[5.0, 1.0], [5.0, 1.0]])
-    stash = np.array([[4, 1], [4, 1]])
-    forward = np.array([[4, 1], [4, 1]])
-    backward = np.array([[0, 9], [0, 9]])
-    layout = np.array([0, 0])
-    transition = np.zeros((2, 1, 1))
+    case = dict(time=np.array([[5.0, 1.0], [5.0, 1.0]]), stash=np.array([[4, 1], [4, 1]]),
+                forward=np.array([[4, 1], [4, 1]]), backward=np.array([[0, 9], [0, 9]]), layout=np.array([0, 0]),
+                transition=np.zeros((2, 1, 1)))
     # Forward memory alone (2) fits a budget of 8, but E_all = 2 - 2 + max(1+9, 2+9) = 11 does not.
-    best, plan = dp(time, stash, forward, backward, layout, transition, budget=8, prune=False)
-    assert plan == (0, 0) and best == 10.0
-    best, plan = dp(time, stash, forward, backward, layout, transition, budget=11, prune=False)
-    assert plan == (1, 1) and best == 2.0
+    for root in (lambda: Frontier.empty(), lambda: GridFrontier.empty(1, case["budget"])):
+        for budget, plan, best in ((8, (0, 0), 10.0), (11, (1, 1), 2.0)):
+            case["budget"] = budget
+            frontier = run_dp(case, root(), prune=False)
+            index = frontier.best(budget)
+            assert tuple(frontier.backtrack(index)) == plan and frontier.time_at(index) == best

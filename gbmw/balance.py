@@ -1,0 +1,140 @@
+"""Pipeline partitions: time-balanced, memory-balanced, and the bi-objective adjustment between them
+(paper Sec. 4.2, Eq. 7–8, Alg. 3, Appendix B).
+
+A partition `p` lists the layers of each stage. Its balance degrees (Eq. 8) are
+alpha_t = 1 - max_i C_i / Σ C_i and alpha_m = 1 - max_i O_i / Σ O_i. The time-balanced partition p_t
+minimises the slowest stage; the memory-balanced p_m minimises the largest stage memory, where
+1F1B makes stage i hold min(P - i, m) micro-batches of activations, so later stages take more layers.
+The bi-objective adjustment starts from p_m and moves one boundary layer of the slowest stage to a
+neighbour while three limits hold (Sec. 4.2.2): (1) no stage gets slower than the slowest stage was,
+(2) every stage fits the budget, (3) no stage needs more memory than the worst stage of p_t.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+
+def min_max_partition(stage_cost: Callable[[int, int, int], np.ndarray], layers: int, stages: int) -> list[int]:
+    """The contiguous split of `layers` into `stages` non-empty stages minimising the largest stage
+    cost, exactly, by dynamic programming. `stage_cost(i, starts, end)` is the cost of stage i holding
+    layers [start, end) for each start in the array `starts` (vectorised)."""
+    if stages > layers:
+        raise ValueError(f"cannot split {layers} layers into {stages} non-empty stages")
+    infinity = np.inf
+    best = np.full((stages + 1, layers + 1), infinity)
+    choice = np.zeros((stages + 1, layers + 1), dtype=np.int64)
+    best[0, 0] = 0.0
+    for i in range(1, stages + 1):
+        for end in range(i, layers - (stages - i) + 1):
+            starts = np.arange(i - 1, end)
+            candidates = np.maximum(best[i - 1, starts], stage_cost(i - 1, starts, end))
+            pick = int(np.argmin(candidates))
+            best[i, end], choice[i, end] = candidates[pick], starts[pick]
+    bounds, end = [], layers
+    for i in range(stages, 0, -1):
+        start = int(choice[i, end])
+        bounds.append(end - start)
+        end = start
+    return bounds[::-1]
+
+
+def time_balanced_partition(layer_time_s: np.ndarray, stages: int) -> list[int]:
+    """p_t: minimise the slowest stage's summed layer time."""
+    prefix = np.concatenate([[0.0], np.cumsum(layer_time_s)])
+    return min_max_partition(lambda i, starts, end: prefix[end] - prefix[starts], len(layer_time_s), stages)
+
+
+def memory_balanced_partition(
+    layer_state_bytes: np.ndarray, layer_activation_bytes: np.ndarray, in_flight: list[int]
+) -> list[int]:
+    """p_m: minimise the largest stage memory Σ (states + k_i · activations), k_i in flight at stage i."""
+    states = np.concatenate([[0.0], np.cumsum(layer_state_bytes)])
+    activations = np.concatenate([[0.0], np.cumsum(layer_activation_bytes)])
+
+    def cost(i: int, starts: np.ndarray, end: int) -> np.ndarray:
+        return (states[end] - states[starts]) + in_flight[i] * (activations[end] - activations[starts])
+
+    return min_max_partition(cost, len(layer_state_bytes), len(in_flight))
+
+
+def even_partition(layers: int, stages: int) -> list[int]:
+    """Equal layer counts, the remainder spread over the last stages."""
+    base, extra = divmod(layers, stages)
+    return [base + (1 if i >= stages - extra else 0) for i in range(stages)]
+
+
+def balance_degrees(stage_time_s: list[float], stage_memory_bytes: list[float]) -> tuple[float, float]:
+    """(alpha_t, alpha_m) of Eq. (8)."""
+    return (1 - max(stage_time_s) / sum(stage_time_s), 1 - max(stage_memory_bytes) / sum(stage_memory_bytes))
+
+
+@dataclass(frozen=True)
+class StageOutcome:
+    """What the search found for one partition: per-stage time and memory (None if a stage does not fit)."""
+
+    partition: tuple[int, ...]
+    stage_time_s: tuple[float, ...] | None
+    stage_memory_bytes: tuple[float, ...] | None
+
+    @property
+    def fits(self) -> bool:
+        return self.stage_time_s is not None
+
+
+def neighbours_of_slowest(partition: tuple[int, ...], stage_time_s: tuple[float, ...]) -> list[tuple[int, ...]]:
+    """Partitions that move one boundary layer of the slowest stage to an adjacent stage (Alg. 3 l.13)."""
+    slowest = int(np.argmax(stage_time_s))
+    result = []
+    if partition[slowest] > 1:
+        for neighbour in (slowest - 1, slowest + 1):
+            if 0 <= neighbour < len(partition):
+                moved = list(partition)
+                moved[slowest] -= 1
+                moved[neighbour] += 1
+                result.append(tuple(moved))
+    return result
+
+
+def bi_objective_adjustment(
+    search: Callable[[tuple[int, ...]], StageOutcome],
+    memory_balanced: tuple[int, ...],
+    time_balanced_memory_bytes: float | None,
+    budget_bytes: float,
+    max_steps: int = 256,
+) -> list[StageOutcome]:
+    """Alg. 3 lines 9–15: from p_m, repeatedly move a boundary layer off the slowest stage while
+    Appendix B's three limits hold; returns every partition searched, in order.
+
+    `search(partition)` runs the per-stage DP for a partition. `time_balanced_memory_bytes` is the
+    largest stage memory of p_t (limit 3), None when p_t does not fit (the budget is then the limit).
+    """
+    outcomes = [search(memory_balanced)]
+    queue = [outcomes[0]]
+    seen = {memory_balanced}
+    memory_limit = budget_bytes if time_balanced_memory_bytes is None else min(budget_bytes, time_balanced_memory_bytes)
+    while queue and len(outcomes) < max_steps:
+        current = queue.pop()
+        if not current.fits:
+            break
+        slowest_time = max(current.stage_time_s)
+        accepted: StageOutcome | None = None
+        for candidate in neighbours_of_slowest(current.partition, current.stage_time_s):
+            if candidate in seen:
+                continue
+            seen.add(candidate)
+            outcome = search(candidate)
+            outcomes.append(outcome)
+            valid = (
+                outcome.fits
+                and max(outcome.stage_time_s) < slowest_time  # limit 1 (strictly: progress)
+                and max(outcome.stage_memory_bytes) <= memory_limit  # limits 2 and 3
+            )
+            if valid and (accepted is None or max(outcome.stage_time_s) < max(accepted.stage_time_s)):
+                accepted = outcome
+        if accepted is not None:
+            queue.append(accepted)
+    return outcomes
