@@ -2,6 +2,9 @@
 
     gbmw space --devices 8 [--no-prune] [--json]
     gbmw estimate JOB (--plan plan.yaml | --uniform tp=8,pp=2,zero=1,ckpt=full,micro=1) [--memory 16GiB] [--json]
+    gbmw plan JOB [--memory 16GiB] [--batch N | --sweep] [--target T] [--variant V] [-o plan.yaml] [--json]
+                  [--figure plan.png]
+    gbmw compare JOB [--memory 8GiB,16GiB] [--batch N | --sweep]
 
 JOB is a job YAML or the name of a bundled job recipe (recipes/jobs/). Bad input ends with one
 line naming the file, field and value (exit status 2), never a traceback.
@@ -11,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Sequence
 
@@ -55,7 +59,53 @@ def _parser() -> argparse.ArgumentParser:
     estimate.add_argument("--memory", help="per-device memory budget, e.g. 16GiB (default: the job's)")
     estimate.add_argument("--json", action="store_true", help="print JSON")
     estimate.set_defaults(run=_run_estimate)
+
+    plan = commands.add_parser("plan", help="search the fastest plan that fits")
+    plan.add_argument("job", help="job YAML or bundled job recipe name")
+    _search_options(plan)
+    plan.add_argument("--variant", default="gbmw",
+                      help="search variant: gbmw (default: BMW with ZeRO-1/2 too), bmw, base, 1f1b+bi-obj, galvatron, "
+                           "dp+pp, dp+tp, or a baseline (ddp, megatron-tp, gpipe, fsdp, deepspeed-3d)")
+    plan.add_argument("--target", default="runtime",
+                      help="what will run it: runtime (default), deepspeed, megatron-deepspeed, megatron-core")
+    plan.add_argument("--max-pp", type=int, help="largest pipeline degree to try")
+    plan.add_argument("--granularity", help="memory grid of the DP, e.g. 1MiB (default: the budget in 4096 cells)")
+    plan.add_argument("--exact", action="store_true", help="exact Pareto-frontier DP instead of the grid (slower)")
+    plan.add_argument("-o", "--output", help="write the plan to this new YAML file")
+    plan.add_argument("--figure", help="draw stage memory/time bars and the strategy of every layer to this PNG")
+    plan.add_argument("--json", action="store_true", help="print the plan with its estimate as JSON")
+    plan.set_defaults(run=_run_plan)
+
+    compare = commands.add_parser("compare", help="the paper's comparison: baselines and variants side by side")
+    compare.add_argument("job", help="job YAML or bundled job recipe name")
+    _search_options(compare)
+    compare.add_argument("--json", action="store_true", help="print JSON")
+    compare.set_defaults(run=_run_compare)
     return parser
+
+
+def _search_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--memory", help="per-device memory budget, e.g. 16GiB (compare: a comma list)")
+    batch = parser.add_mutually_exclusive_group()
+    batch.add_argument("--batch", type=int, help="fixed global batch (default: the job's, else a sweep)")
+    batch.add_argument("--sweep", action="store_true", help="sweep the global batch up to the job's max_global_batch")
+
+
+def _progress(label: str):
+    """A progress callback drawing a bar on stderr when it is a terminal (nothing otherwise)."""
+    if not sys.stderr.isatty():
+        return None, None
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    progress = Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TextColumn("settings"),
+                        TimeElapsedColumn(), console=Console(stderr=True), transient=True)
+    task = progress.add_task(label, total=None)
+
+    def update(done: int, total: int) -> None:
+        progress.update(task, completed=done, total=total)
+
+    return progress, update
 
 
 def _run_space(args: argparse.Namespace) -> int:
@@ -101,6 +151,61 @@ def _run_estimate(args: argparse.Namespace) -> int:
         print(json.dumps(estimate_to_json(job, plan, estimate), indent=2))
     else:
         print_estimate(job, plan, estimate)
+    return 0
+
+
+def _run_plan(args: argparse.Namespace) -> int:
+    from gbmw.planner import Planner
+    from gbmw.plan import write_new_file
+    from gbmw.report import plan_to_json, print_plan
+    from gbmw.spec import load_job, parse_bytes
+
+    job = load_job(args.job, memory_budget=args.memory)
+    granularity = parse_bytes(args.granularity, "--granularity") if args.granularity else None
+    if args.batch is not None and args.batch < 1:
+        raise GbmwError(f"--batch {args.batch}: must be a positive number of samples")
+    for path in (args.output, args.figure):
+        if path and os.path.exists(path):
+            raise GbmwError(f"{path} exists; gbmw does not overwrite files — choose a new name or remove it first")
+    progress, update = _progress("searching")
+    planner = Planner(job, args.variant, args.batch, args.sweep, granularity, args.exact, args.max_pp, args.target,
+                      progress=update)
+    if progress is not None:
+        with progress:
+            plan = planner.run()
+    else:
+        plan = planner.run()
+    if args.output:
+        plan.save(args.output)
+    if args.figure:
+        from gbmw.report import draw_plan
+
+        draw_plan(job, plan, args.figure)
+    if args.json:
+        print(json.dumps(plan_to_json(job, plan), indent=2))
+    else:
+        print_plan(job, plan)
+        for path, what in ((args.output, "plan"), (args.figure, "figure")):
+            if path:
+                print(f"wrote {what} {path}")
+    return 0
+
+
+def _run_compare(args: argparse.Namespace) -> int:
+    from gbmw.compare import compare_job
+    from gbmw.report import comparison_to_json, print_comparison
+
+    budgets = [item.strip() for item in args.memory.split(",")] if args.memory else [None]
+    progress, update = _progress("comparing")
+    if progress is not None:
+        with progress:
+            rows = compare_job(args.job, budgets, args.batch, args.sweep, update)
+    else:
+        rows = compare_job(args.job, budgets, args.batch, args.sweep, None)
+    if args.json:
+        print(json.dumps(comparison_to_json(rows), indent=2))
+    else:
+        print_comparison(rows)
     return 0
 
 

@@ -258,14 +258,19 @@ class Plan:
 def write_new_file(path: str | Path, text: str) -> Path:
     """Write `text` to `path` atomically (temp file in the same folder, then rename), refusing to
     replace an existing file: a user's files are never overwritten in place."""
+    return write_new_file_bytes(path, text.encode())
+
+
+def write_new_file_bytes(path: str | Path, data: bytes) -> Path:
+    """`write_new_file` for bytes."""
     path = Path(path)
     if path.exists():
         raise GbmwError(f"{path} exists; gbmw does not overwrite files — choose a new name or remove it first")
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(handle, "w") as stream:
-            stream.write(text)
+        with os.fdopen(handle, "wb") as stream:
+            stream.write(data)
             stream.flush()
             os.fsync(stream.fileno())
         os.link(temporary, path)  # fails if `path` appeared meanwhile: no overwrite even in a race

@@ -28,7 +28,7 @@ import numpy as np
 
 from gbmw import __version__
 from gbmw.balance import (
-    StageOutcome, bi_objective_adjustment, memory_balanced_partition, time_balanced_partition,
+    StageOutcome, bi_objective_adjustment, even_partition, memory_balanced_partition, time_balanced_partition,
 )
 from gbmw.comm import CommModel
 from gbmw.cost import (
@@ -36,35 +36,13 @@ from gbmw.cost import (
     stage_estimate, strategy_tables,
 )
 from gbmw.errors import GbmwError
-from gbmw.plan import Plan
+from gbmw.plan import Plan, megatron_partition
 from gbmw.search import StageSearch, default_granularity_bytes
 from gbmw.spec import JobSpec
-from gbmw.space import SEARCH_AXES, Strategy, enumerate_strategies, pipeline_degrees
+from gbmw.spaces import BLOCK_EXCLUDED_KINDS, DEFAULT_VARIANT, SearchSpace, search_space
+from gbmw.space import Strategy
 
 GIB = 2**30
-
-
-@dataclass(frozen=True)
-class Variant:
-    """A point in the paper's ablation: which axes, whether CKPT, which schedule and partitioning."""
-
-    label: str
-    axes: tuple[str, ...]
-    ckpt: bool
-    schedule: str
-    partitioning: str
-    """`time` (a time-balanced partition, as Galvatron and Galvatron-Base) or `bi-objective` (BMW)."""
-    max_pp: int | None = None
-
-
-VARIANTS: dict[str, Variant] = {
-    "dp+tp": Variant("Galvatron (DP+TP)", ("dp", "tp"), False, "gpipe", "time", max_pp=1),
-    "dp+pp": Variant("Galvatron (DP+PP)", ("dp",), False, "gpipe", "time"),
-    "galvatron": Variant("Galvatron", SEARCH_AXES, False, "gpipe", "time"),
-    "base": Variant("Galvatron-Base", SEARCH_AXES, True, "1f1b", "time"),
-    "1f1b+bi-obj": Variant("Galvatron (1F1B+Bi-obj)", SEARCH_AXES, False, "1f1b", "bi-objective"),
-    "bmw": Variant("Galvatron-BMW", SEARCH_AXES, True, "1f1b", "bi-objective"),
-}
 
 
 class NothingFitsError(GbmwError):
@@ -107,7 +85,8 @@ class Planner:
     """Finds the best plan for one job; `progress(done, total)` is called as settings are searched."""
 
     job: JobSpec
-    variant: str = "bmw"
+    variant: str = DEFAULT_VARIANT
+    """A variant of gbmw.spaces.VARIANTS or a baseline of BASELINES (for the runtime target)."""
     batch: int | None = None
     """A fixed global batch; None uses the job's `global_batch`, or sweeps up to `max_global_batch`."""
     sweep: bool = False
@@ -117,15 +96,15 @@ class Planner:
     exact: bool = False
     """Use the exact Pareto-frontier DP (gbmw.pareto) instead of the grid."""
     max_pp: int | None = None
+    target: str = "runtime"
+    """What will run the plan (gbmw.spaces.TARGETS add their constraints)."""
     progress: object = None
     explain_failure: bool = True
     """On failure, bisect for the smallest budget that fits (off inside that bisection)."""
     stats: SearchStats = field(default_factory=SearchStats)
 
     def __post_init__(self) -> None:
-        if self.variant not in VARIANTS:
-            raise GbmwError(f"variant {self.variant!r} is unknown; variants: {', '.join(VARIANTS)}")
-        self.spec = VARIANTS[self.variant]
+        self.spec: SearchSpace = search_space(self.variant, self.target)
         self.settings = CostSettings(self.job.cluster, self.job.precision, self.job.optimizer)
         self.comm = CommModel(self.job.cluster)
         self.budget = float(self.job.memory_budget_bytes)
@@ -154,14 +133,19 @@ class Planner:
         return sorted(counts)
 
     def _settings(self) -> list[_Setting]:
-        model = self.job.model
-        devices = self.job.cluster.num_devices
-        limit = self.spec.max_pp if self.max_pp is None else min(self.max_pp, self.spec.max_pp or self.max_pp)
+        model, cluster = self.job.model, self.job.cluster
         result = []
-        for pp in pipeline_degrees(devices, limit):
+        self.exclusions: dict[str, None] = {}
+        for pp in self.spec.pipeline_degrees(cluster, self.max_pp):
             if pp > model.num_layers:
+                self.exclusions[f"pp={pp} exceeds the model's {model.num_layers} layers"] = None
                 break
-            strategies = enumerate_strategies(devices // pp, axes=self.spec.axes, ckpt=self.spec.ckpt)
+            strategies = self.spec.strategies(cluster, pp)
+            heads_ok = _tp_allowed(model, strategies)
+            if strategies and not heads_ok.any(axis=0).all():
+                names = ", ".join(dict.fromkeys(s.name.removesuffix("+ckpt") for s in strategies))
+                self.exclusions[f"pp={pp}: no candidate ({names}) has a TP degree dividing every layer's heads"] = None
+                continue
             for micro_batch in self._micro_batch_sizes():
                 usable = [s for s in strategies if micro_batch % s.data_parallel == 0]
                 if not usable:
@@ -171,6 +155,7 @@ class Planner:
                 if not allowed.any(axis=0).all():
                     continue
                 if self._cannot_fit(tables, allowed, pp):
+                    self.exclusions[f"memory:{pp}:{micro_batch}"] = None
                     break  # memory only grows with the micro-batch size
                 for count in self._micro_batch_counts(micro_batch, pp):
                     bound = self._throughput_bound(tables, allowed, pp, micro_batch, count)
@@ -203,13 +188,31 @@ class Planner:
 
     # ------------------------------------------------------------------ one setting
 
-    def _search_setting(self, setting: _Setting) -> list[_Candidate]:
+    def _search_setting(self, setting: _Setting, best_samples_per_s: float) -> list[_Candidate]:
+        candidates: list[_Candidate] = []
+        for group in self.spec.groups(list(setting.tables.strategies), self.job.model):
+            allowed = setting.allowed & group
+            if not allowed.any(axis=0).all():
+                continue
+            if self.spec.uniform:  # one strategy per layer: bound it on its own
+                bound = self._throughput_bound(setting.tables, allowed, setting.pp, setting.micro_batch,
+                                               setting.num_micro_batches)
+                if bound <= max([best_samples_per_s] + [c.samples_per_s for c in candidates]):
+                    continue
+            candidates += self._search_group(setting, allowed)
+        return candidates
+
+    def _search_group(self, setting: _Setting, allowed: np.ndarray) -> list[_Candidate]:
         model, pp, m = self.job.model, setting.pp, setting.num_micro_batches
         tables = setting.tables
-        stage_search = StageSearch(
-            model, tables, m, pp, self.budget, self.comm, self.spec.schedule, self.granularity_bytes, setting.allowed,
-            self.exact,
-        )
+        fixed = allowed.sum(axis=0) == 1
+        if fixed.all():  # every layer has one choice: no DP, just check the memory
+            stage_search, fixed_choice = None, allowed.argmax(axis=0)
+        else:
+            stage_search = StageSearch(
+                model, tables, m, pp, self.budget, self.comm, self.spec.schedule, self.granularity_bytes, allowed,
+                self.exact,
+            )
         in_flight = [in_flight_micro_batches(self.spec.schedule, i, pp, m) for i in range(pp)]
         costs = {
             strategy: LayerCosts(tables.time_s[i], tables.time_no_grad_sync_s[i], tables.forward_memory_bytes[i],
@@ -218,43 +221,75 @@ class Planner:
             for i, strategy in enumerate(tables.strategies)
         }
         candidates: list[_Candidate] = []
+        searched: dict[tuple[int, ...], StageOutcome] = {}
+        stage_cache: dict[tuple, object] = {}
 
         def search(partition: tuple[int, ...]) -> StageOutcome:
+            if partition in searched:
+                return searched[partition]
             self.stats.partitions_searched += 1
             chosen: list[int] = []
             first = 0
             for index, count in enumerate(partition):
-                solution = stage_search.solve(index, first, first + count)
-                if solution is None:
-                    return StageOutcome(partition, None, None)
-                chosen += solution.strategy_indices
+                if stage_search is None:
+                    chosen += [int(i) for i in fixed_choice[first:first + count]]
+                else:
+                    solution = stage_search.solve(index, first, first + count)
+                    if solution is None:
+                        searched[partition] = StageOutcome(partition, None, None)
+                        return searched[partition]
+                    chosen += solution.strategy_indices
                 first += count
             strategies = [tables.strategies[i] for i in chosen]
             stages, first = [], 0
             for index, count in enumerate(partition):
-                stages.append(stage_estimate(
-                    model, strategies[first:first + count], first, index, pp, setting.micro_batch, m, self.settings,
-                    self.comm, costs, self.spec.schedule,
-                ))
+                key = (index, first, tuple(chosen[first:first + count]))
+                if key not in stage_cache:
+                    stage_cache[key] = stage_estimate(
+                        model, strategies[first:first + count], first, index, pp, setting.micro_batch, m,
+                        self.settings, self.comm, costs, self.spec.schedule,
+                    )
+                stages.append(stage_cache[key])
                 first += count
+            if stage_search is None and any(stage.peak_memory_bytes > self.budget for stage in stages):
+                searched[partition] = StageOutcome(partition, None, None)
+                return searched[partition]
             iteration = pipeline_time_s(stages, m)
             candidates.append(_Candidate(setting.global_batch / iteration, iteration, setting, partition, tuple(strategies)))
-            return StageOutcome(
+            searched[partition] = StageOutcome(
                 partition,
                 tuple(stage.time_no_grad_sync_s for stage in stages),
                 tuple(stage.peak_memory_bytes for stage in stages),
             )
+            return searched[partition]
 
-        masked_time = np.where(setting.allowed, tables.time_no_grad_sync_s, np.inf).min(axis=0)
-        time_balanced = tuple(time_balanced_partition(masked_time, pp)) if pp > 1 else (model.num_layers,)
-        time_outcome = search(time_balanced)
-        if self.spec.partitioning == "bi-objective" and pp > 1:
-            masked = np.where(setting.allowed, 1.0, np.inf)
-            states = (tables.model_state_bytes * masked).min(axis=0)
-            activations = (tables.forward_memory_bytes * masked).min(axis=0)
-            memory_balanced = tuple(memory_balanced_partition(states, activations, in_flight))
-            limit = max(time_outcome.stage_memory_bytes) if time_outcome.fits else None
-            bi_objective_adjustment(search, memory_balanced, limit, self.budget)
+        layers = model.num_layers
+        masked = np.where(allowed, 1.0, np.inf)
+        if pp == 1:
+            search((layers,))
+            return candidates
+        time_balanced = tuple(time_balanced_partition(np.where(allowed, tables.time_no_grad_sync_s, np.inf).min(axis=0), pp))
+        for method in self.spec.partitioning:
+            if method == "time":
+                search(time_balanced)
+            elif method == "bi-objective":
+                time_outcome = search(time_balanced)
+                states = (tables.model_state_bytes * masked).min(axis=0)
+                activations = (tables.forward_memory_bytes * masked).min(axis=0)
+                memory_balanced = tuple(memory_balanced_partition(states, activations, in_flight))
+                limit = max(time_outcome.stage_memory_bytes) if time_outcome.fits else None
+                bi_objective_adjustment(search, memory_balanced, limit, self.budget)
+            elif method == "layers":
+                search(tuple(even_partition(layers, pp)))
+            elif method == "parameters":
+                search(tuple(time_balanced_partition(model.arrays.parameter_count, pp)))
+            elif method == "even-blocks":
+                partition = _megatron_partition_or_none(model, pp)
+                if partition is not None:
+                    search(partition)
+            elif method == "first-last":
+                for partition in _first_last_partitions(model, pp):
+                    search(partition)
         return candidates
 
     # ------------------------------------------------------------------ the search
@@ -270,7 +305,7 @@ class Planner:
             if best is not None and setting.throughput_bound <= best.samples_per_s:
                 break
             self.stats.settings_searched += 1
-            for candidate in self._search_setting(setting):
+            for candidate in self._search_setting(setting, best.samples_per_s if best else 0.0):
                 if best is None or candidate.samples_per_s > best.samples_per_s:
                     best = candidate
         if self.progress is not None:
@@ -293,11 +328,12 @@ class Planner:
             pp=setting.pp,
             partition=best.partition,
             strategies=best.strategies,
-            target="runtime",
+            target=self.spec.target,
             schedule=self.spec.schedule,
             provenance={
                 "gbmw_version": __version__,
-                "variant": self.variant,
+                "variant": self.variant if self.spec.target == "runtime" else None,
+                "search_space": self.spec.label,
                 "memory_budget_bytes": int(self.budget),
                 "granularity_bytes": int(self.granularity_bytes or default_granularity_bytes(self.budget)),
                 "exact": self.exact,
@@ -315,10 +351,20 @@ class Planner:
         where = f"{job.model.name} on {job.cluster.num_devices} × {job.cluster.device.name}"
         batch = f"global batch {self.fixed_batch}" if self.fixed_batch is not None else "any batch size"
         if not settings:
+            memory = [key.split(":")[1:] for key in self.exclusions if key.startswith("memory:")]
+            reasons = [key for key in self.exclusions if not key.startswith("memory:")]
+            if memory:
+                degrees = ", ".join(pp for pp, _ in memory)
+                smallest = min(int(micro) for _, micro in memory)
+                reasons.append(
+                    f"even a micro-batch of {smallest} needs more than {self.budget / GIB:.2f} GiB per device "
+                    f"at every pipeline degree tried ({degrees})"
+                )
+            reasons = "; ".join(reasons) or "no micro-batch size divides the batch evenly for any strategy"
+            if not memory:
+                return f"nothing fits: {where} ({self.spec.label}): {reasons}"
             return (
-                f"nothing fits: {where} with {batch} has no setting whose lightest stage fits "
-                f"{self.budget / GIB:.2f} GiB per device ({self.spec.label}); "
-                f"{self._smallest_budget_hint()}"
+                f"nothing fits: {where} with {batch} ({self.spec.label}): {reasons}; {self._smallest_budget_hint()}"
             )
         return (
             f"nothing fits: no plan for {where} with {batch} fits {self.budget / GIB:.2f} GiB per device "
@@ -344,7 +390,8 @@ class Planner:
 
     def _fits_with(self, budget_bytes: float) -> bool:
         job = self.job.model_copy(update={"memory_budget_bytes": int(budget_bytes)})
-        planner = Planner(job, self.variant, self.batch, self.sweep, None, False, self.max_pp, explain_failure=False)
+        planner = Planner(job, self.variant, self.batch, self.sweep, None, False, self.max_pp, self.target,
+                          explain_failure=False)
         try:
             planner.run()
             return True
@@ -385,6 +432,37 @@ def knapsack_lower_bound(time: np.ndarray, memory: np.ndarray, capacity: float, 
     return best
 
 
+def _megatron_partition_or_none(model, pp: int) -> tuple[int, ...] | None:
+    try:
+        return tuple(megatron_partition(model, pp))
+    except GbmwError:
+        return None
+
+
+def _first_last_partitions(model, pp: int, spread: int = 4) -> list[tuple[int, ...]]:
+    """megatron-core's uneven pipelines (--decoder-first/last-pipeline-num-layers): the first and last
+    stages take up to `spread` Transformer blocks more or fewer than an even share, the middle stages
+    an equal share of the rest (embeddings and heads ride along)."""
+    kinds = [layer.kind not in BLOCK_EXCLUDED_KINDS for layer in model.layers]
+    blocks = sum(kinds)
+    leading = kinds.index(True)
+    trailing = model.num_layers - leading - blocks
+    even = max(1, blocks // pp)
+    window = range(max(1, even - spread), even + spread + 1)
+    result = []
+    for first in window:
+        for last in window:
+            if first + last > blocks:
+                continue
+            middle = blocks - first - last
+            if pp == 2 and middle == 0:
+                result.append((leading + first, last + trailing))
+            elif pp > 2 and middle >= pp - 2 and middle % (pp - 2) == 0:
+                share = middle // (pp - 2)
+                result.append((leading + first, *([share] * (pp - 2)), last + trailing))
+    return result
+
+
 def _tp_allowed(model, strategies: list[Strategy]) -> np.ndarray:
     """[strategy, layer]: TP degree divides the layer's attention (and key/value) heads."""
     allowed = np.ones((len(strategies), model.num_layers), bool)
@@ -397,6 +475,6 @@ def _tp_allowed(model, strategies: list[Strategy]) -> np.ndarray:
     return allowed
 
 
-def plan_job(job: JobSpec, variant: str = "bmw", batch: int | None = None, **options) -> Plan:
+def plan_job(job: JobSpec, variant: str = DEFAULT_VARIANT, batch: int | None = None, **options) -> Plan:
     """The best plan for `job` (see Planner)."""
     return Planner(job, variant, batch, **options).run()

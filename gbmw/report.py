@@ -79,3 +79,112 @@ def estimate_to_json(job: JobSpec, plan: Plan, estimate: Estimate) -> dict[str, 
         **{key: list(value) if isinstance(value, tuple) else value for key, value in asdict(estimate).items()},
         "plan": plan.to_dict(),
     }
+
+
+# ----------------------------------------------------------------------------------------------
+# Plans and comparisons
+# ----------------------------------------------------------------------------------------------
+
+
+def print_plan(job: JobSpec, plan: Plan) -> None:
+    print_estimate(job, plan, plan.estimate)
+    provenance = plan.provenance
+    if "search_s" in provenance:
+        _console().print(
+            f"search ({provenance.get('search_space')}, target {plan.target}, {plan.schedule}): "
+            f"{provenance['settings_searched']} of {provenance['settings_total']} settings, "
+            f"{provenance['partitions_searched']} partitions, {provenance['search_s']:.2f} s"
+        )
+
+
+def plan_to_json(job: JobSpec, plan: Plan) -> dict[str, Any]:
+    data = plan.to_dict()
+    data["search_s"] = plan.provenance.get("search_s")
+    data["job"] = job.name
+    return data
+
+
+def print_comparison(rows) -> None:
+    table = Table(title="samples/s (global batch); OOM: no plan fits")
+    table.add_column("strategy")
+    for cell in rows[0].cells:
+        table.add_column(f"{cell.budget_bytes / GIB:.0f} GiB", justify="right")
+    previous_kind = None
+    for row in rows:
+        if previous_kind is not None and row.kind != previous_kind:
+            table.add_section()
+        previous_kind = row.kind
+        values = []
+        for cell in row.cells:
+            if cell.plan is None:
+                values.append("OOM")
+            else:
+                values.append(f"{cell.plan.estimate.samples_per_s:.2f} ({cell.plan.global_batch})")
+        table.add_row(row.label, *values)
+    _console().print(table)
+
+
+def comparison_to_json(rows) -> list[dict[str, Any]]:
+    result = []
+    for row in rows:
+        for cell in row.cells:
+            entry = {"kind": row.kind, "name": row.name, "label": row.label, "memory_budget_bytes": cell.budget_bytes}
+            if cell.plan is None:
+                entry["oom"] = True
+            else:
+                entry.update(oom=False, samples_per_s=cell.plan.estimate.samples_per_s,
+                             global_batch=cell.plan.global_batch, pp=cell.plan.pp, mfu=cell.plan.estimate.mfu)
+            result.append(entry)
+    return result
+
+
+def draw_plan(job: JobSpec, plan: Plan, path: str) -> None:
+    """Per-stage memory (model states + activations vs the budget) and time bars, and the strategy
+    of every layer as a coloured strip; written to a new PNG file (never overwritten)."""
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    from gbmw.plan import write_new_file_bytes
+
+    estimate = plan.estimate
+    stages = range(plan.pp)
+    figure = plt.figure(figsize=(12, 6.5), constrained_layout=True)
+    grid = figure.add_gridspec(2, 2, height_ratios=[3, 2])
+    memory_axis, time_axis = figure.add_subplot(grid[0, 0]), figure.add_subplot(grid[0, 1])
+    strip_axis = figure.add_subplot(grid[1, :])
+
+    states = [value / GIB for value in estimate.stage_model_state_bytes]
+    activations = [value / GIB for value in estimate.stage_activation_bytes]
+    memory_axis.bar(stages, states, label="model states", color="#4c72b0")
+    memory_axis.bar(stages, activations, bottom=states, label="activations", color="#dd8452")
+    memory_axis.axhline(estimate.memory_budget_bytes / GIB, color="black", linestyle="--", label="budget")
+    memory_axis.set(xlabel="pipeline stage", ylabel="peak memory per device (GiB)", title="Memory per stage",
+                    xticks=list(stages))
+    memory_axis.legend(loc="lower right")
+
+    time_axis.bar(stages, [value * 1e3 for value in estimate.stage_time_s], color="#55a868")
+    time_axis.set(xlabel="pipeline stage", ylabel="ms per micro-batch", title="Time per stage", xticks=list(stages))
+
+    names = list(dict.fromkeys(strategy.name for strategy in plan.strategies))
+    colours = plt.get_cmap("tab10" if len(names) <= 10 else "tab20")
+    for index, strategy in enumerate(plan.strategies):
+        strip_axis.add_patch(plt.Rectangle((index, 0), 1, 1, color=colours(names.index(strategy.name) % 20)))
+    for first, _ in plan.stage_bounds[1:]:
+        strip_axis.axvline(first, color="black", linewidth=2)
+    strip_axis.set(xlim=(0, len(plan.strategies)), ylim=(0, 1), yticks=[], xlabel="layer",
+                   title="Strategy of every layer (black lines: stage boundaries)")
+    strip_axis.legend(handles=[Patch(color=colours(i % 20), label=name) for i, name in enumerate(names)],
+                      loc="upper center", bbox_to_anchor=(0.5, -0.35), ncol=min(len(names), 6), frameon=False)
+    figure.suptitle(
+        f"{job.model.name} on {plan.num_devices} × {job.cluster.device.name}: {estimate.samples_per_s:.2f} samples/s, "
+        f"batch {plan.global_batch} = {plan.num_micro_batches} × {plan.micro_batch}, pp {plan.pp}"
+    )
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=110)
+    plt.close(figure)
+    write_new_file_bytes(path, buffer.getvalue())

@@ -1,0 +1,58 @@
+"""The paper's comparison (Tables 3–7): every baseline and variant, and the best plan per target, on one job.
+
+Each row is searched at its best batch size (or the fixed one) by the same estimator, for one or
+more memory budgets; a row with no fitting plan is OOM.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gbmw.planner import NothingFitsError, Planner
+from gbmw.plan import Plan
+from gbmw.spaces import BASELINES, DEFAULT_VARIANT, TARGETS, VARIANTS
+from gbmw.spec import load_job
+
+ROWS: list[tuple[str, str, str]] = (
+    [("baseline", name, "runtime") for name in BASELINES]
+    + [("variant", name, "runtime") for name in VARIANTS]
+    + [("target", DEFAULT_VARIANT, name) for name in TARGETS]
+)
+
+
+@dataclass
+class ComparisonCell:
+    budget_bytes: int
+    plan: Plan | None
+    """None: out of memory."""
+
+
+@dataclass
+class ComparisonRow:
+    kind: str
+    name: str
+    label: str
+    cells: list[ComparisonCell]
+
+
+def compare_job(job_reference: str, budgets: list[str | None], batch: int | None = None, sweep: bool = False,
+                progress=None) -> list[ComparisonRow]:
+    jobs = [load_job(job_reference, memory_budget=budget) for budget in budgets]
+    rows = []
+    total = len(ROWS) * len(jobs)
+    for index, (kind, variant, target) in enumerate(ROWS):
+        cells = []
+        label = ""
+        for offset, job in enumerate(jobs):
+            if progress is not None:
+                progress(index * len(jobs) + offset, total)
+            planner = Planner(job, variant, batch, sweep, target=target, explain_failure=False)
+            label = planner.spec.label if kind != "target" else f"target {target}: {planner.spec.label}"
+            try:
+                cells.append(ComparisonCell(job.memory_budget_bytes, planner.run()))
+            except NothingFitsError:
+                cells.append(ComparisonCell(job.memory_budget_bytes, None))
+        rows.append(ComparisonRow(kind, variant if kind != "target" else target, label, cells))
+    if progress is not None:
+        progress(total, total)
+    return rows

@@ -1,0 +1,178 @@
+"""What one search may choose from: the paper's variants, the fixed baselines, and the targets.
+
+A `SearchSpace` says, for each pipeline degree, which strategies a layer may take, whether all
+layers must share one (stock frameworks configure one TP/DP/ZeRO setting for the whole model),
+which pipeline schedule runs, and how the layers may be partitioned. The planner runs the same
+search over any of them, so the paper's ablations (Table 3), the baselines and the targets of
+DESIGN.md are costed alike.
+
+Variants (paper Sec. 7.1): DP+TP only and DP+PP only (Galvatron restricted to two axes), Galvatron
+(DP, SDP, TP, PP; no CKPT; GPipe-style pipeline; balanced partition), Galvatron-Base (adds CKPT and
+1F1B, Alg. 1), 1F1B+Bi-obj (Base without CKPT but with the bi-objective partition, Alg. 3) and
+Galvatron-BMW (everything).
+
+Baselines (paper Sec. 7.1): PyTorch DDP (pure DP), Megatron (pure TP over all devices), PyTorch
+GPipe (pure PP, one device per stage), FSDP/ZeRO-3 (pure SDP) and DeepSpeed 3D (2-way DP × TP × PP).
+
+Targets (DESIGN.md): `deepspeed` — ZeRO and DeepSpeed's pipeline engine: one strategy for the
+whole model, no TP, ZeRO stage ≤ 1 with PP, partitions by layer count or parameter count;
+`megatron-deepspeed` — Megatron TP inside DeepSpeed ZeRO, ZeRO ≤ 1 with PP, Megatron's even split of
+Transformer blocks; `megatron-core` — uniform TP and PP, plain DP or the distributed optimizer
+(ZeRO-1), even split or uneven first and last stages. Stock recomputation is all blocks or none.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from gbmw.errors import GbmwError
+from gbmw.spec import ClusterSpec, ModelSpec
+from gbmw.space import SEARCH_AXES, Strategy, enumerate_strategies, pipeline_degrees
+
+BLOCK_EXCLUDED_KINDS = ("embedding", "head")
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    label: str
+    axes: tuple[str, ...] = SEARCH_AXES
+    ckpt: bool = True
+    schedule: str = "1f1b"
+    partitioning: tuple[str, ...] = ("time",)
+    """Partition methods tried: `time` (time-balanced), `bi-objective` (Alg. 3, from memory-balanced),
+    `even-blocks` (Megatron), `layers` / `parameters` (DeepSpeed's uniform / parameters methods),
+    `first-last` (megatron-core's uneven first and last stages)."""
+    uniform: bool = False
+    """One strategy for every layer (recomputation on all blocks or none)."""
+    fixed_dims: Callable[[int, int, ClusterSpec], tuple | None] | None = None
+    """(devices, pp, cluster) → the one strategy tree of a fixed baseline (None: this pp is not used)."""
+    pp_choices: Callable[[int, ClusterSpec], list[int]] | None = None
+    strategy_filter: Callable[[Strategy, int], bool] | None = None
+    """(strategy, pp) → allowed, for targets."""
+    max_pp: int | None = None
+    target: str = "runtime"
+
+    def pipeline_degrees(self, cluster: ClusterSpec, max_pp: int | None) -> list[int]:
+        devices = cluster.num_devices
+        degrees = self.pp_choices(devices, cluster) if self.pp_choices else pipeline_degrees(devices)
+        limits = [limit for limit in (self.max_pp, max_pp) if limit is not None]
+        return [pp for pp in degrees if all(pp <= limit for limit in limits)]
+
+    def strategies(self, cluster: ClusterSpec, pp: int) -> list[Strategy]:
+        group = cluster.num_devices // pp
+        if self.fixed_dims is not None:
+            dims = self.fixed_dims(cluster.num_devices, pp, cluster)
+            return [] if dims is None else [Strategy(tuple(dims), False)]
+        prune = self.strategy_filter is None
+        candidates = enumerate_strategies(group, axes=self.axes, prune_dp_with_sdp=prune, ckpt=self.ckpt)
+        if self.strategy_filter is not None:
+            candidates = [s for s in candidates if self.strategy_filter(s, pp)]
+        return candidates
+
+    def groups(self, strategies: list[Strategy], model: ModelSpec) -> list[np.ndarray]:
+        """Masks [strategy, layer] of what one search may mix: everything, or for uniform spaces one
+        mask per tree and recomputation choice (embeddings and heads never recompute)."""
+        if not self.uniform:
+            return [np.ones((len(strategies), model.num_layers), bool)]
+        is_block = np.array([layer.kind not in BLOCK_EXCLUDED_KINDS for layer in model.layers])
+        masks = []
+        for dims in dict.fromkeys(s.dims for s in strategies):
+            for ckpt in ((False, True) if self.ckpt else (False,)):
+                mask = np.zeros((len(strategies), model.num_layers), bool)
+                for index, strategy in enumerate(strategies):
+                    if strategy.dims == dims:
+                        mask[index] = np.where(is_block, strategy.ckpt == ckpt, not strategy.ckpt)
+                if mask.any(axis=0).all():
+                    masks.append(mask)
+        return masks
+
+
+def _deepspeed_3d_dims(devices: int, pp: int, cluster: ClusterSpec):
+    """2-way DP, and TP × PP over the rest with TP the square-root share, inside a node (paper Sec. 7.1)."""
+    if devices < 4:
+        return None
+    rest = devices // 2
+    tp = min(cluster.devices_per_node, 2 ** ((rest.bit_length() - 1 + 1) // 2))
+    if rest // tp != pp:
+        return None
+    return (("tp", tp), ("z1dp", 2)) if tp > 1 else (("z1dp", 2),)
+
+
+def _deepspeed_3d_pp(devices: int, cluster: ClusterSpec) -> list[int]:
+    return [pp for pp in pipeline_degrees(devices) if _deepspeed_3d_dims(devices, pp, cluster) is not None]
+
+
+def _single_dp_axis(strategy: Strategy) -> bool:
+    return sum(axis != "tp" for axis, _ in strategy.dims) <= 1
+
+
+def _zero_rule(strategy: Strategy, pp: int) -> bool:
+    """DeepSpeed's pipeline engine refuses ZeRO-2 and ZeRO-3."""
+    return pp == 1 or all(axis in ("dp", "z1dp", "tp") for axis, _ in strategy.dims)
+
+
+def _tp_innermost(strategy: Strategy) -> bool:
+    return all(axis != "tp" for axis, _ in strategy.dims[1:])
+
+
+VARIANTS: dict[str, SearchSpace] = {
+    "dp+tp": SearchSpace("Galvatron (DP+TP)", axes=("dp", "tp"), ckpt=False, schedule="gpipe", max_pp=1),
+    "dp+pp": SearchSpace("Galvatron (DP+PP)", axes=("dp",), ckpt=False, schedule="gpipe"),
+    "galvatron": SearchSpace("Galvatron", ckpt=False, schedule="gpipe"),
+    "base": SearchSpace("Galvatron-Base"),
+    "1f1b+bi-obj": SearchSpace("Galvatron (1F1B+Bi-obj)", ckpt=False, partitioning=("time", "bi-objective")),
+    "bmw": SearchSpace("Galvatron-BMW", partitioning=("time", "bi-objective")),
+    "gbmw": SearchSpace(
+        "gbmw (BMW + ZeRO-1/2)", axes=("dp", "z1dp", "z2dp", "sdp", "tp"), partitioning=("time", "bi-objective"),
+        strategy_filter=lambda s, pp: _single_dp_axis(s),
+    ),
+}
+DEFAULT_VARIANT = "gbmw"
+
+BASELINES: dict[str, SearchSpace] = {
+    "ddp": SearchSpace("PyTorch DDP (DP)", ckpt=False, fixed_dims=lambda n, pp, c: (("dp", n),) if pp == 1 else None,
+                       pp_choices=lambda n, c: [1]),
+    "megatron-tp": SearchSpace("Megatron (TP)", ckpt=False, fixed_dims=lambda n, pp, c: (("tp", n),) if pp == 1 else None,
+                               pp_choices=lambda n, c: [1]),
+    "gpipe": SearchSpace("PyTorch GPipe (PP)", ckpt=False, schedule="gpipe", fixed_dims=lambda n, pp, c: (),
+                         pp_choices=lambda n, c: [n]),
+    "fsdp": SearchSpace("FSDP/ZeRO-3 (SDP)", ckpt=False, fixed_dims=lambda n, pp, c: (("sdp", n),) if pp == 1 else None,
+                        pp_choices=lambda n, c: [1]),
+    "deepspeed-3d": SearchSpace("DeepSpeed 3D", ckpt=False, fixed_dims=_deepspeed_3d_dims, pp_choices=_deepspeed_3d_pp,
+                                partitioning=("even-blocks", "layers")),
+}
+
+TARGETS: dict[str, SearchSpace] = {
+    "deepspeed": SearchSpace(
+        "DeepSpeed (ZeRO + pipeline engine)", axes=("dp", "z1dp", "z2dp", "sdp"), uniform=True,
+        partitioning=("layers", "parameters"), target="deepspeed",
+        strategy_filter=lambda s, pp: _single_dp_axis(s) and _zero_rule(s, pp),
+    ),
+    "megatron-deepspeed": SearchSpace(
+        "Megatron-DeepSpeed", axes=("tp", "dp", "z1dp", "z2dp", "sdp"), uniform=True, partitioning=("even-blocks",),
+        target="megatron-deepspeed",
+        strategy_filter=lambda s, pp: _single_dp_axis(s) and _zero_rule(s, pp) and _tp_innermost(s),
+    ),
+    "megatron-core": SearchSpace(
+        "Megatron-Core", axes=("tp", "dp", "z1dp"), uniform=True, partitioning=("even-blocks", "first-last"),
+        target="megatron-core", strategy_filter=lambda s, pp: _single_dp_axis(s) and _tp_innermost(s),
+    ),
+}
+
+
+def search_space(variant: str = DEFAULT_VARIANT, target: str = "runtime") -> SearchSpace:
+    """The space for a target (its own constraints) or, for the runtime, a variant or baseline."""
+    if target != "runtime":
+        if target not in TARGETS:
+            raise GbmwError(f"--target {target!r} is unknown; targets: runtime, {', '.join(TARGETS)}")
+        return TARGETS[target]
+    if variant in VARIANTS:
+        return VARIANTS[variant]
+    if variant in BASELINES:
+        return BASELINES[variant]
+    raise GbmwError(
+        f"variant {variant!r} is unknown; variants: {', '.join(VARIANTS)}; baselines: {', '.join(BASELINES)}"
+    )
