@@ -16,49 +16,59 @@ from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
+from numba import njit
 
 
-def min_max_partition(stage_cost: Callable[[int, int, int], np.ndarray], layers: int, stages: int) -> list[int]:
-    """The contiguous split of `layers` into `stages` non-empty stages minimising the largest stage
-    cost, exactly, by dynamic programming. `stage_cost(i, starts, end)` is the cost of stage i holding
-    layers [start, end) for each start in the array `starts` (vectorised)."""
-    if stages > layers:
-        raise ValueError(f"cannot split {layers} layers into {stages} non-empty stages")
-    infinity = np.inf
-    best = np.full((stages + 1, layers + 1), infinity)
-    choice = np.zeros((stages + 1, layers + 1), dtype=np.int64)
+@njit(cache=True)
+def min_max_partition(fixed: np.ndarray, scaled: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """The contiguous split of the layers into len(scale) non-empty stages minimising the largest stage
+    cost, exactly, by dynamic programming; stage i holding layers [a, b) costs
+    Σ fixed[a:b] + scale[i] · Σ scaled[a:b]. Returns the layer count of each stage."""
+    layers, stages = fixed.shape[0], scale.shape[0]
+    fixed_prefix = np.zeros(layers + 1)
+    scaled_prefix = np.zeros(layers + 1)
+    for layer in range(layers):
+        fixed_prefix[layer + 1] = fixed_prefix[layer] + fixed[layer]
+        scaled_prefix[layer + 1] = scaled_prefix[layer] + scaled[layer]
+    best = np.full((stages + 1, layers + 1), np.inf)
+    choice = np.zeros((stages + 1, layers + 1), np.int64)
     best[0, 0] = 0.0
     for i in range(1, stages + 1):
         for end in range(i, layers - (stages - i) + 1):
-            starts = np.arange(i - 1, end)
-            candidates = np.maximum(best[i - 1, starts], stage_cost(i - 1, starts, end))
-            pick = int(np.argmin(candidates))
-            best[i, end], choice[i, end] = candidates[pick], starts[pick]
-    bounds, end = [], layers
+            for start in range(i - 1, end):
+                cost = (fixed_prefix[end] - fixed_prefix[start]) + scale[i - 1] * (scaled_prefix[end] - scaled_prefix[start])
+                if best[i - 1, start] > cost:
+                    cost = best[i - 1, start]
+                if cost < best[i, end]:
+                    best[i, end] = cost
+                    choice[i, end] = start
+    counts = np.zeros(stages, np.int64)
+    end = layers
     for i in range(stages, 0, -1):
-        start = int(choice[i, end])
-        bounds.append(end - start)
+        start = choice[i, end]
+        counts[i - 1] = end - start
         end = start
-    return bounds[::-1]
+    return counts
+
+
+def _split(fixed: np.ndarray, scaled: np.ndarray, scale: list[float]) -> list[int]:
+    if len(scale) > len(fixed):
+        raise ValueError(f"cannot split {len(fixed)} layers into {len(scale)} non-empty stages")
+    counts = min_max_partition(np.asarray(fixed, np.float64), np.asarray(scaled, np.float64),
+                               np.asarray(scale, np.float64))
+    return [int(c) for c in counts]
 
 
 def time_balanced_partition(layer_time_s: np.ndarray, stages: int) -> list[int]:
     """p_t: minimise the slowest stage's summed layer time."""
-    prefix = np.concatenate([[0.0], np.cumsum(layer_time_s)])
-    return min_max_partition(lambda i, starts, end: prefix[end] - prefix[starts], len(layer_time_s), stages)
+    return _split(layer_time_s, np.zeros(len(layer_time_s)), [0.0] * stages)
 
 
 def memory_balanced_partition(
     layer_state_bytes: np.ndarray, layer_activation_bytes: np.ndarray, in_flight: list[int]
 ) -> list[int]:
     """p_m: minimise the largest stage memory Σ (states + k_i · activations), k_i in flight at stage i."""
-    states = np.concatenate([[0.0], np.cumsum(layer_state_bytes)])
-    activations = np.concatenate([[0.0], np.cumsum(layer_activation_bytes)])
-
-    def cost(i: int, starts: np.ndarray, end: int) -> np.ndarray:
-        return (states[end] - states[starts]) + in_flight[i] * (activations[end] - activations[starts])
-
-    return min_max_partition(cost, len(layer_state_bytes), len(in_flight))
+    return _split(layer_state_bytes, layer_activation_bytes, [float(k) for k in in_flight])
 
 
 def even_partition(layers: int, stages: int) -> list[int]:

@@ -152,7 +152,7 @@ class Frontier:
         (row 0 must be zero for the first layer of a stage)."""
         stash, excess, time, layout, option, parent = extend_frontier(
             self.stash, self.excess, self.time, self.layout,
-            options.time_s, options.stash_units, options.forward_units, options.backward_units,
+            options.time_s, options.stash, options.forward, options.backward,
             options.layout, transition_s, budget_units,
         )
         return Frontier(stash, excess, time, layout, options.strategy[option], parent, self, self.depth + 1)

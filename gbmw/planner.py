@@ -465,13 +465,11 @@ def _first_last_partitions(model, pp: int, spread: int = 4) -> list[tuple[int, .
 
 def _tp_allowed(model, strategies: list[Strategy]) -> np.ndarray:
     """[strategy, layer]: TP degree divides the layer's attention (and key/value) heads."""
+    tp = np.array([strategy.tp for strategy in strategies])[:, None]
     allowed = np.ones((len(strategies), model.num_layers), bool)
-    for j, layer in enumerate(model.layers):
-        for i, strategy in enumerate(strategies):
-            tp = strategy.tp
-            if tp > 1 and ((layer.attention_heads and layer.attention_heads % tp)
-                           or (layer.kv_heads and layer.kv_heads % tp)):
-                allowed[i, j] = False
+    for heads in (np.array([layer.attention_heads for layer in model.layers]),
+                  np.array([layer.kv_heads for layer in model.layers])):
+        allowed &= (heads[None, :] == 0) | (heads[None, :] % tp == 0)
     return allowed
 
 

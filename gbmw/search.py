@@ -40,29 +40,36 @@ def default_granularity_bytes(budget_bytes: float) -> int:
 
 @njit(cache=True)
 def extend_grid(
-    time: np.ndarray, excess: np.ndarray, low: np.ndarray, high: np.ndarray,
+    time: np.ndarray, stash: np.ndarray, excess: np.ndarray, low: np.ndarray, high: np.ndarray,
     option_time: np.ndarray, option_stash: np.ndarray, option_forward: np.ndarray, option_backward: np.ndarray,
-    option_layout: np.ndarray, transition: np.ndarray, budget: int,
+    option_layout: np.ndarray, transition: np.ndarray, budget: float, cell_bytes: float,
 ):
-    """One layer of Eq. (6) on the grid: time[c, e] is the least time with forward memory exactly e
-    units whose last layer has layout c; cells of layout c outside [low[c], high[c]] are empty.
-    Returns the new (time, excess, option, previous layout, low, high)."""
+    """One layer of Eq. (6) on the grid. Cell (c, e) holds the fastest plan found whose last layer has
+    layout c and whose forward memory falls in [e, e+1) cells, with that plan's exact forward memory
+    `stash` and backward excess `excess` in bytes; cells of layout c outside [low[c], high[c]] are
+    empty. Returns the new (time, stash, excess, option, previous layout, previous cell, low, high)."""
     layouts, cells = time.shape
     new_time = np.full((layouts, cells), np.inf)
-    new_excess = np.zeros((layouts, cells), np.int64)
-    new_option = np.full((layouts, cells), -1, np.int32)
-    new_previous = np.zeros((layouts, cells), np.int32)
+    # the other arrays are read only where new_time is finite, i.e. where they were written
+    new_stash = np.empty((layouts, cells))
+    new_excess = np.empty((layouts, cells))
+    new_option = np.empty((layouts, cells), np.int32)
+    new_previous = np.empty((layouts, cells), np.int32)
+    new_parent = np.empty((layouts, cells), np.int32)
     new_low = np.full(layouts, cells, np.int64)
     new_high = np.full(layouts, -1, np.int64)
     best = np.empty(cells)
     best_previous = np.empty(cells, np.int32)
+    best_stash = np.empty(cells)
+    best_excess = np.empty(cells)
+    per_cell = 1.0 / cell_bytes
     first, last = cells, -1
     for previous in range(layouts):
         if high[previous] >= low[previous]:
             first = min(first, low[previous])
             last = max(last, high[previous])
     if last < first:
-        return new_time, new_excess, new_option, new_previous, new_low, new_high
+        return new_time, new_stash, new_excess, new_option, new_previous, new_parent, new_low, new_high
     for target in range(layouts):
         has_option = False
         for o in range(option_time.shape[0]):
@@ -79,31 +86,37 @@ def extend_grid(
                 if value < best[e]:
                     best[e] = value
                     best_previous[e] = previous
+                    best_stash[e] = stash[previous, e]
+                    best_excess[e] = excess[previous, e]
         for o in range(option_time.shape[0]):
             if option_layout[o] != target:
                 continue
-            shift = option_stash[o]
-            for e in range(first, min(last + 1, cells - shift)):
+            # a plan in cell e has at least e cells of forward memory: beyond this bound it cannot fit
+            limit = min(last, int((budget - option_stash[o]) * per_cell))
+            for e in range(first, limit + 1):
                 value = best[e]
                 if value == np.inf:
                     continue
-                filled = e + shift
-                x = excess[best_previous[e], e] - option_forward[o]
+                filled = best_stash[e] + option_stash[o]
+                x = best_excess[e] - option_forward[o]
                 if x < option_backward[o]:
                     x = option_backward[o]
                 if filled + x > budget:
                     continue
+                cell = int(filled * per_cell)
                 value += option_time[o]
-                if value < new_time[target, filled]:
-                    new_time[target, filled] = value
-                    new_excess[target, filled] = x
-                    new_option[target, filled] = o
-                    new_previous[target, filled] = best_previous[e]
-                    if filled < new_low[target]:
-                        new_low[target] = filled
-                    if filled > new_high[target]:
-                        new_high[target] = filled
-    return new_time, new_excess, new_option, new_previous, new_low, new_high
+                if value < new_time[target, cell]:
+                    new_time[target, cell] = value
+                    new_stash[target, cell] = filled
+                    new_excess[target, cell] = x
+                    new_option[target, cell] = o
+                    new_previous[target, cell] = best_previous[e]
+                    new_parent[target, cell] = e
+                    if cell < new_low[target]:
+                        new_low[target] = cell
+                    if cell > new_high[target]:
+                        new_high[target] = cell
+    return new_time, new_stash, new_excess, new_option, new_previous, new_parent, new_low, new_high
 
 
 @njit(cache=True)
@@ -125,56 +138,62 @@ def dominated_options(time, stash, forward, backward, layout) -> np.ndarray:
 
 @dataclass
 class LayerOptions:
-    """The candidate strategies of one layer at one stage position, in DP units."""
+    """The candidate strategies of one layer at one stage position: time, and memory in bytes (the
+    grid) or in whole units rounded up (the exact engine)."""
 
     strategy: np.ndarray
     """Index into the stage's strategy list."""
     time_s: np.ndarray
-    stash_units: np.ndarray
-    forward_units: np.ndarray
-    backward_units: np.ndarray
+    stash: np.ndarray
+    forward: np.ndarray
+    backward: np.ndarray
     layout: np.ndarray
 
     def pruned(self) -> "LayerOptions":
         """Without the options another option of the same layout beats in every respect."""
-        keep = ~dominated_options(self.time_s, self.stash_units, self.forward_units, self.backward_units, self.layout)
-        return LayerOptions(*(getattr(self, f)[keep] for f in ("strategy", "time_s", "stash_units", "forward_units",
-                                                                "backward_units", "layout")))
+        keep = ~dominated_options(self.time_s, self.stash, self.forward, self.backward, self.layout)
+        return LayerOptions(*(getattr(self, f)[keep] for f in ("strategy", "time_s", "stash", "forward",
+                                                                "backward", "layout")))
 
 
 class GridFrontier:
     """C(l, ·) after some layers of a stage, per layout and memory cell, with back-pointers."""
 
-    __slots__ = ("time", "excess", "option", "previous_layout", "low", "high", "strategy", "previous", "depth")
+    __slots__ = ("time", "stash", "excess", "option", "previous_layout", "parent_cell", "low", "high", "strategy",
+                 "previous", "depth", "cell_bytes")
 
-    def __init__(self, time, excess, option, previous_layout, low, high, strategy,
-                 previous: "GridFrontier | None", depth: int):
-        self.time, self.excess, self.option, self.previous_layout = time, excess, option, previous_layout
-        self.low, self.high = low, high
-        self.strategy, self.previous, self.depth = strategy, previous, depth
+    def __init__(self, time, stash, excess, option, previous_layout, parent_cell, low, high, strategy,
+                 previous: "GridFrontier | None", depth: int, cell_bytes: float):
+        self.time, self.stash, self.excess, self.option = time, stash, excess, option
+        self.previous_layout, self.parent_cell, self.low, self.high = previous_layout, parent_cell, low, high
+        self.strategy, self.previous, self.depth, self.cell_bytes = strategy, previous, depth, cell_bytes
 
     @classmethod
-    def empty(cls, layouts: int, budget_units: int) -> "GridFrontier":
-        """Before the first layer: the empty plan in cell (layout 0, 0 units); R from it is 0."""
-        time = np.full((layouts, budget_units + 1), np.inf)
+    def empty(cls, layouts: int, budget_bytes: float, cell_bytes: float) -> "GridFrontier":
+        """Before the first layer: the empty plan in cell (layout 0, 0); R from it is 0."""
+        cells = int(budget_bytes // cell_bytes) + 1
+        time = np.full((layouts, cells), np.inf)
         time[0, 0] = 0.0
-        low, high = np.full(layouts, budget_units + 1, np.int64), np.full(layouts, -1, np.int64)
+        low, high = np.full(layouts, cells, np.int64), np.full(layouts, -1, np.int64)
         low[0] = high[0] = 0
-        return cls(time, np.zeros(time.shape, np.int64), None, None, low, high, None, None, 0)
+        zeros = np.zeros(time.shape)
+        return cls(time, zeros, zeros.copy(), None, None, None, low, high, None, None, 0, float(cell_bytes))
 
-    def extend(self, options: LayerOptions, transition_s: np.ndarray, budget_units: int) -> "GridFrontier":
-        time, excess, option, previous_layout, low, high = extend_grid(
-            self.time, self.excess, self.low, self.high, options.time_s, options.stash_units, options.forward_units,
-            options.backward_units, options.layout, transition_s, budget_units,
+    def extend(self, options: LayerOptions, transition_s: np.ndarray, budget_bytes: float) -> "GridFrontier":
+        time, stash, excess, option, previous_layout, parent, low, high = extend_grid(
+            self.time, self.stash, self.excess, self.low, self.high, options.time_s, options.stash,
+            options.forward, options.backward, options.layout, transition_s, float(budget_bytes),
+            self.cell_bytes,
         )
-        return GridFrontier(time, excess, option, previous_layout, low, high, options, self, self.depth + 1)
+        return GridFrontier(time, stash, excess, option, previous_layout, parent, low, high, options, self,
+                            self.depth + 1, self.cell_bytes)
 
     @property
     def empty_of_plans(self) -> bool:
         return bool((self.high < self.low).all())
 
-    def best(self, budget_units: int, exit_time_by_layout: np.ndarray | None = None) -> int:
-        """Flat index (layout · cells + memory) of the fastest plan within the budget, or -1."""
+    def best(self, budget: float, exit_time_by_layout: np.ndarray | None = None) -> int:
+        """Flat index (layout · cells + cell) of the fastest plan (every kept plan fits), or -1."""
         total = self.time if exit_time_by_layout is None else self.time + exit_time_by_layout[:, None]
         index = int(np.argmin(total))
         return index if np.isfinite(total.flat[index]) else -1
@@ -188,28 +207,19 @@ class GridFrontier:
     def layout_at(self, index: int) -> int:
         return index // self.cells()
 
-    def memory_at(self, index: int) -> int:
-        layout, stash = divmod(index, self.cells())
-        return int(stash + self.excess[layout, stash])
-
-    def min_memory(self) -> int:
-        finite = np.isfinite(self.time)
-        if not finite.any():
-            return -1
-        stash = np.broadcast_to(np.arange(self.cells()), self.time.shape)
-        return int((stash + self.excess)[finite].min())
+    def memory_at(self, index: int) -> float:
+        """E_all of the plan at `index`, in bytes."""
+        return float(self.stash.flat[index] + self.excess.flat[index])
 
     def backtrack(self, index: int) -> list[int]:
         """Strategy indices of the plan at `index`, first layer first."""
-        layout, stash = divmod(index, self.cells())
+        layout, cell = divmod(index, self.cells())
         chosen: list[int] = []
         node: GridFrontier | None = self
         while node is not None and node.depth > 0:
-            option = int(node.option[layout, stash])
+            option = int(node.option[layout, cell])
             chosen.append(int(node.strategy.strategy[option]))
-            previous = int(node.previous_layout[layout, stash])
-            stash -= int(node.strategy.stash_units[option])
-            layout = previous
+            layout, cell = int(node.previous_layout[layout, cell]), int(node.parent_cell[layout, cell])
             node = node.previous
         return chosen[::-1]
 
@@ -239,7 +249,8 @@ class StageSolution:
     strategy_indices: tuple[int, ...]
     objective_s: float
     """(m - 1) · C_no_grad_sync + C of the stage (its Eq. 9 share if it is the slowest)."""
-    memory_units: int
+    memory: float
+    """E_all in bytes (grid) or units (exact engine)."""
 
 
 class StageSearch:
@@ -263,7 +274,8 @@ class StageSearch:
         self.model, self.tables, self.comm = model, tables, comm
         self.m, self.pp, self.schedule, self.exact = num_micro_batches, pp, schedule, exact
         self.granularity = granularity_bytes or default_granularity_bytes(budget_bytes)
-        self.budget = budget_units(budget_bytes, self.granularity)
+        # the grid works in bytes with cells of `granularity`; the exact engine in whole units
+        self.budget = budget_units(budget_bytes, self.granularity) if exact else float(budget_bytes)
         self.group_size = tables.strategies[0].group_size
         self.in_flight = [in_flight_micro_batches(schedule, i, pp, num_micro_batches) for i in range(pp)]
         arrays = model.arrays
@@ -284,7 +296,7 @@ class StageSearch:
             from gbmw.pareto import Frontier
 
             return Frontier.empty()
-        return GridFrontier.empty(self.layouts, self.budget)
+        return GridFrontier.empty(self.layouts, self.budget, self.granularity)
 
     # ------------------------------------------------------------------ one layer's options
 
@@ -303,13 +315,15 @@ class StageSearch:
         if tied_in_stage:
             states -= (self.model.arrays.tied_parameter_count[layer] / tables.tp[allowed]
                        * tables.state_bytes_per_parameter[allowed])
-        forward_units = to_units(forward, self.granularity)
+        backward = tables.backward_memory_bytes[allowed, layer]
+        if self.exact:
+            forward, states, backward = (to_units(v, self.granularity) for v in (forward, states, backward))
         options = LayerOptions(
             strategy=allowed,
             time_s=time,
-            stash_units=to_units(states, self.granularity) + k * forward_units,
-            forward_units=forward_units,
-            backward_units=to_units(tables.backward_memory_bytes[allowed, layer], self.granularity),
+            stash=states + k * forward,
+            forward=forward,
+            backward=backward,
             layout=tables.layout[allowed],
         )
         return options.pruned()

@@ -86,10 +86,11 @@ class Strategy:
 
     def degree(self, axis: str) -> int:
         """Degree of one axis (1 when the axis is absent)."""
-        for name, degree in self.dims:
-            if name == axis:
-                return degree
-        return 1
+        return self._degrees.get(axis, 1)
+
+    @cached_property
+    def _degrees(self) -> dict[str, int]:
+        return dict(self.dims)
 
     @cached_property
     def group_size(self) -> int:
@@ -98,7 +99,7 @@ class Strategy:
             size *= degree
         return size
 
-    @property
+    @cached_property
     def tp(self) -> int:
         return self.degree("tp")
 

@@ -92,7 +92,7 @@ def test_exact_engine_equals_exhaustive_enumeration(layers, options, n_layouts, 
 def test_grid_equals_exhaustive_enumeration_for_every_forward_budget(layers, options, n_layouts, seed):
     case = random_case(layers, options, n_layouts, seed, with_backward=False)
     plans = all_plans(case)
-    grid = run_dp(case, GridFrontier.empty(n_layouts, case["budget"]))
+    grid = run_dp(case, GridFrontier.empty(n_layouts, case["budget"], 1.0))
     best_by_memory = np.minimum.accumulate(grid.time.min(axis=0))  # C(L, E_fwd) for E_fwd = 0 … budget
     for e_fwd in range(case["budget"] + 1):
         expected = min((t for _, t, forward_memory, _ in plans if forward_memory <= e_fwd), default=np.inf)
@@ -104,7 +104,7 @@ def test_grid_equals_exhaustive_enumeration_for_every_forward_budget(layers, opt
 def test_grid_answer_fits_and_is_never_better_than_the_optimum(layers, options, n_layouts, seed):
     case = random_case(layers, options, n_layouts, seed)
     fitting = [t for _, t, _, memory in all_plans(case) if memory <= case["budget"]]
-    grid = run_dp(case, GridFrontier.empty(n_layouts, case["budget"]))
+    grid = run_dp(case, GridFrontier.empty(n_layouts, case["budget"], 1.0))
     index = grid.best(case["budget"])
     if index < 0:
         return  # the grid may miss a fitting plan whose forward memory is dominated (paper semantics)
@@ -121,7 +121,7 @@ def test_backward_peak_makes_the_forward_only_optimum_infeasible():
                 forward=np.array([[4, 1], [4, 1]]), backward=np.array([[0, 9], [0, 9]]), layout=np.array([0, 0]),
                 transition=np.zeros((2, 1, 1)))
     # Forward memory alone (2) fits a budget of 8, but E_all = 2 - 2 + max(1+9, 2+9) = 11 does not.
-    for root in (lambda: Frontier.empty(), lambda: GridFrontier.empty(1, case["budget"])):
+    for root in (lambda: Frontier.empty(), lambda: GridFrontier.empty(1, case["budget"], 1.0)):
         for budget, plan, best in ((8, (0, 0), 10.0), (11, (1, 1), 2.0)):
             case["budget"] = budget
             frontier = run_dp(case, root(), prune=False)

@@ -1,0 +1,178 @@
+"""How fast gbmw's search is, and how it compares with hetu-galvatron's on the same inputs.
+
+    .venv/bin/python benchmarks/search_speed.py            # our numbers (a few minutes)
+    .venv/bin/python benchmarks/search_speed.py --hetu     # + side by side with hetu-galvatron 2.4.0
+                                                           #   (benchmarks/setup_hetu_venv.sh installs it)
+
+Prints, each measured in this run on one pinned core:
+1. the complete search (all batch sizes, PP degrees, micro-batch counts, bi-objective partitions) for
+   the paper's models on 8–64 devices: seconds, settings searched, the plan's samples/s;
+2. the target: GPT-3 65B on 64 devices in under 5 s;
+3. the default memory grid against 1 MiB cells on the bundled jobs (same samples/s?);
+4. the paper's 8-device comparison grid (8 models × 4 budgets × every variant and baseline) under a minute;
+5. with --hetu: both searches for one batch size on the LLaMA-7B jobs, their time ratio, and both plans
+   costed by gbmw's estimator.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("NUMBA_NUM_THREADS", "1")
+if hasattr(os, "sched_setaffinity"):
+    os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
+
+from rich.console import Console  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+from gbmw.compare import ROWS  # noqa: E402
+from gbmw.planner import NothingFitsError, Planner  # noqa: E402
+from gbmw.spec import load_job  # noqa: E402
+
+console = Console(highlight=False, width=140)
+
+COMPLETE_SEARCH_JOBS = [
+    ("bert-huge-32_rtx-titan-x8", "16GiB"),
+    ("t5-512-4-32_rtx-titan-x8", "8GiB"),
+    ("swin-huge-32_rtx-titan-x8", "8GiB"),
+    ("bert-huge-48_a100-2x8", "16GiB"),
+    ("t5-512-4-48_a100-2x8", "8GiB"),
+    ("gpt3-15b_a100-80g-x32", None),
+    ("gpt3-39b_a100-80g-x32", None),
+    ("gpt3-65b_a100-80g-x32", None),
+    ("bert-xhuge_a100-40g-x64", "16GiB"),
+    ("vit-xhuge_a100-40g-x64", "16GiB"),
+    ("gpt3-65b_h100-80g-x64", None),
+]
+TARGET_JOB = "gpt3-65b_h100-80g-x64"
+PAPER_GRID_MODELS = ["bert-huge-32", "bert-huge-48", "vit-huge-32", "vit-huge-48",
+                     "t5-large-32", "t5-large-48", "swin-huge-32", "swin-huge-48"]
+PAPER_BUDGETS = ["8GiB", "12GiB", "16GiB", "20GiB"]
+
+
+def timed_plan(job, **options):
+    planner = Planner(job, explain_failure=False, **options)
+    started = time.perf_counter()
+    try:
+        plan = planner.run()
+    except NothingFitsError:
+        plan = None
+    return plan, time.perf_counter() - started, planner
+
+
+def warm_up() -> float:
+    """Load (or compile) the numba kernels once, so later timings are of the search alone."""
+    started = time.perf_counter()
+    timed_plan(load_job("bert-huge-32_rtx-titan-x8"), batch=16)
+    timed_plan(load_job("bert-huge-32_rtx-titan-x8"), batch=16, exact=True, max_pp=1)
+    return time.perf_counter() - started
+
+
+def complete_searches() -> dict[str, float]:
+    table = Table(title="1. Complete search (batch sweep, every PP degree and micro-batch count, bi-objective)")
+    for column in ("job", "budget", "devices", "settings searched", "search s", "samples/s", "batch", "pp"):
+        table.add_column(column, justify="left" if column in ("job", "budget") else "right")
+    seconds = {}
+    for name, budget in COMPLETE_SEARCH_JOBS:
+        job = load_job(name, memory_budget=budget)
+        plan, elapsed, planner = timed_plan(job, sweep=True)
+        seconds[name] = elapsed
+        table.add_row(
+            name, f"{job.memory_budget_bytes / 2**30:.0f} GiB", str(job.cluster.num_devices),
+            f"{planner.stats.settings_searched}/{planner.stats.settings_total}", f"{elapsed:.2f}",
+            "OOM" if plan is None else f"{plan.estimate.samples_per_s:.2f}",
+            "" if plan is None else str(plan.global_batch), "" if plan is None else str(plan.pp),
+        )
+    console.print(table)
+    return seconds
+
+
+def grid_against_1mib() -> None:
+    table = Table(title="3. Default memory grid vs 1 MiB cells (fixed batch where the job has one)")
+    for column in ("job", "grid MiB", "samples/s (grid)", "samples/s (1 MiB)", "same plan speed", "s (grid)", "s (1 MiB)"):
+        table.add_column(column, justify="left" if column == "job" else "right")
+    jobs = [("bert-huge-32_rtx-titan-x8", "8GiB"), ("t5-512-4-32_rtx-titan-x8", "8GiB"),
+            ("swin-huge-32_rtx-titan-x8", "12GiB"), ("vit-huge-48_rtx-titan-x8", "8GiB"),
+            ("llama-7b_a100-80g-x8", None), ("gpt3-15b_a100-80g-x32", None), ("gpt3-39b_a100-80g-x32", None)]
+    for name, budget in jobs:
+        job = load_job(name, memory_budget=budget)
+        fast, fast_s, planner = timed_plan(job)
+        fine, fine_s, _ = timed_plan(job, granularity_bytes=2**20)
+        grid = planner.spec and (fast.provenance["granularity_bytes"] if fast else 0)
+        a = fast.estimate.samples_per_s if fast else 0.0
+        b = fine.estimate.samples_per_s if fine else 0.0
+        table.add_row(name, f"{grid / 2**20:.0f}", f"{a:.3f}", f"{b:.3f}", "yes" if abs(a - b) <= 1e-9 * max(b, 1) else
+                      f"no ({(a / b - 1) * 100:+.2f}%)" if b else "no", f"{fast_s:.2f}", f"{fine_s:.2f}")
+    console.print(table)
+
+
+def paper_grid() -> float:
+    started = time.perf_counter()
+    rows = [(variant, target) for kind, variant, target in ROWS if kind != "target"]
+    count = 0
+    for model in PAPER_GRID_MODELS:
+        for budget in PAPER_BUDGETS:
+            job = load_job(f"{model}_rtx-titan-x8", memory_budget=budget)
+            for variant, target in rows:
+                timed_plan(job, variant=variant, target=target)
+                count += 1
+    elapsed = time.perf_counter() - started
+    verdict = "PASS" if elapsed < 60 else "FAIL"
+    console.print(f"4. paper's 8-device grid: {count} searches ({len(PAPER_GRID_MODELS)} models × "
+                  f"{len(PAPER_BUDGETS)} budgets × {len(rows)} variants and baselines) in {elapsed:.1f} s "
+                  f"(target < 60 s: {verdict})")
+    return elapsed
+
+
+def side_by_side(venv_python: str) -> None:
+    sys.path.insert(0, os.path.dirname(__file__))
+    import hetu_galvatron  # benchmarks/hetu_galvatron.py
+
+    import gbmw
+
+    table = Table(title="5. Same inputs, one batch size: hetu-galvatron 2.4.0 vs gbmw (plans costed by gbmw's estimator)")
+    for column in ("job", "batch", "hetu s", "gbmw s", "speed-up", "hetu plan samples/s", "gbmw plan samples/s",
+                   "gbmw plan ≥ hetu's"):
+        table.add_column(column, justify="left" if column == "job" else "right")
+    for name in ("llama-7b_a100-80g-x8", "llama-7b_a100-2x8", "llama-7b_a100-80g-x32", "llama-7b_a100-40g-x64"):
+        job = load_job(name)
+        batch = job.global_batch
+        ours, ours_s, _ = timed_plan(job, batch=batch)
+        result = hetu_galvatron.run_hetu_search(job, batch, venv_python, workdir=None, timeout_s=1800)
+        hetu_plan = hetu_galvatron.hetu_plan_to_gbmw(job, result.config)
+        hetu_estimate = gbmw.estimate(job, hetu_plan)
+        hetu_speed = hetu_estimate.samples_per_s if hetu_estimate.fits else 0.0
+        ours_speed = ours.estimate.samples_per_s if ours else 0.0
+        table.add_row(name, str(batch), f"{result.wall_s:.1f}", f"{ours_s:.3f}", f"{result.wall_s / ours_s:.0f}×",
+                      f"{hetu_estimate.samples_per_s:.3f}" + ("" if hetu_estimate.fits else " (OOM)"),
+                      f"{ours_speed:.3f}", "yes" if ours_speed >= hetu_speed - 1e-9 else "no")
+    console.print(table)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--hetu", action="store_true", help="also run hetu-galvatron side by side")
+    parser.add_argument("--hetu-python", default=os.path.join(os.path.dirname(__file__), "..", ".venv-hetu", "bin",
+                                                              "python"))
+    parser.add_argument("--skip-grid", action="store_true", help="skip sections 3 and 4")
+    args = parser.parse_args()
+
+    console.print(f"numba kernels loaded or compiled in {warm_up():.1f} s (not counted below); "
+                  f"pinned to CPU {sorted(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else '?'}")
+    seconds = complete_searches()
+    target = seconds[TARGET_JOB]
+    console.print(f"2. complete search for GPT-3 65B on 64 devices: {target:.2f} s "
+                  f"(target < 5 s: {'PASS' if target < 5 else 'FAIL'})")
+    if not args.skip_grid:
+        grid_against_1mib()
+        paper_grid()
+    if args.hetu:
+        side_by_side(os.path.abspath(args.hetu_python))
+
+
+if __name__ == "__main__":
+    main()
