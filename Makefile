@@ -18,7 +18,7 @@ $(VENV)/.installed: pyproject.toml Makefile
 	touch $@
 
 demo: setup
-	$(BIN)/gbmw estimate gpt3-15b_a100-80g-x32 --uniform tp=8,pp=2,zero=1,ckpt=full,micro=1
+	$(BIN)/gbmw plan gpt3-15b_a100-80g-x32
 
 test: setup
 	$(BIN)/python -m pytest -q

@@ -8,17 +8,19 @@ The planner API (no torch needed):
     plan = gbmw.plan_from_strategy_names(job.model, 32, names, partition=[25, 25],
                                          global_batch=512, num_micro_batches=32)
     estimate = gbmw.estimate(job, plan)                       # iteration time, samples/s, stage memory
+    best = gbmw.plan_job(job)                                 # the search: the fastest plan that fits
     plan.save("plan.yaml"); gbmw.Plan.load("plan.yaml")
 """
 
-from gbmw.baselines import UniformConfig
-from gbmw.cost import estimate_plan as estimate
-from gbmw.errors import GbmwError, PlanError, SpecError
-from gbmw.plan import Estimate, Plan, plan_from_strategy_names
-from gbmw.spec import ClusterSpec, JobSpec, LayerSpec, ModelSpec, load_cluster, load_job
-from gbmw.space import Strategy, enumerate_strategies
-
 __version__ = "0.1.0"
+
+from gbmw.baselines import UniformConfig  # noqa: E402
+from gbmw.cost import estimate_plan as estimate  # noqa: E402
+from gbmw.errors import GbmwError, PlanError, SpecError  # noqa: E402
+from gbmw.plan import Estimate, Plan, plan_from_strategy_names  # noqa: E402
+from gbmw.planner import NothingFitsError, Planner, plan_job  # noqa: E402
+from gbmw.spec import ClusterSpec, JobSpec, LayerSpec, ModelSpec, load_cluster, load_job  # noqa: E402
+from gbmw.space import Strategy, enumerate_strategies  # noqa: E402
 
 
 def uniform_plan(job: JobSpec, config: str) -> Plan:
@@ -27,7 +29,8 @@ def uniform_plan(job: JobSpec, config: str) -> Plan:
 
 
 __all__ = [
-    "ClusterSpec", "Estimate", "GbmwError", "JobSpec", "LayerSpec", "ModelSpec", "Plan", "PlanError", "SpecError",
+    "ClusterSpec", "Estimate", "GbmwError", "JobSpec", "LayerSpec", "ModelSpec", "NothingFitsError", "Plan",
+    "PlanError", "Planner", "SpecError", "plan_job",
     "Strategy", "UniformConfig", "enumerate_strategies", "estimate", "load_cluster", "load_job",
     "plan_from_strategy_names", "uniform_plan", "__version__",
 ]

@@ -1,23 +1,24 @@
 """Dynamic programming over the layers of one pipeline stage (paper Sec. 4.1.2, Eq. 6; Appendix A, Alg. 2).
 
 The DP keeps C(l, E) — the least time of the first l layers whose forward memory E_f (model
-states plus stashed activations, Eq. 5) is E — on a memory grid of `granularity_bytes` units. Its
+states plus stashed activations, Eq. 5) is E — on a memory grid of `granularity_bytes` cells. Its
 state also holds the activation layout of the last layer's strategy, because the transition cost
 R (Eq. 6) depends on it; strategies that share a layout share R, so the layout — not the strategy —
 is the state, and the best predecessor of each (layout, memory) cell is found once per target
 layout before the layer's strategies are tried (O(C² E + S E) per layer for C layouts, S
-strategies, E memory units, instead of O(S² E)).
+strategies, E memory cells, instead of O(S² E)).
 
 Alg. 2 then raises E_fwd until the plan's overall memory E_all (Eq. 4: forward memory plus the
 backward peak of CKPT recomputation and SDP gathers) exceeds the budget. Here each cell carries
-the backward excess X of its plan (E_all = E_f + X, updated as X' = max(X − O_f, O_b)), a cell
-whose plan would exceed the budget is never filled, and the answer is the fastest cell within
-the budget — one pass for the whole E_fwd sweep, never worse than Alg. 2.
+its plan's exact forward memory and backward excess X in bytes (E_all = E_f + X, updated as
+X' = max(X − O_f, O_b)); a plan that would exceed the budget is never stored, and the answer is the
+fastest stored plan — one pass for the whole E_fwd sweep, never worse than Alg. 2. Because memory
+is carried exactly, cells only decide which alternatives survive (one per cell), never whether a
+plan fits: no rounding error accumulates over layers.
 
 The 1F1B stash is folded into the forward memory: a stage with k micro-batches in flight stashes
-O_ms + k · O_f per layer. Memory is rounded up to whole units per layer and term, so a plan the
-DP accepts fits. `gbmw.pareto` holds an exact variant without the grid (slower; for checking).
-The layer loop is compiled with numba.
+O_ms + k · O_f per layer. `gbmw.pareto` holds an exact variant without cells (slower; for
+checking). The layer loop is compiled with numba.
 """
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ from numba import njit
 
 MIB = 2**20
 GRID_CELLS = 4096
-"""Default grid: the budget in 4096 units (4 MiB cells for 16 GiB, 20 MiB for 80 GiB); the
-benchmark search_speed.py checks it chooses the same plans as 1 MiB cells on the bundled jobs."""
+"""Default grid: the budget in 4096 cells (4 MiB for 16 GiB, 20 MiB for 80 GiB), at least 1 MiB;
+benchmarks/search_speed.py checks it finds plans as fast as 1 MiB cells on the bundled jobs."""
 MAX_MEMORY_UNITS = 2**24
 
 

@@ -72,3 +72,55 @@ def test_plan_for_another_device_count_is_refused(tmp_path, capsys):
     path = Plan.from_dict(json.loads(capsys.readouterr().out)["plan"]).save(tmp_path / "p.yaml")
     code, _, err = run("estimate", "bert-huge-32_a100-2x8", "--plan", str(path))
     assert code == 2 and "plan is for 8 devices but 16 are available" in err
+
+
+def test_plan_prints_stages_and_writes_plan_and_figure(tmp_path, capsys):
+    out_plan, out_figure = tmp_path / "plan.yaml", tmp_path / "plan.png"
+    assert main(["plan", "bert-huge-32_rtx-titan-x8", "--batch", "32", "-o", str(out_plan),
+                 "--figure", str(out_figure)]) == 0
+    out = capsys.readouterr().out
+    assert "samples/s" in out and "search (gbmw (BMW + ZeRO-1/2)" in out and f"wrote plan {out_plan}" in out
+    from gbmw.plan import Plan
+    plan = Plan.load(out_plan)
+    assert plan.global_batch == 32 and plan.estimate.fits
+    assert out_figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # never overwrite: the same command again fails before searching and leaves the files alone
+    before = out_plan.read_bytes()
+    code, _, err = run("plan", "bert-huge-32_rtx-titan-x8", "--batch", "32", "-o", str(out_plan))
+    assert code == 2 and "exists; gbmw does not overwrite" in err and out_plan.read_bytes() == before
+
+
+def test_plan_json_and_targets(capsys):
+    assert main(["plan", "bert-huge-32_rtx-titan-x8", "--batch", "32", "--target", "megatron-core", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["target"] == "megatron-core" and data["search_s"] > 0 and data["estimate"]["fits"]
+    assert len({run["strategy"].removesuffix("+ckpt") for run in data["strategies"]}) == 1
+
+
+def test_compare_prints_every_baseline_and_variant(capsys):
+    assert main(["compare", "bert-huge-32_rtx-titan-x8", "--batch", "16", "--memory", "8GiB,20GiB"]) == 0
+    out = capsys.readouterr().out
+    for label in ("PyTorch DDP (DP)", "Megatron (TP)", "PyTorch GPipe (PP)", "FSDP/ZeRO-3 (SDP)", "DeepSpeed 3D",
+                  "Galvatron (DP+TP)", "Galvatron (DP+PP)", "Galvatron-Base", "Galvatron (1F1B+Bi-obj)",
+                  "Galvatron-BMW", "target megatron-core"):
+        assert label in out
+    assert "OOM" in out and "8 GiB" in out and "20 GiB" in out
+    assert main(["compare", "bert-huge-32_rtx-titan-x8", "--batch", "16", "--memory", "8GiB", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    ddp = next(row for row in rows if row["name"] == "ddp")
+    assert ddp["oom"] is True
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["plan", "gpt3-65b_a100-80g-x32", "--memory", "4GiB", "--variant", "bmw"],
+         "nothing fits: gpt3-65b on 32 × NVIDIA A100-SXM4-80GB with global batch 1792"),
+        (["plan", "bert-huge-32_rtx-titan-x8", "--variant", "nope"], "variant 'nope' is unknown"),
+        (["plan", "bert-huge-32_rtx-titan-x8", "--target", "horovod"], "--target 'horovod' is unknown"),
+        (["plan", "bert-huge-32_rtx-titan-x8", "--batch", "0"], "--batch 0: must be a positive number"),
+    ],
+)
+def test_plan_errors_are_one_line(args, message):
+    code, out, err = run(*args)
+    assert code == 2 and "Traceback" not in err and message in err and len(err.strip().splitlines()) == 1
