@@ -364,3 +364,94 @@ def megatron_partition(model: ModelSpec, pp: int) -> list[int]:
             stage = previous_stage
         counts[stage] += 1
     return counts
+
+
+# ----------------------------------------------------------------------------------------------
+# What a stock framework can express
+# ----------------------------------------------------------------------------------------------
+
+
+def _describe_runs(plan: Plan) -> str:
+    """`layers 0-11 use tp2-dp8 and 12-49 use sdp16` (runs across stage boundaries, first three)."""
+    runs: list[list] = []
+    for index, strategy in enumerate(plan.strategies):
+        if runs and runs[-1][2] == strategy.name:
+            runs[-1][1] = index
+        else:
+            runs.append([index, index, strategy.name])
+    parts = [f"{a}-{b} use {name}" if b > a else f"{a} uses {name}" for a, b, name in runs]
+    return "layers " + " and ".join(parts[:3]) + (" …" if len(parts) > 3 else "")
+
+
+def expressibility_problems(plan: Plan, model: ModelSpec, target: str) -> list[str]:
+    """Why `target` cannot run `plan` as it is (empty if it can). Targets: deepspeed,
+    megatron-deepspeed, megatron-core (the runtime runs anything)."""
+    from gbmw.balance import even_partition, time_balanced_partition
+
+    if target == "runtime":
+        return []
+    if target not in TARGETS:
+        return [f"target {target!r} is unknown; targets are {list(TARGETS)}"]
+    problems = []
+    blocks = [layer.kind not in ("embedding", "head") for layer in model.layers]
+    trees = {strategy.dims for strategy in plan.strategies}
+    if len(trees) > 1:
+        problems.append(f"{_describe_runs(plan)}; a {target} job has one parallel layout for every layer")
+    block_ckpt = {strategy.ckpt for strategy, block in zip(plan.strategies, blocks) if block}
+    if len(block_ckpt) > 1:
+        problems.append(f"some Transformer blocks recompute and others do not; {target} recomputes all blocks or none")
+    if any(strategy.ckpt for strategy, block in zip(plan.strategies, blocks) if not block):
+        problems.append(f"an embedding or head layer recomputes; {target} recomputes Transformer blocks only")
+    if plan.schedule != "1f1b":
+        problems.append(f"schedule {plan.schedule}; {target} runs 1F1B")
+    names = ", ".join(dict.fromkeys(strategy.name.removesuffix("+ckpt") for strategy in plan.strategies))
+    data_axes = {axis for tree in trees for axis, _ in tree if axis != "tp"}
+    for tree in trees:
+        axes = [axis for axis, _ in tree]
+        tree_data = [axis for axis in axes if axis != "tp"]
+        if len(tree_data) > 1:
+            problems.append(f"a layout mixes {' and '.join(tree_data)}; {target} has one ZeRO stage")
+        if "tp" in axes and axes[0] != "tp":
+            problems.append(f"a layout puts TP outside data parallelism; {target} places TP on consecutive ranks")
+    if target == "deepspeed" and any(axis == "tp" for tree in trees for axis, _ in tree):
+        problems.append(f"{names} uses TP; plain DeepSpeed has none — use --target megatron-deepspeed")
+    if target in ("deepspeed", "megatron-deepspeed") and plan.pp > 1 and data_axes & {"z2dp", "sdp"}:
+        problems.append(f"{names} with pp={plan.pp}: DeepSpeed's pipeline engine refuses ZeRO-2 and ZeRO-3 — use "
+                        "ZeRO-1")
+    if target == "megatron-core" and data_axes - {"dp", "z1dp"}:
+        problems.append(f"{names}: megatron-core offers DP or its distributed optimizer (ZeRO-1) — use "
+                        "megatron-deepspeed")
+    partition = list(plan.partition)
+    if plan.pp > 1:
+        if target == "deepspeed":
+            methods = {"uniform": even_partition(model.num_layers, plan.pp),
+                       "parameters": time_balanced_partition(model.arrays.parameter_count, plan.pp)}
+            if partition not in methods.values():
+                problems.append(f"partition {partition} is none of DeepSpeed's pipeline partitions "
+                                f"({', '.join(f'{k}: {v}' for k, v in methods.items())})")
+        else:
+            try:
+                even = megatron_partition(model, plan.pp)
+            except GbmwError:
+                even = None
+            if partition != even and not (target == "megatron-core" and _first_last_shape(plan, model)):
+                problems.append(f"partition {partition} is not Megatron's even split of Transformer blocks ({even})"
+                                + ("" if target != "megatron-core" else " nor uneven first/last stages with equal middles"))
+    return problems
+
+
+def _first_last_shape(plan: Plan, model: ModelSpec) -> bool:
+    """True if only the first and last stages differ from an equal share of blocks (megatron-core)."""
+    blocks_per_stage = []
+    for first, end in plan.stage_bounds:
+        blocks_per_stage.append(sum(layer.kind not in ("embedding", "head") for layer in model.layers[first:end]))
+    middle = blocks_per_stage[1:-1]
+    return all(count >= 1 for count in blocks_per_stage) and len(set(middle)) <= 1
+
+
+def check_expressible(plan: Plan, model: ModelSpec, target: str) -> None:
+    """Raise PlanError with every reason `target` cannot run `plan`."""
+    problems = expressibility_problems(plan, model, target)
+    if problems:
+        raise PlanError(f"{target} cannot run this plan: " + "; ".join(problems) + " — use --target runtime, or plan "
+                        f"again with --target {target}")

@@ -105,3 +105,22 @@ def test_uniform_config_errors(spec, message):
     job = load_job("gpt3-15b_a100-80g-x32")
     with pytest.raises(PlanError, match=message):
         UniformConfig.parse(spec).to_plan(job)
+
+
+def test_expressibility_per_target():
+    from gbmw.plan import check_expressible, expressibility_problems
+
+    job = load_job("gpt3-15b_a100-80g-x32")
+    uniform = UniformConfig.parse("tp=8,pp=2,zero=1,ckpt=full,micro=1").to_plan(job)
+    assert expressibility_problems(uniform, job.model, "megatron-deepspeed") == []
+    assert expressibility_problems(uniform, job.model, "megatron-core") == []
+    assert any("plain DeepSpeed has none" in p for p in expressibility_problems(uniform, job.model, "deepspeed"))
+    names = ["tp2-dp8"] * 12 + ["sdp16"] * 13 + ["sdp16"] * 25
+    mixed = plan_from_strategy_names(job.model, 32, names, [25, 25], 1024, 64)
+    with pytest.raises(PlanError) as error:
+        check_expressible(mixed, job.model, "megatron-deepspeed")
+    message = str(error.value)
+    assert "layers 0-11 use tp2-dp8 and 12-49 use sdp16; a megatron-deepspeed job has one parallel layout" in message
+    assert "refuses ZeRO-2 and ZeRO-3" in message and "use --target runtime" in message
+    zero3 = UniformConfig.parse("pp=2,zero=3,micro=1").to_plan(job)
+    assert any("distributed optimizer" in p for p in expressibility_problems(zero3, job.model, "megatron-core"))
