@@ -14,6 +14,10 @@ pipeline split.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
 
 from gbmw.errors import PlanError
 from gbmw.plan import Plan, megatron_partition
@@ -123,3 +127,38 @@ class UniformConfig:
         return f"tp={self.tp},pp={self.pp},zero={self.zero},ckpt={self.ckpt},micro={self.micro}" + (
             f",batch={self.batch}" if self.batch else ""
         )
+
+
+# ----------------------------------------------------------------------------------------------
+# Published hand-tuned configurations (recipes/handtuned/)
+# ----------------------------------------------------------------------------------------------
+
+
+class HandTunedConfig(BaseModel):
+    """A published 3D configuration: what the source states, and the uniform config gbmw costs."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+    description: str
+    source: str
+    applies_to: str
+    """The model recipe it is compared on (e.g. gpt3-39b)."""
+    published: dict[str, Any]
+    config: dict[str, Any]
+    """--uniform keys: tp, pp, zero, ckpt, micro, optionally batch."""
+    notes: str = ""
+
+    @property
+    def uniform(self) -> UniformConfig:
+        return UniformConfig.parse(",".join(f"{key}={value}" for key, value in self.config.items()))
+
+
+def load_handtuned(path: str | Path) -> HandTunedConfig:
+    """Load a hand-tuned configuration (a path or a name under recipes/handtuned/)."""
+    from gbmw.spec import read_yaml, resolve_recipe, validate_as
+
+    path = resolve_recipe(str(path), "handtuned")
+    config = validate_as(HandTunedConfig, read_yaml(path), str(path))
+    config.uniform  # an unreadable config fails here, naming its key
+    return config

@@ -79,6 +79,8 @@ def _parser() -> argparse.ArgumentParser:
     compare = commands.add_parser("compare", help="the paper's comparison: baselines and variants side by side")
     compare.add_argument("job", help="job YAML or bundled job recipe name")
     _search_options(compare)
+    compare.add_argument("--handtuned", help="a published configuration (recipes/handtuned/NAME.yaml or a path): "
+                                             "cost it beside gbmw's best plan for every target")
     compare.add_argument("--json", action="store_true", help="print JSON")
     compare.set_defaults(run=_run_compare)
     return parser
@@ -195,6 +197,24 @@ def _run_compare(args: argparse.Namespace) -> int:
     from gbmw.compare import compare_job
     from gbmw.report import comparison_to_json, print_comparison
 
+    if args.handtuned:
+        from gbmw.baselines import load_handtuned
+        from gbmw.compare import compare_handtuned
+        from gbmw.report import handtuned_rows, print_handtuned
+        from gbmw.spec import load_job
+
+        if args.sweep or (args.memory and "," in args.memory):
+            raise GbmwError("--handtuned compares at one budget and the configuration's batch; drop --sweep and "
+                            "give one --memory")
+        job = load_job(args.job, memory_budget=args.memory)
+        if args.batch is not None:
+            job = job.model_copy(update={"global_batch": args.batch})
+        comparison = compare_handtuned(job, load_handtuned(args.handtuned))
+        if args.json:
+            print(json.dumps(handtuned_rows(comparison), indent=2))
+        else:
+            print_handtuned(comparison)
+        return 0
     budgets = [item.strip() for item in args.memory.split(",")] if args.memory else [None]
     progress, update = _progress("comparing")
     if progress is not None:

@@ -56,3 +56,38 @@ def compare_job(job_reference: str, budgets: list[str | None], batch: int | None
     if progress is not None:
         progress(total, total)
     return rows
+
+
+@dataclass
+class HandTunedComparison:
+    """A hand-tuned configuration beside gbmw's best plan for each target, on one job."""
+
+    job: object
+    handtuned: object
+    rows: list[tuple[str, Plan | None, str]]
+    """(label, plan or None, why none)"""
+
+
+def compare_handtuned(job, handtuned) -> HandTunedComparison:
+    """Cost a published configuration on the job's cluster and search gbmw's best plan for every target
+    at the same global batch."""
+    from gbmw.cost import estimate_plan
+    from gbmw.errors import GbmwError
+    from gbmw.plan import replace_estimate
+
+    rows: list[tuple[str, Plan | None, str]] = []
+    try:
+        plan = handtuned.uniform.to_plan(job)
+        plan = replace_estimate(plan, estimate_plan(job, plan))
+        rows.append((f"hand-tuned {handtuned.name} ({handtuned.uniform.describe()})", plan, ""))
+        batch = plan.global_batch
+    except GbmwError as error:
+        rows.append((f"hand-tuned {handtuned.name}", None, str(error)))
+        batch = job.global_batch
+    for target in ("runtime", *TARGETS):
+        label = f"gbmw, target {target}"
+        try:
+            rows.append((label, Planner(job, batch=batch, target=target, explain_failure=False).run(), ""))
+        except NothingFitsError as error:
+            rows.append((label, None, str(error)))
+    return HandTunedComparison(job, handtuned, rows)

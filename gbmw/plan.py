@@ -255,6 +255,13 @@ class Plan:
         return write_new_file(path, self.to_yaml())
 
 
+def replace_estimate(plan: Plan, estimate: Estimate) -> Plan:
+    """The same plan carrying `estimate`."""
+    from dataclasses import replace
+
+    return replace(plan, estimate=estimate)
+
+
 def write_new_file(path: str | Path, text: str) -> Path:
     """Write `text` to `path` atomically (temp file in the same folder, then rename), refusing to
     replace an existing file: a user's files are never overwritten in place."""

@@ -188,3 +188,54 @@ def draw_plan(job: JobSpec, plan: Plan, path: str) -> None:
     figure.savefig(buffer, format="png", dpi=110)
     plt.close(figure)
     write_new_file_bytes(path, buffer.getvalue())
+
+
+def handtuned_rows(comparison) -> list[dict[str, Any]]:
+    """One dict per row: label, samples/s, speed-up over the hand-tuned config, MFU, batch, pp, per-stage GiB."""
+    base = comparison.rows[0][1]
+    base_speed = base.estimate.samples_per_s if base is not None and base.estimate.fits else None
+    rows = []
+    for label, plan, why in comparison.rows:
+        if plan is None:
+            rows.append({"label": label, "fits": False, "why": why})
+            continue
+        estimate = plan.estimate
+        rows.append({
+            "label": label, "fits": estimate.fits, "samples_per_s": estimate.samples_per_s,
+            "speedup": estimate.samples_per_s / base_speed if base_speed else None, "mfu": estimate.mfu,
+            "global_batch": plan.global_batch, "micro_batches": plan.num_micro_batches, "pp": plan.pp,
+            "strategies": ", ".join(f"{s.name} ×{c}" for _, c, s in _merged_runs(plan)),
+            "stage_peak_gib": [round(m / GIB, 1) for m in estimate.stage_peak_memory_bytes],
+        })
+    return rows
+
+
+def _merged_runs(plan: Plan):
+    runs = []
+    for first, count, strategy in plan.runs():
+        if runs and runs[-1][2] == strategy:
+            runs[-1] = (runs[-1][0], runs[-1][1] + count, strategy)
+        else:
+            runs.append((first, count, strategy))
+    return runs
+
+
+def print_handtuned(comparison) -> None:
+    job, handtuned = comparison.job, comparison.handtuned
+    console = _console()
+    console.print(f"[bold]{job.name}[/bold] vs hand-tuned [bold]{handtuned.name}[/bold]: {handtuned.description}")
+    console.print(f"source: {handtuned.source}")
+    table = Table()
+    for column in ("configuration", "samples/s", "vs hand-tuned", "MFU", "batch", "pp", "per-stage peak GiB",
+                   "strategies"):
+        table.add_column(column, justify="left" if column in ("configuration", "strategies") else "right")
+    for row in handtuned_rows(comparison):
+        if "samples_per_s" not in row:
+            table.add_row(row["label"], "—", "", "", "", "", "", row["why"][:80])
+            continue
+        table.add_row(
+            row["label"], f"{row['samples_per_s']:.2f}" + ("" if row["fits"] else " (OOM)"),
+            f"{row['speedup']:.2f}×" if row["speedup"] else "", f"{row['mfu']:.1%}", str(row["global_batch"]),
+            str(row["pp"]), " ".join(str(m) for m in row["stage_peak_gib"]), row["strategies"],
+        )
+    console.print(table)
