@@ -352,7 +352,7 @@ def run_hetu_search(job: "gbmw.JobSpec", batch: int | None = None, venv_python: 
     venv_python = Path(venv_python) if venv_python is not None else default_venv_python()
     if not venv_python.exists():
         raise FileNotFoundError(f"{venv_python}: no hetu venv; run benchmarks/setup_hetu_venv.sh")
-    workdir = Path(workdir) if workdir is not None else REPO_ROOT / "out" / "hetu" / f"{job.name}_b{batch}"
+    workdir = Path(workdir).resolve() if workdir is not None else REPO_ROOT / "out" / "hetu" / f"{job.name}_b{batch}"
     workdir.mkdir(parents=True, exist_ok=True)
     inputs = write_hetu_inputs(job, workdir, batch, sequence_parallel=sequence_parallel)
     output_dir, log_dir = workdir / "output", workdir / "logs"

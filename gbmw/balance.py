@@ -71,12 +71,6 @@ def memory_balanced_partition(
     return _split(layer_state_bytes, layer_activation_bytes, [float(k) for k in in_flight])
 
 
-def even_partition(layers: int, stages: int) -> list[int]:
-    """Equal layer counts, the remainder spread over the last stages."""
-    base, extra = divmod(layers, stages)
-    return [base + (1 if i >= stages - extra else 0) for i in range(stages)]
-
-
 def balance_degrees(stage_time_s: list[float], stage_memory_bytes: list[float]) -> tuple[float, float]:
     """(alpha_t, alpha_m) of Eq. (8)."""
     return (1 - max(stage_time_s) / sum(stage_time_s), 1 - max(stage_memory_bytes) / sum(stage_memory_bytes))
@@ -148,3 +142,57 @@ def bi_objective_adjustment(
         if accepted is not None:
             queue.append(accepted)
     return outcomes
+
+
+# ----------------------------------------------------------------------------------------------
+# DeepSpeed's pipeline partition methods, as the planner needs them (no torch import)
+# ----------------------------------------------------------------------------------------------
+
+
+def uniform_first_partition(layers: int, stages: int) -> list[int]:
+    """Equal layer counts with the remainder on the FIRST stages: what DeepSpeed's PipelineModule
+    `partition_method="uniform"` gives (stages beyond the layer count get none)."""
+    if layers <= stages:
+        return [1 if stage < layers else 0 for stage in range(stages)]
+    base, extra = divmod(layers, stages)
+    return [base + (1 if stage < extra else 0) for stage in range(stages)]
+
+
+@njit(cache=True)
+def _least_spread_cuts(prefix: np.ndarray, stages: int) -> np.ndarray:
+    """Stage boundaries of the contiguous split whose stage sums have the least spread (largest minus
+    smallest), built stage by stage keeping one best split per (layers, stages) and preferring the
+    latest cut among equals."""
+    layers = prefix.shape[0] - 1
+    spread = np.full((layers + 1, stages + 1), np.inf)
+    largest = np.full((layers + 1, stages + 1), np.inf)
+    smallest = np.full((layers + 1, stages + 1), np.inf)
+    cut = np.zeros((layers + 1, stages + 1), np.int64)
+    spread[0, 0] = 0.0
+    largest[0, 0] = 0.0
+    for end in range(1, layers + 1):
+        for stage in range(1, min(end, stages) + 1):
+            for start in range(end - 1, -1, -1):  # latest cut first; strict < keeps it among equals
+                size = prefix[end] - prefix[start]
+                high = max(largest[start, stage - 1], size)
+                low = min(smallest[start, stage - 1], size)
+                if high - low < spread[end, stage]:
+                    spread[end, stage], largest[end, stage], smallest[end, stage] = high - low, high, low
+                    cut[end, stage] = start
+    bounds = np.zeros(stages + 1, np.int64)
+    bounds[stages] = layers
+    for stage in range(stages, 0, -1):
+        bounds[stage - 1] = cut[bounds[stage], stage]
+    return bounds
+
+
+def least_spread_partition(weights, stages: int) -> list[int]:
+    """Layers per stage of the split whose stage weight sums differ least: what DeepSpeed's
+    PipelineModule gives for `partition_method="parameters"` (weights = parameters per layer) and
+    `"type:REGEX"` (weights = 1 for matching layers)."""
+    weights = np.asarray(weights, np.float64)
+    if len(weights) <= stages:
+        return uniform_first_partition(len(weights), stages)
+    prefix = np.concatenate([[0.0], np.cumsum(weights)])
+    bounds = _least_spread_cuts(prefix, stages)
+    return [int(b - a) for a, b in zip(bounds[:-1], bounds[1:])]

@@ -393,7 +393,7 @@ def _describe_runs(plan: Plan) -> str:
 def expressibility_problems(plan: Plan, model: ModelSpec, target: str) -> list[str]:
     """Why `target` cannot run `plan` as it is (empty if it can). Targets: deepspeed,
     megatron-deepspeed, megatron-core (the runtime runs anything)."""
-    from gbmw.balance import even_partition, time_balanced_partition
+    from gbmw.balance import least_spread_partition, uniform_first_partition
 
     if target == "runtime":
         return []
@@ -431,8 +431,8 @@ def expressibility_problems(plan: Plan, model: ModelSpec, target: str) -> list[s
     partition = list(plan.partition)
     if plan.pp > 1:
         if target == "deepspeed":
-            methods = {"uniform": even_partition(model.num_layers, plan.pp),
-                       "parameters": time_balanced_partition(model.arrays.parameter_count, plan.pp)}
+            methods = {"uniform": uniform_first_partition(model.num_layers, plan.pp),
+                       "parameters": least_spread_partition(model.arrays.parameter_count, plan.pp)}
             if partition not in methods.values():
                 problems.append(f"partition {partition} is none of DeepSpeed's pipeline partitions "
                                 f"({', '.join(f'{k}: {v}' for k, v in methods.items())})")

@@ -28,7 +28,8 @@ import numpy as np
 
 from gbmw import __version__
 from gbmw.balance import (
-    StageOutcome, bi_objective_adjustment, even_partition, memory_balanced_partition, time_balanced_partition,
+    StageOutcome, bi_objective_adjustment, least_spread_partition, memory_balanced_partition, time_balanced_partition,
+    uniform_first_partition,
 )
 from gbmw.comm import CommModel
 from gbmw.cost import (
@@ -279,10 +280,10 @@ class Planner:
                 memory_balanced = tuple(memory_balanced_partition(states, activations, in_flight))
                 limit = max(time_outcome.stage_memory_bytes) if time_outcome.fits else None
                 bi_objective_adjustment(search, memory_balanced, limit, self.budget)
-            elif method == "layers":
-                search(tuple(even_partition(layers, pp)))
-            elif method == "parameters":
-                search(tuple(time_balanced_partition(model.arrays.parameter_count, pp)))
+            elif method == "layers":  # DeepSpeed's partition_method="uniform"
+                search(tuple(uniform_first_partition(layers, pp)))
+            elif method == "parameters":  # DeepSpeed's partition_method="parameters"
+                search(tuple(least_spread_partition(model.arrays.parameter_count, pp)))
             elif method == "even-blocks":
                 partition = _megatron_partition_or_none(model, pp)
                 if partition is not None:

@@ -1,0 +1,348 @@
+"""Megatron adapter: golden argument lists, plan → args → plan round trips, megatron-core's own
+validation of the configs, refusals with check_expressible's reasons, the micro-batch arithmetic.
+
+Regenerate the golden files after an intended change with
+    GBMW_UPDATE_GOLDEN=1 python -m pytest tests/test_megatron_adapter.py
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import gbmw
+from gbmw.adapters.megatron import (
+    TARGETS,
+    blocks_per_stage,
+    launch_line,
+    megatron_args_to_plan,
+    plan_target,
+    plan_to_megatron_args,
+    plan_to_megatron_core_configs,
+)
+from gbmw.errors import GbmwError, PlanError
+from gbmw.plan import Plan, check_expressible, megatron_partition, plan_from_strategy_names
+from gbmw.space import Strategy
+
+GOLDEN_DIR = Path(__file__).parent / "golden" / "megatron"
+UPDATE_GOLDEN = os.environ.get("GBMW_UPDATE_GOLDEN") == "1"
+UNEVEN_39B = "uneven:tp8-z1dp2:24,26:1536:768"
+"""gpt3-39b on 32 A100s as Planner(job with a 40GiB budget, target="megatron-core") plans it:
+tp8-z1dp2 everywhere, 23 blocks (+ embedding) on stage 0 and 25 (+ head) on stage 1."""
+
+# name: (job, plan (a --uniform config, or uneven:STRATEGY:PARTITION:GLOBAL:MICRO_BATCHES), target)
+CASES = {
+    "gpt3-15b_megatron-core_tp8-pp2-zero1-ckpt": ("gpt3-15b_a100-80g-x32", "tp=8,pp=2,zero=1,ckpt=full,micro=1",
+                                                  "megatron-core"),
+    "gpt3-39b_megatron-deepspeed_tp8-pp2-zero1-ckpt": ("gpt3-39b_a100-80g-x32", "tp=8,pp=2,zero=1,ckpt=full,micro=1",
+                                                       "megatron-deepspeed"),
+    "gpt3-65b_megatron-lm_tp4-pp4-ckpt-micro2": ("gpt3-65b_a100-80g-x32", "tp=4,pp=4,zero=0,ckpt=full,micro=2",
+                                                 "megatron-lm"),
+    "gpt3-15b_megatron-deepspeed_tp2-zero3": ("gpt3-15b_a100-80g-x32", "tp=2,pp=1,zero=3,ckpt=none,micro=4",
+                                              "megatron-deepspeed"),
+    "gpt3-39b_megatron-core_uneven-first-last": ("gpt3-39b_a100-80g-x32", UNEVEN_39B, "megatron-core"),
+}
+EXTRA_ROUND_TRIPS = {
+    "llama-7b_megatron-core_tp4-pp4": ("llama-7b_a100-80g-x32", "tp=4,pp=4,zero=1,ckpt=full,micro=1", "megatron-core"),
+    "llama-7b_megatron-deepspeed_tp2-pp2": ("llama-7b_a100-80g-x32", "tp=2,pp=2,zero=1,ckpt=none,micro=2",
+                                            "megatron-deepspeed"),
+    "gpt3-15b_megatron-core_uneven-pp4": ("gpt3-15b_a100-80g-x32", "uneven:tp4-dp2+ckpt:11,13,13,13:1024:512",
+                                          "megatron-core"),
+    "llama-7b_single-node_dp8": ("llama-7b_a100-80g-x8", "tp=1,pp=1,zero=0,ckpt=none,micro=1", "megatron-core"),
+}
+ALL_CASES = {**CASES, **EXTRA_ROUND_TRIPS}
+
+_jobs: dict[str, gbmw.JobSpec] = {}
+
+
+def job_named(name: str) -> gbmw.JobSpec:
+    if name not in _jobs:
+        _jobs[name] = gbmw.load_job(name)
+    return _jobs[name]
+
+
+def make_plan(job: gbmw.JobSpec, description: str) -> Plan:
+    """A uniform plan from a --uniform config, or an uneven first/last plan by hand."""
+    if not description.startswith("uneven:"):
+        return gbmw.uniform_plan(job, description)
+    _, name, partition, global_batch, micro_batches = description.split(":")
+    block = Strategy.parse(name)
+    names = [block.name if layer.kind == "decoder" else block.with_ckpt(False).name for layer in job.model.layers]
+    return plan_from_strategy_names(job.model, job.cluster.num_devices, names,
+                                    [int(count) for count in partition.split(",")], int(global_batch),
+                                    int(micro_batches), cluster=job.cluster.name, target="megatron-core")
+
+
+def case(name: str) -> tuple[gbmw.JobSpec, Plan, str]:
+    job_name, description, target = ALL_CASES[name]
+    job = job_named(job_name)
+    return job, make_plan(job, description), target
+
+
+def comparable(plan: Plan, target: str) -> Plan:
+    """The plan as the arguments describe it: no estimate, planned for the target (provenance is not compared)."""
+    return dataclasses.replace(plan, estimate=None, target=plan_target(target))
+
+
+def render(args: list[str]) -> list[str]:
+    """One flag with its values per line."""
+    lines: list[str] = []
+    for token in args:
+        if token.startswith("--") or not lines:
+            lines.append(token)
+        else:
+            lines[-1] += " " + token
+    return lines
+
+
+def values(args: list[str]) -> dict[str, str | None]:
+    result: dict[str, str | None] = {}
+    for line in render(args):
+        flag, _, value = line.partition(" ")
+        result[flag] = value or None
+    return result
+
+
+# ------------------------------------------------------------------------------------------ golden
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_golden_arguments(name):
+    job, plan, target = case(name)
+    job_name, description, _ = CASES[name]
+    text = "\n".join([
+        "# gbmw plan -> Megatron arguments (regenerate: GBMW_UPDATE_GOLDEN=1 pytest tests/test_megatron_adapter.py)",
+        f"# job {job_name}, target {target}, plan {description}",
+        f"# strategies {plan.strategies[1].name} (blocks), partition {list(plan.partition)}",
+        *render(plan_to_megatron_args(plan, job, target)),
+        "# launch",
+        launch_line(plan, job, target=target),
+    ]) + "\n"
+    path = GOLDEN_DIR / f"{name}.txt"
+    if UPDATE_GOLDEN:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    assert path.exists(), f"{path} is missing; create it with GBMW_UPDATE_GOLDEN=1"
+    assert text == path.read_text(), f"{path.name} drifted; if intended, regenerate with GBMW_UPDATE_GOLDEN=1"
+
+
+def test_uneven_golden_plan_has_first_and_last_flags():
+    job, plan, target = case("gpt3-39b_megatron-core_uneven-first-last")
+    given = values(plan_to_megatron_args(plan, job, target))
+    assert plan.partition != tuple(megatron_partition(job.model, 2))
+    assert (given["--decoder-first-pipeline-num-layers"], given["--decoder-last-pipeline-num-layers"]) == ("23", "25")
+    assert given["--num-layers"] == "48"  # blocks only: the embedding and head are not counted
+
+
+# ------------------------------------------------------------------------------------------ round trips
+
+
+@pytest.mark.parametrize("name", sorted(ALL_CASES))
+def test_plan_args_plan_round_trip(name):
+    job, plan, target = case(name)
+    again = megatron_args_to_plan(plan_to_megatron_args(plan, job, target), job, target)
+    assert again == comparable(plan, target)
+    assert plan_to_megatron_args(again, job, target) == plan_to_megatron_args(plan, job, target)
+
+
+def test_planner_megatron_core_plan_round_trips():
+    """The planner's own megatron-core plan (uneven first/last stages on this budget)."""
+    job = gbmw.load_job("gpt3-39b_a100-80g-x32", memory_budget="40GiB")
+    plan = gbmw.Planner(job, target="megatron-core").run()
+    args = plan_to_megatron_args(plan, job, "megatron-core")
+    uneven = list(plan.partition) != megatron_partition(job.model, plan.pp)
+    assert ("--decoder-first-pipeline-num-layers" in args) == uneven
+    assert megatron_args_to_plan(args, job, "megatron-core") == comparable(plan, "megatron-core")
+
+
+def test_deepspeed_axes_map_to_zero_stages():
+    job = job_named("gpt3-15b_a100-80g-x32")
+    for zero, axis in enumerate(("dp", "z1dp", "z2dp", "sdp")):
+        plan = gbmw.uniform_plan(job, f"tp=4,pp=1,zero={zero},ckpt=none,micro=1")
+        args = plan_to_megatron_args(plan, job, "megatron-deepspeed")
+        assert values(args)["--zero-stage"] == str(zero)
+        assert megatron_args_to_plan(args, job, "megatron-deepspeed").strategies[1].name == f"tp4-{axis}8"
+
+
+# ------------------------------------------------------------------------------------------ batch arithmetic
+
+
+@pytest.mark.parametrize("name", sorted(ALL_CASES))
+def test_global_batch_is_micro_batch_times_dp_times_micro_batches(name):
+    job, plan, target = case(name)
+    given = values(plan_to_megatron_args(plan, job, target))
+    tp, pp = int(given["--tensor-model-parallel-size"]), int(given["--pipeline-model-parallel-size"])
+    dp = job.cluster.num_devices // (tp * pp)
+    micro = int(given["--micro-batch-size"])
+    assert micro == plan.micro_batch // dp
+    assert int(given["--global-batch-size"]) == micro * dp * plan.num_micro_batches == plan.global_batch
+
+
+# ------------------------------------------------------------------------------------------ refusals
+
+
+def mixed_plan(target: str) -> tuple[gbmw.JobSpec, Plan]:
+    job = job_named("gpt3-15b_a100-80g-x32")
+    names = ["tp2-dp8"] * 12 + ["sdp16"] * 38
+    return job, plan_from_strategy_names(job.model, 32, names, [25, 25], 512, 32, cluster=job.cluster.name,
+                                         target=plan_target(target))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_mixed_plan_refused_with_check_expressible_reasons(target):
+    job, plan = mixed_plan(target)
+    with pytest.raises(PlanError) as expected:
+        check_expressible(plan, job.model, plan_target(target))
+    assert "layers 0-11 use tp2-dp8 and 12-49 use sdp16" in str(expected.value)
+    for emit in (plan_to_megatron_args, launch_line):
+        with pytest.raises(PlanError) as refused:
+            emit(plan, job, target=target)
+        assert str(refused.value) == str(expected.value)
+
+
+def test_megatron_core_refuses_zero3_and_megatron_deepspeed_uneven_stages():
+    job, plan, _ = case("gpt3-15b_megatron-deepspeed_tp2-zero3")
+    with pytest.raises(PlanError, match="megatron-core offers DP or its distributed optimizer"):
+        plan_to_megatron_args(plan, job, "megatron-core")
+    job, plan, _ = case("gpt3-39b_megatron-core_uneven-first-last")
+    with pytest.raises(PlanError, match=r"partition \[24, 26\] is not Megatron's even split"):
+        plan_to_megatron_args(plan, job, "megatron-deepspeed")
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (["--sequence-parallel"], r"--sequence-parallel \(sequence parallelism\)"),
+        (["--num-layers", "40"], r"--num-layers 40 \(the model needs 48\)"),
+        (["--global-batch-size", "1001"], r"--global-batch-size 1001 is not a multiple of --micro-batch-size 1 \* "
+                                          r"data-parallel size 2 = 2"),
+        (["--fp16"], "both --bf16 and --fp16"),
+        (["--recompute-num-layers", "2"], "recomputes whole blocks one at a time"),
+        (["--pipeline-model-parallel-size", "4", "--decoder-first-pipeline-num-layers", "10",
+          "--decoder-last-pipeline-num-layers", "11"], "27 blocks left for 2 middle stages of pp=4"),
+        (["--tensor-model-parallel-size", "3"], r"devices\(32\) % \(tensor\(3\) \* pipeline\(2\) = 6\) != 0"),
+    ],
+)
+def test_inverse_refuses_what_a_plan_cannot_say(edit, message):
+    job, plan, target = case("gpt3-15b_megatron-core_tp8-pp2-zero1-ckpt")
+    args = plan_to_megatron_args(plan, job, target) + edit  # argparse: the last value wins
+    with pytest.raises(GbmwError, match=message):
+        megatron_args_to_plan(args, job, target)
+
+
+def test_inverse_refuses_megatron_deepspeed_without_deepspeed_and_wrong_precision():
+    job, plan, target = case("gpt3-15b_megatron-deepspeed_tp2-zero3")
+    args = plan_to_megatron_args(plan, job, target)
+    with pytest.raises(GbmwError, match="without --deepspeed run no ZeRO"):
+        megatron_args_to_plan([a for a in args if a != "--deepspeed"], job, target)
+    with pytest.raises(GbmwError, match="train in fp32 but job gpt3-15b_a100-80g-x32 trains in bf16"):
+        megatron_args_to_plan([a for a in args if a != "--bf16"], job, target)
+    with pytest.raises(GbmwError, match="uneven pipeline stages"):
+        megatron_args_to_plan(args + ["--decoder-first-pipeline-num-layers", "3"], job, target)
+
+
+def test_blocks_per_stage_follows_megatron():
+    assert blocks_per_stage(48, 1) == [48]
+    assert blocks_per_stage(48, 4) == [12, 12, 12, 12]
+    assert blocks_per_stage(48, 4, 10, 12) == [10, 13, 13, 12]
+    assert blocks_per_stage(48, 4, first=9) == [9, 13, 13, 13]
+    assert blocks_per_stage(48, 2, 23, 25) == [23, 25]
+    with pytest.raises(GbmwError, match=r"23 \+ --decoder-last-pipeline-num-layers 24 = 47 != --num-layers 48"):
+        blocks_per_stage(48, 2, 23, 24)
+
+
+# ------------------------------------------------------------------------------------------ megatron-core configs
+
+CORE_CASES = sorted(name for name, (_, _, target) in ALL_CASES.items() if plan_target(target) == "megatron-core")
+
+
+@pytest.mark.parametrize("name", CORE_CASES)
+def test_megatron_core_configs_construct(name):
+    pytest.importorskip("megatron.core")
+    import torch
+
+    job, plan, _ = case(name)
+    parallel, config = plan_to_megatron_core_configs(plan, job)
+    strategy = plan.strategies[1]
+    assert type(parallel).__name__ == "ModelParallelConfig" and type(config).__name__ == "TransformerConfig"
+    for made in (parallel, config):
+        assert (made.tensor_model_parallel_size, made.pipeline_model_parallel_size) == (strategy.tp, plan.pp)
+        assert made.sequence_parallel is False and made.use_cpu_initialization is True
+        assert made.params_dtype == made.pipeline_dtype == torch.bfloat16 and made.bf16 and not made.fp16
+    assert config.num_layers == sum(layer.kind == "decoder" for layer in job.model.layers)
+    assert config.recompute_granularity == ("full" if strategy.ckpt else None)
+    assert config.recompute_num_layers == (1 if strategy.ckpt else None)
+    given = values(plan_to_megatron_args(plan, job, "megatron-core"))
+    first = given.get("--decoder-first-pipeline-num-layers")
+    assert config.num_layers_in_first_pipeline_stage == (int(first) if first else None)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")  # megatron-core warns about missing TE/Apex and CUDA graphs
+@pytest.mark.parametrize("num_blocks, pp, first, last",
+                         [(48, 4, 10, 12), (48, 2, 23, 25), (80, 8, 3, None), (80, 8, None, 17), (48, 4, None, None)])
+def test_blocks_per_stage_equals_megatron_core(num_blocks, pp, first, last):
+    pytest.importorskip("megatron.core")
+    from megatron.core.transformer import TransformerConfig
+    from megatron.core.transformer.transformer_block import get_num_layers_to_build
+    import torch
+
+    config = TransformerConfig(num_layers=num_blocks, hidden_size=64, num_attention_heads=8,
+                               pipeline_model_parallel_size=pp, pipeline_dtype=torch.float32,
+                               num_layers_in_first_pipeline_stage=first, num_layers_in_last_pipeline_stage=last)
+    built = [get_num_layers_to_build(config, pp_rank=stage) for stage in range(pp)]
+    assert blocks_per_stage(num_blocks, pp, first, last) == built
+
+
+def test_megatron_core_rejects_heads_not_divisible_by_tp():
+    pytest.importorskip("megatron.core")
+    job = job_named("gpt3-15b_a100-80g-x32")  # 40 heads
+    plan = Plan(model=job.model.name, cluster=job.cluster.name, num_devices=32, precision="bf16", global_batch=1024,
+                micro_batch=2, num_micro_batches=512, pp=1, partition=(50,),
+                strategies=(Strategy.parse("tp16-dp2"),) * 50, target="megatron-core")
+    with pytest.raises(GbmwError) as rejected:
+        plan_to_megatron_core_configs(plan, job)
+    message = str(rejected.value)
+    assert message.startswith("megatron-core TransformerConfig rejects the plan: num_attention_heads (40) must be a "
+                              "multiple of tensor_model_parallel_size (16).")
+    assert message.endswith("[tensor_model_parallel_size=16, num_attention_heads=40]")
+    assert "\n" not in message
+    with pytest.raises(PlanError, match="40 attention heads, not divisible by tp=16"):
+        plan_to_megatron_args(plan, job, "megatron-core")
+
+
+# ------------------------------------------------------------------------------------------ launch
+
+
+def test_launch_lines_split_back_into_the_arguments():
+    job, plan, target = case("llama-7b_single-node_dp8")
+    extra = ["--data-path", "my corpus/text_document", "--tokenizer-type", "HuggingFaceTokenizer"]
+    line = launch_line(plan, job, target=target, extra_args=extra)
+    assert line.startswith("torchrun --standalone --nproc_per_node 8 pretrain_gpt.py ")
+    words = shlex.split(line)
+    assert words[words.index("pretrain_gpt.py") + 1:] == plan_to_megatron_args(plan, job, target) + extra
+    deepspeed = shlex.split(launch_line(plan, job, "train.py", target, launcher="deepspeed"))
+    assert deepspeed[:5] == ["deepspeed", "--num_gpus", "8", "--no_local_rank", "train.py"]
+
+
+def test_multi_node_launchers():
+    job, plan, target = case("gpt3-39b_megatron-deepspeed_tp8-pp2-zero1-ckpt")
+    words = shlex.split(launch_line(plan, job, target=target, hostfile="/job/hosts"))
+    assert words[:8] == ["deepspeed", "--hostfile", "/job/hosts", "--num_nodes", "4", "--num_gpus", "8",
+                         "pretrain_gpt.py"]
+    line = launch_line(plan, job, target="megatron-core")
+    assert line.startswith("CUDA_DEVICE_MAX_CONNECTIONS=1 torchrun --nnodes 4 --nproc_per_node 8 "
+                           '--rdzv_backend c10d --rdzv_endpoint "$MASTER_ADDR:$MASTER_PORT" pretrain_gpt.py ')
+    with pytest.raises(GbmwError, match="launcher 'mpirun' is unknown"):
+        launch_line(plan, job, launcher="mpirun")
+
+
+def test_adapter_imports_no_torch():
+    code = "import sys, gbmw.adapters.megatron\nprint('torch' in sys.modules)\n"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "False"
