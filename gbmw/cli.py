@@ -4,7 +4,8 @@
     gbmw estimate JOB (--plan plan.yaml | --uniform tp=8,pp=2,zero=1,ckpt=full,micro=1) [--memory 16GiB] [--json]
     gbmw plan JOB [--memory 16GiB] [--batch N | --sweep] [--target T] [--variant V] [-o plan.yaml] [--json]
                   [--figure plan.png]
-    gbmw compare JOB [--memory 8GiB,16GiB] [--batch N | --sweep]
+    gbmw compare JOB [--memory 8GiB,16GiB] [--batch N | --sweep] [--handtuned NAME]
+    gbmw tune --ds-config ds_config.json --model MODEL --cluster CLUSTER [--target T] [-o DIR]
 
 JOB is a job YAML or the name of a bundled job recipe (recipes/jobs/). Bad input ends with one
 line naming the file, field and value (exit status 2), never a traceback.
@@ -83,7 +84,35 @@ def _parser() -> argparse.ArgumentParser:
                                              "cost it beside gbmw's best plan for every target")
     compare.add_argument("--json", action="store_true", help="print JSON")
     compare.set_defaults(run=_run_compare)
+    _tune_parser(commands)
     return parser
+
+
+def _tune_parser(commands) -> None:
+    tune = commands.add_parser("tune", help="drop-in: re-plan the parallel settings of an existing DeepSpeed job")
+    tune.add_argument("--ds-config", required=True, help="the job's existing ds_config.json (read, never changed)")
+    tune.add_argument("--model", required=True, help="model recipe name, model YAML, or HF config.json")
+    tune.add_argument("--cluster", required=True, help="cluster recipe name or YAML")
+    tune.add_argument("--target", default="deepspeed", help="deepspeed (default), megatron-deepspeed, megatron-core")
+    tune.add_argument("--memory", help="per-device memory budget (default: the cluster's usable memory)")
+    tune.add_argument("--current-tp", type=int, default=1, help="the job's current tensor-parallel size (default 1)")
+    tune.add_argument("--current-pp", type=int, default=1, help="the job's current pipeline-parallel size (default 1)")
+    tune.add_argument("--current-ckpt", choices=("full", "none"),
+                      help="the job's current recomputation (Megatron's --recompute-granularity full; default: whether "
+                           "the ds_config has an activation_checkpointing section)")
+    tune.add_argument("--script", default="pretrain_gpt.py", help="training script for the launch line")
+    tune.add_argument("-o", "--output", help="a new folder for ds_config.json, plan.yaml, megatron_args.txt, launch.sh")
+    tune.set_defaults(run=_run_tune)
+
+
+def _run_tune(args: argparse.Namespace) -> int:
+    from gbmw.report import print_tune
+    from gbmw.tune import tune
+
+    result = tune(args.ds_config, args.model, args.cluster, args.target, args.output, args.memory,
+                  args.current_tp, args.current_pp, args.current_ckpt, args.script)
+    print_tune(result)
+    return 0
 
 
 def _search_options(parser: argparse.ArgumentParser) -> None:

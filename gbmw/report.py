@@ -239,3 +239,34 @@ def print_handtuned(comparison) -> None:
             str(row["pp"]), " ".join(str(m) for m in row["stage_peak_gib"]), row["strategies"],
         )
     console.print(table)
+
+
+def print_tune(result) -> None:
+    console = _console()
+    job, plan = result.job, result.plan
+    console.print(f"[bold]{job.name}[/bold]: {job.model.name} on {job.cluster.num_devices} × {job.cluster.device.name}, "
+                  f"{job.precision}, global batch {plan.global_batch}, target {plan.target}")
+    if result.current is not None:
+        current = result.current
+        verdict = "fits" if current.estimate.fits else "does NOT fit"
+        console.print(f"current: {current.provenance.get('config')} — {current.estimate.samples_per_s:.2f} samples/s, "
+                      f"MFU {current.estimate.mfu:.1%}, peak {max(current.estimate.stage_peak_memory_bytes) / GIB:.1f} GiB "
+                      f"({verdict} in {current.estimate.memory_budget_bytes / GIB:.1f} GiB)")
+    else:
+        console.print(f"current: cannot be costed — {result.current_problem}")
+    runs = ", ".join(f"{s.name} ×{c}" for _, c, s in _merged_runs(plan))
+    console.print(f"gbmw:    pp {plan.pp} partition {list(plan.partition)}, {runs}, micro-batch {plan.micro_batch} × "
+                  f"{plan.num_micro_batches} — {plan.estimate.samples_per_s:.2f} samples/s, MFU {plan.estimate.mfu:.1%}, "
+                  f"peak {max(plan.estimate.stage_peak_memory_bytes) / GIB:.1f} GiB")
+    if result.speedup is not None:
+        console.print(f"estimated speed-up: {result.speedup:.2f}× (same estimator, same global batch)")
+    if result.changes:
+        console.print("ds_config changes:")
+        for line in result.changes:
+            console.print(f"  {line}")
+    if result.megatron_args:
+        console.print("Megatron arguments: " + " ".join(result.megatron_args))
+    if result.launch:
+        console.print(f"launch: {result.launch}")
+    for path in result.written:
+        console.print(f"wrote {path}")
