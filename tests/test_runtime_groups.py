@@ -1,0 +1,60 @@
+"""Rank math of the runtime's process groups, without processes."""
+
+import pytest
+
+from gbmw.errors import PlanError
+from gbmw.plan import plan_from_strategy_names
+from gbmw.spec import load_job
+from gbmw.space import Strategy
+from gbmw.adapters.runtime.groups import RankLayout, plan_group_ranks
+from gbmw.cost import activation_layout
+
+
+def test_tp_innermost_groups_are_consecutive():
+    layout = RankLayout(16, 2)
+    strategy = Strategy.parse("tp2-dp4")
+    assert layout.tensor_group(9, strategy) == (8, 9)
+    assert layout.data_group(9, strategy) == (9, 11, 13, 15)
+    assert layout.digits(13, strategy) == {"tp": 1, "dp": 2}
+    outer = Strategy.parse("dp4-tp2")
+    assert layout.tensor_group(9, outer) == (9, 13)
+    assert layout.data_group(9, outer) == (8, 9, 10, 11)
+
+
+def test_pipeline_neighbours():
+    layout = RankLayout(8, 4)
+    assert [layout.next_stage_rank(r) for r in range(8)] == [2, 3, 4, 5, 6, 7, None, None]
+    assert [layout.previous_stage_rank(r) for r in range(8)] == [None, None, 0, 1, 2, 3, 4, 5]
+
+
+@pytest.mark.parametrize("name", ["tp2-dp4", "dp4-tp2", "sdp8", "tp8", "dp2-tp2-sdp2", "tp2-z1dp4"])
+def test_groups_partition_the_stage_and_shards_match_the_cost_model(name):
+    strategy = Strategy.parse(name)
+    layout = RankLayout(16, 2)
+    for axes in (("tp",), ("dp", "z1dp", "z2dp", "sdp")):
+        groups = {layout.group(rank, strategy, axes) for rank in range(16)}
+        members = sorted(rank for group in groups for rank in group)
+        assert members == list(range(16))  # a partition of all ranks
+        assert all(layout.stage_of(min(g)) == layout.stage_of(max(g)) for g in groups)
+    # the batch slices match the activation layouts the estimator prices transitions with
+    assert tuple(layout.batch_shard(rank, strategy) for rank in range(8)) == activation_layout(strategy)
+    # ranks of one TP group see the same samples; ranks of one data group see different ones
+    for rank in range(16):
+        assert len({layout.batch_shard(r, strategy) for r in layout.tensor_group(rank, strategy)}) == 1
+        data = layout.data_group(rank, strategy)
+        assert len({layout.batch_shard(r, strategy) for r in data}) == len(data)
+
+
+def test_plan_group_pool_is_complete_and_deterministic():
+    job = load_job("bert-huge-32_rtx-titan-x8")
+    names = ["tp2-dp2"] * 10 + ["sdp4"] * 7 + ["sdp4+ckpt"] * 17
+    plan = plan_from_strategy_names(job.model, 8, names, [17, 17], 16, 4)
+    groups = plan_group_ranks(plan)
+    assert groups == plan_group_ranks(plan) and len(groups) == len(set(groups))
+    assert (0, 1) in groups and (0, 2) in groups and (4, 5, 6, 7) in groups and (0, 4) in groups
+    assert (0, 1, 2, 3) in groups  # sdp4 on stage 0
+
+
+def test_strategy_must_span_the_stage():
+    with pytest.raises(PlanError, match=r"spans 4 devices but a stage has world_size\(16\) / pp\(2\) = 8"):
+        RankLayout(16, 2).digits(0, Strategy.parse("tp4"))
