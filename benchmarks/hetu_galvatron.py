@@ -25,10 +25,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import glob
 import json
 import os
-import re
 import subprocess
 import sys
 import time

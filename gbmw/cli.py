@@ -187,7 +187,6 @@ def _run_estimate(args: argparse.Namespace) -> int:
 
 def _run_plan(args: argparse.Namespace) -> int:
     from gbmw.planner import Planner
-    from gbmw.plan import write_new_file
     from gbmw.report import plan_to_json, print_plan
     from gbmw.spec import load_job, parse_bytes
 
@@ -199,8 +198,8 @@ def _run_plan(args: argparse.Namespace) -> int:
         if path and os.path.exists(path):
             raise GbmwError(f"{path} exists; gbmw does not overwrite files — choose a new name or remove it first")
     progress, update = _progress("searching")
-    planner = Planner(job, args.variant, args.batch, args.sweep, granularity, args.exact, args.max_pp, args.target,
-                      progress=update)
+    planner = Planner(job, variant=args.variant, batch=args.batch, sweep=args.sweep, granularity_bytes=granularity,
+                      exact=args.exact, max_pp=args.max_pp, target=args.target, progress=update)
     if progress is not None:
         with progress:
             plan = planner.run()

@@ -391,8 +391,8 @@ class Planner:
 
     def _fits_with(self, budget_bytes: float) -> bool:
         job = self.job.model_copy(update={"memory_budget_bytes": int(budget_bytes)})
-        planner = Planner(job, self.variant, self.batch, self.sweep, None, False, self.max_pp, self.target,
-                          explain_failure=False)
+        planner = Planner(job, variant=self.variant, batch=self.batch, sweep=self.sweep, max_pp=self.max_pp,
+                          target=self.target, explain_failure=False)
         try:
             planner.run()
             return True
