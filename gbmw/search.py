@@ -28,11 +28,16 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
+from gbmw.errors import GbmwError
+
 MIB = 2**20
 GRID_CELLS = 4096
 """Default grid: the budget in 4096 cells (4 MiB for 16 GiB, 20 MiB for 80 GiB), at least 1 MiB;
 benchmarks/search_speed.py checks it finds plans as fast as 1 MiB cells on the bundled jobs."""
 MAX_MEMORY_UNITS = 2**24
+"""Memory units the exact engine's packed sort key allows."""
+MAX_GRID_CELLS = 2**18
+"""Cells per layout the grid may use (memory and time grow with it)."""
 
 
 def default_granularity_bytes(budget_bytes: float) -> int:
@@ -233,7 +238,7 @@ def to_units(values_bytes: np.ndarray, granularity_bytes: int) -> np.ndarray:
 def budget_units(budget_bytes: float, granularity_bytes: int) -> int:
     units = int(np.floor(budget_bytes / granularity_bytes))
     if units > MAX_MEMORY_UNITS:
-        raise ValueError(
+        raise GbmwError(
             f"memory granularity {granularity_bytes} B gives {units} units for a {budget_bytes:.0f} B budget; "
             f"use a granularity of at least {int(np.ceil(budget_bytes / MAX_MEMORY_UNITS))} B"
         )
@@ -276,6 +281,12 @@ class StageSearch:
         self.m, self.pp, self.schedule, self.exact = num_micro_batches, pp, schedule, exact
         self.granularity = granularity_bytes or default_granularity_bytes(budget_bytes)
         # the grid works in bytes with cells of `granularity`; the exact engine in whole units
+        if not exact and budget_bytes / self.granularity > MAX_GRID_CELLS:
+            raise GbmwError(
+                f"--granularity {self.granularity} B gives {budget_bytes / self.granularity:.0f} memory cells for a "
+                f"{budget_bytes / 2**30:.1f} GiB budget; the grid allows {MAX_GRID_CELLS} — use at least "
+                f"{int(np.ceil(budget_bytes / MAX_GRID_CELLS / 2**20))} MiB"
+            )
         self.budget = budget_units(budget_bytes, self.granularity) if exact else float(budget_bytes)
         self.group_size = tables.strategies[0].group_size
         self.in_flight = [in_flight_micro_batches(schedule, i, pp, num_micro_batches) for i in range(pp)]
