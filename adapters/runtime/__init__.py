@@ -1,4 +1,5 @@
 """gbmw's hybrid runtime: runs any Plan on torch.distributed (one technique per file).
 
-Only `groups` (pure rank math) exists so far; the runtime itself is being built (see the hybrid-runtime issue).
+So far: `groups` (rank math and the process-group pool) and `launch` (device, backend and
+torch.distributed start-up); the rest of the runtime is being built (see the hybrid-runtime issue).
 """

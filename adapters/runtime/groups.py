@@ -118,3 +118,44 @@ def plan_group_ranks(plan: Plan) -> list[tuple[int, ...]]:
         if following is not None:
             seen.setdefault((rank, following), None)
     return list(seen)
+
+
+class GroupPool:
+    """Every process group a plan uses, created once, in the same order on every rank (paper Sec. 6:
+    creating communicator groups is expensive, so the pool is built up front and passed explicitly).
+
+    `GroupPool(plan)` must be called on every rank after torch.distributed is initialised; `get(ranks)`
+    returns the group of exactly those global ranks (None for a single rank).
+    """
+
+    def __init__(self, plan: Plan, backend: str | None = None):
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            raise PlanError("GroupPool needs torch.distributed initialised (see gbmw.adapters.runtime.launch)")
+        if dist.get_world_size() != plan.num_devices:
+            raise PlanError(
+                f"the plan is for {plan.num_devices} devices but {dist.get_world_size()} processes were launched; "
+                f"launch {plan.num_devices} or plan again for {dist.get_world_size()}"
+            )
+        self.plan = plan
+        self.layout = RankLayout(plan.num_devices, plan.pp)
+        self.rank = dist.get_rank()
+        self._groups = {ranks: dist.new_group(list(ranks), backend=backend) for ranks in plan_group_ranks(plan)}
+
+    def get(self, ranks: tuple[int, ...]):
+        if len(ranks) == 1:
+            return None
+        try:
+            return self._groups[tuple(sorted(ranks))]
+        except KeyError:
+            raise PlanError(f"ranks {ranks} are not a group of this plan") from None
+
+    def tensor_group(self, strategy: Strategy):
+        return self.get(self.layout.tensor_group(self.rank, strategy))
+
+    def data_group(self, strategy: Strategy):
+        return self.get(self.layout.data_group(self.rank, strategy))
+
+    def __len__(self) -> int:
+        return len(self._groups)

@@ -1,0 +1,58 @@
+"""Process start-up for the runtime: the device and backend (CUDA/NCCL when present, CPU/gloo otherwise)
+and torch.distributed initialisation from what torchrun or the deepspeed launcher provides.
+
+torchrun sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT; the deepspeed launcher sets the
+same environment and also passes `--local_rank=N` on the command line.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+
+from gbmw.errors import GbmwError
+
+
+@dataclass(frozen=True)
+class ProcessContext:
+    rank: int
+    world_size: int
+    local_rank: int
+    backend: str
+    device: str
+
+
+def device_and_backend(local_rank: int) -> tuple[str, str]:
+    """("cuda:<local_rank>", "nccl") when CUDA is available, else ("cpu", "gloo")."""
+    import torch
+
+    if torch.cuda.is_available():
+        return f"cuda:{local_rank % torch.cuda.device_count()}", "nccl"
+    return "cpu", "gloo"
+
+
+def init_distributed(timeout_s: float = 300.0, local_rank: int | None = None) -> ProcessContext:
+    """Initialise torch.distributed from the launcher's environment (one process when none is set)."""
+    import torch
+    import torch.distributed as dist
+
+    environment = os.environ
+    if "RANK" not in environment or "WORLD_SIZE" not in environment:
+        rank, world_size = 0, 1
+        environment.setdefault("MASTER_ADDR", "127.0.0.1")
+        environment.setdefault("MASTER_PORT", "29500")
+    else:
+        try:
+            rank, world_size = int(environment["RANK"]), int(environment["WORLD_SIZE"])
+        except ValueError:
+            raise GbmwError(f"RANK={environment['RANK']!r} / WORLD_SIZE={environment['WORLD_SIZE']!r} are not "
+                            "integers; start gbmw with torchrun or the deepspeed launcher") from None
+    local = local_rank if local_rank is not None else int(environment.get("LOCAL_RANK", rank))
+    device, backend = device_and_backend(local)
+    if device.startswith("cuda"):
+        torch.cuda.set_device(device)
+    if not dist.is_initialized():
+        dist.init_process_group(backend, rank=rank, world_size=world_size,
+                                timeout=datetime.timedelta(seconds=timeout_s))
+    return ProcessContext(rank, world_size, local, backend, device)
