@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import subprocess
 import sys
 from functools import lru_cache
 from pathlib import Path
 
 import pytest
+from golden import check_golden
 
 import gbmw
 from gbmw.adapters import deepspeed as ds
@@ -26,7 +26,6 @@ from gbmw.plan import Plan, plan_from_strategy_names
 from gbmw.planner import Planner
 
 GOLDEN = Path(__file__).parent / "golden" / "deepspeed"
-UPDATE_GOLDEN = os.environ.get("GBMW_UPDATE_GOLDEN") == "1"
 
 
 @lru_cache(maxsize=None)
@@ -69,12 +68,7 @@ def golden_config(case) -> tuple[dict, Plan]:
 def test_emitted_config_matches_golden_file(case):
     config, _ = golden_config(case)
     text = ds.dumps_config(config)
-    path = GOLDEN / f"{case[0]}.json"
-    if UPDATE_GOLDEN:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-    assert path.exists(), f"{path} is missing; create it with GBMW_UPDATE_GOLDEN=1"
-    assert text == path.read_text(), f"{path.name} drifted; if intended, regenerate with GBMW_UPDATE_GOLDEN=1"
+    check_golden(GOLDEN / f"{case[0]}.json", text)
 
 
 def test_batch_identity_uses_the_data_parallel_size():

@@ -8,13 +8,13 @@ Regenerate the golden files after an intended change with
 from __future__ import annotations
 
 import dataclasses
-import os
 import shlex
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from golden import check_golden
 
 import gbmw
 from gbmw.adapters.megatron import (
@@ -31,7 +31,6 @@ from gbmw.plan import Plan, check_expressible, megatron_partition, plan_from_str
 from gbmw.space import Strategy
 
 GOLDEN_DIR = Path(__file__).parent / "golden" / "megatron"
-UPDATE_GOLDEN = os.environ.get("GBMW_UPDATE_GOLDEN") == "1"
 UNEVEN_39B = "uneven:tp8-z1dp2:24,26:1536:768"
 """gpt3-39b on 32 A100s as Planner(job with a 40GiB budget, target="megatron-core") plans it:
 tp8-z1dp2 everywhere, 23 blocks (+ embedding) on stage 0 and 25 (+ head) on stage 1."""
@@ -124,12 +123,7 @@ def test_golden_arguments(name):
         "# launch",
         launch_line(plan, job, target=target),
     ]) + "\n"
-    path = GOLDEN_DIR / f"{name}.txt"
-    if UPDATE_GOLDEN:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-    assert path.exists(), f"{path} is missing; create it with GBMW_UPDATE_GOLDEN=1"
-    assert text == path.read_text(), f"{path.name} drifted; if intended, regenerate with GBMW_UPDATE_GOLDEN=1"
+    check_golden(GOLDEN_DIR / f"{name}.txt", text)
 
 
 def test_uneven_golden_plan_has_first_and_last_flags():
