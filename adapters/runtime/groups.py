@@ -17,6 +17,8 @@ from gbmw.errors import PlanError
 from gbmw.plan import Plan
 from gbmw.space import DATA_PARALLEL_AXES, Strategy
 
+from .tied_weights import tie_group_ranks
+
 
 @dataclass(frozen=True)
 class RankLayout:
@@ -100,7 +102,8 @@ class RankLayout:
 
 def plan_group_ranks(plan: Plan) -> list[tuple[int, ...]]:
     """Every group of two or more ranks the plan uses — TP and data-parallel groups of each layer's
-    strategy, per-axis groups of multi-axis data parallelism, and pipeline neighbours — once each, in
+    strategy, per-axis groups of multi-axis data parallelism, each stage, the first and last stages
+    together (tied embeddings), and pipeline neighbours — once each, in
     a deterministic order (torch.distributed.new_group must be called in the same order everywhere)."""
     layout = RankLayout(plan.num_devices, plan.pp)
     seen: dict[tuple[int, ...], None] = {}
@@ -113,6 +116,13 @@ def plan_group_ranks(plan: Plan) -> list[tuple[int, ...]]:
                     group = layout.group(rank, strategy, axes)
                     if len(group) > 1:
                         seen.setdefault(group, None)
+    for stage in range(plan.pp):  # Slice-Gather between layers runs over the whole stage
+        stage_ranks = tuple(range(stage * layout.stage_size, (stage + 1) * layout.stage_size))
+        if len(stage_ranks) > 1:
+            seen.setdefault(stage_ranks, None)
+    first_and_last = tie_group_ranks(plan)  # tied embedding/head gradients (tied_weights)
+    if len(first_and_last) > 1:
+        seen.setdefault(first_and_last, None)
     for rank in range(plan.num_devices):
         following = layout.next_stage_rank(rank)
         if following is not None:
@@ -150,6 +160,12 @@ class GroupPool:
             return self._groups[tuple(sorted(ranks))]
         except KeyError:
             raise PlanError(f"ranks {ranks} are not a group of this plan") from None
+
+    def stage_group(self):
+        """All ranks of this rank's pipeline stage (None for a one-device stage)."""
+        stage = self.layout.stage_of(self.rank)
+        size = self.layout.stage_size
+        return self.get(tuple(range(stage * size, (stage + 1) * size)))
 
     def tensor_group(self, strategy: Strategy):
         return self.get(self.layout.tensor_group(self.rank, strategy))

@@ -1,0 +1,271 @@
+"""The training engine: a Plan and a model architecture → this rank's pipeline stage and its train step.
+
+Composition, in a fixed order for every layer of the stage (torchtitan's order: TP → checkpointing →
+sharding):
+1. build the layer with its strategy's TP group (tensor_parallel, megatron-core layers);
+2. wrap it for activation checkpointing when the strategy says `+ckpt` (torch's checkpoint_wrapper:
+   only the layer input is stashed, the rest is recomputed in backward);
+3. shard it over its data-parallel group when the strategy uses sdp/z1dp/z2dp (sharding, FSDP2);
+4. set its weights from full tensors (initial values by parameter name, or a checkpoint), sliced for
+   this rank — so every plan, and single-process training, starts from the same model.
+Between layers whose strategies slice the micro-batch differently the activation is re-laid
+(redistribute, Slice-Gather); stages run 1F1B (pipeline); gradients are synchronised after the last
+micro-batch (sharding); tied weights are summed across their copies (tied_weights); Adam steps.
+
+Loss arithmetic: the objective is the mean over the global batch of each sample's loss, i.e. the mean
+over the m micro-batches of the mean over each micro-batch. A rank whose head sees 1/k of a micro-batch
+back-propagates (its local mean) / (k · m): its exact share. Every gradient is then a partial sum over
+this rank's samples, and data-parallel groups SUM them (never average), whatever their degree.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from gbmw.errors import PlanError
+from gbmw.plan import Plan
+from gbmw.space import Strategy
+
+from .groups import GroupPool
+from .model import build_layer, check_runtime_supports, initial_value, layer_names
+from .pipeline import PipelineLinks, run_schedule
+from .redistribute import BatchLayout, relayout
+from .sharding import LayerDataParallel, data_parallel_flavour, full_value, local_value, shard_like
+from .tensor_parallel import TensorParallel, gather_full, partition_dims, shard_for_rank
+from .tied_weights import TiedWeights
+
+PRECISION_DTYPES = {"fp32": None, "bf16": torch.bfloat16}
+"""Parameters and optimizer states stay fp32; bf16 runs the layers under autocast."""
+
+
+@dataclass(frozen=True)
+class AdamSettings:
+    learning_rate: float = 1e-4
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+
+
+@dataclass
+class StageLayer:
+    """One plan layer as this rank runs it."""
+
+    index: int
+    name: str
+    strategy: Strategy
+    module: nn.Module
+    tp: TensorParallel
+    data_parallel: LayerDataParallel
+    layout: BatchLayout
+    """Which slice of each micro-batch every rank of the stage holds for this layer."""
+    split_dims: dict[str, int | None]
+    """Parameter name (inside the layer) → the dim TP splits it along (None: replicated)."""
+    parameters: dict[str, nn.Parameter]
+    """Parameter name (inside the layer, wrappers' prefixes removed) → this rank's parameter."""
+
+
+class HybridEngine:
+    """Runs one Plan on the processes of a GroupPool; every rank constructs it with the same arguments."""
+
+    def __init__(self, plan: Plan, architecture: Any, pool: GroupPool, device: str | torch.device, *, seed: int = 0,
+                 adam: AdamSettings = AdamSettings()):
+        check_runtime_supports(architecture)
+        names = layer_names(architecture)
+        if len(names) != len(plan.strategies):
+            raise PlanError(
+                f"the plan has {len(plan.strategies)} layer strategies but model {architecture.name} has "
+                f"{len(names)} layers ({names[0]} … {names[-1]}); plan again for this model"
+            )
+        if plan.precision not in PRECISION_DTYPES:
+            raise PlanError(f"plan precision {plan.precision!r}: the runtime trains in {list(PRECISION_DTYPES)} "
+                            "(fp16 would need loss scaling); plan the job with precision bf16 or fp32")
+        self.plan, self.architecture, self.pool, self.seed = plan, architecture, pool, seed
+        self.device = torch.device(device)
+        self.layout = pool.layout
+        self.rank = pool.rank
+        self.stage = self.layout.stage_of(self.rank)
+        self.local_rank = self.layout.local_rank(self.rank)
+        self.stage_group = pool.stage_group()
+        first, end = plan.stage_bounds[self.stage]
+        self.layers = [self._build(index, names[index], plan.strategies[index]) for index in range(first, end)]
+        self.previous_layout = (
+            BatchLayout.of(self.layout, self.stage - 1, plan.strategies[first - 1]) if self.stage > 0 else None
+        )
+        self.tied = TiedWeights(architecture, plan, pool, self.layers)
+        self._set_weights(lambda name, shape: initial_value(self.tied.source_name(name), shape, seed))
+        self.adam = adam
+        self.optimizer = torch.optim.Adam(self._all_parameters(), lr=adam.learning_rate, betas=adam.betas,
+                                          eps=adam.eps, weight_decay=0.0, foreach=False)
+        self.links = PipelineLinks(self.layout.previous_stage_rank(self.rank), self.layout.next_stage_rank(self.rank))
+        self.autocast_dtype = PRECISION_DTYPES[plan.precision]
+        self.step = 0
+
+    # ------------------------------------------------------------------ construction
+
+    def _build(self, index: int, name: str, strategy: Strategy) -> StageLayer:
+        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+        tp = TensorParallel(self.pool.tensor_group(strategy), strategy.tp,
+                            self.layout.digits(self.rank, strategy).get("tp", 0))
+        module = build_layer(self.architecture, name, tp).to(self.device)
+        split_dims = partition_dims(module)
+        if strategy.ckpt:
+            module = checkpoint_wrapper(module)
+        data_parallel = LayerDataParallel(data_parallel_flavour(strategy), self.pool.data_group(strategy),
+                                          strategy.data_parallel)
+        module = data_parallel.wrap(module, self.device.type)
+        parameters = {_canonical(key): parameter for key, parameter in module.named_parameters()}
+        layout = BatchLayout.of(self.layout, self.stage, strategy)
+        return StageLayer(index, name, strategy, module, tp, data_parallel, layout, split_dims, parameters)
+
+    def _all_parameters(self) -> list[nn.Parameter]:
+        return [parameter for layer in self.layers for parameter in layer.parameters.values()]
+
+    @torch.no_grad()
+    def _set_weights(self, full_tensor) -> None:
+        """Every parameter from `full_tensor(full name, full shape)`, sliced for this rank's TP and DP."""
+        for layer in self.layers:
+            for key, parameter in layer.parameters.items():
+                dim = layer.split_dims[key]
+                shape = list(parameter.shape)
+                if dim is not None:
+                    shape[dim] *= layer.tp.size
+                full = full_tensor(f"{layer.name}.{key}", torch.Size(shape))
+                local = shard_for_rank(full, dim, layer.tp)
+                local_value(parameter).copy_(local_value(shard_like(local, parameter)))
+
+    # ------------------------------------------------------------------ training
+
+    def train_step(self, batch: dict[str, torch.Tensor]) -> float:
+        """One iteration on the global batch (the same full batch on every rank); returns the mean loss."""
+        plan = self.plan
+        if len(batch["inputs"]) != plan.global_batch:
+            raise PlanError(f"batch of {len(batch['inputs'])} samples, but the plan's global batch is "
+                            f"{plan.global_batch}")
+        micro, count = plan.micro_batch, plan.num_micro_batches
+        stashed: dict[int, tuple[torch.Tensor | None, torch.Tensor]] = {}
+        loss_share = torch.zeros((), device=self.device)
+
+        def micro_slice(key: str, index: int) -> torch.Tensor:
+            return batch[key][index * micro:(index + 1) * micro].to(self.device)
+
+        def forward(index: int, received: torch.Tensor | None) -> torch.Tensor | None:
+            nonlocal loss_share
+            if received is None:
+                x, previous, leaf = micro_slice("inputs", index), self.layers[0].layout, None
+                x = previous.take(x, self.local_rank)
+            else:
+                leaf = received.requires_grad_()
+                x, previous = leaf, self.previous_layout
+            with torch.autocast(self.device.type, self.autocast_dtype, enabled=self.autocast_dtype is not None):
+                for layer in self.layers:
+                    x = relayout(x, previous, layer.layout, self.local_rank, self.stage_group)
+                    previous = layer.layout
+                    self._seed_dropout(index, layer)
+                    if layer.name == "head":
+                        labels = {key: layer.layout.take(micro_slice(key, index), self.local_rank)
+                                  for key in batch if key != "inputs"}
+                        loss = layer.module(x, labels) / (layer.layout.slices * count)
+                        loss_share = loss_share + loss.detach() / layer.tp.size
+                        stashed[index] = (leaf, loss)
+                        return None
+                    x = layer.module(x)
+            stashed[index] = (leaf, x)
+            return x.detach().contiguous()
+
+        def backward(index: int, grad: torch.Tensor | None) -> torch.Tensor | None:
+            for layer in self.layers:
+                layer.data_parallel.set_gradient_sync(layer.module, index == count - 1)
+            leaf, output = stashed.pop(index)
+            torch.autograd.backward(output, grad)
+            return None if leaf is None else leaf.grad
+
+        run_schedule(self.stage, self.plan.pp, count, self.links, forward, backward, self._boundary_shape)
+        for layer in self.layers:
+            layer.data_parallel.synchronise(layer.module)
+        self.tied.synchronise_gradients()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        dist.all_reduce(loss_share)  # only the last stage holds loss shares; TP copies were divided out
+        return float(loss_share)
+
+    def _boundary_shape(self, which: str) -> tuple[tuple[int, ...], torch.dtype, torch.device]:
+        """Shape of the activation received from the previous stage ("in") or its gradient from the next ("out")."""
+        layout = self.previous_layout if which == "in" else self.layers[-1].layout
+        rows = self.plan.micro_batch // layout.slices
+        dtype = self.autocast_dtype or torch.float32
+        return (rows, self.architecture.seq_length, self.architecture.hidden_size), dtype, self.device
+
+    def _seed_dropout(self, micro_index: int, layer: StageLayer) -> None:
+        """Dropout masks are a function of (seed, step, micro-batch, layer, batch slice): identical on the TP
+        ranks that share a slice, reproduced exactly when a checkpointed layer is recomputed."""
+        if not getattr(self.architecture, "dropout", False):
+            return
+        slice_index = layer.layout.slice_of_rank[self.local_rank]
+        key = f"{self.seed}/{self.step}/{micro_index}/{layer.index}/{slice_index}"
+        torch.manual_seed(zlib.crc32(key.encode()))
+
+    # ------------------------------------------------------------------ full tensors (checkpoints, tests)
+
+    def full_state(self) -> dict[str, dict[str, torch.Tensor]]:
+        """Per layer of this stage: full parameters and Adam states by name (collective over the stage)."""
+        result = {}
+        for layer in self.layers:
+            tensors: dict[str, torch.Tensor] = {}
+            for key, parameter in layer.parameters.items():
+                if self.tied.is_copy(f"{layer.name}.{key}"):
+                    continue  # restored from the embedding's copy
+                dim = layer.split_dims[key]
+                tensors[key] = gather_full(full_value(parameter.detach()), dim, layer.tp).cpu()
+                state = self.optimizer.state.get(parameter, {})
+                for moment in ("exp_avg", "exp_avg_sq"):
+                    if moment in state:
+                        tensors[f"{key}#{moment}"] = gather_full(full_value(state[moment]), dim, layer.tp).cpu()
+            result[layer.name] = tensors
+        return result
+
+    @torch.no_grad()
+    def load_full_state(self, layers: dict[str, dict[str, torch.Tensor]], step: int) -> None:
+        """Set parameters and Adam states from full tensors (as `full_state` returns), resharded for this plan."""
+        self._set_weights(lambda name, shape: _lookup(layers, self.tied.source_name(name), shape))
+        for layer in self.layers:
+            for key, parameter in layer.parameters.items():
+                dim = layer.split_dims[key]
+                moments = {}
+                for moment in ("exp_avg", "exp_avg_sq"):
+                    name = self.tied.source_name(f"{layer.name}.{key}")
+                    full = _lookup(layers, f"{name}#{moment}", None)
+                    moments[moment] = shard_like(shard_for_rank(full, dim, layer.tp), parameter).detach()
+                self.optimizer.state[parameter] = {"step": torch.tensor(float(step)), **moments}
+        self.step = step
+
+
+def _lookup(layers: dict[str, dict[str, torch.Tensor]], full_name: str, shape) -> torch.Tensor:
+    layer_name, key = _split_layer(layers, full_name)
+    if key not in layers[layer_name]:
+        raise PlanError(f"checkpoint layer {layer_name} has no tensor {key!r}: the checkpoint is of another model")
+    tensor = layers[layer_name][key]
+    if shape is not None and tensor.shape != shape:
+        raise PlanError(f"checkpoint tensor {full_name} has shape {tuple(tensor.shape)}, the model needs "
+                        f"{tuple(shape)}: the checkpoint is of another model")
+    return tensor
+
+
+def _split_layer(layers: dict[str, Any], full_name: str) -> tuple[str, str]:
+    for layer_name in layers:
+        if full_name.startswith(layer_name + "."):
+            return layer_name, full_name[len(layer_name) + 1:]
+    raise PlanError(f"checkpoint has no tensor {full_name}")
+
+
+def _canonical(name: str) -> str:
+    """A parameter's name inside its layer, without wrapper prefixes (checkpoint_wrapper's)."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import _CHECKPOINT_PREFIX
+
+    return name.replace(_CHECKPOINT_PREFIX, "")

@@ -1,0 +1,216 @@
+"""The runtime's Transformer layers, built one plan layer at a time (GPT decoder and BERT encoder stacks).
+
+The planner's ModelSpec (gbmw.models) lists the layers `embedding`, `decoder.<i>` / `encoder.<i>` and
+`head`; `build_layer(architecture, name, tp)` builds exactly that layer as a module, so a plan's
+per-layer strategies map 1:1 onto modules and parameter names are `<layer>.<parameter>`
+(`decoder.3.attention.qkv.weight`) in every plan — the key of plan-independent checkpoints.
+
+Each layer is written once and takes its TP group (`TensorParallel`); with one device it is the plain
+single-process layer. Attention keeps Megatron's per-head weight layout ([heads, (q, k, v), head_dim]
+rows of the fused QKV matrix) so a column split over TP ranks gives each rank whole heads.
+
+Supported here: GPT-2/3-style decoders (LayerNorm, learned positions, GELU MLP, optional biases) and
+BERT encoders (post-norm, token types, MLM + next-sentence heads). Other options (rotary positions,
+RMSNorm, gated MLPs, grouped-query attention) are refused by `check_runtime_supports` with the field
+that would have to change. The vocabulary is padded to a multiple of 128 as Megatron does
+(`--make-vocab-size-divisible-by`), in every plan alike, so any power-of-two TP degree up to 128 divides it.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from gbmw.errors import PlanError
+from gbmw.models import BERTArchitecture, GPTArchitecture
+
+from .tensor_parallel import TensorParallel
+
+VOCAB_PADDING_MULTIPLE = 128
+DROPOUT_PROBABILITY = 0.1
+"""Hidden and attention dropout when an architecture says `dropout: true` (GPT-2/3 and BERT's value)."""
+INIT_STD = 0.02
+
+
+def padded_vocab_size(vocab_size: int) -> int:
+    return math.ceil(vocab_size / VOCAB_PADDING_MULTIPLE) * VOCAB_PADDING_MULTIPLE
+
+
+def check_runtime_supports(architecture: Any) -> None:
+    """One clear error naming the architecture field the runtime cannot train yet."""
+    where = f"model {architecture.name}"
+    if not isinstance(architecture, (GPTArchitecture, BERTArchitecture)):
+        raise PlanError(f"{where}: the runtime trains `family: gpt` and `family: bert` models; "
+                        f"`family: {architecture.family}` is planned but not yet run by gbmw's runtime")
+    if isinstance(architecture, GPTArchitecture):
+        unsupported = {
+            "position_embedding": (architecture.position_embedding, "learned"),
+            "norm": (architecture.norm, "layer"),
+            "gated_mlp": (architecture.gated_mlp, False),
+        }
+        if architecture.num_kv_heads not in (None, architecture.num_heads):
+            unsupported["num_kv_heads"] = (architecture.num_kv_heads, architecture.num_heads)
+        for field_name, (value, works) in unsupported.items():
+            if value != works:
+                raise PlanError(f"{where}: field `{field_name}`: value {value!r} — the runtime supports {works!r}")
+
+
+def layer_names(architecture: Any) -> list[str]:
+    """The layer names of the planner's ModelSpec for this architecture, in order."""
+    body = "decoder" if isinstance(architecture, GPTArchitecture) else "encoder"
+    return ["embedding"] + [f"{body}.{index}" for index in range(architecture.num_layers)] + ["head"]
+
+
+def build_layer(architecture: Any, name: str, tp: TensorParallel, dtype: torch.dtype = torch.float32) -> nn.Module:
+    """The module of one plan layer, its parameters uninitialised (see `initial_value`)."""
+    bert = isinstance(architecture, BERTArchitecture)
+    dropout = DROPOUT_PROBABILITY if architecture.dropout else 0.0
+    if name == "embedding":
+        return Embedding(architecture, tp, dtype, dropout)
+    if name == "head":
+        return (BERTHead if bert else GPTHead)(architecture, tp, dtype)
+    return TransformerBlock(
+        hidden=architecture.hidden_size,
+        heads=architecture.num_heads,
+        ffn=architecture.ffn_hidden_size or 4 * architecture.hidden_size,
+        bias=getattr(architecture, "bias", True),
+        causal=not bert,
+        post_norm=bert,
+        dropout=dropout,
+        tp=tp,
+        dtype=dtype,
+    )
+
+
+def initial_value(parameter_name: str, shape: torch.Size, seed: int) -> torch.Tensor:
+    """The full initial tensor of a parameter, a function of its name and the seed only — so every plan,
+    and the single-process model, starts from identical weights. GPT-2's scheme: N(0, 0.02) for
+    matrices and embeddings, ones for norm weights, zeros for biases."""
+    leaf = parameter_name.rsplit(".", 1)[-1]
+    if leaf == "bias":
+        return torch.zeros(shape)
+    if ".norm" in parameter_name or parameter_name.rsplit(".", 2)[-2].endswith("norm"):
+        return torch.ones(shape)
+    generator = torch.Generator().manual_seed((seed * 1_000_003 + zlib.crc32(parameter_name.encode())) % 2**63)
+    return torch.randn(shape, generator=generator) * INIT_STD
+
+
+class Embedding(nn.Module):
+    """Token (vocabulary-parallel) + learned position (+ BERT token-type and LayerNorm) embeddings."""
+
+    def __init__(self, architecture: Any, tp: TensorParallel, dtype: torch.dtype, dropout: float):
+        super().__init__()
+        hidden = architecture.hidden_size
+        self.word = tp.vocab_embedding(padded_vocab_size(architecture.vocab_size), hidden, dtype)
+        positions = getattr(architecture, "max_position_embeddings", None) or architecture.seq_length
+        self.position = nn.Embedding(positions, hidden, dtype=dtype)
+        bert = isinstance(architecture, BERTArchitecture)
+        self.token_type = nn.Embedding(architecture.type_vocab_size, hidden, dtype=dtype) if bert else None
+        self.norm = nn.LayerNorm(hidden, dtype=dtype) if bert else None
+        self.dropout = dropout
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(tokens.size(1), device=tokens.device)
+        hidden = self.word(tokens) + self.position(positions)
+        if self.token_type is not None:
+            hidden = hidden + self.token_type.weight[0]  # every token of the synthetic data is segment A
+        if self.norm is not None:
+            hidden = self.norm(hidden)
+        return F.dropout(hidden, self.dropout, self.training)
+
+
+class TransformerBlock(nn.Module):
+    """Self-attention + MLP with Megatron's TP split: QKV and fc1 column-parallel, proj and fc2 row-parallel."""
+
+    def __init__(self, hidden: int, heads: int, ffn: int, bias: bool, causal: bool, post_norm: bool, dropout: float,
+                 tp: TensorParallel, dtype: torch.dtype):
+        super().__init__()
+        if heads % tp.size or ffn % tp.size:
+            raise PlanError(f"TP degree {tp.size} must divide the heads ({heads}) and the MLP width ({ffn})")
+        self.local_heads, self.head_dim = heads // tp.size, hidden // heads
+        self.causal, self.post_norm, self.dropout = causal, post_norm, dropout
+        self.attention_norm = nn.LayerNorm(hidden, dtype=dtype)
+        self.attention = nn.Module()
+        self.attention.qkv = tp.column_linear(hidden, 3 * hidden, bias, dtype)
+        self.attention.proj = tp.row_linear(hidden, hidden, bias, dtype)
+        self.mlp_norm = nn.LayerNorm(hidden, dtype=dtype)
+        self.mlp = nn.Module()
+        self.mlp.fc1 = tp.column_linear(hidden, ffn, bias, dtype)
+        self.mlp.fc2 = tp.row_linear(ffn, hidden, bias, dtype)
+
+    def _attend(self, x: torch.Tensor) -> torch.Tensor:
+        batch, tokens, _ = x.shape
+        qkv = self.attention.qkv(x).view(batch, tokens, self.local_heads, 3, self.head_dim)
+        query, key, value = (part.transpose(1, 2) for part in qkv.unbind(3))
+        context = F.scaled_dot_product_attention(query, key, value, is_causal=self.causal,
+                                                 dropout_p=self.dropout if self.training else 0.0)
+        context = context.transpose(1, 2).reshape(batch, tokens, self.local_heads * self.head_dim)
+        return F.dropout(self.attention.proj(context), self.dropout, self.training)
+
+    def _feed_forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.dropout(self.mlp.fc2(F.gelu(self.mlp.fc1(x))), self.dropout, self.training)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.post_norm:  # BERT
+            x = self.attention_norm(x + self._attend(x))
+            return self.mlp_norm(x + self._feed_forward(x))
+        x = x + self._attend(self.attention_norm(x))
+        return x + self._feed_forward(self.mlp_norm(x))
+
+
+class GPTHead(nn.Module):
+    """Final LayerNorm, vocabulary-parallel output projection and cross-entropy: the mean loss per token."""
+
+    def __init__(self, architecture: GPTArchitecture, tp: TensorParallel, dtype: torch.dtype):
+        super().__init__()
+        self.tp = tp
+        self.norm = nn.LayerNorm(architecture.hidden_size, dtype=dtype)
+        self.output = tp.column_linear(architecture.hidden_size, padded_vocab_size(architecture.vocab_size), False,
+                                       dtype)
+
+    def forward(self, x: torch.Tensor, labels: dict[str, torch.Tensor]) -> torch.Tensor:
+        logits = self.output(self.norm(x))
+        return self.tp.cross_entropy(logits, labels["tokens"]).mean()
+
+
+class BERTHead(nn.Module):
+    """MLM transform (dense, GELU, LayerNorm) and vocabulary projection; pooler and next-sentence classifier.
+    The loss is the mean masked-LM loss per token plus the mean next-sentence loss."""
+
+    def __init__(self, architecture: BERTArchitecture, tp: TensorParallel, dtype: torch.dtype):
+        super().__init__()
+        hidden = architecture.hidden_size
+        self.tp = tp
+        self.transform = nn.Linear(hidden, hidden, dtype=dtype)
+        self.norm = nn.LayerNorm(hidden, dtype=dtype)
+        self.output = tp.column_linear(hidden, padded_vocab_size(architecture.vocab_size), False, dtype)
+        self.pooler = nn.Linear(hidden, hidden, dtype=dtype)
+        self.next_sentence = nn.Linear(hidden, 2, dtype=dtype)
+
+    def forward(self, x: torch.Tensor, labels: dict[str, torch.Tensor]) -> torch.Tensor:
+        logits = self.output(self.norm(F.gelu(self.transform(x))))
+        masked_lm = self.tp.cross_entropy(logits, labels["tokens"]).mean()
+        pooled = torch.tanh(self.pooler(x[:, 0]))
+        next_sentence = F.cross_entropy(self.next_sentence(pooled).float(), labels["next_sentence"])
+        return masked_lm + next_sentence
+
+
+def synthetic_batch(architecture: Any, global_batch: int, step: int, seed: int) -> dict[str, torch.Tensor]:
+    """A reproducible batch of random tokens (the same on every rank): `inputs` for the embedding and
+    `tokens` (+ `next_sentence` for BERT) as labels for the head; every tensor has the batch first."""
+    generator = torch.Generator().manual_seed(seed * 7919 + step)
+    length, vocab = architecture.seq_length, architecture.vocab_size
+    if isinstance(architecture, GPTArchitecture):
+        sequence = torch.randint(vocab, (global_batch, length + 1), generator=generator)
+        return {"inputs": sequence[:, :-1].contiguous(), "tokens": sequence[:, 1:].contiguous()}
+    inputs = torch.randint(vocab, (global_batch, length), generator=generator)
+    return {
+        "inputs": inputs,
+        "tokens": torch.randint(vocab, (global_batch, length), generator=generator),
+        "next_sentence": torch.randint(2, (global_batch,), generator=generator),
+    }

@@ -1,0 +1,107 @@
+"""Data parallelism of one layer: plain DP (gradient all-reduce) or sharded DP (ZeRO; paper Sec. 2.1).
+
+Which implementation and why:
+- `dp`: the layer's gradients are summed over its data-parallel group once per iteration, after the
+  last micro-batch's backward (paper App. C: the last micro-batch carries the gradient
+  synchronisation), one flat buffer per layer. Nothing is sharded.
+- `sdp` (ZeRO-3), `z2dp` (ZeRO-2) and `z1dp` (ZeRO-1): torch FSDP2 `fully_shard` on the layer's own
+  data-parallel group (a one-dimensional DeviceMesh over that group). gbmw plans choose the strategy
+  per layer, so neighbouring layers shard over different groups; DeepSpeed's ZeRO engine shards
+  every parameter of a model over one data-parallel group and cannot express that, while FSDP2
+  wraps each layer with its own mesh, composes with megatron-core's TP parameters (it shards each
+  rank's TP slice) and runs on gloo. `sdp` frees the gathered parameters after forward and gathers
+  them again for backward; `z1dp`/`z2dp` keep them gathered from forward to backward
+  (`reshard_after_forward=False`) — ZeRO-2's behaviour; ZeRO-1 is run as ZeRO-2, whose gradients
+  are sharded as well: less memory than the estimator counts for ZeRO-1, the same arithmetic.
+
+Gradients are SUMMED over the group, never averaged: each rank back-propagates its own share of the
+global loss (see gbmw.adapters.runtime.engine), so layers with different data-parallel degrees get
+exact gradients without rescaling.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+from gbmw.errors import PlanError
+from gbmw.space import DATA_PARALLEL_AXES, Strategy
+
+SHARDED_FLAVOURS = ("sdp", "z2dp", "z1dp")
+
+
+def data_parallel_flavour(strategy: Strategy) -> str | None:
+    """The one data-parallel axis of a strategy (None without data parallelism)."""
+    axes = [axis for axis, _ in strategy.dims if axis in DATA_PARALLEL_AXES]
+    if len(axes) > 1:
+        raise PlanError(
+            f"strategy {strategy.name} mixes data-parallel flavours {axes}; the runtime runs one per layer "
+            "(the paper's space never mixes dp and sdp, Takeaway #3): use one of them at their product degree"
+        )
+    return axes[0] if axes else None
+
+
+@dataclass
+class LayerDataParallel:
+    """How one layer's gradients are synchronised on this rank."""
+
+    flavour: str | None
+    group: object
+    size: int
+
+    @property
+    def sharded(self) -> bool:
+        return self.flavour in SHARDED_FLAVOURS
+
+    def wrap(self, module: nn.Module, device_type: str) -> nn.Module:
+        """Apply FSDP2 for sharded flavours (in place; returns the module)."""
+        if not self.sharded or self.size == 1:
+            return module
+        from torch.distributed.device_mesh import DeviceMesh
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = DeviceMesh.from_group(self.group, device_type)
+        fully_shard(module, mesh=mesh, reshard_after_forward=self.flavour == "sdp")
+        module.set_gradient_divide_factor(1.0)  # sum, not average (see the module docstring)
+        module.set_force_sum_reduction_for_comms(True)  # gloo has no PREMUL_SUM
+        return module
+
+    def set_gradient_sync(self, module: nn.Module, enabled: bool) -> None:
+        """Sharded layers reduce-scatter during backward only when enabled (the last micro-batch)."""
+        if self.sharded and self.size > 1:
+            module.set_requires_gradient_sync(enabled)
+
+    def synchronise(self, module: nn.Module) -> None:
+        """Plain DP: sum the accumulated gradients over the group (one flat buffer per layer)."""
+        if self.sharded or self.size == 1:
+            return
+        grads = [parameter.grad for parameter in module.parameters() if parameter.grad is not None]
+        if not grads:
+            return
+        flat = _flatten_dense_tensors(grads)
+        dist.all_reduce(flat, group=self.group)
+        for grad, reduced in zip(grads, _unflatten_dense_tensors(flat, grads)):
+            grad.copy_(reduced)
+
+
+def local_value(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a parameter (FSDP2 parameters are DTensors; others are plain tensors)."""
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
+
+
+def full_value(tensor: torch.Tensor) -> torch.Tensor:
+    """The data-parallel-unsharded tensor (a collective over the layer's group for DTensors)."""
+    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+
+
+def shard_like(full: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """`full` laid out as `like`: a DTensor with like's mesh and placements (no communication), or itself."""
+    if not hasattr(like, "device_mesh"):
+        return full.to(like.device, like.dtype)
+    from torch.distributed.tensor import distribute_tensor
+
+    return distribute_tensor(full.to(like.device, like.dtype), like.device_mesh, like.placements, src_data_rank=None)

@@ -1,0 +1,78 @@
+"""Tied input and output embeddings across layers, stages and strategies (GPT-2/3, BERT).
+
+The output projection of the head shares its matrix with the token embedding. In a gbmw plan the two
+layers may sit on different pipeline stages, with different TP degrees and data-parallel flavours, so
+each holds its own copy (as Megatron keeps one on the first and one on the last stage), both start
+from the same tensor (the embedding's), and after every backward the gradient of each copy is
+replaced by the sum of both: every rank of the stages holding a copy assembles the full gradient of
+its copies (gathering TP slices and ZeRO shards), the sums are all-reduced over the union of those
+stages, and each rank keeps its slice again. The copies then take identical Adam steps and stay equal.
+Checkpoints store the embedding's copy only; the head's is restored from it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from gbmw.plan import Plan
+
+from .sharding import full_value, shard_like
+from .tensor_parallel import gather_full, shard_for_rank
+
+EMBEDDING_WEIGHT = "embedding.word.weight"
+HEAD_WEIGHT = "head.output.weight"
+
+
+def ties_embeddings(architecture: Any) -> bool:
+    """GPT recipes say `tie_embeddings`; BERT's MLM decoder is always tied to the word embedding."""
+    return bool(getattr(architecture, "tie_embeddings", True))
+
+
+def tie_group_ranks(plan: Plan) -> tuple[int, ...]:
+    """The ranks of the first and the last stage (the stages holding the embedding and the head)."""
+    size = plan.num_devices // plan.pp
+    ranks = set(range(size)) | set(range(plan.num_devices - size, plan.num_devices))
+    return tuple(sorted(ranks))
+
+
+class TiedWeights:
+    def __init__(self, architecture: Any, plan: Plan, pool, layers: list) -> None:
+        self.enabled = ties_embeddings(architecture)
+        self.copies = []
+        if not self.enabled:
+            return
+        for layer in layers:
+            for key in layer.parameters:
+                if f"{layer.name}.{key}" in (EMBEDDING_WEIGHT, HEAD_WEIGHT):
+                    self.copies.append((layer, key))
+        ranks = tie_group_ranks(plan)
+        self.group = pool.get(ranks) if pool.rank in ranks else None
+        self.copy_holders = plan.num_devices // plan.pp
+
+    def source_name(self, full_name: str) -> str:
+        """The checkpoint / initial-value name a parameter is read from (the head's copy reads the embedding's)."""
+        return EMBEDDING_WEIGHT if self.enabled and full_name == HEAD_WEIGHT else full_name
+
+    def is_copy(self, full_name: str) -> bool:
+        return self.enabled and full_name == HEAD_WEIGHT
+
+    @torch.no_grad()
+    def synchronise_gradients(self) -> None:
+        """grad(copy) ← grad(embedding copy) + grad(head copy), on every rank holding either."""
+        if not self.copies:
+            return
+        total = None
+        for layer, key in self.copies:
+            parameter = layer.parameters[key]
+            full = gather_full(full_value(parameter.grad), layer.split_dims[key], layer.tp)
+            total = full.clone() if total is None else total + full
+        if self.group is not None:
+            dist.all_reduce(total, group=self.group)
+            total /= self.copy_holders  # every rank of a stage contributed its copy's full gradient
+        for layer, key in self.copies:
+            parameter = layer.parameters[key]
+            local = shard_for_rank(total, layer.split_dims[key], layer.tp)
+            parameter.grad = shard_like(local, parameter.grad).detach()
