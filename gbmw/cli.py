@@ -6,6 +6,7 @@
                   [--figure plan.png]
     gbmw compare JOB [--memory 8GiB,16GiB] [--batch N | --sweep] [--handtuned NAME]
     gbmw tune --ds-config ds_config.json --model MODEL --cluster CLUSTER [--target T] [-o DIR]
+    gbmw train JOB --plan plan.yaml [--steps N] [--save DIR] [--load DIR]   (under torchrun / deepspeed for N > 1)
 
 JOB is a job YAML or the name of a bundled job recipe (recipes/jobs/). Bad input ends with one
 line naming the file, field and value (exit status 2), never a traceback.
@@ -40,6 +41,8 @@ def _parser() -> argparse.ArgumentParser:
         prog="gbmw",
         description="Galvatron-BMW automatic hybrid parallelism for Transformer training.",
     )
+    parser.add_argument("--local_rank", "--local-rank", type=int, dest="local_rank", default=None,
+                        help=argparse.SUPPRESS)  # the deepspeed launcher passes --local_rank=N before the command
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     space = commands.add_parser("space", help="list the per-layer strategy candidates for N devices")
@@ -85,7 +88,33 @@ def _parser() -> argparse.ArgumentParser:
     compare.add_argument("--json", action="store_true", help="print JSON")
     compare.set_defaults(run=_run_compare)
     _tune_parser(commands)
+    _train_parser(commands)
     return parser
+
+
+def _train_parser(commands) -> None:
+    train = commands.add_parser("train", help="run a plan with gbmw's hybrid runtime (one process, torchrun or deepspeed)")
+    train.add_argument("job", help="job YAML or bundled job recipe name")
+    train.add_argument("--plan", required=True, help="plan YAML (from gbmw plan -o, for this job's model)")
+    train.add_argument("--steps", type=int, default=10, help="training steps to run (default 10)")
+    train.add_argument("--lr", type=float, default=1e-4, help="Adam learning rate (default 1e-4)")
+    train.add_argument("--seed", type=int, default=0, help="seed of the initial weights and the synthetic data")
+    train.add_argument("--save", help="write a plan-independent checkpoint to this new folder at the end")
+    train.add_argument("--load", help="resume from a checkpoint folder (saved under any plan or device count)")
+    train.add_argument("--timeout", type=float, default=300.0,
+                       help="seconds a collective may wait for a peer before the job stops (default 300)")
+    train.set_defaults(run=_run_train)
+
+
+def _run_train(args: argparse.Namespace) -> int:
+    from gbmw.adapters.runtime.train import TrainSettings, train
+
+    if args.steps < 0:
+        raise GbmwError(f"--steps {args.steps}: must be 0 or more")
+    settings = TrainSettings(steps=args.steps, learning_rate=args.lr, seed=args.seed, save=args.save, load=args.load,
+                             timeout_s=args.timeout, local_rank=args.local_rank)
+    train(args.job, args.plan, settings)
+    return 0
 
 
 def _tune_parser(commands) -> None:

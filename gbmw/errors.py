@@ -17,3 +17,11 @@ class SpecError(GbmwError):
 
 class PlanError(GbmwError):
     """A plan is inconsistent with itself, its model or its cluster (the message shows the arithmetic)."""
+
+
+class CheckpointError(GbmwError):
+    """A checkpoint is missing, corrupt, of another model, or would overwrite an existing one."""
+
+
+class DistributedError(GbmwError):
+    """A process of a distributed job died or could not be reached; the survivors stop with this."""

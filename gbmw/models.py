@@ -540,6 +540,18 @@ def load_model(path: str | Path, precision: str) -> ModelSpec:
     return build_model(parse_architecture(data, str(path)), precision)
 
 
+def load_architecture(path: str | Path) -> Any:
+    """The architecture of a model recipe, model YAML or HF config.json (what the runtime builds modules from)."""
+    path = Path(path)
+    if path.suffix == ".json":
+        return import_hf_config(path)
+    data = read_yaml(path)
+    if "layers" in data:
+        raise SpecError(f"{path}: a layer list (profiled or hand-written) has costs but no architecture; the "
+                        "runtime needs the model recipe it was made from (family, hidden_size, …)")
+    return parse_architecture(data, str(path))
+
+
 def import_hf_config(path: str | Path) -> Any:
     """An architecture from a Hugging Face config.json (GPT-2, LLaMA-style, BERT/RoBERTa, T5, ViT)."""
     path = Path(path)

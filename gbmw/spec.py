@@ -309,6 +309,8 @@ class JobSpec(_Frozen):
     memory_budget_bytes: int = Field(gt=0)
     """Memory the plan may use per device (the cluster's usable memory unless the job overrides it)."""
     source_path: str = ""
+    model_path: str = ""
+    """The model recipe, YAML or HF config.json the model was built from (the runtime builds modules from it)."""
 
 
 # ----------------------------------------------------------------------------------------------
@@ -454,4 +456,5 @@ def load_job(path: str | Path, memory_budget: str | int | None = None) -> JobSpe
         max_global_batch=job.max_global_batch,
         memory_budget_bytes=budget,
         source_path=str(path),
+        model_path=str(model_path),
     )

@@ -38,10 +38,10 @@ def init_distributed(timeout_s: float = 300.0, local_rank: int | None = None) ->
     import torch.distributed as dist
 
     environment = os.environ
+    store = None
     if "RANK" not in environment or "WORLD_SIZE" not in environment:
         rank, world_size = 0, 1
-        environment.setdefault("MASTER_ADDR", "127.0.0.1")
-        environment.setdefault("MASTER_PORT", "29500")
+        store = dist.HashStore()  # one process: no rendezvous, no port to collide with
     else:
         try:
             rank, world_size = int(environment["RANK"]), int(environment["WORLD_SIZE"])
@@ -53,6 +53,6 @@ def init_distributed(timeout_s: float = 300.0, local_rank: int | None = None) ->
     if device.startswith("cuda"):
         torch.cuda.set_device(device)
     if not dist.is_initialized():
-        dist.init_process_group(backend, rank=rank, world_size=world_size,
+        dist.init_process_group(backend, rank=rank, world_size=world_size, store=store,
                                 timeout=datetime.timedelta(seconds=timeout_s))
     return ProcessContext(rank, world_size, local, backend, device)

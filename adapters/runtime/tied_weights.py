@@ -56,6 +56,12 @@ class TiedWeights:
         """The checkpoint / initial-value name a parameter is read from (the head's copy reads the embedding's)."""
         return EMBEDDING_WEIGHT if self.enabled and full_name == HEAD_WEIGHT else full_name
 
+    def layers_read_by(self, layer_name: str) -> list[str]:
+        """The checkpoint layers a layer's tensors come from (the head's tied copy comes from the embedding)."""
+        if self.enabled and layer_name == HEAD_WEIGHT.split(".")[0]:
+            return [layer_name, EMBEDDING_WEIGHT.split(".")[0]]
+        return [layer_name]
+
     def is_copy(self, full_name: str) -> bool:
         return self.enabled and full_name == HEAD_WEIGHT
 

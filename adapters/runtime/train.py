@@ -1,0 +1,130 @@
+"""`gbmw train JOB --plan plan.yaml`: run a plan with the hybrid runtime, as one process or under a launcher.
+
+    gbmw train gpt-tiny_cpu-x2 --plan plan.yaml --steps 20                       # a one-device plan
+    torchrun --standalone --nproc_per_node 2 -m gbmw train JOB --plan plan.yaml
+    deepspeed --num_gpus 2 --module gbmw train JOB --plan plan.yaml               # passes --local_rank=N
+
+Every rank reads the same job, plan and (optionally) checkpoint, builds its stage (engine), and trains on
+a reproducible synthetic batch per step (the same on every rank; each takes its slices). Rank 0 prints one
+line per step: loss, seconds and samples per second. A rank that loses its peers (one died) stops with one
+message instead of waiting forever.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from gbmw.errors import DistributedError, GbmwError, PlanError
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    steps: int = 10
+    learning_rate: float = 1e-4
+    seed: int = 0
+    save: str | None = None
+    load: str | None = None
+    timeout_s: float = 300.0
+    local_rank: int | None = None
+
+
+def launch_hint(num_devices: int, job: str, plan: str) -> str:
+    return (f"torchrun --standalone --nproc_per_node {num_devices} -m gbmw train {job} --plan {plan}  or  "
+            f"deepspeed --num_gpus {num_devices} --module gbmw train {job} --plan {plan}")
+
+
+def train(job_reference: str, plan_path: str, settings: TrainSettings) -> list[float]:
+    """Train for `settings.steps` steps; returns the losses (on every rank)."""
+    from gbmw.models import load_architecture
+    from gbmw.plan import Plan
+    from gbmw.spec import load_job
+
+    job = load_job(job_reference)
+    plan = Plan.load(plan_path)
+    if plan.model != job.model.name:
+        raise PlanError(f"{plan_path}: field `model`: value {plan.model!r} — the job trains {job.model.name}; "
+                        f"plan it with `gbmw plan {job_reference} -o plan.yaml`")
+    architecture = load_architecture(job.model_path)
+    if settings.save and Path(settings.save).exists():
+        raise GbmwError(f"--save {settings.save}: exists; gbmw never replaces a checkpoint — choose a new folder")
+
+    import torch.distributed as dist
+
+    from .launch import init_distributed
+
+    context = init_distributed(timeout_s=settings.timeout_s, local_rank=settings.local_rank)
+    try:
+        if context.world_size != plan.num_devices:
+            raise PlanError(f"{plan_path} is a plan for num_devices={plan.num_devices} but {context.world_size} "
+                            f"process(es) were launched; start it with: "
+                            f"{launch_hint(plan.num_devices, job_reference, plan_path)}")
+        return _run(job_reference, plan, architecture, settings, context)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _run(job_reference, plan, architecture, settings: TrainSettings, context) -> list[float]:
+    from .checkpoint_files import load_checkpoint, save_checkpoint
+    from .engine import AdamSettings, HybridEngine
+    from .groups import GroupPool
+    from .model import synthetic_batch
+
+    def say(text: str) -> None:
+        if context.rank == 0:
+            print(text, flush=True)
+
+    pool = GroupPool(plan)
+    engine = HybridEngine(plan, architecture, pool, context.device, seed=settings.seed,
+                          adam=AdamSettings(learning_rate=settings.learning_rate))
+    say(f"gbmw train: {plan.model} on {plan.num_devices} {context.device.split(':')[0]} process(es) ({context.backend}), "
+        f"pp={plan.pp} partition={list(plan.partition)}, {plan.num_micro_batches} micro-batches of "
+        f"{plan.micro_batch}, strategies {_summary(plan)}")
+    if settings.load:
+        manifest = load_checkpoint(engine, settings.load)
+        say(f"resumed from {settings.load} at step {manifest['step']} (saved under {manifest['saved_under']['num_devices']} "
+            f"devices, pp={manifest['saved_under']['pp']})")
+    losses = []
+    for _ in range(settings.steps):
+        batch = synthetic_batch(architecture, plan.global_batch, engine.step, settings.seed)
+        started = time.perf_counter()
+        try:
+            loss = engine.train_step(batch)
+        except RuntimeError as error:  # torch.distributed reports a dead peer as a RuntimeError subclass
+            if not _is_communication_failure(error):
+                raise
+            raise DistributedError(
+                f"rank {context.rank}: lost contact with another process during step {engine.step + 1} "
+                f"({str(error).splitlines()[0][:160]}); a process died or was killed — stopping. "
+                f"Nothing after step {engine.step} was saved."
+            ) from None
+        seconds = time.perf_counter() - started
+        losses.append(loss)
+        say(f"step {engine.step:>5}/{settings.steps + (engine.step - len(losses))}  loss {loss:.6f}  "
+            f"{seconds:.3f} s  {plan.global_batch / seconds:.1f} samples/s")
+    if settings.save:
+        save_checkpoint(engine, settings.save)
+        say(f"saved {settings.save} (step {engine.step}; loads under any plan)")
+    return losses
+
+
+def _is_communication_failure(error: RuntimeError) -> bool:
+    import torch.distributed as dist
+
+    text = str(error).lower()
+    return isinstance(error, getattr(dist, "DistBackendError", ())) or any(
+        marker in text for marker in ("connection", "gloo", "nccl", "timed out", "peer")
+    )
+
+
+def _summary(plan) -> str:
+    names = [strategy.name for strategy in plan.strategies]
+    runs, start = [], 0
+    for index in range(1, len(names) + 1):
+        if index == len(names) or names[index] != names[start]:
+            runs.append(f"{names[start]}×{index - start}" if index - start > 1 else names[start])
+            start = index
+    return ", ".join(runs)
+

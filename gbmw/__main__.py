@@ -1,0 +1,7 @@
+"""`python -m gbmw …`: what launchers run (`torchrun -m gbmw train …`, `deepspeed --module gbmw train …`)."""
+
+import sys
+
+from gbmw.cli import main
+
+sys.exit(main())
