@@ -241,7 +241,8 @@ class HybridEngine:
                 for moment in ("exp_avg", "exp_avg_sq"):
                     name = self.tied.source_name(f"{layer.name}.{key}")
                     full = _lookup(layers, f"{name}#{moment}", None)
-                    moments[moment] = shard_like(shard_for_rank(full, dim, layer.tp), parameter).detach()
+                    # clone: tied copies must not share one moment tensor (Adam updates it in place)
+                    moments[moment] = shard_like(shard_for_rank(full, dim, layer.tp), parameter).detach().clone()
                 self.optimizer.state[parameter] = {"step": torch.tensor(float(step)), **moments}
         self.step = step
 

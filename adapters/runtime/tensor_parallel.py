@@ -16,6 +16,7 @@ group. On CPU megatron-core needs `use_cpu_initialization` (its GPU initialiser 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,15 +56,15 @@ class TensorParallel:
         """Y = X·Aᵀ with A split by rows (output features) across the group; output stays split."""
         if self.size == 1:
             return nn.Linear(in_features, out_features, bias=bias, dtype=dtype)
-        return _ColumnLinear(in_features, out_features, config=self._config(dtype), init_method=_no_init,
-                             bias=bias, gather_output=False, tp_group=self.group)
+        return _megatron_linears()[0](in_features, out_features, config=self._config(dtype), init_method=_no_init,
+                                      bias=bias, gather_output=False, tp_group=self.group)
 
     def row_linear(self, in_features: int, out_features: int, bias: bool, dtype: torch.dtype) -> nn.Module:
         """Y = X·Aᵀ with A split by columns (input features); partial outputs all-reduced (Megatron's g)."""
         if self.size == 1:
             return nn.Linear(in_features, out_features, bias=bias, dtype=dtype)
-        return _RowLinear(in_features, out_features, config=self._config(dtype), init_method=_no_init, bias=bias,
-                          input_is_parallel=True, skip_bias_add=False, tp_group=self.group)
+        return _megatron_linears()[1](in_features, out_features, config=self._config(dtype), init_method=_no_init,
+                                      bias=bias, input_is_parallel=True, skip_bias_add=False, tp_group=self.group)
 
     def vocab_embedding(self, vocab_size: int, hidden_size: int, dtype: torch.dtype) -> nn.Module:
         if self.size == 1:
@@ -85,22 +86,21 @@ def _no_init(weight: torch.Tensor) -> None:
     """Weights are loaded from full tensors after construction (see `shard_for_rank`)."""
 
 
-def _megatron_classes():
+@functools.cache
+def _megatron_linears() -> tuple[type, type]:
+    """megatron-core's Column/RowParallelLinear returning only the output (the bias is added inside).
+    Built on first use: importing megatron.core takes seconds, and plans without TP never need it."""
     from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
 
-    return ColumnParallelLinear, RowParallelLinear
+    class ColumnLinear(ColumnParallelLinear):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return super().forward(x)[0]
 
+    class RowLinear(RowParallelLinear):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return super().forward(x)[0]
 
-class _ColumnLinear(_megatron_classes()[0]):
-    """megatron-core's ColumnParallelLinear returning only the output (its bias is added inside)."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # noqa: D102
-        return super().forward(x)[0]
-
-
-class _RowLinear(_megatron_classes()[1]):
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # noqa: D102
-        return super().forward(x)[0]
+    return ColumnLinear, RowLinear
 
 
 class _VocabParallelCrossEntropy(torch.autograd.Function):
