@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 TORCH := torch==2.13.0
 
-.PHONY: setup demo test clean
+.PHONY: setup demo train-demo test clean
 
 setup: $(VENV)/.installed
 
@@ -19,6 +19,12 @@ $(VENV)/.installed: pyproject.toml Makefile
 
 demo: setup
 	$(BIN)/gbmw plan gpt3-15b_a100-80g-x32
+
+train-demo: setup
+	rm -rf out/train-demo && mkdir -p out/train-demo
+	$(BIN)/gbmw plan gpt-tiny_cpu-x4 -o out/train-demo/plan.yaml
+	$(BIN)/torchrun --standalone --nproc_per_node 4 -m gbmw train gpt-tiny_cpu-x4 --plan out/train-demo/plan.yaml \
+		--steps 20 --save out/train-demo/checkpoint
 
 test: setup
 	$(BIN)/python -m pytest -q

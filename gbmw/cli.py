@@ -98,6 +98,9 @@ def _train_parser(commands) -> None:
     train.add_argument("--plan", required=True, help="plan YAML (from gbmw plan -o, for this job's model)")
     train.add_argument("--steps", type=int, default=10, help="training steps to run (default 10)")
     train.add_argument("--lr", type=float, default=1e-4, help="Adam learning rate (default 1e-4)")
+    train.add_argument("--clip-grad", type=float, default=1.0,
+                       help="clip the global gradient norm to this; 0 turns clipping off (default 1.0, as Megatron and "
+                            "DeepSpeed)")
     train.add_argument("--seed", type=int, default=0, help="seed of the initial weights and the synthetic data")
     train.add_argument("--save", help="write a plan-independent checkpoint to this new folder at the end")
     train.add_argument("--load", help="resume from a checkpoint folder (saved under any plan or device count)")
@@ -111,7 +114,9 @@ def _run_train(args: argparse.Namespace) -> int:
 
     if args.steps < 0:
         raise GbmwError(f"--steps {args.steps}: must be 0 or more")
-    settings = TrainSettings(steps=args.steps, learning_rate=args.lr, seed=args.seed, save=args.save, load=args.load,
+    if args.clip_grad < 0:
+        raise GbmwError(f"--clip-grad {args.clip_grad}: must be 0 (off) or positive")
+    settings = TrainSettings(steps=args.steps, learning_rate=args.lr, max_grad_norm=args.clip_grad or None, seed=args.seed, save=args.save, load=args.load,
                              timeout_s=args.timeout, local_rank=args.local_rank)
     train(args.job, args.plan, settings)
     return 0

@@ -15,6 +15,13 @@ from gbmw.space import Strategy
 GIB = 2**30
 
 
+
+def format_bytes(count: float) -> str:
+    """GiB with two decimals, or MiB below 1 GiB (tiny test jobs would read 0.00 GiB)."""
+    if count >= GIB or count == 0:
+        return f"{count / GIB:.2f} GiB"
+    return f"{count / 2**20:.2f} MiB"
+
 def _console() -> Console:
     """A console that keeps tables readable when the output is a pipe or a file (120 columns)."""
     console = Console(highlight=False)
@@ -61,12 +68,12 @@ def print_estimate(job: JobSpec, plan: Plan, estimate: Estimate) -> None:
         style = "red" if share > 1 else ""
         table.add_row(
             str(index), f"{first}–{end - 1}", "\n".join(runs), f"{estimate.stage_time_s[index] * 1e3:.1f} ms",
-            f"{estimate.stage_model_state_bytes[index] / GIB:.2f} GiB", f"{estimate.stage_activation_bytes[index] / GIB:.2f} GiB",
-            f"[{style}]{peak / GIB:.2f} GiB[/{style}]" if style else f"{peak / GIB:.2f} GiB", f"{share:.0%}",
+            format_bytes(estimate.stage_model_state_bytes[index]), format_bytes(estimate.stage_activation_bytes[index]),
+            f"[{style}]{format_bytes(peak)}[/{style}]" if style else format_bytes(peak), f"{share:.0%}",
         )
     console.print(table)
     verdict = "[green]fits[/green]" if estimate.fits else "[red]does NOT fit[/red]"
-    console.print(f"memory: {verdict} in {estimate.memory_budget_bytes / GIB:.2f} GiB per device")
+    console.print(f"memory: {verdict} in {format_bytes(estimate.memory_budget_bytes)} per device")
     console.print(
         f"iteration {estimate.iteration_time_s:.3f} s · {estimate.samples_per_s:.2f} samples/s · "
         f"{estimate.model_tflops_per_device:.1f} model TFLOP/s per device (MFU {estimate.mfu:.1%})"

@@ -27,7 +27,7 @@ def architecture(name: str):
     return load_architecture(RECIPES / f"{name}.yaml")
 
 
-def reference_training(model: str, global_batch: int, steps: int, seed: int = 0):
+def reference_training(model: str, global_batch: int, steps: int, seed: int = 0, max_grad_norm=None):
     """(losses per step, {full parameter name: tensor, "<name>#exp_avg"/"#exp_avg_sq": Adam's moments} after
     the last step). Adam's update is invariant to a gradient's scale; its moments are not, so comparing
     them catches a gradient summed or averaged over the wrong ranks."""
@@ -49,6 +49,8 @@ def reference_training(model: str, global_batch: int, steps: int, seed: int = 0)
             x = layer(x)
         loss = layers[-1](x, {key: value for key, value in batch.items() if key != "inputs"})
         loss.backward()
+        if max_grad_norm is not None:
+            torch.nn.utils.clip_grad_norm_(layers.parameters(), max_grad_norm)
         optimizer.step()
         optimizer.zero_grad()
         losses.append(loss.item())
@@ -71,7 +73,7 @@ def make_plan(model: str, world_size: int, strategies: list[str], partition: lis
 
 
 def distributed_training(rank, world_size, model, strategies, partition, global_batch, micro_batches, steps,
-                         output, save=None, load=None, seed=0):
+                         output, save=None, load=None, seed=0, max_grad_norm=None):
     """Run on every rank (see dist_fixture.run_distributed): train, then write losses and full weights."""
     from gbmw.adapters.runtime.checkpoint_files import load_checkpoint, save_checkpoint
     from gbmw.adapters.runtime.engine import AdamSettings, HybridEngine
@@ -79,7 +81,7 @@ def distributed_training(rank, world_size, model, strategies, partition, global_
 
     arch = architecture(model)
     plan = make_plan(model, world_size, strategies, partition, global_batch, micro_batches)
-    engine = HybridEngine(plan, arch, GroupPool(plan), "cpu", seed=seed, adam=AdamSettings(LEARNING_RATE))
+    engine = HybridEngine(plan, arch, GroupPool(plan), "cpu", seed=seed, adam=AdamSettings(LEARNING_RATE, max_grad_norm=max_grad_norm))
     if load:
         load_checkpoint(engine, load)
     losses = [engine.train_step(synthetic_batch(arch, global_batch, engine.step, seed)) for _ in range(steps)]

@@ -14,7 +14,8 @@ pytestmark = pytest.mark.dist
 STEPS = 3
 GLOBAL_BATCH = 8
 
-# (id, model, processes, per-layer strategies (embedding, 4 blocks, head), partition, micro-batches)
+# (id, model, processes, per-layer strategies (embedding, 4 blocks, head), partition, micro-batches);
+# ids ending in "-clipped" clip the global gradient norm to CLIP_NORM (small enough to clip every step).
 PLANS = [
     ("dp", "gpt-tiny", 2, ["dp2"] * 6, [6], 2),
     ("sdp", "gpt-tiny", 2, ["sdp2"] * 6, [6], 2),
@@ -27,7 +28,10 @@ PLANS = [
     ("pp2-mixed-uneven", "gpt-tiny", 4, ["dp2", "tp2+ckpt", "sdp2", "tp2", "dp2+ckpt", "tp2"], [2, 4], 4),
     ("pp4", "gpt-tiny", 4, ["single"] * 6, [1, 2, 2, 1], 4),
     ("bert-pp2-mixed", "bert-tiny", 4, ["sdp2", "tp2", "dp2+ckpt", "tp2", "sdp2", "tp2+ckpt"], [3, 3], 2),
+    ("mixed-clipped", "gpt-tiny", 2, ["sdp2", "tp2", "dp2+ckpt", "tp2", "sdp2", "dp2"], [6], 2),
+    ("pp2-2d-clipped", "gpt-tiny", 4, ["tp2", "dp2+ckpt", "sdp2", "tp2", "sdp2", "tp2"], [3, 3], 2),
 ]
+CLIP_NORM = 0.05
 
 _references = {}
 _outputs = {}
@@ -35,9 +39,9 @@ _outputs = {}
 
 def _train_plans(rank, world_size, runs):
     """Every plan of one world size in one spawn (starting processes and importing torch dominates)."""
-    for model, strategies, partition, micro_batches, output in runs:
+    for model, strategies, partition, micro_batches, output, max_grad_norm in runs:
         distributed_training(rank, world_size, model, strategies, partition, GLOBAL_BATCH, micro_batches, STEPS,
-                             output)
+                             output, max_grad_norm=max_grad_norm)
 
 
 def trained(tmp_path_factory, processes, plan_id):
@@ -49,16 +53,21 @@ def trained(tmp_path_factory, processes, plan_id):
             if count == processes:
                 folders[identifier] = root / identifier
                 folders[identifier].mkdir()
-                runs.append((model, strategies, partition, micro_batches, str(folders[identifier])))
+                runs.append((model, strategies, partition, micro_batches, str(folders[identifier]),
+                             clip_norm(identifier)))
         run_distributed(processes, _train_plans, runs, timeout_s=600)
         _outputs[processes] = folders
     return _outputs[processes][plan_id]
 
 
-def reference(model):
-    if model not in _references:
-        _references[model] = reference_training(model, GLOBAL_BATCH, STEPS)
-    return _references[model]
+def reference(model, max_grad_norm=None):
+    if (model, max_grad_norm) not in _references:
+        _references[model, max_grad_norm] = reference_training(model, GLOBAL_BATCH, STEPS, max_grad_norm=max_grad_norm)
+    return _references[model, max_grad_norm]
+
+
+def clip_norm(plan_id):
+    return CLIP_NORM if plan_id.endswith("-clipped") else None
 
 
 # fp32 tolerances. Reduction order differs between N processes and one, so gradients agree to ~1e-7 of the
@@ -81,7 +90,8 @@ def assert_same_training(losses, weights, expected_losses, expected_weights):
 @pytest.mark.parametrize("plan_id, model, processes, strategies, partition, micro_batches", PLANS,
                          ids=[plan[0] for plan in PLANS])
 def test_matches_single_process(tmp_path_factory, plan_id, model, processes, strategies, partition, micro_batches):
-    assert_same_training(*collect(trained(tmp_path_factory, processes, plan_id)), *reference(model))
+    assert_same_training(*collect(trained(tmp_path_factory, processes, plan_id)),
+                         *reference(model, clip_norm(plan_id)))
 
 
 def test_resume_under_another_plan_and_device_count(tmp_path):

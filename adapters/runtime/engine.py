@@ -36,7 +36,8 @@ from .groups import GroupPool
 from .model import build_layer, check_runtime_supports, initial_value, layer_names
 from .pipeline import PipelineLinks, run_schedule
 from .redistribute import BatchLayout, relayout
-from .sharding import LayerDataParallel, data_parallel_flavour, full_value, local_value, shard_like
+from .sharding import (LayerDataParallel, data_parallel_flavour, full_value, local_value, shard_like,
+                       synchronise_plain_gradients)
 from .tensor_parallel import TensorParallel, gather_full, partition_dims, shard_for_rank
 from .tied_weights import TiedWeights
 
@@ -49,6 +50,8 @@ class AdamSettings:
     learning_rate: float = 1e-4
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
+    max_grad_norm: float | None = None
+    """Clip the global gradient norm to this (Megatron's --clip-grad, DeepSpeed's gradient_clipping); None: off."""
 
 
 @dataclass
@@ -99,8 +102,14 @@ class HybridEngine:
         self.tied = TiedWeights(architecture, plan, pool, self.layers)
         self._set_weights(lambda name, shape: initial_value(self.tied.source_name(name), shape, seed))
         self.adam = adam
-        self.optimizer = torch.optim.Adam(self._all_parameters(), lr=adam.learning_rate, betas=adam.betas,
-                                          eps=adam.eps, weight_decay=0.0, foreach=False)
+        # Sharded (DTensor) and plain parameters in separate groups: torch's multi-tensor Adam cannot mix them,
+        # and the per-parameter fallback is 3× slower on sharded layers (benchmarks/runtime_overhead.py).
+        parameters = self._all_parameters()
+        sharded = [parameter for parameter in parameters if hasattr(parameter, "device_mesh")]
+        plain = [parameter for parameter in parameters if not hasattr(parameter, "device_mesh")]
+        groups = [sharded, plain]
+        self.optimizer = torch.optim.Adam([{"params": group} for group in groups if group], lr=adam.learning_rate,
+                                          betas=adam.betas, eps=adam.eps, weight_decay=0.0)
         self.links = PipelineLinks(self.layout.previous_stage_rank(self.rank), self.layout.next_stage_rank(self.rank))
         self.autocast_dtype = PRECISION_DTYPES[plan.precision]
         self.step = 0
@@ -186,14 +195,40 @@ class HybridEngine:
             return None if leaf is None else leaf.grad
 
         run_schedule(self.stage, self.plan.pp, count, self.links, forward, backward, self._boundary_shape)
-        for layer in self.layers:
-            layer.data_parallel.synchronise(layer.module)
+        synchronise_plain_gradients([(layer.data_parallel, layer.module) for layer in self.layers],
+                                    group_key=lambda data_parallel: id(data_parallel.group))
         self.tied.synchronise_gradients()
+        if self.adam.max_grad_norm is not None:
+            self.last_grad_norm = self._clip_gradients(self.adam.max_grad_norm)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
         dist.all_reduce(loss_share)  # only the last stage holds loss shares; TP copies were divided out
         return float(loss_share)
+
+    @torch.no_grad()
+    def _clip_gradients(self, max_norm: float) -> float:
+        """Scale every gradient by min(1, max_norm / (‖g‖ + 1e-6)) with ‖g‖ the norm of the whole model's gradient
+        (torch.nn.utils.clip_grad_norm_'s rule). Each rank adds the squares of its gradient elements, each
+        weighted by 1 / (ranks holding a copy of it): TP-replicated parameters are on every rank of the TP
+        group, plain-DP gradients on every rank of the data-parallel group, ZeRO shards on one; the tied head
+        copy is left out (it equals the embedding's). One all-reduce over all ranks gives the exact norm."""
+        squares = torch.zeros((), dtype=torch.float64, device=self.device)
+        for layer in self.layers:
+            data_copies = 1 if layer.data_parallel.sharded else layer.data_parallel.size
+            for key, parameter in layer.parameters.items():
+                if parameter.grad is None or self.tied.is_copy(f"{layer.name}.{key}"):
+                    continue
+                copies = data_copies * (layer.tp.size if layer.split_dims[key] is None else 1)
+                squares += local_value(parameter.grad).double().square().sum() / copies
+        dist.all_reduce(squares)
+        norm = float(squares.sqrt())
+        scale = min(1.0, max_norm / (norm + 1e-6))
+        if scale < 1.0:
+            for parameter in self._all_parameters():
+                if parameter.grad is not None:
+                    local_value(parameter.grad).mul_(scale)
+        return norm
 
     def _boundary_shape(self, which: str) -> tuple[tuple[int, ...], torch.dtype, torch.device]:
         """Shape of the activation received from the previous stage ("in") or its gradient from the next ("out")."""

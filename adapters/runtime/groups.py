@@ -17,7 +17,7 @@ from gbmw.errors import PlanError
 from gbmw.plan import Plan
 from gbmw.space import DATA_PARALLEL_AXES, Strategy
 
-from .tied_weights import tie_group_ranks
+from .tied_weights import tie_group_ranks, tie_partner_pairs
 
 
 @dataclass(frozen=True)
@@ -123,6 +123,8 @@ def plan_group_ranks(plan: Plan) -> list[tuple[int, ...]]:
     first_and_last = tie_group_ranks(plan)  # tied embedding/head gradients (tied_weights)
     if len(first_and_last) > 1:
         seen.setdefault(first_and_last, None)
+    for pair in tie_partner_pairs(plan):
+        seen.setdefault(pair, None)
     for rank in range(plan.num_devices):
         following = layout.next_stage_rank(rank)
         if following is not None:

@@ -1,9 +1,10 @@
 """Data parallelism of one layer: plain DP (gradient all-reduce) or sharded DP (ZeRO; paper Sec. 2.1).
 
 Which implementation and why:
-- `dp`: the layer's gradients are summed over its data-parallel group once per iteration, after the
+- `dp`: gradients are summed over the layer's data-parallel group once per iteration, after the
   last micro-batch's backward (paper App. C: the last micro-batch carries the gradient
-  synchronisation), one flat buffer per layer. Nothing is sharded.
+  synchronisation): one flat buffer per group, holding every layer of the stage that uses that group
+  (`synchronise_plain_gradients`), as DDP and DeepSpeed bucket them. Nothing is sharded.
 - `sdp` (ZeRO-3), `z2dp` (ZeRO-2) and `z1dp` (ZeRO-1): torch FSDP2 `fully_shard` on the layer's own
   data-parallel group (a one-dimensional DeviceMesh over that group). gbmw plans choose the strategy
   per layer, so neighbouring layers shard over different groups; DeepSpeed's ZeRO engine shards
@@ -13,6 +14,9 @@ Which implementation and why:
   them again for backward; `z1dp`/`z2dp` keep them gathered from forward to backward
   (`reshard_after_forward=False`) — ZeRO-2's behaviour; ZeRO-1 is run as ZeRO-2, whose gradients
   are sharded as well: less memory than the estimator counts for ZeRO-1, the same arithmetic.
+  Where a whole stage is uniform DeepSpeed's ZeRO could run it too; one implementation for every plan
+  keeps the runtime's behaviour the same whatever the planner mixes, and benchmarks/runtime_overhead.py
+  measures per-layer FSDP2 against DeepSpeed ZeRO-3 on a uniform plan.
 
 Gradients are SUMMED over the group, never averaged: each rank back-propagates its own share of the
 global loss (see gbmw.adapters.runtime.engine), so layers with different data-parallel degrees get
@@ -75,15 +79,23 @@ class LayerDataParallel:
         if self.sharded and self.size > 1:
             module.set_requires_gradient_sync(enabled)
 
-    def synchronise(self, module: nn.Module) -> None:
-        """Plain DP: sum the accumulated gradients over the group (one flat buffer per layer)."""
-        if self.sharded or self.size == 1:
-            return
+
+
+def synchronise_plain_gradients(layers: list[tuple[LayerDataParallel, nn.Module]], group_key) -> None:
+    """Plain DP: sum the accumulated gradients of every `dp` layer over its group, one flat buffer per group
+    (layers in stage order, groups in first-use order: the same on every rank of the group)."""
+    buckets: dict = {}
+    for data_parallel, module in layers:
+        if data_parallel.sharded or data_parallel.size == 1:
+            continue
         grads = [parameter.grad for parameter in module.parameters() if parameter.grad is not None]
+        key = group_key(data_parallel)
+        buckets.setdefault(key, (data_parallel.group, []))[1].extend(grads)
+    for group, grads in buckets.values():
         if not grads:
-            return
+            continue
         flat = _flatten_dense_tensors(grads)
-        dist.all_reduce(flat, group=self.group)
+        dist.all_reduce(flat, group=group)
         for grad, reduced in zip(grads, _unflatten_dense_tensors(flat, grads)):
             grad.copy_(reduced)
 

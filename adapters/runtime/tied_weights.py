@@ -6,7 +6,9 @@ each holds its own copy (as Megatron keeps one on the first and one on the last 
 from the same tensor (the embedding's), and after every backward the gradient of each copy is
 replaced by the sum of both: every rank of the stages holding a copy assembles the full gradient of
 its copies (gathering TP slices and ZeRO shards), the sums are all-reduced over the union of those
-stages, and each rank keeps its slice again. The copies then take identical Adam steps and stay equal.
+stages, and each rank keeps its slice again. The copies then take identical Adam steps and stay equal. When both layers use the same
+strategy (the common case) their slices line up rank by rank, and the sum needs no gathering: it is taken
+locally (one stage) or all-reduced between each first-stage rank and its last-stage partner.
 Checkpoints store the embedding's copy only; the head's is restored from it.
 """
 
@@ -19,7 +21,7 @@ import torch.distributed as dist
 
 from gbmw.plan import Plan
 
-from .sharding import full_value, shard_like
+from .sharding import full_value, local_value, shard_like
 from .tensor_parallel import gather_full, shard_for_rank
 
 EMBEDDING_WEIGHT = "embedding.word.weight"
@@ -29,6 +31,18 @@ HEAD_WEIGHT = "head.output.weight"
 def ties_embeddings(architecture: Any) -> bool:
     """GPT recipes say `tie_embeddings`; BERT's MLM decoder is always tied to the word embedding."""
     return bool(getattr(architecture, "tie_embeddings", True))
+
+
+def tie_partner_pairs(plan: Plan) -> list[tuple[int, int]]:
+    """(first-stage rank, the last-stage rank with the same local rank), for pp > 1."""
+    size = plan.num_devices // plan.pp
+    offset = plan.num_devices - size
+    return [(rank, rank + offset) for rank in range(size)] if plan.pp > 1 else []
+
+
+def _same_slicing(first, second) -> bool:
+    """Both layers' strategies slice weights identically (checkpointing does not matter)."""
+    return first.dims == second.dims
 
 
 def tie_group_ranks(plan: Plan) -> tuple[int, ...]:
@@ -51,6 +65,9 @@ class TiedWeights:
         ranks = tie_group_ranks(plan)
         self.group = pool.get(ranks) if pool.rank in ranks else None
         self.copy_holders = plan.num_devices // plan.pp
+        self.aligned = _same_slicing(plan.strategies[0], plan.strategies[-1])
+        partner = [pair for pair in tie_partner_pairs(plan) if pool.rank in pair]
+        self.partner_group = pool.get(partner[0]) if partner else None
 
     def source_name(self, full_name: str) -> str:
         """The checkpoint / initial-value name a parameter is read from (the head's copy reads the embedding's)."""
@@ -69,6 +86,13 @@ class TiedWeights:
     def synchronise_gradients(self) -> None:
         """grad(copy) ← grad(embedding copy) + grad(head copy), on every rank holding either."""
         if not self.copies:
+            return
+        if self.aligned:  # slices line up: sum them where they are
+            local = sum(local_value(layer.parameters[key].grad) for layer, key in self.copies)
+            if self.partner_group is not None:
+                dist.all_reduce(local, group=self.partner_group)
+            for layer, key in self.copies:
+                local_value(layer.parameters[key].grad).copy_(local)
             return
         total = None
         for layer, key in self.copies:

@@ -23,6 +23,7 @@ from gbmw.errors import DistributedError, GbmwError, PlanError
 class TrainSettings:
     steps: int = 10
     learning_rate: float = 1e-4
+    max_grad_norm: float | None = 1.0
     seed: int = 0
     save: str | None = None
     load: str | None = None
@@ -78,7 +79,8 @@ def _run(job_reference, plan, architecture, settings: TrainSettings, context) ->
 
     pool = GroupPool(plan)
     engine = HybridEngine(plan, architecture, pool, context.device, seed=settings.seed,
-                          adam=AdamSettings(learning_rate=settings.learning_rate))
+                          adam=AdamSettings(learning_rate=settings.learning_rate,
+                                            max_grad_norm=settings.max_grad_norm))
     say(f"gbmw train: {plan.model} on {plan.num_devices} {context.device.split(':')[0]} process(es) ({context.backend}), "
         f"pp={plan.pp} partition={list(plan.partition)}, {plan.num_micro_batches} micro-batches of "
         f"{plan.micro_batch}, strategies {_summary(plan)}")
