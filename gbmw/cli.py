@@ -7,6 +7,7 @@
     gbmw compare JOB [--memory 8GiB,16GiB] [--batch N | --sweep] [--handtuned NAME]
     gbmw tune --ds-config ds_config.json --model MODEL --cluster CLUSTER [--target T] [-o DIR]
     gbmw train JOB --plan plan.yaml [--steps N] [--save DIR] [--load DIR]   (under torchrun / deepspeed for N > 1)
+    gbmw profile model MODEL -o model.yaml [--precision fp32] [--batches 2,8]  (2 processes: TP split measured)
 
 JOB is a job YAML or the name of a bundled job recipe (recipes/jobs/). Bad input ends with one
 line naming the file, field and value (exit status 2), never a traceback.
@@ -89,7 +90,34 @@ def _parser() -> argparse.ArgumentParser:
     compare.set_defaults(run=_run_compare)
     _tune_parser(commands)
     _train_parser(commands)
+    _profile_parser(commands)
     return parser
+
+
+def _profile_parser(commands) -> None:
+    profile = commands.add_parser("profile", help="measure layers (model) or links (cluster) on this machine")
+    what = profile.add_subparsers(dest="what", required=True, metavar="WHAT")
+    model = what.add_parser("model", help="per-layer time and stashed activations on this device → a model YAML")
+    model.add_argument("model", help="model recipe name, model YAML or HF config.json (family gpt or bert)")
+    model.add_argument("--precision", default="fp32", help="fp32 (default) or bf16")
+    model.add_argument("--batches", default="2,8", help="the two batch sizes measured (default 2,8)")
+    model.add_argument("--repeats", type=int, default=5, help="timed runs per measurement (median; default 5)")
+    model.add_argument("-o", "--output", required=True, help="the new model YAML to write")
+    model.set_defaults(run=_run_profile_model)
+
+
+def _run_profile_model(args: argparse.Namespace) -> int:
+    from gbmw.adapters.profile.model import run_profile_model
+
+    try:
+        small, large = (int(part) for part in args.batches.split(","))
+    except ValueError:
+        raise GbmwError(f"--batches {args.batches!r}: give two batch sizes, e.g. 2,8") from None
+    if args.repeats < 1:
+        raise GbmwError(f"--repeats {args.repeats}: must be at least 1")
+    run_profile_model(args.model, args.precision, args.output, (small, large), args.repeats,
+                      say=lambda text: print(text, flush=True))
+    return 0
 
 
 def _train_parser(commands) -> None:

@@ -5,7 +5,7 @@ group has G devices, a layer under strategy S (data-parallel ways d, TP degree t
 micro_batch / d samples per device:
 
 * compute: forward = per-sample time × samples / t (profiled time, or FLOPs over the device's
-  sustained FLOP/s); backward = 2 × forward; CKPT adds one forward (recompute) before backward.
+  sustained FLOP/s); backward = 2 × forward unless profiled; CKPT adds one forward (recompute) before backward.
 * TP: the layer's all-reduces in forward and as many in backward (and again in the recompute).
 * DP/SDP: SDP all-gathers parameters before forward and backward and reduce-scatters gradients
   every micro-batch (DeepSpeed ZeRO-3 keeps no unsharded gradients across micro-batches);
@@ -109,7 +109,8 @@ def layer_costs(
 
     # Compute.
     forward_compute = forward_time_per_sample_s(model, settings) * samples / tp
-    backward_compute = 2.0 * forward_compute
+    backward_compute = np.where(arrays.has_measured_backward, arrays.backward_time_per_sample_s * samples / tp,
+                                2.0 * forward_compute)
 
     # Tensor-parallel all-reduces (blocking, not overlapped).
     tp_stride = strategy.stride("tp") if tp > 1 else 1

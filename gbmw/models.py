@@ -201,6 +201,7 @@ def block_layer(name: str, kind: str, shape: BlockShape, dtype_bytes: int, dropo
     kv_width = shape.kv_heads * shape.head_dim
     mask = 1 if dropout else 0
     norm_params = (2 if shape.norm == "layer" else 1) * h
+    norm_statistics = (2 if shape.norm == "layer" else 1) * 4  # fp32 bytes per token kept for the norm's backward
     up_outputs = 2 if shape.gated_mlp else 1
 
     def attention(query_tokens: int, key_tokens: int, kv_input_tokens: int) -> dict[str, float]:
@@ -223,7 +224,9 @@ def block_layer(name: str, kind: str, shape: BlockShape, dtype_bytes: int, dropo
             + score_bytes
             + query_tokens * attention_width * d  # input of the output projection
         )
-        replicated = query_tokens * h * (d + d) + query_tokens * h * mask  # norm input, norm output, dropout mask
+        # norm input, norm output, the norm's fp32 statistics per token (mean and 1/std; RMSNorm: 1/rms only),
+        # dropout mask
+        replicated = query_tokens * h * (d + d) + query_tokens * norm_statistics + query_tokens * h * mask
         return dict(
             params=weights + column_biases + row_bias + norm_params,
             tp_split=weights + column_biases,
@@ -240,7 +243,7 @@ def block_layer(name: str, kind: str, shape: BlockShape, dtype_bytes: int, dropo
         tp_split=mlp_weights + (shape.ffn * up_outputs if shape.bias else 0),
         flops=2 * s * mlp_weights,
         split=s * shape.ffn * (up_outputs + 1) * d,  # up-projection output(s) and activation output
-        replicated=s * h * (d + d) + s * h * mask,
+        replicated=s * h * (d + d) + s * norm_statistics + s * h * mask,
         allreduce=s * h * d,
     )
     parts = [self_attention, mlp]
@@ -290,12 +293,19 @@ def lm_head_layer(
 ) -> LayerSpec:
     """Final norm, (BERT: dense+norm transform), vocabulary projection and cross-entropy.
 
-    Megatron's vocabulary-parallel cross-entropy keeps the logits and their fp32 softmax divided by TP.
+    The vocabulary-parallel cross-entropy (Megatron's, and torch's on one device) keeps the fp32 softmax of the
+    logits, divided by TP; the logits themselves are not kept (the projection keeps its input, and a 16-bit
+    logit tensor is freed once copied to fp32). Also kept: the int64 labels, and the norms' fp32 statistics.
     """
     d = dtype_bytes
     transform_weights = hidden * hidden if transform else 0
     params = norm_params + vocab * hidden + (transform_weights + hidden + 2 * hidden if transform else 0)
-    replicated = tokens * hidden * d * (3 if transform else 1)  # norm output (+ dense in, gelu in)
+    statistics = (2 if norm_params == 2 * hidden else 1 if norm_params else 0) + (2 if transform else 0)
+    replicated = (
+        tokens * hidden * d * (3 if transform else 1)  # norm output (+ dense in, gelu in)
+        + tokens * statistics * 4  # fp32 mean and 1/std per token of each LayerNorm (RMSNorm: 1/rms)
+        + tokens * TOKEN_ID_BYTES  # the labels
+    )
     return LayerSpec(
         name=name,
         kind="head",
@@ -304,7 +314,7 @@ def lm_head_layer(
         forward_flops_per_sample=float(2 * tokens * hidden * vocab + 2 * tokens * transform_weights),
         boundary_activation_bytes_per_sample=float(tokens * hidden * d),
         intermediate_activation_bytes_per_sample=float(replicated),
-        intermediate_tp_split_activation_bytes_per_sample=float(tokens * vocab * (d + 4)),
+        intermediate_tp_split_activation_bytes_per_sample=float(tokens * vocab * 4),
         tp_allreduce_bytes_per_sample=float(tokens * hidden * d),
         tied_to=tied_to,
         tied_parameter_count=vocab * hidden if tied_to else 0,

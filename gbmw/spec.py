@@ -78,6 +78,8 @@ class LayerSpec(_Frozen):
     forward_time_per_sample_s: float | None = Field(default=None, ge=0)
     """Measured forward time per sample on one device (from `gbmw profile`); when absent, time is
     `forward_flops_per_sample` over the device's sustained FLOP/s."""
+    backward_time_per_sample_s: float | None = Field(default=None, ge=0)
+    """Measured per-sample backward time (from `gbmw profile model`); when absent, 2 × the forward time."""
 
     @property
     def stashed_activation_bytes_per_sample(self) -> float:
@@ -125,6 +127,8 @@ class LayerArrays:
         self.tp_allreduce_bytes_per_sample = column("tp_allreduce_bytes_per_sample")
         self.has_measured_time = np.array([layer.forward_time_per_sample_s is not None for layer in layers])
         self.forward_time_per_sample_s = column("forward_time_per_sample_s")
+        self.has_measured_backward = np.array([layer.backward_time_per_sample_s is not None for layer in layers])
+        self.backward_time_per_sample_s = column("backward_time_per_sample_s")
         names = [layer.name for layer in layers]
         self.tied_to_index = np.array(
             [names.index(layer.tied_to) if layer.tied_to is not None else -1 for layer in layers]

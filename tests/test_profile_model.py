@@ -1,0 +1,88 @@
+"""`gbmw profile model`: measured stashed activations equal the analytic ones on the tiny GPT, the TP split measured
+on two processes equals the analytic split, a profile YAML loads into the planner, and bad input is one error."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from dist_fixture import run_distributed  # noqa: E402
+from gbmw.cli import main  # noqa: E402
+from gbmw.models import build_model, load_model  # noqa: E402
+from runtime_reference import architecture  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def profiled():
+    from gbmw.adapters.profile.model import profile_model
+
+    return profile_model(architecture("gpt-tiny"), "fp32", torch.device("cpu"), repeats=1)
+
+
+def test_measured_activations_equal_analytic(profiled):
+    """Every byte autograd keeps for the runtime's layers is what gbmw.models charges (flash attention, fp32)."""
+    analytic = build_model(architecture("gpt-tiny"), "fp32")
+    for expected, measured in zip(analytic.layers, profiled.layers):
+        assert measured.boundary_activation_bytes_per_sample == expected.boundary_activation_bytes_per_sample
+        assert measured.stashed_activation_bytes_per_sample == expected.stashed_activation_bytes_per_sample, expected.name
+    assert all(layer.forward_time_per_sample_s > 0 and layer.backward_time_per_sample_s > 0
+               for layer in profiled.layers)
+
+
+def _profile_on_two(rank, world_size, output):
+    import pickle
+
+    from gbmw.adapters.profile.model import profile_model, tp_pair_for_profiling
+
+    spec = profile_model(architecture("gpt-tiny"), "fp32", torch.device("cpu"), repeats=1,
+                         tp_pair=tp_pair_for_profiling())
+    if rank == 0:
+        with open(output, "wb") as stream:
+            pickle.dump([(layer.intermediate_activation_bytes_per_sample,
+                          layer.intermediate_tp_split_activation_bytes_per_sample) for layer in spec.layers], stream)
+
+
+@pytest.mark.dist
+def test_tp_split_measured_on_two_processes(tmp_path):
+    import pickle
+
+    run_distributed(2, _profile_on_two, str(tmp_path / "split.pkl"), timeout_s=120)
+    measured = pickle.loads((tmp_path / "split.pkl").read_bytes())
+    analytic = build_model(architecture("gpt-tiny"), "fp32")
+    for layer, (replicated, split) in zip(analytic.layers[:-1], measured):  # embedding and blocks: exact
+        assert (replicated, split) == (layer.intermediate_activation_bytes_per_sample,
+                                       layer.intermediate_tp_split_activation_bytes_per_sample), layer.name
+    head_split = measured[-1][1]  # megatron's CE also keeps a 1-byte mask per token beside the softmax
+    assert head_split == pytest.approx(analytic.layers[-1].intermediate_tp_split_activation_bytes_per_sample, rel=0.01)
+
+
+def test_profile_yaml_loads_into_the_planner(tmp_path, profiled):
+    from gbmw.adapters.profile.model import model_spec_yaml
+    from gbmw.planner import plan_job
+    from gbmw.spec import load_job
+
+    (tmp_path / "gpt-tiny-profile.yaml").write_text(model_spec_yaml(profiled))
+    (tmp_path / "job.yaml").write_text("model: gpt-tiny-profile.yaml\ncluster: cpu-x4\nprecision: fp32\n"
+                                       "global_batch: 16\nmemory_budget: 2MiB\n")
+    job = load_job(tmp_path / "job.yaml")
+    assert job.model.layers == load_model(tmp_path / "gpt-tiny-profile.yaml", "fp32").layers
+    plan = plan_job(job, batch=16)
+    assert plan.estimate.fits
+    analytic_job = load_job("gpt-tiny_cpu-x4")
+    from gbmw.cost import estimate_plan  # the measured times, not FLOPs, price the same plan
+
+    assert estimate_plan(job, plan).iteration_time_s != estimate_plan(analytic_job, plan).iteration_time_s
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["profile", "model", "no-such-model", "-o", "x.yaml"], "no-such-model"),
+    (["profile", "model", "t5-large-32", "-o", "x.yaml"], "family: t5"),
+    (["profile", "model", "gpt-tiny", "--precision", "fp16", "-o", "x.yaml"], "--precision 'fp16'"),
+    (["profile", "model", "gpt-tiny", "--batches", "8,2", "-o", "x.yaml"], "--batches 8,2"),
+    (["profile", "model", "gpt-tiny", "--batches", "eight", "-o", "x.yaml"], "--batches 'eight'"),
+])
+def test_bad_input_is_one_error(tmp_path, monkeypatch, capsys, argv, expected):
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert expected in err and "Traceback" not in err
+    assert not (tmp_path / "x.yaml").exists()
