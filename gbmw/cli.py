@@ -8,6 +8,7 @@
     gbmw tune --ds-config ds_config.json --model MODEL --cluster CLUSTER [--target T] [-o DIR]
     gbmw train JOB --plan plan.yaml [--steps N] [--save DIR] [--load DIR]   (under torchrun / deepspeed for N > 1)
     gbmw profile model MODEL -o model.yaml [--precision fp32] [--batches 2,8]  (2 processes: TP split measured)
+    torchrun --nproc_per_node N -m gbmw profile cluster -o cluster.yaml [--links intra_node=8,inter_node=32]
 
 JOB is a job YAML or the name of a bundled job recipe (recipes/jobs/). Bad input ends with one
 line naming the file, field and value (exit status 2), never a traceback.
@@ -104,6 +105,32 @@ def _profile_parser(commands) -> None:
     model.add_argument("--repeats", type=int, default=5, help="timed runs per measurement (median; default 5)")
     model.add_argument("-o", "--output", required=True, help="the new model YAML to write")
     model.set_defaults(run=_run_profile_model)
+    cluster = what.add_parser("cluster", help="collective bandwidth/latency and overlap slowdown among the launched "
+                                              "processes → a cluster YAML (run under torchrun or deepspeed)")
+    cluster.add_argument("-o", "--output", required=True, help="the new cluster YAML to write")
+    cluster.add_argument("--name", help="the cluster's name (default: the output file's stem)")
+    cluster.add_argument("--links", help="link levels innermost first as name=devices, e.g. intra_node=8,inter_node=32 "
+                                         "(default: one level per machine, from LOCAL_WORLD_SIZE)")
+    cluster.add_argument("--repeats", type=int, default=10, help="timed repetitions per message size (median)")
+    cluster.set_defaults(run=_run_profile_cluster)
+
+
+def _run_profile_cluster(args: argparse.Namespace) -> int:
+    import torch.distributed as dist
+
+    from gbmw.adapters.profile.cluster import parse_link_levels, profile_cluster
+    from gbmw.adapters.runtime.launch import init_distributed
+
+    levels = parse_link_levels(args.links) if args.links else None
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        raise GbmwError("profiling a cluster needs at least 2 processes; launch it with "
+                        f"torchrun --standalone --nproc_per_node 2 -m gbmw profile cluster -o {args.output}")
+    init_distributed()
+    try:
+        profile_cluster(args.output, name=args.name, link_levels=levels, repeats=args.repeats)
+    finally:
+        dist.destroy_process_group()
+    return 0
 
 
 def _run_profile_model(args: argparse.Namespace) -> int:

@@ -1,0 +1,1 @@
+"""Measurement on real hardware for `gbmw profile` (needs torch): one technique per file."""
