@@ -60,8 +60,9 @@ def tune(ds_config_path: str, model: str, cluster: str, target: str = "deepspeed
     from gbmw.spec import parse_bytes
 
     if target == "runtime":
-        raise GbmwError("--target runtime: gbmw's own runtime (gbmw train) is not built yet; tune for deepspeed, "
-                        "megatron-deepspeed or megatron-core, or run `gbmw plan` for a runtime plan")
+        raise GbmwError("--target runtime: tune rewrites an existing DeepSpeed job's config, which cannot express "
+                        "gbmw's per-layer plans; tune for deepspeed, megatron-deepspeed or megatron-core, or plan and "
+                        "run with gbmw's runtime: `gbmw plan JOB -o plan.yaml` then `gbmw train JOB --plan plan.yaml`")
     if target not in TUNE_TARGETS:
         raise GbmwError(f"--target {target!r} is unknown; targets: {', '.join(TUNE_TARGETS)}")
     if output is not None and Path(output).exists() and any(Path(output).iterdir()):

@@ -62,7 +62,7 @@ def run(*args):
     [
         ("{not json", [], "not valid JSON"),
         (json.dumps({**USER_CONFIG, "train_batch_size": 1000}), [], "inconsistent batch sizes: train_batch_size(1000)"),
-        (json.dumps(USER_CONFIG), ["--target", "runtime"], "gbmw's own runtime (gbmw train) is not built yet"),
+        (json.dumps(USER_CONFIG), ["--target", "runtime"], "gbmw train JOB --plan plan.yaml"),
         (json.dumps(USER_CONFIG), ["--model", "no-such-model"], "model 'no-such-model': no such file"),
     ],
 )

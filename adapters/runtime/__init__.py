@@ -1,5 +1,7 @@
-"""gbmw's hybrid runtime: runs any Plan on torch.distributed (one technique per file).
+"""gbmw's hybrid runtime: runs any Plan on torch.distributed (paper Sec. 6), one technique per file.
 
-So far: `groups` (rank math and the process-group pool) and `launch` (device, backend and
-torch.distributed start-up); the rest of the runtime is being built (see the hybrid-runtime issue).
+groups (rank math, the process-group pool), tensor_parallel (megatron-core layers per layer group),
+sharding (DP all-reduce, FSDP2 per layer), redistribute (Slice-Gather), pipeline (1F1B), tied_weights,
+model (GPT/BERT layers), engine (the train step), checkpoint_files (plan-independent checkpoints),
+launch (device, backend, start-up) and train (`gbmw train`).
 """
