@@ -113,6 +113,8 @@ class HybridEngine:
         self.links = PipelineLinks(self.layout.previous_stage_rank(self.rank), self.layout.next_stage_rank(self.rank))
         self.autocast_dtype = PRECISION_DTYPES[plan.precision]
         self.step = 0
+        self.last_grad_norm: float | None = None
+        """The global gradient norm before clipping, of the last step (when clipping is on)."""
 
     # ------------------------------------------------------------------ construction
 
