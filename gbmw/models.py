@@ -557,8 +557,13 @@ def load_architecture(path: str | Path) -> Any:
         return import_hf_config(path)
     data = read_yaml(path)
     if "layers" in data:
-        raise SpecError(f"{path}: a layer list (profiled or hand-written) has costs but no architecture; the "
-                        "runtime needs the model recipe it was made from (family, hidden_size, …)")
+        if isinstance(data.get("architecture"), str):  # a profile carries what it was measured from
+            try:
+                return parse_architecture(json.loads(data["architecture"]), f"{path} (field `architecture`)")
+            except json.JSONDecodeError as error:
+                raise SpecError(f"{path}: field `architecture`: not valid JSON ({error.msg})") from None
+        raise SpecError(f"{path}: a layer list (hand-written, or a profile without `architecture`) has costs but no "
+                        "architecture; the runtime needs the model recipe it was made from (family, hidden_size, …)")
     return parse_architecture(data, str(path))
 
 

@@ -150,6 +150,8 @@ class ModelSpec(_Frozen):
     layers: tuple[LayerSpec, ...] = Field(min_length=1)
     source: str = ""
     """Where the shape comes from (paper, HF config, profile)."""
+    architecture: str | None = None
+    """For a profile: the architecture it was measured from, as JSON, so the runtime can build the model."""
 
     @model_validator(mode="after")
     def _layers_consistent(self) -> "ModelSpec":

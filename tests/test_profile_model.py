@@ -65,6 +65,9 @@ def test_profile_yaml_loads_into_the_planner(tmp_path, profiled):
                                        "global_batch: 16\nmemory_budget: 2MiB\n")
     job = load_job(tmp_path / "job.yaml")
     assert job.model.layers == load_model(tmp_path / "gpt-tiny-profile.yaml", "fp32").layers
+    from gbmw.models import load_architecture  # the runtime builds the profiled model from what it carries
+
+    assert load_architecture(job.model_path) == architecture("gpt-tiny")
     plan = plan_job(job, batch=16)
     assert plan.estimate.fits
     analytic_job = load_job("gpt-tiny_cpu-x4")

@@ -158,7 +158,8 @@ def profile_model(architecture: Any, precision: str, device: torch.device, batch
     how = "TP split measured over 2 processes" if tp_pair is not None else "TP split taken from the analytic model (one process)"
     source = (f"gbmw profile model on {device} ({torch.__version__}), batches {batches[0]} and {batches[1]}, "
               f"median of {repeats}; {how}")
-    return analytic.model_copy(update=dict(layers=tuple(layers), family="profiled", source=source))
+    return analytic.model_copy(update=dict(layers=tuple(layers), family="profiled", source=source,
+                                           architecture=architecture.model_dump_json(exclude_defaults=True)))
 
 
 def tp_pair_for_profiling() -> TensorParallel | None:
