@@ -74,6 +74,8 @@ class LayerCosts:
     model_state_bytes: np.ndarray
     """O_ms: parameters, gradients and optimizer states held throughout."""
     samples_per_device: float
+    optimizer_parameters: np.ndarray
+    """Parameters this device's optimizer steps (TP-local, divided by every ZeRO degree of the strategy)."""
 
 
 def model_state_bytes_per_parameter(strategy: Strategy, precision: str, optimizer: str) -> float:
@@ -108,8 +110,9 @@ def layer_costs(
     slowdown = settings.cluster.overlap_slowdown
 
     # Compute.
-    forward_compute = forward_time_per_sample_s(model, settings) * samples / tp
-    backward_compute = np.where(arrays.has_measured_backward, arrays.backward_time_per_sample_s * samples / tp,
+    forward_compute = forward_time_per_sample_s(model, settings) * samples / tp + arrays.forward_overhead_s
+    backward_compute = np.where(arrays.has_measured_backward,
+                                arrays.backward_time_per_sample_s * samples / tp + arrays.backward_overhead_s,
                                 2.0 * forward_compute)
 
     # Tensor-parallel all-reduces (blocking, not overlapped).
@@ -170,6 +173,7 @@ def layer_costs(
         backward_memory_bytes=backward_memory,
         model_state_bytes=states,
         samples_per_device=samples,
+        optimizer_parameters=local_parameters / (sdp * strategy.degree("z2dp") * strategy.degree("z1dp")),
     )
 
 
@@ -254,6 +258,8 @@ class StageEstimate:
     activation_bytes: float
     """Peak activation memory (stash of in-flight micro-batches plus the backward extra)."""
     in_flight_micro_batches: int
+    optimizer_time_s: float = 0.0
+    """The optimizer step over the stage's (ZeRO-sharded) parameters, once per iteration (profiled models only)."""
 
 
 def stage_estimate(
@@ -276,6 +282,7 @@ def stage_estimate(
     arrays = model.arrays
     time = no_sync = 0.0
     forward_memory, backward_memory, states = np.zeros(count), np.zeros(count), np.zeros(count)
+    optimizer_parameters = 0.0
     side_input_stashed = False
     for position, (layer, strategy) in enumerate(zip(layers, strategies)):
         if strategy not in cache:
@@ -287,6 +294,7 @@ def stage_estimate(
         backward_memory[position] = costs.backward_memory_bytes[layer]
         tied = arrays.tied_to_index[layer]
         states[position] = costs.model_state_bytes[layer]
+        optimizer_parameters += costs.optimizer_parameters[layer]
         if tied >= 0 and first_layer <= tied < first_layer + count:  # one copy of weights shared in the stage
             states[position] -= arrays.tied_parameter_count[layer] / strategy.tp * model_state_bytes_per_parameter(
                 strategy, settings.precision, settings.optimizer
@@ -326,6 +334,7 @@ def stage_estimate(
         model_state_bytes=float(states.sum()),
         activation_bytes=float(activations),
         in_flight_micro_batches=in_flight,
+        optimizer_time_s=float(optimizer_parameters * (model.optimizer_step_s_per_parameter or 0.0)),
     )
 
 
@@ -338,9 +347,11 @@ def in_flight_micro_batches(schedule: str, stage_index: int, pp: int, num_micro_
 
 
 def pipeline_time_s(stages: list[StageEstimate], num_micro_batches: int) -> float:
-    """Eq. (9): (m - 1) · max_i C_no_grad_sync(M_i) + Σ_i C(M_i)."""
+    """Eq. (9): (m - 1) · max_i C_no_grad_sync(M_i) + Σ_i C(M_i), plus the slowest stage's optimizer step
+    (0 unless the model was profiled: the paper's estimator leaves it out)."""
     slowest = max(stage.time_no_grad_sync_s for stage in stages)
-    return (num_micro_batches - 1) * slowest + sum(stage.time_s for stage in stages)
+    optimizer = max(stage.optimizer_time_s for stage in stages)
+    return (num_micro_batches - 1) * slowest + sum(stage.time_s for stage in stages) + optimizer
 
 
 # ----------------------------------------------------------------------------------------------
@@ -400,6 +411,7 @@ class StrategyTables:
     forward_memory_bytes: np.ndarray
     backward_memory_bytes: np.ndarray
     model_state_bytes: np.ndarray
+    optimizer_parameters: np.ndarray
     state_bytes_per_parameter: np.ndarray
     """[strategy]: model-state bytes per TP-local parameter (for tied weights shared in a stage)."""
     tp: np.ndarray
@@ -434,6 +446,7 @@ def strategy_tables(
         forward_memory_bytes=np.stack([c.forward_memory_bytes for c in costs]),
         backward_memory_bytes=np.stack([c.backward_memory_bytes for c in costs]),
         model_state_bytes=np.stack([c.model_state_bytes for c in costs]),
+        optimizer_parameters=np.stack([c.optimizer_parameters for c in costs]),
         state_bytes_per_parameter=np.array(
             [model_state_bytes_per_parameter(s, settings.precision, settings.optimizer) for s in strategies]
         ),

@@ -218,7 +218,7 @@ class Planner:
         costs = {
             strategy: LayerCosts(tables.time_s[i], tables.time_no_grad_sync_s[i], tables.forward_memory_bytes[i],
                                  tables.backward_memory_bytes[i], tables.model_state_bytes[i],
-                                 setting.micro_batch / strategy.data_parallel)
+                                 setting.micro_batch / strategy.data_parallel, tables.optimizer_parameters[i])
             for i, strategy in enumerate(tables.strategies)
         }
         candidates: list[_Candidate] = []

@@ -80,6 +80,11 @@ class LayerSpec(_Frozen):
     `forward_flops_per_sample` over the device's sustained FLOP/s."""
     backward_time_per_sample_s: float | None = Field(default=None, ge=0)
     """Measured per-sample backward time (from `gbmw profile model`); when absent, 2 × the forward time."""
+    forward_overhead_s: float = Field(default=0.0, ge=0)
+    """Measured time of one forward call that does not grow with the samples (kernel launches, Python): the
+    intercept of time against batch size; 0 for analytic models."""
+    backward_overhead_s: float = Field(default=0.0, ge=0)
+    """The same for one backward call."""
 
     @property
     def stashed_activation_bytes_per_sample(self) -> float:
@@ -129,6 +134,8 @@ class LayerArrays:
         self.forward_time_per_sample_s = column("forward_time_per_sample_s")
         self.has_measured_backward = np.array([layer.backward_time_per_sample_s is not None for layer in layers])
         self.backward_time_per_sample_s = column("backward_time_per_sample_s")
+        self.forward_overhead_s = column("forward_overhead_s")
+        self.backward_overhead_s = column("backward_overhead_s")
         names = [layer.name for layer in layers]
         self.tied_to_index = np.array(
             [names.index(layer.tied_to) if layer.tied_to is not None else -1 for layer in layers]
@@ -152,6 +159,9 @@ class ModelSpec(_Frozen):
     """Where the shape comes from (paper, HF config, profile)."""
     architecture: str | None = None
     """For a profile: the architecture it was measured from, as JSON, so the runtime can build the model."""
+    optimizer_step_s_per_parameter: float | None = Field(default=None, ge=0)
+    """Measured optimizer step time per parameter on the profiled device (`gbmw profile model`); the
+    estimator adds the slowest stage's step to each iteration. None: not modelled (analytic models)."""
 
     @model_validator(mode="after")
     def _layers_consistent(self) -> "ModelSpec":

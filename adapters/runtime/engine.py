@@ -39,7 +39,7 @@ from .redistribute import BatchLayout, relayout
 from .sharding import (LayerDataParallel, data_parallel_flavour, full_value, local_value, shard_like,
                        synchronise_plain_gradients)
 from .tensor_parallel import TensorParallel, gather_full, partition_dims, shard_for_rank
-from .tied_weights import TiedWeights
+from .tied_weights import TiedWeights, share_tied_weight
 
 PRECISION_DTYPES = {"fp32": None, "bf16": torch.bfloat16}
 """Parameters and optimizer states stay fp32; bf16 runs the layers under autocast."""
@@ -95,7 +95,9 @@ class HybridEngine:
         self.local_rank = self.layout.local_rank(self.rank)
         self.stage_group = pool.stage_group()
         first, end = plan.stage_bounds[self.stage]
-        self.layers = [self._build(index, names[index], plan.strategies[index]) for index in range(first, end)]
+        self.layers: list[StageLayer] = []
+        for index in range(first, end):
+            self.layers.append(self._build(index, names[index], plan.strategies[index]))
         self.previous_layout = (
             BatchLayout.of(self.layout, self.stage - 1, plan.strategies[first - 1]) if self.stage > 0 else None
         )
@@ -125,6 +127,8 @@ class HybridEngine:
                             self.layout.digits(self.rank, strategy).get("tp", 0))
         module = build_layer(self.architecture, name, tp).to(self.device)
         split_dims = partition_dims(module)
+        if name == "head" and self.layers and self.layers[0].name == "embedding":
+            share_tied_weight(self.architecture, self.layers[0], module, strategy)
         if strategy.ckpt:
             module = checkpoint_wrapper(module)
         data_parallel = LayerDataParallel(data_parallel_flavour(strategy), self.pool.data_group(strategy),
@@ -135,7 +139,9 @@ class HybridEngine:
         return StageLayer(index, name, strategy, module, tp, data_parallel, layout, split_dims, parameters)
 
     def _all_parameters(self) -> list[nn.Parameter]:
-        return [parameter for layer in self.layers for parameter in layer.parameters.values()]
+        """Every distinct parameter of the stage (a tied weight shared by two layers once)."""
+        unique = {id(parameter): parameter for layer in self.layers for parameter in layer.parameters.values()}
+        return list(unique.values())
 
     @torch.no_grad()
     def _set_weights(self, full_tensor) -> None:

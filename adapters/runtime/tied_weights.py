@@ -9,7 +9,8 @@ its copies (gathering TP slices and ZeRO shards), the sums are all-reduced over 
 stages, and each rank keeps its slice again. The copies then take identical Adam steps and stay equal. When both layers use the same
 strategy (the common case) their slices line up rank by rank, and the sum needs no gathering: it is taken
 locally (one stage) or all-reduced between each first-stage rank and its last-stage partner.
-Checkpoints store the embedding's copy only; the head's is restored from it.
+Checkpoints store the embedding's copy only; the head's is restored from it. When both layers are on one
+stage, slice alike and are not ZeRO-sharded, the head simply uses the embedding's Parameter.
 """
 
 from __future__ import annotations
@@ -52,6 +53,19 @@ def tie_group_ranks(plan: Plan) -> tuple[int, ...]:
     return tuple(sorted(ranks))
 
 
+def share_tied_weight(architecture: Any, embedding_layer, head_module, head_strategy) -> bool:
+    """When the head sits on the embedding's stage with the same slicing and no ZeRO sharding, make it use the
+    embedding's Parameter itself: one copy in memory (what the estimator charges) and no gradient exchange."""
+    from .sharding import data_parallel_flavour, SHARDED_FLAVOURS
+
+    if not ties_embeddings(architecture) or not _same_slicing(embedding_layer.strategy, head_strategy):
+        return False
+    if data_parallel_flavour(head_strategy) in SHARDED_FLAVOURS:
+        return False  # FSDP2 shards each layer's parameters on its own: it cannot share one across two layers
+    head_module.output.weight = embedding_layer.parameters["word.weight"]
+    return True
+
+
 class TiedWeights:
     def __init__(self, architecture: Any, plan: Plan, pool, layers: list) -> None:
         self.enabled = ties_embeddings(architecture)
@@ -62,6 +76,8 @@ class TiedWeights:
             for key in layer.parameters:
                 if f"{layer.name}.{key}" in (EMBEDDING_WEIGHT, HEAD_WEIGHT):
                     self.copies.append((layer, key))
+        if len({id(layer.parameters[key]) for layer, key in self.copies}) < len(self.copies):
+            self.copies = []  # one shared Parameter (share_tied_weight): autograd already sums both uses
         ranks = tie_group_ranks(plan)
         self.group = pool.get(ranks) if pool.rank in ranks else None
         self.copy_holders = plan.num_devices // plan.pp
