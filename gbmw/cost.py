@@ -299,6 +299,8 @@ def stage_estimate(
             states[position] -= arrays.tied_parameter_count[layer] / strategy.tp * model_state_bytes_per_parameter(
                 strategy, settings.precision, settings.optimizer
             )
+            optimizer_parameters -= arrays.tied_parameter_count[layer] / strategy.tp / (
+                strategy.degree("sdp") * strategy.degree("z2dp") * strategy.degree("z1dp"))
         side = arrays.side_input_bytes_per_sample[layer]
         if side > 0 and not side_input_stashed:  # the encoder output, stashed once per stage
             forward_memory[position] += side * costs.samples_per_device

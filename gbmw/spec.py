@@ -177,6 +177,12 @@ class ModelSpec(_Frozen):
                 )
         return self
 
+    def model_copy(self, *, update=None, deep: bool = False) -> "ModelSpec":
+        """pydantic's copy, without the cached `arrays` of the original (they would describe the old layers)."""
+        copy = super().model_copy(update=update, deep=deep)
+        copy.__dict__.pop("arrays", None)
+        return copy
+
     @property
     def num_layers(self) -> int:
         return len(self.layers)

@@ -200,3 +200,26 @@ def test_random_plans_have_positive_time_and_memory(layers, pp, micro_batches, d
     assert estimate.iteration_time_s >= 0 and not math.isnan(estimate.iteration_time_s)
     assert all(m >= 0 for m in estimate.stage_peak_memory_bytes)
     assert estimate.fits == all(m <= job.memory_budget_bytes for m in estimate.stage_peak_memory_bytes)
+
+
+def test_profiled_overheads_and_optimizer_step_add_exactly():
+    """A measured per-call overhead adds to every layer call (backward = 2 × forward when unmeasured), and a
+    measured optimizer step adds once per iteration for the stage's parameters (the tied copy counted once)."""
+    from gbmw.cost import estimate_plan
+    from gbmw.plan import plan_from_strategy_names
+    from gbmw.spec import load_job
+
+    from gbmw.cost import tp_local_parameters
+
+    job = load_job("gpt-tiny_cpu-x4")
+    # TP only: its all-reduces block (no overlap with compute), so added compute adds exactly.
+    plan = plan_from_strategy_names(job.model, 4, ["tp4"] * job.model.num_layers, [job.model.num_layers], 16, 1)
+    base = estimate_plan(job, plan).iteration_time_s
+    overhead_s, per_parameter_s = 1e-3, 1e-9
+    layers = tuple(layer.model_copy(update={"forward_overhead_s": overhead_s}) for layer in job.model.layers)
+    model = job.model.model_copy(update={"layers": layers, "optimizer_step_s_per_parameter": per_parameter_s})
+    profiled = job.model_copy(update={"model": model})
+    tied_copy = job.model.layers[-1].tied_parameter_count / 4  # the head shares the embedding's slice
+    stage_parameters = tp_local_parameters(job.model, 4).sum() - tied_copy
+    expected = base + job.model.num_layers * 3 * overhead_s + stage_parameters * per_parameter_s
+    assert estimate_plan(profiled, plan).iteration_time_s == pytest.approx(expected, rel=1e-9)

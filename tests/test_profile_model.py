@@ -24,8 +24,20 @@ def test_measured_activations_equal_analytic(profiled):
     for expected, measured in zip(analytic.layers, profiled.layers):
         assert measured.boundary_activation_bytes_per_sample == expected.boundary_activation_bytes_per_sample
         assert measured.stashed_activation_bytes_per_sample == expected.stashed_activation_bytes_per_sample, expected.name
-    assert all(layer.forward_time_per_sample_s > 0 and layer.backward_time_per_sample_s > 0
-               for layer in profiled.layers)
+    for layer in profiled.layers:  # time = overhead per call + seconds per sample × samples, both measured
+        assert layer.forward_time_per_sample_s >= 0 and layer.forward_overhead_s >= 0
+        assert layer.forward_overhead_s + 8 * layer.forward_time_per_sample_s > 0
+        assert layer.backward_overhead_s + 8 * layer.backward_time_per_sample_s > 0
+    assert profiled.optimizer_step_s_per_parameter > 0
+    assert load_architecture_of(profiled) == architecture("gpt-tiny")
+
+
+def load_architecture_of(spec):
+    import json
+
+    from gbmw.models import parse_architecture
+
+    return parse_architecture(json.loads(spec.architecture), "profile")
 
 
 def _profile_on_two(rank, world_size, output):

@@ -3,8 +3,10 @@ the per-sample computation time of each layer is profiled; memory comes from the
 
 For every layer of the planner's ModelSpec the runtime's own module (gbmw.adapters.runtime.model) runs
 forward and backward on this device at two batch sizes:
-- time: median of `repeats` timed runs, per sample at the larger batch (the estimator scales time linearly
-  with samples, as the paper does); backward measured separately (the analytic default is 2 × forward);
+- time: median of `repeats` timed runs at each batch size, as a line: seconds per sample (the slope; the
+  paper's per-sample time) and seconds per call (the intercept: launches and Python, which make tiny
+  micro-batches slow); backward measured separately (the analytic default is 2 × forward); and torch
+  Adam's step time per parameter;
 - stashed activations: the bytes autograd saves (adapters/profile/activations.py), as the slope between
   the two batch sizes, so anything that does not grow with the batch (position indices) is left out; the
   layer input is the boundary (Sec. 3.1 `bnd`), the rest intermediate;
@@ -39,6 +41,9 @@ class LayerMeasurement:
     name: str
     forward_s_per_sample: float
     backward_s_per_sample: float
+    forward_overhead_s: float
+    """Intercept of forward time against batch size: the cost of a call that does not grow with samples."""
+    backward_overhead_s: float
     boundary_bytes_per_sample: float
     intermediate_bytes_per_sample: float
     """Stashed bytes per sample other than the layer input (one device, no TP)."""
@@ -102,18 +107,22 @@ def measure_layer(architecture: Any, name: str, device: torch.device, dtype: tor
                   repeats: int, tp_pair: TensorParallel | None) -> LayerMeasurement:
     small, large = batches
     layer = _build(architecture, name, TensorParallel.single(), device, dtype)
-    x, labels = _layer_inputs(architecture, name, large, device, dtype)
+    forward_s, backward_s = {}, {}
+    for batch in (small, large):
+        x, labels = _layer_inputs(architecture, name, batch, device, dtype)
 
-    def forward() -> None:
-        with torch.no_grad():
-            _run_layer(layer, name, x, labels)
+        def forward() -> None:
+            with torch.no_grad():
+                _run_layer(layer, name, x, labels)
 
-    def forward_backward() -> None:
-        _run_layer(layer, name, x, labels).backward()
+        def forward_backward() -> None:
+            _run_layer(layer, name, x, labels).backward()
 
-    forward_backward()  # warm-up (allocations, kernel selection)
-    forward_s = _median_time_s(forward, repeats, device)
-    backward_s = max(0.0, _median_time_s(forward_backward, repeats, device) - forward_s)
+        forward_backward()  # warm-up (allocations, kernel selection)
+        forward_s[batch] = _median_time_s(forward, repeats, device)
+        backward_s[batch] = max(0.0, _median_time_s(forward_backward, repeats, device) - forward_s[batch])
+    forward_slope, forward_intercept = _line(forward_s, small, large)
+    backward_slope, backward_intercept = _line(backward_s, small, large)
     saved_small, input_small = _saved_bytes(architecture, name, layer, small, device, dtype)
     saved_large, input_large = _saved_bytes(architecture, name, layer, large, device, dtype)
     per_sample = (saved_large - saved_small) / (large - small)
@@ -124,7 +133,32 @@ def measure_layer(architecture: Any, name: str, device: torch.device, dtype: tor
         tp_small, _ = _saved_bytes(architecture, name, tp_layer, small, device, dtype)
         tp_large, _ = _saved_bytes(architecture, name, tp_layer, large, device, dtype)
         split = max(0.0, 2 * (per_sample - (tp_large - tp_small) / (large - small)))
-    return LayerMeasurement(name, forward_s / large, backward_s / large, boundary, per_sample - boundary, split)
+    return LayerMeasurement(name, forward_slope, backward_slope, forward_intercept, backward_intercept, boundary,
+                            per_sample - boundary, split)
+
+
+def _line(seconds: dict[int, float], small: int, large: int) -> tuple[float, float]:
+    """(seconds per sample, seconds per call) through the two measurements; a noisy negative intercept
+    becomes 0 with the slope through the larger batch."""
+    slope = (seconds[large] - seconds[small]) / (large - small)
+    intercept = seconds[small] - small * slope
+    if intercept < 0 or slope < 0:
+        return seconds[large] / large, 0.0
+    return slope, intercept
+
+
+def measure_optimizer_step_s_per_parameter(architecture: Any, device: torch.device, dtype: torch.dtype,
+                                           repeats: int) -> float:
+    """torch Adam's step over every parameter of the model (the runtime's optimizer, one group per layer
+    kind as the engine builds it), median time over the parameter count."""
+    parameters = [parameter for name in layer_names(architecture)
+                  for parameter in build_layer(architecture, name, TensorParallel.single(), dtype).to(device).parameters()]
+    for parameter in parameters:
+        parameter.grad = torch.randn_like(parameter)
+    optimizer = torch.optim.Adam(parameters, lr=1e-4)
+    optimizer.step()  # creates the moments
+    seconds = _median_time_s(optimizer.step, repeats, device)
+    return seconds / sum(parameter.numel() for parameter in parameters)
 
 
 def profile_model(architecture: Any, precision: str, device: torch.device, batches: tuple[int, int] = (2, 8),
@@ -151,6 +185,8 @@ def profile_model(architecture: Any, precision: str, device: torch.device, batch
         layers.append(spec.model_copy(update=dict(
             forward_time_per_sample_s=measured.forward_s_per_sample,
             backward_time_per_sample_s=measured.backward_s_per_sample,
+            forward_overhead_s=measured.forward_overhead_s,
+            backward_overhead_s=measured.backward_overhead_s,
             boundary_activation_bytes_per_sample=measured.boundary_bytes_per_sample,
             intermediate_activation_bytes_per_sample=measured.intermediate_bytes_per_sample - split,
             intermediate_tp_split_activation_bytes_per_sample=split,
@@ -158,8 +194,11 @@ def profile_model(architecture: Any, precision: str, device: torch.device, batch
     how = "TP split measured over 2 processes" if tp_pair is not None else "TP split taken from the analytic model (one process)"
     source = (f"gbmw profile model on {device} ({torch.__version__}), batches {batches[0]} and {batches[1]}, "
               f"median of {repeats}; {how}")
+    progress("optimizer step")
+    optimizer_s = measure_optimizer_step_s_per_parameter(architecture, device, dtype, repeats)
     return analytic.model_copy(update=dict(layers=tuple(layers), family="profiled", source=source,
-                                           architecture=architecture.model_dump_json(exclude_defaults=True)))
+                                           architecture=architecture.model_dump_json(exclude_defaults=True),
+                                           optimizer_step_s_per_parameter=optimizer_s))
 
 
 def tp_pair_for_profiling() -> TensorParallel | None:
