@@ -9,6 +9,7 @@
     gbmw train JOB --plan plan.yaml [--steps N] [--save DIR] [--load DIR]   (under torchrun / deepspeed for N > 1)
     gbmw profile model MODEL -o model.yaml [--precision fp32] [--batches 2,8]  (2 processes: TP split measured)
     torchrun --nproc_per_node N -m gbmw profile cluster -o cluster.yaml [--links intra_node=8,inter_node=32]
+    torchrun --nproc_per_node N -m gbmw validate JOB --plans a.yaml b.yaml [--steps 8] [--json out.json]
 
 JOB is a job YAML or the name of a bundled job recipe (recipes/jobs/). Bad input ends with one
 line naming the file, field and value (exit status 2), never a traceback.
@@ -92,7 +93,35 @@ def _parser() -> argparse.ArgumentParser:
     _tune_parser(commands)
     _train_parser(commands)
     _profile_parser(commands)
+    validate = commands.add_parser("validate", help="run plans with the runtime and print predicted vs measured "
+                                                    "iteration time and memory (under torchrun / deepspeed)")
+    validate.add_argument("job", help="job YAML or bundled job recipe name (its model may be a profile)")
+    validate.add_argument("--plans", nargs="+", required=True, help="plan YAMLs for the launched device count")
+    validate.add_argument("--steps", type=int, default=8, help="timed steps per plan (median; default 8)")
+    validate.add_argument("--warmup", type=int, default=2, help="untimed steps first (default 2)")
+    validate.add_argument("--json", help="also write the results to this new JSON file")
+    validate.set_defaults(run=_run_validate)
     return parser
+
+
+def _run_validate(args: argparse.Namespace) -> int:
+    from dataclasses import asdict
+
+    from gbmw.adapters.profile.validate import print_validation, run_validate
+
+    rank = int(os.environ.get("RANK", "0"))
+    if args.json and os.path.exists(args.json):
+        raise GbmwError(f"--json {args.json}: exists; gbmw never overwrites a file — choose a new name")
+    results = run_validate(args.job, args.plans, args.steps, args.warmup,
+                           say=lambda text: print(text, flush=True) if rank == 0 else None)
+    if rank == 0:
+        summary = print_validation(results)
+        if args.json:
+            from gbmw.plan import write_new_file
+
+            write_new_file(args.json, json.dumps({"plans": [asdict(result) for result in results],
+                                                  "summary": summary}, indent=2))
+    return 0
 
 
 def _profile_parser(commands) -> None:

@@ -260,6 +260,8 @@ class StageEstimate:
     in_flight_micro_batches: int
     optimizer_time_s: float = 0.0
     """The optimizer step over the stage's (ZeRO-sharded) parameters, once per iteration (profiled models only)."""
+    stashed_activation_bytes: float = 0.0
+    """The stash alone: in-flight micro-batches × what each keeps from forward to backward (no backward extra)."""
 
 
 def stage_estimate(
@@ -337,6 +339,7 @@ def stage_estimate(
         activation_bytes=float(activations),
         in_flight_micro_batches=in_flight,
         optimizer_time_s=float(optimizer_parameters * (model.optimizer_step_s_per_parameter or 0.0)),
+        stashed_activation_bytes=float(in_flight * forward_memory.sum()),
     )
 
 

@@ -20,6 +20,7 @@ this rank's samples, and data-parallel groups SUM them (never average), whatever
 
 from __future__ import annotations
 
+import contextlib
 import zlib
 from dataclasses import dataclass
 from typing import Any
@@ -117,6 +118,9 @@ class HybridEngine:
         self.step = 0
         self.last_grad_norm: float | None = None
         """The global gradient norm before clipping, of the last step (when clipping is on)."""
+        self.observer = None
+        """Optional measurement hooks (gbmw.adapters.profile.held_memory.HeldMemoryProbe): told when each
+        micro-batch's forward runs and ends, when its backward ends, and before gradients are dropped."""
 
     # ------------------------------------------------------------------ construction
 
@@ -179,7 +183,9 @@ class HybridEngine:
             else:
                 leaf = received.requires_grad_()
                 x, previous = leaf, self.previous_layout
-            with torch.autocast(self.device.type, self.autocast_dtype, enabled=self.autocast_dtype is not None):
+            observing = self.observer.forward_context(index) if self.observer else contextlib.nullcontext()
+            with observing, torch.autocast(self.device.type, self.autocast_dtype,
+                                           enabled=self.autocast_dtype is not None):
                 for layer in self.layers:
                     x = relayout(x, previous, layer.layout, self.local_rank, self.stage_group)
                     previous = layer.layout
@@ -200,6 +206,8 @@ class HybridEngine:
                 layer.data_parallel.set_gradient_sync(layer.module, index == count - 1)
             leaf, output = stashed.pop(index)
             torch.autograd.backward(output, grad)
+            if self.observer:
+                self.observer.backward_finished(index)
             return None if leaf is None else leaf.grad
 
         run_schedule(self.stage, self.plan.pp, count, self.links, forward, backward, self._boundary_shape)
@@ -209,6 +217,8 @@ class HybridEngine:
         if self.adam.max_grad_norm is not None:
             self.last_grad_norm = self._clip_gradients(self.adam.max_grad_norm)
         self.optimizer.step()
+        if self.observer:
+            self.observer.step_finished()
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
         dist.all_reduce(loss_share)  # only the last stage holds loss shares; TP copies were divided out
