@@ -99,6 +99,28 @@ def forward_time_per_sample_s(model: ModelSpec, settings: CostSettings) -> np.nd
     return np.where(arrays.has_measured_time, arrays.forward_time_per_sample_s, analytic)
 
 
+def _framework_overheads_s(model: ModelSpec, strategy: Strategy, settings: CostSettings, comm: CommModel,
+                           parameter_bytes: float) -> np.ndarray:
+    """Per call: what profiled TP-2 / SDP-2 timings show beyond compute and the modelled collectives (the
+    runtime's megatron-core and FSDP2 bookkeeping). 0 for analytic models and strategies without tp / sdp."""
+    arrays = model.arrays
+    overhead = np.zeros(model.num_layers)
+    batch = arrays.profiled_batch
+    if not batch.any():
+        return overhead
+    measured_time = forward_time_per_sample_s(model, settings) * batch
+    plain = measured_time + arrays.forward_overhead_s + np.where(
+        arrays.has_measured_backward, arrays.backward_time_per_sample_s * batch + arrays.backward_overhead_s,
+        2 * measured_time)
+    if strategy.tp > 1:
+        tp_comm = 2 * _vector(comm.allreduce_s, arrays.tp_allreduce_bytes_per_sample * batch, 2, 1)
+        overhead += np.where(arrays.tp2_time_s > 0, np.maximum(0.0, arrays.tp2_time_s - plain / 2 - tp_comm), 0.0)
+    if strategy.degree("sdp") > 1:
+        gathers = 2 * _vector(comm.allgather_s, arrays.parameter_count * parameter_bytes, 2, 1)
+        overhead += np.where(arrays.sdp2_time_s > 0, np.maximum(0.0, arrays.sdp2_time_s - plain - gathers), 0.0)
+    return overhead
+
+
 def layer_costs(
     model: ModelSpec, strategy: Strategy, micro_batch: float, settings: CostSettings, comm: CommModel
 ) -> LayerCosts:
@@ -144,10 +166,12 @@ def layer_costs(
         else:  # dp
             last_micro_batch += _vector(comm.allreduce_s, shard_parameters * gradient_bytes, degree, stride)
 
+    framework = _framework_overheads_s(model, strategy, settings, comm, parameter_bytes)
+
     def overlapped(compute: np.ndarray, communication: np.ndarray) -> np.ndarray:
         return np.maximum(compute, communication) + (slowdown - 1.0) * np.minimum(compute, communication)
 
-    forward = forward_compute + tp_forward + forward_gather
+    forward = forward_compute + tp_forward + forward_gather + framework
     recompute = (forward_compute + tp_forward) if strategy.ckpt else 0.0
     backward_common = tp_forward + recompute
     time_no_sync = forward + backward_common + overlapped(backward_compute, every_micro_batch)

@@ -85,6 +85,15 @@ class LayerSpec(_Frozen):
     intercept of time against batch size; 0 for analytic models."""
     backward_overhead_s: float = Field(default=0.0, ge=0)
     """The same for one backward call."""
+    profiled_batch: int | None = Field(default=None, ge=1)
+    """Samples of the calls `tp2_time_s` and `sdp2_time_s` timed."""
+    tp2_time_s: float | None = Field(default=None, ge=0)
+    """Measured forward + backward of one call of `profiled_batch` samples with TP 2 (runtime's megatron-core
+    layers). What the estimator does not explain of it (compute / 2, its TP all-reduces) is charged as a
+    per-call overhead to every TP layer — framework costs the paper's estimator leaves out."""
+    sdp2_time_s: float | None = Field(default=None, ge=0)
+    """The same with the layer sharded 2 ways by FSDP2; the unexplained part (beyond compute and the two
+    all-gathers) is charged per call to every SDP layer."""
 
     @property
     def stashed_activation_bytes_per_sample(self) -> float:
@@ -136,6 +145,9 @@ class LayerArrays:
         self.backward_time_per_sample_s = column("backward_time_per_sample_s")
         self.forward_overhead_s = column("forward_overhead_s")
         self.backward_overhead_s = column("backward_overhead_s")
+        self.profiled_batch = column("profiled_batch")
+        self.tp2_time_s = column("tp2_time_s")
+        self.sdp2_time_s = column("sdp2_time_s")
         names = [layer.name for layer in layers]
         self.tied_to_index = np.array(
             [names.index(layer.tied_to) if layer.tied_to is not None else -1 for layer in layers]

@@ -24,7 +24,7 @@ class SavedActivationMeter:
 
     def _pack(self, tensor: torch.Tensor) -> torch.Tensor:
         key = _storage_key(tensor)
-        if key not in self._excluded:
+        if key not in self._excluded and not _is_parameter(tensor):
             self.storages[key] = tensor.untyped_storage().nbytes()
         return tensor
 
@@ -42,6 +42,12 @@ class SavedActivationMeter:
 
     def __exit__(self, *exc) -> None:
         self._hooks.__exit__(*exc)
+
+
+def _is_parameter(tensor: torch.Tensor) -> bool:
+    """A parameter or a view of one: weights are model states even when FSDP2 hands autograd its gathered
+    copy (a Parameter it registers for the layer's forward and frees after), which no fixed set can list."""
+    return isinstance(tensor, torch.nn.Parameter) or isinstance(getattr(tensor, "_base", None), torch.nn.Parameter)
 
 
 def _storage_key(tensor: torch.Tensor) -> int:

@@ -49,6 +49,10 @@ class LayerMeasurement:
     """Stashed bytes per sample other than the layer input (one device, no TP)."""
     tp_split_bytes_per_sample: float | None
     """The part of `intermediate_bytes_per_sample` TP divides (None: not measured, one process)."""
+    tp2_seconds: float | None = None
+    """Forward + backward of one call at the larger batch with TP over the two profiling ranks."""
+    sdp2_seconds: float | None = None
+    """The same with the layer sharded over the two ranks by FSDP2 (no gradient sync: most micro-batches)."""
 
 
 def _synchronise(device: torch.device) -> None:
@@ -127,14 +131,43 @@ def measure_layer(architecture: Any, name: str, device: torch.device, dtype: tor
     saved_large, input_large = _saved_bytes(architecture, name, layer, large, device, dtype)
     per_sample = (saved_large - saved_small) / (large - small)
     boundary = (input_large - input_small) / (large - small)
-    split = None
+    split = tp2_seconds = sdp2_seconds = None
     if tp_pair is not None:
         tp_layer = _build(architecture, name, tp_pair, device, dtype)
         tp_small, _ = _saved_bytes(architecture, name, tp_layer, small, device, dtype)
         tp_large, _ = _saved_bytes(architecture, name, tp_layer, large, device, dtype)
         split = max(0.0, 2 * (per_sample - (tp_large - tp_small) / (large - small)))
+        tp2_seconds = _step_seconds(tp_layer, architecture, name, large, device, dtype, repeats)
+        sharded = _build(architecture, name, TensorParallel.single(), device, dtype)
+        _shard_over_pair(sharded, tp_pair, device)
+        sdp2_seconds = _step_seconds(sharded, architecture, name, large, device, dtype, repeats)
     return LayerMeasurement(name, forward_slope, backward_slope, forward_intercept, backward_intercept, boundary,
-                            per_sample - boundary, split)
+                            per_sample - boundary, split, tp2_seconds, sdp2_seconds)
+
+
+def _step_seconds(layer, architecture, name, batch, device, dtype, repeats) -> float:
+    """Median forward + backward of one call, the two ranks starting together (a barrier before each run)."""
+    x, labels = _layer_inputs(architecture, name, batch, device, dtype)
+    _run_layer(layer, name, x, labels).backward()
+    times = []
+    for _ in range(repeats):
+        dist.barrier()
+        _synchronise(device)
+        started = time.perf_counter()
+        _run_layer(layer, name, x, labels).backward()
+        _synchronise(device)
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+def _shard_over_pair(layer: torch.nn.Module, pair: TensorParallel, device: torch.device) -> None:
+    """FSDP2 over the profiling pair, as gbmw.adapters.runtime.sharding applies it to an `sdp` layer."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import fully_shard
+
+    fully_shard(layer, mesh=DeviceMesh.from_group(pair.group, device.type), reshard_after_forward=True)
+    layer.set_force_sum_reduction_for_comms(True)
+    layer.set_requires_gradient_sync(False)
 
 
 def _line(seconds: dict[int, float], small: int, large: int) -> tuple[float, float]:
@@ -187,6 +220,9 @@ def profile_model(architecture: Any, precision: str, device: torch.device, batch
             backward_time_per_sample_s=measured.backward_s_per_sample,
             forward_overhead_s=measured.forward_overhead_s,
             backward_overhead_s=measured.backward_overhead_s,
+            profiled_batch=batches[1],
+            tp2_time_s=measured.tp2_seconds,
+            sdp2_time_s=measured.sdp2_seconds,
             boundary_activation_bytes_per_sample=measured.boundary_bytes_per_sample,
             intermediate_activation_bytes_per_sample=measured.intermediate_bytes_per_sample - split,
             intermediate_tp_split_activation_bytes_per_sample=split,
