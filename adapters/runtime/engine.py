@@ -179,7 +179,7 @@ class HybridEngine:
             nonlocal loss_share
             if received is None:
                 x, previous, leaf = micro_slice("inputs", index), self.layers[0].layout, None
-                x = previous.take(x, self.local_rank)
+                x = previous.take(x, self.local_rank).clone()  # its own storage, as a data loader would hand it
             else:
                 leaf = received.requires_grad_()
                 x, previous = leaf, self.previous_layout
@@ -191,7 +191,7 @@ class HybridEngine:
                     previous = layer.layout
                     self._seed_dropout(index, layer)
                     if layer.name == "head":
-                        labels = {key: layer.layout.take(micro_slice(key, index), self.local_rank)
+                        labels = {key: layer.layout.take(micro_slice(key, index), self.local_rank).clone()
                                   for key in batch if key != "inputs"}
                         loss = layer.module(x, labels) / (layer.layout.slices * count)
                         loss_share = loss_share + loss.detach() / layer.tp.size

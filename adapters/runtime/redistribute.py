@@ -47,13 +47,14 @@ class SliceGather(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, source: BatchLayout, target: BatchLayout, local_rank: int, group):
         ctx.layouts, ctx.local_rank, ctx.group = (source, target), local_rank, group
-        return target.take(source.assemble(_all_gather(x.contiguous(), group)), local_rank).contiguous()
+        # clone: keep only this rank's slice (a view would pin the whole gathered micro-batch in memory)
+        return target.take(source.assemble(_all_gather(x.contiguous(), group)), local_rank).clone()
 
     @staticmethod
     def backward(ctx, grad):
         source, target = ctx.layouts
         full = target.assemble(_all_gather(grad.contiguous(), ctx.group))
-        return source.take(full, ctx.local_rank).contiguous(), None, None, None, None
+        return source.take(full, ctx.local_rank).clone(), None, None, None, None
 
 
 def _all_gather(x: torch.Tensor, group) -> list[torch.Tensor]:
