@@ -76,3 +76,24 @@ def test_held_memory_matches_the_estimator(tmp_path):
             # Within 0.1 %: what the estimator leaves out is a few hundred bytes per micro-batch that do not grow
             # with the batch (position indices, the loss scalar).
             assert stage_predicted == pytest.approx(stage_measured, rel=1e-3)
+
+
+def test_validate_bad_input_is_one_error(tmp_path, capsys, monkeypatch):
+    from gbmw.cli import main
+    from gbmw.plan import plan_from_strategy_names
+    from gbmw.spec import load_job
+
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    job_path = _cluster_yaml(tmp_path)
+    job = load_job(job_path)
+    plan = plan_from_strategy_names(job.model, 2, ["dp2"] * job.model.num_layers, [job.model.num_layers], 8, 2)
+    (tmp_path / "dp2.yaml").write_text(plan.to_yaml())
+    assert main(["validate", str(job_path), "--plans", str(tmp_path / "dp2.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert "num_devices=2, but 1 process(es) were launched" in err and "Traceback" not in err
+    (tmp_path / "taken.json").write_text("{}")
+    assert main(["validate", str(job_path), "--plans", str(tmp_path / "dp2.yaml"), "--json",
+                 str(tmp_path / "taken.json")]) == 2
+    assert "never overwrites" in capsys.readouterr().err
+    assert (tmp_path / "taken.json").read_text() == "{}"
