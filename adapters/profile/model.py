@@ -96,9 +96,14 @@ def _saved_bytes(architecture, name, layer, batch, device, dtype) -> tuple[int, 
     return meter.bytes, (x.untyped_storage().nbytes() if meter.holds(x) else 0)
 
 
+MIN_TIMED_SECONDS = 0.1
+"""Short runs repeat until at least this much time is timed (up to 50 × repeats): a 50 µs layer call needs
+hundreds of runs for a stable median on a loaded machine."""
+
+
 def _median_time_s(run: Callable[[], None], repeats: int, device: torch.device) -> float:
-    times = []
-    for _ in range(repeats):
+    times: list[float] = []
+    while len(times) < repeats or (sum(times) < MIN_TIMED_SECONDS and len(times) < 50 * repeats):
         _synchronise(device)
         started = time.perf_counter()
         run()
@@ -107,24 +112,57 @@ def _median_time_s(run: Callable[[], None], repeats: int, device: torch.device) 
     return statistics.median(times)
 
 
+def time_layers_in_model(architecture: Any, device: torch.device, dtype: torch.dtype, batch: int,
+                         repeats: int) -> dict[str, tuple[float, float]]:
+    """Median (forward s, backward s) of every layer while the whole model trains on `batch` samples: timed
+    by module hooks inside full forward/backward passes, so each layer runs with the caches, allocator
+    state and autograd bookkeeping of real training rather than alone in a hot loop."""
+    names = layer_names(architecture)
+    layers = [_build(architecture, name, TensorParallel.single(), device, dtype) for name in names]
+    data = synthetic_batch(architecture, batch, step=0, seed=0)
+    labels = {key: value.to(device) for key, value in data.items() if key != "inputs"}
+    marks: dict[tuple[str, str], float] = {}
+
+    def mark(key):
+        def hook(*_):
+            _synchronise(device)
+            marks[key] = time.perf_counter()
+        return hook
+
+    for name, layer in zip(names, layers):
+        layer.register_forward_pre_hook(mark((name, "forward start")))
+        layer.register_forward_hook(mark((name, "forward end")))
+        layer.register_full_backward_pre_hook(mark((name, "backward start")))
+        layer.register_full_backward_hook(mark((name, "backward end")))
+    samples: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
+    for run in range(repeats + 2):
+        marks.clear()
+        x = data["inputs"].to(device)
+        for name, layer in zip(names, layers):
+            x = layer(x, labels) if name == "head" else layer(x)
+        x.backward()
+        _synchronise(device)
+        finished = time.perf_counter()
+        if run < 2:
+            continue  # warm-up
+        for position, name in enumerate(names):
+            forward = marks[(name, "forward end")] - marks[(name, "forward start")]
+            # The embedding's inputs need no gradient, so its backward ends with the whole backward pass.
+            end = marks.get((name, "backward end"), finished)
+            samples[name].append((forward, end - marks[(name, "backward start")]))
+    return {name: (statistics.median(f for f, _ in values), statistics.median(b for _, b in values))
+            for name, values in samples.items()}
+
+
 def measure_layer(architecture: Any, name: str, device: torch.device, dtype: torch.dtype, batches: tuple[int, int],
-                  repeats: int, tp_pair: TensorParallel | None) -> LayerMeasurement:
+                  repeats: int, tp_pair: TensorParallel | None,
+                  in_model: dict[int, dict[str, tuple[float, float]]] | None = None) -> LayerMeasurement:
     small, large = batches
     layer = _build(architecture, name, TensorParallel.single(), device, dtype)
-    forward_s, backward_s = {}, {}
-    for batch in (small, large):
-        x, labels = _layer_inputs(architecture, name, batch, device, dtype)
-
-        def forward() -> None:
-            with torch.no_grad():
-                _run_layer(layer, name, x, labels)
-
-        def forward_backward() -> None:
-            _run_layer(layer, name, x, labels).backward()
-
-        forward_backward()  # warm-up (allocations, kernel selection)
-        forward_s[batch] = _median_time_s(forward, repeats, device)
-        backward_s[batch] = max(0.0, _median_time_s(forward_backward, repeats, device) - forward_s[batch])
+    in_model = in_model or {batch: time_layers_in_model(architecture, device, dtype, batch, repeats)
+                            for batch in batches}
+    forward_s = {batch: in_model[batch][name][0] for batch in batches}
+    backward_s = {batch: in_model[batch][name][1] for batch in batches}
     forward_slope, forward_intercept = _line(forward_s, small, large)
     backward_slope, backward_intercept = _line(backward_s, small, large)
     saved_small, input_small = _saved_bytes(architecture, name, layer, small, device, dtype)
@@ -137,21 +175,22 @@ def measure_layer(architecture: Any, name: str, device: torch.device, dtype: tor
         tp_small, _ = _saved_bytes(architecture, name, tp_layer, small, device, dtype)
         tp_large, _ = _saved_bytes(architecture, name, tp_layer, large, device, dtype)
         split = max(0.0, 2 * (per_sample - (tp_large - tp_small) / (large - small)))
-        tp2_seconds = _step_seconds(tp_layer, architecture, name, large, device, dtype, repeats)
+        tp2_seconds = _step_seconds(tp_layer, architecture, name, large, device, dtype, repeats, tp_pair.group)
         sharded = _build(architecture, name, TensorParallel.single(), device, dtype)
         _shard_over_pair(sharded, tp_pair, device)
-        sdp2_seconds = _step_seconds(sharded, architecture, name, large, device, dtype, repeats)
+        sdp2_seconds = _step_seconds(sharded, architecture, name, large, device, dtype, repeats, tp_pair.group)
     return LayerMeasurement(name, forward_slope, backward_slope, forward_intercept, backward_intercept, boundary,
                             per_sample - boundary, split, tp2_seconds, sdp2_seconds)
 
 
-def _step_seconds(layer, architecture, name, batch, device, dtype, repeats) -> float:
-    """Median forward + backward of one call, the two ranks starting together (a barrier before each run)."""
+def _step_seconds(layer, architecture, name, batch, device, dtype, repeats, group) -> float:
+    """Median forward + backward of one call on the profiling pair (FSDP2 hooks and collectives included),
+    both ranks starting together: a barrier before each timed run, outside the timing."""
     x, labels = _layer_inputs(architecture, name, batch, device, dtype)
     _run_layer(layer, name, x, labels).backward()
     times = []
     for _ in range(repeats):
-        dist.barrier()
+        dist.barrier(group=group)
         _synchronise(device)
         started = time.perf_counter()
         _run_layer(layer, name, x, labels).backward()
@@ -204,10 +243,12 @@ def profile_model(architecture: Any, precision: str, device: torch.device, batch
 
         raise SpecError(f"--precision {precision!r}: the profiler measures fp32 or bf16 layers")
     analytic = build_model(architecture, precision)
+    progress("whole-model passes (per-layer times in context)")
+    in_model: dict = {batch: time_layers_in_model(architecture, device, dtype, batch, repeats) for batch in batches}
     layers = []
     for index, (name, spec) in enumerate(zip(layer_names(architecture), analytic.layers)):
         progress(f"layer {index + 1}/{len(analytic.layers)} {name}")
-        measured = measure_layer(architecture, name, device, dtype, batches, repeats, tp_pair)
+        measured = measure_layer(architecture, name, device, dtype, batches, repeats, tp_pair, in_model)
         analytic_intermediate = (spec.intermediate_activation_bytes_per_sample
                                  + spec.intermediate_tp_split_activation_bytes_per_sample)
         if measured.tp_split_bytes_per_sample is not None:
