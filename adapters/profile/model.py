@@ -133,7 +133,8 @@ def time_layers_in_model(architecture: Any, device: torch.device, dtype: torch.d
         layer.register_forward_pre_hook(mark((name, "forward start")))
         layer.register_forward_hook(mark((name, "forward end")))
         layer.register_full_backward_pre_hook(mark((name, "backward start")))
-        layer.register_full_backward_hook(mark((name, "backward end")))
+        if name != "embedding":  # token ids need no gradient: its backward ends with the whole pass (below)
+            layer.register_full_backward_hook(mark((name, "backward end")))
     samples: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
     for run in range(repeats + 2):
         marks.clear()
