@@ -132,8 +132,8 @@ def time_layers_in_model(architecture: Any, device: torch.device, dtype: torch.d
     for name, layer in zip(names, layers):
         layer.register_forward_pre_hook(mark((name, "forward start")))
         layer.register_forward_hook(mark((name, "forward end")))
-        layer.register_full_backward_pre_hook(mark((name, "backward start")))
-        if name != "embedding":  # token ids need no gradient: its backward ends with the whole pass (below)
+        if name != "embedding":  # token ids need no gradient: the embedding's backward is the pass's tail (below)
+            layer.register_full_backward_pre_hook(mark((name, "backward start")))
             layer.register_full_backward_hook(mark((name, "backward end")))
     samples: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
     for run in range(repeats + 2):
@@ -148,9 +148,11 @@ def time_layers_in_model(architecture: Any, device: torch.device, dtype: torch.d
             continue  # warm-up
         for position, name in enumerate(names):
             forward = marks[(name, "forward end")] - marks[(name, "forward start")]
-            # The embedding's inputs need no gradient, so its backward ends with the whole backward pass.
-            end = marks.get((name, "backward end"), finished)
-            samples[name].append((forward, end - marks[(name, "backward start")]))
+            if name == "embedding":  # from the next layer's backward end to the end of the pass
+                backward = finished - marks[(names[position + 1], "backward end")]
+            else:
+                backward = marks[(name, "backward end")] - marks[(name, "backward start")]
+            samples[name].append((forward, backward))
     return {name: (statistics.median(f for f, _ in values), statistics.median(b for _, b in values))
             for name, values in samples.items()}
 
