@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -41,7 +42,8 @@ PLANS = {
 def launch(arguments: list[str], processes: int, cwd: Path) -> str:
     command = [str(BIN / "torchrun"), "--standalone", "--nproc_per_node", str(processes), "-m", "gbmw", *arguments]
     print("$", " ".join(command[3:]), flush=True)
-    done = subprocess.run(command, cwd=cwd, capture_output=True, text=True)
+    environment = {**os.environ, "COLUMNS": "170"}  # validate's table at full width (rich reads COLUMNS)
+    done = subprocess.run(command, cwd=cwd, capture_output=True, text=True, env=environment)
     if done.returncode != 0:
         sys.exit(f"failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
     return done.stdout
@@ -50,12 +52,15 @@ def launch(arguments: list[str], processes: int, cwd: Path) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--processes", type=int, default=2, choices=(2, 4))
-    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=8, help="timed steps per plan, at least")
+    parser.add_argument("--min-seconds", type=float, default=20.0,
+                        help="profile and validate each keep timing this long, interleaved (default 20)")
     args = parser.parse_args()
     folder = REPOSITORY / "out" / f"estimator-accuracy-{time.strftime('%Y%m%d-%H%M%S')}"
     folder.mkdir(parents=True)
     started = time.perf_counter()
-    launch(["profile", "model", "gpt-tiny", "-o", "model.yaml"], args.processes, folder)
+    launch(["profile", "model", "gpt-tiny", "-o", "model.yaml", "--min-seconds", str(args.min_seconds)],
+           args.processes, folder)
     launch(["profile", "cluster", "-o", "cluster.yaml", "--repeats", "7"], args.processes, folder)
     (folder / "job.yaml").write_text("model: model.yaml\ncluster: cluster.yaml\nprecision: fp32\nglobal_batch: 16\n"
                                      "memory_budget: 1GiB\n")
@@ -69,7 +74,8 @@ def main() -> None:
         plan = plan_from_strategy_names(job.model, args.processes, strategies, partition, 16, micro_batches)
         (folder / f"{name}.yaml").write_text(plan.to_yaml())
     output = launch(["validate", "job.yaml", "--plans", *[f"{name}.yaml" for name in PLANS], "--steps",
-                     str(args.steps), "--json", "validation.json"], args.processes, folder)
+                     str(args.steps), "--min-seconds", str(args.min_seconds), "--json", "validation.json"],
+                    args.processes, folder)
     print(output[output.index("predicted vs measured") - 60 if "predicted vs measured" in output else 0:])
     summary = json.loads((folder / "validation.json").read_text())["summary"]
     memory_ok = summary["memory"]["max"] <= MEMORY_TARGET

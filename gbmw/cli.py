@@ -97,7 +97,12 @@ def _parser() -> argparse.ArgumentParser:
                                                     "iteration time and memory (under torchrun / deepspeed)")
     validate.add_argument("job", help="job YAML or bundled job recipe name (its model may be a profile)")
     validate.add_argument("--plans", nargs="+", required=True, help="plan YAMLs for the launched device count")
-    validate.add_argument("--steps", type=int, default=8, help="timed steps per plan (median; default 8)")
+    validate.add_argument("--steps", type=int, default=8,
+                          help="timed steps per plan, at least (the fastest quarter's mean is compared; default 8)")
+    validate.add_argument("--min-seconds", type=float, default=0.0,
+                          help="keep timing for at least this long, the plans' steps interleaved (default 0)")
+    validate.add_argument("--one-at-a-time", action="store_true",
+                          help="build and time one plan after another (plans that do not fit in memory together)")
     validate.add_argument("--warmup", type=int, default=2, help="untimed steps first (default 2)")
     validate.add_argument("--json", help="also write the results to this new JSON file")
     validate.set_defaults(run=_run_validate)
@@ -113,7 +118,8 @@ def _run_validate(args: argparse.Namespace) -> int:
     if args.json and os.path.exists(args.json):
         raise GbmwError(f"--json {args.json}: exists; gbmw never overwrites a file — choose a new name")
     results = run_validate(args.job, args.plans, args.steps, args.warmup,
-                           say=lambda text: print(text, flush=True) if rank == 0 else None)
+                           say=lambda text: print(text, flush=True) if rank == 0 else None,
+                           min_seconds=args.min_seconds, one_at_a_time=args.one_at_a_time)
     if rank == 0:
         summary = print_validation(results)
         if args.json:
@@ -132,7 +138,10 @@ def _profile_parser(commands) -> None:
     model.add_argument("--precision", default="fp32", help="fp32 (default) or bf16")
     model.add_argument("--batches", default="2,8", help="the two batch sizes measured (default 2,8)")
     model.add_argument("--repeats", type=int, default=15,
-                       help="timed runs per measurement, at least (median; default 15; short calls repeat for 0.1 s)")
+                       help="whole-model passes of each kind, at least (the fastest quarter is kept; default 15)")
+    model.add_argument("--min-seconds", type=float, default=None,
+                       help="keep repeating the interleaved passes for at least this long (default 20: "
+                            "spans the slow and fast phases of a shared machine)")
     model.add_argument("-o", "--output", required=True, help="the new model YAML to write")
     model.set_defaults(run=_run_profile_model)
     cluster = what.add_parser("cluster", help="collective bandwidth/latency and overlap slowdown among the launched "
@@ -141,7 +150,7 @@ def _profile_parser(commands) -> None:
     cluster.add_argument("--name", help="the cluster's name (default: the output file's stem)")
     cluster.add_argument("--links", help="link levels innermost first as name=devices, e.g. intra_node=8,inter_node=32 "
                                          "(default: one level per machine, from LOCAL_WORLD_SIZE)")
-    cluster.add_argument("--repeats", type=int, default=10, help="timed repetitions per message size (median)")
+    cluster.add_argument("--repeats", type=int, default=10, help="timed repetitions per message size (the fastest quarter's mean is kept)")
     cluster.set_defaults(run=_run_profile_cluster)
 
 
@@ -172,8 +181,11 @@ def _run_profile_model(args: argparse.Namespace) -> int:
         raise GbmwError(f"--batches {args.batches!r}: give two batch sizes, e.g. 2,8") from None
     if args.repeats < 1:
         raise GbmwError(f"--repeats {args.repeats}: must be at least 1")
+    if args.min_seconds is not None and args.min_seconds < 0:
+        raise GbmwError(f"--min-seconds {args.min_seconds}: must be 0 or more")
+    extra = {} if args.min_seconds is None else {"min_seconds": args.min_seconds}
     run_profile_model(args.model, args.precision, args.output, (small, large), args.repeats,
-                      say=lambda text: print(text, flush=True))
+                      say=lambda text: print(text, flush=True), **extra)
     return 0
 
 

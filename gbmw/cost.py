@@ -100,9 +100,10 @@ def forward_time_per_sample_s(model: ModelSpec, settings: CostSettings) -> np.nd
 
 
 def _framework_overheads_s(model: ModelSpec, strategy: Strategy, settings: CostSettings, comm: CommModel,
-                           parameter_bytes: float) -> np.ndarray:
-    """Per call: what profiled TP-2 / SDP-2 timings show beyond compute and the modelled collectives (the
-    runtime's megatron-core and FSDP2 bookkeeping). 0 for analytic models and strategies without tp / sdp."""
+                           parameter_bytes: float, gradient_bytes: float) -> np.ndarray:
+    """Per call: what profiled TP-2 / SDP-2 / checkpointed timings show beyond compute and the modelled
+    collectives (the runtime's megatron-core, FSDP2 and checkpoint_wrapper bookkeeping). 0 for analytic
+    models and for strategies without tp, sdp or ckpt."""
     arrays = model.arrays
     overhead = np.zeros(model.num_layers)
     batch = arrays.profiled_batch
@@ -117,7 +118,12 @@ def _framework_overheads_s(model: ModelSpec, strategy: Strategy, settings: CostS
         overhead += np.where(arrays.tp2_time_s > 0, np.maximum(0.0, arrays.tp2_time_s - plain / 2 - tp_comm), 0.0)
     if strategy.degree("sdp") > 1:
         gathers = 2 * _vector(comm.allgather_s, arrays.parameter_count * parameter_bytes, 2, 1)
-        overhead += np.where(arrays.sdp2_time_s > 0, np.maximum(0.0, arrays.sdp2_time_s - plain - gathers), 0.0)
+        scatter = _vector(comm.reduce_scatter_s, arrays.parameter_count * gradient_bytes, 2, 1)
+        overhead += np.where(arrays.sdp2_time_s > 0,
+                             np.maximum(0.0, arrays.sdp2_time_s - plain - gathers - scatter), 0.0)
+    if strategy.ckpt:
+        recompute = measured_time + arrays.forward_overhead_s
+        overhead += np.where(arrays.ckpt_time_s > 0, np.maximum(0.0, arrays.ckpt_time_s - plain - recompute), 0.0)
     return overhead
 
 
@@ -166,7 +172,7 @@ def layer_costs(
         else:  # dp
             last_micro_batch += _vector(comm.allreduce_s, shard_parameters * gradient_bytes, degree, stride)
 
-    framework = _framework_overheads_s(model, strategy, settings, comm, parameter_bytes)
+    framework = _framework_overheads_s(model, strategy, settings, comm, parameter_bytes, gradient_bytes)
 
     def overlapped(compute: np.ndarray, communication: np.ndarray) -> np.ndarray:
         return np.maximum(compute, communication) + (slowdown - 1.0) * np.minimum(compute, communication)

@@ -86,14 +86,20 @@ class LayerSpec(_Frozen):
     backward_overhead_s: float = Field(default=0.0, ge=0)
     """The same for one backward call."""
     profiled_batch: int | None = Field(default=None, ge=1)
-    """Samples of the calls `tp2_time_s` and `sdp2_time_s` timed."""
+    """Samples of the calls `tp2_time_s`, `sdp2_time_s` and `ckpt_time_s` timed."""
     tp2_time_s: float | None = Field(default=None, ge=0)
-    """Measured forward + backward of one call of `profiled_batch` samples with TP 2 (runtime's megatron-core
-    layers). What the estimator does not explain of it (compute / 2, its TP all-reduces) is charged as a
-    per-call overhead to every TP layer — framework costs the paper's estimator leaves out."""
+    """Measured forward + backward of the layer on `profiled_batch` samples with TP 2 (runtime's megatron-core
+    layers), inside whole-model passes where every layer is TP 2. What the estimator does not explain of it
+    (compute / 2, its TP all-reduces) is charged as a per-call overhead to every TP layer — framework costs
+    the paper's estimator leaves out."""
     sdp2_time_s: float | None = Field(default=None, ge=0)
-    """The same with the layer sharded 2 ways by FSDP2; the unexplained part (beyond compute and the two
-    all-gathers) is charged per call to every SDP layer."""
+    """The same with every layer sharded 2 ways by FSDP2; the unexplained part (beyond compute, the two
+    all-gathers and the reduce-scatter) is charged per call to every SDP layer."""
+    ckpt_time_s: float | None = Field(default=None, ge=0)
+    """Measured forward + backward of the layer on `profiled_batch` samples on one device with activation
+    checkpointing (torch's checkpoint_wrapper), inside whole-model passes where every layer is checkpointed;
+    what is not explained by forward + backward + the recomputed forward is charged per call to every
+    checkpointed layer."""
 
     @property
     def stashed_activation_bytes_per_sample(self) -> float:
@@ -148,6 +154,7 @@ class LayerArrays:
         self.profiled_batch = column("profiled_batch")
         self.tp2_time_s = column("tp2_time_s")
         self.sdp2_time_s = column("sdp2_time_s")
+        self.ckpt_time_s = column("ckpt_time_s")
         names = [layer.name for layer in layers]
         self.tied_to_index = np.array(
             [names.index(layer.tied_to) if layer.tied_to is not None else -1 for layer in layers]

@@ -223,3 +223,38 @@ def test_profiled_overheads_and_optimizer_step_add_exactly():
     stage_parameters = tp_local_parameters(job.model, 4).sum() - tied_copy
     expected = base + job.model.num_layers * 3 * overhead_s + stage_parameters * per_parameter_s
     assert estimate_plan(profiled, plan).iteration_time_s == pytest.approx(expected, rel=1e-9)
+
+
+@pytest.mark.parametrize("strategy, field", [("tp2", "tp2_time_s"), ("sdp2", "sdp2_time_s"), ("dp2+ckpt", "ckpt_time_s")])
+def test_profiled_call_timings_add_what_compute_and_collectives_leave_out(strategy, field):
+    """A layer profiled at batch b under TP 2 / FSDP2 over 2 / checkpointing is charged, per call, exactly
+    what that timing shows beyond the compute and modelled collectives of the same call (and nothing when
+    the timing is fully explained)."""
+    from gbmw.comm import CommModel
+    from gbmw.cost import CostSettings, MODEL_STATE_BYTES, _vector, layer_costs
+    from gbmw.spec import load_job
+
+    job = load_job("gpt-tiny_cpu-x4")
+    settings, comm = CostSettings(job.cluster, job.precision, job.optimizer), CommModel(job.cluster)
+    batch, forward_s, backward_s, extra_s = 8, 1e-4, 2e-4, 3e-3
+    parameter_bytes, gradient_bytes, _ = MODEL_STATE_BYTES[(job.precision, job.optimizer)]
+    layers = []
+    for layer in job.model.layers:
+        plain = (forward_s + backward_s) * batch
+        explained = {
+            "tp2_time_s": plain / 2 + 2 * _vector(comm.allreduce_s, np.array([layer.tp_allreduce_bytes_per_sample * batch]), 2, 1)[0],
+            "sdp2_time_s": plain + 2 * _vector(comm.allgather_s, np.array([layer.parameter_count * parameter_bytes]), 2, 1)[0]
+            + _vector(comm.reduce_scatter_s, np.array([layer.parameter_count * gradient_bytes]), 2, 1)[0],
+            "ckpt_time_s": plain + forward_s * batch,
+        }[field]
+        layers.append(layer.model_copy(update={"forward_time_per_sample_s": forward_s,
+                                               "backward_time_per_sample_s": backward_s, "profiled_batch": batch,
+                                               field: explained}))
+    exact = job.model.model_copy(update={"layers": tuple(layers)})
+    slower = exact.model_copy(update={"layers": tuple(layer.model_copy(update={field: getattr(layer, field) + extra_s})
+                                                      for layer in layers)})
+    plain_model = exact.model_copy(update={"layers": tuple(layer.model_copy(update={field: None}) for layer in layers)})
+    parsed = Strategy.parse(strategy)
+    base = layer_costs(plain_model, parsed, batch * 2, settings, comm).time_no_grad_sync_s
+    assert layer_costs(exact, parsed, batch * 2, settings, comm).time_no_grad_sync_s == pytest.approx(base, abs=1e-12)
+    assert layer_costs(slower, parsed, batch * 2, settings, comm).time_no_grad_sync_s == pytest.approx(base + extra_s)

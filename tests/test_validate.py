@@ -20,6 +20,17 @@ def test_error_arithmetic():
     assert result.memory_errors == pytest.approx((0.1, 0.0))
 
 
+def test_timings_keep_the_mean_of_the_fastest_quarter():
+    from gbmw.adapters.profile.timing import fast_mean_s, fast_quarter
+
+    times = [5.0, 1.0, 4.0, 2.0, 9.0, 3.0, 8.0, 7.0]
+    assert fast_quarter(times) == [1, 3]  # the two fastest of eight, by index
+    assert fast_mean_s(times) == pytest.approx(1.5)
+    assert fast_mean_s([2.0, 3.0]) == 2.0  # at least one repetition is kept
+    with pytest.raises(ValueError):
+        fast_mean_s([])
+
+
 def _cluster_yaml(folder):
     """The cpu-x4 recipe cut to the two processes the test launches."""
     from gbmw.spec import RECIPES_DIR, read_yaml
@@ -37,17 +48,15 @@ def _cluster_yaml(folder):
 def _measure(rank, world_size, job_path, plans, output):
     import pickle
 
-    from gbmw.adapters.profile.validate import measure_plan, predicted_terms
+    from gbmw.adapters.profile.validate import PlanRun, measure_plans, predicted_terms
     from gbmw.models import load_architecture
     from gbmw.spec import load_job
 
     job = load_job(job_path)
     architecture = load_architecture(job.model_path)
-    rows = []
-    for plan in plans:
-        _, predicted, _ = predicted_terms(job, plan)
-        _, measured = measure_plan(plan, architecture, "cpu", steps=1, warmup=1)
-        rows.append((predicted, measured))
+    runs = [PlanRun(plan, architecture, "cpu") for plan in plans]
+    measure_plans(runs, steps=2, warmup=1, min_seconds=0.0)  # interleaved: every plan's steps round by round
+    rows = [(predicted_terms(job, plan)[1], run.held_per_stage, len(run.times)) for plan, run in zip(plans, runs)]
     if rank == 0:
         with open(output, "wb") as stream:
             pickle.dump(rows, stream)
@@ -71,7 +80,8 @@ def test_held_memory_matches_the_estimator(tmp_path):
                  (["dp2", "dp2+ckpt", "tp2", "tp2+ckpt", "dp2", "dp2"], [layers], 2),
              )]
     run_distributed(2, _measure, str(job_path), plans, str(tmp_path / "rows.pkl"), timeout_s=180)
-    for predicted, measured in pickle.loads((tmp_path / "rows.pkl").read_bytes()):
+    for predicted, measured, timed_steps in pickle.loads((tmp_path / "rows.pkl").read_bytes()):
+        assert timed_steps == 2
         for stage_predicted, stage_measured in zip(predicted, measured):
             # Within 0.1 %: what the estimator leaves out is a few hundred bytes per micro-batch that do not grow
             # with the batch (position indices, the loss scalar).

@@ -7,8 +7,8 @@ rank's CUDA device, gloo tensors on the CPU); rank 0 writes the file and prints 
    ranks split into groups of g consecutive ranks that all run at once — the planner's convention
    (gbmw/comm.py): a level's bandwidth is what a collective reaches when every device of every
    island takes part. Per message size: one untimed warm-up, then `repeats` repetitions, each
-   after a barrier; a repetition's time is the slowest rank's (all-reduce MAX); the median over
-   repetitions is kept. p2p: the first half of each group sends to the second half (rank r to
+   after a barrier; a repetition's time is the slowest rank's (all-reduce MAX); the mean of the
+   fastest quarter of repetitions is kept (timing.py says why). p2p: the first half of each group sends to the second half (rank r to
    r + g/2), all pairs at once, as pipeline stages do (CommModel.p2p_s).
 2. Fit (`fit_link`): t = a + b·M by least squares on relative residuals, Σ((a + b·M_i − t_i)/t_i)²,
    so the small messages set the latency and the large ones the bandwidth (a plain fit lets the
@@ -34,7 +34,6 @@ import datetime
 import math
 import os
 import platform
-import statistics
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -46,6 +45,8 @@ import numpy as np
 import yaml
 
 from gbmw.errors import GbmwError, SpecError
+
+from .timing import fast_mean_s
 
 COLLECTIVES: tuple[str, ...] = ("all_reduce", "all_gather", "reduce_scatter", "p2p")
 ELEMENT_BYTES = 4
@@ -61,7 +62,7 @@ LAUNCH_HINT = "launch with torchrun --nproc_per_node 2 -m gbmw profile cluster �
 
 @dataclass(frozen=True)
 class CollectiveTiming:
-    """The median time of one collective over groups of `group_size` ranks for one message size."""
+    """The fast-quarter time (timing.py) of one collective over groups of `group_size` ranks for one message size."""
 
     collective: str
     """One of COLLECTIVES."""
@@ -94,7 +95,7 @@ class LinkFit:
 
 @dataclass(frozen=True)
 class OverlapMeasurement:
-    """Compute and communication loops alone and overlapped; times of the slowest rank, medians."""
+    """Compute and communication loops alone and overlapped; times of the slowest rank, fast-quarter means."""
 
     compute_alone_s: float
     communication_alone_s: float
@@ -133,7 +134,7 @@ def latency_steps(collective: str, group_size: int) -> int:
 
 
 def fit_link(collective: str, group_size: int, sizes_bytes: Sequence[int], seconds: Sequence[float]) -> LinkFit:
-    """Latency and bus bandwidth from median times per message size (see the module docstring, 2.)."""
+    """Latency and bus bandwidth from the fast-quarter times per message size (see the module docstring, 2.)."""
     check_collectives([collective])
     x = np.asarray(sizes_bytes, dtype=float)
     t = np.asarray(seconds, dtype=float)
@@ -324,7 +325,7 @@ def build_cluster_spec(name: str, timings: Sequence[CollectiveTiming], overlap_s
         link_sources.append(
             f"measured: {level_name}: all_reduce of fp32 messages {format_size(rows[0].message_bytes)}–"
             f"{format_size(rows[-1].message_bytes)} ({len(rows)} sizes) over every group of {devices} consecutive "
-            f"ranks of {world_size} at once, median of {rows[0].repeats} repetitions of the slowest rank, fit "
+            f"ranks of {world_size} at once, mean of the fastest quarter of {rows[0].repeats} repetitions of the slowest rank, fit "
             f"t = a + bytes·b on relative residuals: {fit.bandwidth_gb_per_s:.4g} GB/s bus bandwidth, "
             f"{fit.latency_us:.4g} µs per ring step" + (f" ({fit.note})" if fit.note else "")
             + f" — gbmw profile cluster, {datetime.date.today().isoformat()}")
@@ -357,15 +358,15 @@ def build_cluster_spec(name: str, timings: Sequence[CollectiveTiming], overlap_s
 
 def cluster_yaml_text(mapping: Mapping[str, Any], timings: Sequence[CollectiveTiming],
                       overlap: OverlapMeasurement | None = None) -> str:
-    """The YAML with a comment header listing every fit and the raw medians behind it."""
+    """The YAML with a comment header listing every fit and the raw fast-quarter times behind it."""
     when = datetime.datetime.now().isoformat(timespec="seconds")
     lines = [f"# Profiled by `gbmw profile cluster` on {when} ({platform.node() or 'unknown host'}).",
              "# Fits t = a + bytes·b in the planner's convention (gbmw/comm.py); links use the all_reduce rows.",
-             "# collective, ranks per group: latency µs per step, bus bandwidth GB/s; median times per message size"]
-    medians: dict[tuple[str, int], list[str]] = {}
+             "# collective, ranks per group: latency µs per step, bus bandwidth GB/s; fast-quarter times per message size"]
+    fastest: dict[tuple[str, int], list[str]] = {}
     for timing in timings:
         if timing.seconds is not None:
-            medians.setdefault((timing.collective, timing.group_size), []).append(
+            fastest.setdefault((timing.collective, timing.group_size), []).append(
                 f"{format_size(timing.message_bytes)} {timing.seconds * 1e3:.3g} ms")
     for fit in fit_timings(timings):
         if fit.bandwidth_gb_per_s is None:
@@ -373,7 +374,7 @@ def cluster_yaml_text(mapping: Mapping[str, Any], timings: Sequence[CollectiveTi
             continue
         lines.append(f"#   {fit.collective}, {fit.group_size}: {fit.latency_us:.4g} µs, {fit.bandwidth_gb_per_s:.4g} GB/s"
                      + (f" [{fit.note}]" if fit.note else ""))
-        lines.append(f"#     {'; '.join(medians[(fit.collective, fit.group_size)])}")
+        lines.append(f"#     {'; '.join(fastest[(fit.collective, fit.group_size)])}")
     if overlap is not None:
         lines.append(f"# overlap: compute {overlap.compute_alone_s * 1e3:.4g} ms alone, "
                      f"{overlap.compute_overlapped_s * 1e3:.4g} ms overlapped; all_reduce "
@@ -440,7 +441,7 @@ def _slowest(ranks: _Ranks, seconds: Sequence[float]) -> list[float]:
 
 
 def _timed(ranks: _Ranks, operation: Callable[[], None], repeats: int) -> float:
-    """Median over `repeats` of the slowest rank's time of `operation`, each after a barrier."""
+    """Fast-quarter mean over `repeats` of the slowest rank's time of `operation`, each after a barrier."""
     own = []
     for _ in range(repeats):
         _barrier(ranks)
@@ -448,7 +449,7 @@ def _timed(ranks: _Ranks, operation: Callable[[], None], repeats: int) -> float:
         operation()
         _synchronize(ranks)
         own.append(time.perf_counter() - start)
-    return statistics.median(_slowest(ranks, own))
+    return fast_mean_s(_slowest(ranks, own))
 
 
 def _repeated(operation: Callable[[], Any], count: int) -> Callable[[], None]:
@@ -570,7 +571,7 @@ def default_matmul_dim(ranks: _Ranks) -> int:
 
 def measure_matmul_tflops(precision: str = "fp32", dim: int | None = None, repeats: int = 5,
                           seconds_per_repeat: float = 0.05) -> float:
-    """TFLOP/s of a square matmul on every rank at once; the slowest rank's median (fp32 without TF32)."""
+    """TFLOP/s of a square matmul on every rank at once; the slowest rank's, fast-quarter mean (fp32 without TF32)."""
     import torch
 
     ranks = _ranks()
@@ -657,8 +658,8 @@ def measure_overlap_slowdown(message_bytes: int, matmul_dim: int | None = None, 
         communication_alone = communicate(time.perf_counter())
         compute_together, communication_together = overlapped()
         samples.append(_slowest(ranks, [compute_alone, communication_alone, compute_together, communication_together]))
-    medians = [statistics.median(column) for column in zip(*samples)]
-    return OverlapMeasurement(*medians, matmul_dim=dim, message_bytes=message_bytes, matmuls=matmuls,
+    fastest = [fast_mean_s(column) for column in zip(*samples)]
+    return OverlapMeasurement(*fastest, matmul_dim=dim, message_bytes=message_bytes, matmuls=matmuls,
                               all_reduces=all_reduces)
 
 

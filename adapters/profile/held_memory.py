@@ -22,7 +22,7 @@ from .activations import SavedActivationMeter
 
 
 class HeldMemoryProbe:
-    """Attach to a HybridEngine (`engine.observer = HeldMemoryProbe(engine)`); read after a step."""
+    """Attach to a HybridEngine for one step (`engine.observer = HeldMemoryProbe(engine)`); read after it."""
 
     def __init__(self, engine) -> None:
         self.engine = engine
@@ -30,11 +30,6 @@ class HeldMemoryProbe:
         self._live: dict[int, int] = {}
         self.peak_activation_bytes = 0
         self.model_state_bytes = 0
-
-    def reset(self) -> None:
-        self._meters.clear()
-        self._live.clear()
-        self.peak_activation_bytes = 0
 
     def forward_context(self, index: int) -> "_ForwardWindow":
         meter = SavedActivationMeter(self.engine._all_parameters())

@@ -3,10 +3,15 @@ the per-sample computation time of each layer is profiled; memory comes from the
 
 For every layer of the planner's ModelSpec the runtime's own module (gbmw.adapters.runtime.model) runs
 forward and backward on this device at two batch sizes:
-- time: median of `repeats` timed runs at each batch size, as a line: seconds per sample (the slope; the
-  paper's per-sample time) and seconds per call (the intercept: launches and Python, which make tiny
-  micro-batches slow); backward measured separately (the analytic default is 2 × forward); and torch
-  Adam's step time per parameter;
+- time: every layer timed inside whole-model forward/backward passes at each batch size, the mean over
+  the fastest quarter of the passes (timing.py says why), as a line: seconds per sample (the slope; the paper's per-sample
+  time) and seconds per call (the intercept: launches and Python, which make tiny micro-batches slow);
+  backward measured separately (the analytic default is 2 × forward); and the runtime's Adam step time
+  per parameter;
+- whole-model passes with every layer checkpointed (`ckpt_time_s`) and, on two or more processes, ranks 0
+  and 1 with every layer TP 2 and with every layer FSDP2-sharded over the pair (`tp2_time_s`,
+  `sdp2_time_s`), all at the larger batch: the estimator charges what these show beyond compute and its
+  modelled collectives as a per-call framework cost;
 - stashed activations: the bytes autograd saves (adapters/profile/activations.py), as the slope between
   the two batch sizes, so anything that does not grow with the batch (position indices) is left out; the
   layer input is the boundary (Sec. 3.1 `bnd`), the rest intermediate;
@@ -20,7 +25,6 @@ analytic costs.
 
 from __future__ import annotations
 
-import statistics
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -31,9 +35,11 @@ import torch.distributed as dist
 from gbmw.models import build_model
 from gbmw.spec import ModelSpec
 
+from ..runtime.local_adam import LocalShardAdam
 from ..runtime.model import build_layer, initial_value, layer_names, synthetic_batch
 from ..runtime.tensor_parallel import TensorParallel, shard_for_rank, partition_dims
 from .activations import SavedActivationMeter
+from .timing import fast_mean_s, fast_quarter
 
 
 @dataclass(frozen=True)
@@ -96,70 +102,131 @@ def _saved_bytes(architecture, name, layer, batch, device, dtype) -> tuple[int, 
     return meter.bytes, (x.untyped_storage().nbytes() if meter.holds(x) else 0)
 
 
-MIN_TIMED_SECONDS = 0.1
-"""Short runs repeat until at least this much time is timed (up to 50 × repeats): a 50 µs layer call needs
-hundreds of runs for a stable median on a loaded machine."""
+class InModelLayerTimer:
+    """Every layer's forward and backward time inside whole-model passes on `batch` samples: module hooks
+    inside full forward/backward passes, so each layer runs with the caches, allocator state, autograd
+    bookkeeping and (on the profiling pair) the collectives of real training rather than alone in a hot
+    loop. `tp`: every layer tensor-parallel over the pair (megatron-core layers); `shard_over`: every layer
+    sharded over the pair by FSDP2 as the runtime's `sdp` (gathers in forward and backward, a reduce-scatter
+    per call); `checkpointed`: every layer wrapped for activation checkpointing as the runtime's `+ckpt`
+    (its backward includes the recomputed forward). Both ranks of the pair make the same calls.
 
+    The windows tile the pass: a layer's forward runs from its forward pre-hook to the next layer's, its
+    backward from its backward pre-hook to the next-executed layer's, so what runs between two layers
+    (FSDP2's reduce-scatter after a layer's input gradient) belongs to the layer before it; the embedding's
+    backward (token ids need no gradient, so it has no backward hooks) is the tail of the pass after the
+    first block's input gradient."""
 
-def _median_time_s(run: Callable[[], None], repeats: int, device: torch.device) -> float:
-    times: list[float] = []
-    while len(times) < repeats or (sum(times) < MIN_TIMED_SECONDS and len(times) < 50 * repeats):
-        _synchronise(device)
-        started = time.perf_counter()
-        run()
-        _synchronise(device)
-        times.append(time.perf_counter() - started)
-    return statistics.median(times)
+    def __init__(self, architecture: Any, device: torch.device, dtype: torch.dtype, batch: int,
+                 tp: TensorParallel | None = None, shard_over: TensorParallel | None = None,
+                 checkpointed: bool = False):
+        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
+        self.names = layer_names(architecture)
+        self.device = device
+        self.layers = [_build(architecture, name, tp or TensorParallel.single(), device, dtype) for name in self.names]
+        if checkpointed:  # as the runtime's `+ckpt` (gbmw.adapters.runtime.engine)
+            self.layers = [checkpoint_wrapper(layer) for layer in self.layers]
+        if shard_over is not None:
+            for layer in self.layers:
+                _shard_over_pair(layer, shard_over, device)
+        pair = tp or shard_over
+        self.group = pair.group if pair is not None else None
+        data = synthetic_batch(architecture, batch, step=0, seed=0)
+        self.inputs = data["inputs"].to(device)
+        self.labels = {key: value.to(device) for key, value in data.items() if key != "inputs"}
+        self.marks: dict[tuple[str, str], float] = {}
+        self.samples: dict[str, list[tuple[float, float]]] = {name: [] for name in self.names}
+        for name, layer in zip(self.names, self.layers):  # prepend: before FSDP2's own hooks (its gathers count)
+            layer.register_forward_pre_hook(self._mark((name, "forward start")), prepend=True)
+            layer.register_forward_hook(self._mark((name, "forward end")))
+            if name != "embedding":
+                layer.register_full_backward_pre_hook(self._mark((name, "backward start")), prepend=True)
+                layer.register_full_backward_hook(self._mark((name, "backward end")))
+        for _ in range(2):
+            self.run(keep=False)  # warm-up
 
-def time_layers_in_model(architecture: Any, device: torch.device, dtype: torch.dtype, batch: int,
-                         repeats: int) -> dict[str, tuple[float, float]]:
-    """Median (forward s, backward s) of every layer while the whole model trains on `batch` samples: timed
-    by module hooks inside full forward/backward passes, so each layer runs with the caches, allocator
-    state and autograd bookkeeping of real training rather than alone in a hot loop."""
-    names = layer_names(architecture)
-    layers = [_build(architecture, name, TensorParallel.single(), device, dtype) for name in names]
-    data = synthetic_batch(architecture, batch, step=0, seed=0)
-    labels = {key: value.to(device) for key, value in data.items() if key != "inputs"}
-    marks: dict[tuple[str, str], float] = {}
-
-    def mark(key):
+    def _mark(self, key):
         def hook(*_):
-            _synchronise(device)
-            marks[key] = time.perf_counter()
+            _synchronise(self.device)
+            self.marks[key] = time.perf_counter()
         return hook
 
-    for name, layer in zip(names, layers):
-        layer.register_forward_pre_hook(mark((name, "forward start")))
-        layer.register_forward_hook(mark((name, "forward end")))
-        if name != "embedding":  # token ids need no gradient: the embedding's backward is the pass's tail (below)
-            layer.register_full_backward_pre_hook(mark((name, "backward start")))
-            layer.register_full_backward_hook(mark((name, "backward end")))
-    samples: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
-    for run in range(repeats + 2):
+    def run(self, keep: bool = True) -> None:
+        """One forward and backward pass; keeps every layer's (forward s, backward s)."""
+        names, marks = self.names, self.marks
         marks.clear()
-        x = data["inputs"].to(device)
-        for name, layer in zip(names, layers):
-            x = layer(x, labels) if name == "head" else layer(x)
+        if self.group is not None:
+            dist.barrier(group=self.group)
+        x = self.inputs
+        for name, layer in zip(names, self.layers):
+            x = layer(x, self.labels) if name == "head" else layer(x)
         x.backward()
-        _synchronise(device)
+        _synchronise(self.device)
         finished = time.perf_counter()
-        if run < 2:
-            continue  # warm-up
+        if not keep:
+            return
         for position, name in enumerate(names):
-            forward = marks[(name, "forward end")] - marks[(name, "forward start")]
-            if name == "embedding":  # from the next layer's backward end to the end of the pass
-                backward = finished - marks[(names[position + 1], "backward end")]
-            else:
+            last = position == len(names) - 1
+            forward_end = marks[(name, "forward end")] if last else marks[(names[position + 1], "forward start")]
+            if name == "embedding":
+                backward = finished - marks[(names[1], "backward end")]
+            elif position == 1:
                 backward = marks[(name, "backward end")] - marks[(name, "backward start")]
-            samples[name].append((forward, backward))
-    return {name: (statistics.median(f for f, _ in values), statistics.median(b for _, b in values))
-            for name, values in samples.items()}
+            else:
+                backward = marks[(names[position - 1], "backward start")] - marks[(name, "backward start")]
+            self.samples[name].append((forward_end - marks[(name, "forward start")], backward))
+
+    def fastest(self) -> dict[str, tuple[float, float]]:
+        """Per layer: (forward s, backward s), the means over the fastest quarter of the passes (timing.py)."""
+        passes = len(self.samples[self.names[0]])
+        totals = [sum(f + b for f, b in (values[index] for values in self.samples.values())) for index in range(passes)]
+        chosen = fast_quarter(totals)
+        return {name: (sum(values[index][0] for index in chosen) / len(chosen),
+                       sum(values[index][1] for index in chosen) / len(chosen))
+                for name, values in self.samples.items()}
+
+
+MIN_PROFILE_SECONDS = 20.0
+"""Passes repeat, interleaved, for at least this long: this machine alternates fast and slow phases of a few
+seconds each (timing.py), and the fast passes of each kind must come from fast phases."""
+
+
+def time_in_rounds(timers: list, repeats: int, min_seconds: float, pair_group=None,
+                   progress: Callable[[str], None] = lambda text: None) -> list:
+    """Run one pass of every timer per round, for at least `repeats` rounds and `min_seconds`; each timer's
+    fast-quarter result. With a pair group both ranks agree each round whether to go on (rank 0's clock)."""
+    started = reported = time.perf_counter()
+    rounds = 0
+    while True:
+        for timer in timers:
+            timer.run()
+        rounds += 1
+        if time.perf_counter() - reported >= 5.0:
+            reported = time.perf_counter()
+            progress(f"  {rounds} rounds, {reported - started:.0f} of at least {min_seconds:.0f} s")
+        more = torch.tensor([float(rounds < repeats or time.perf_counter() - started < min_seconds)])
+        if pair_group is not None:
+            dist.broadcast(more, group_src=0, group=pair_group)
+        if not more.item():
+            return [timer.fastest() for timer in timers]
+
+
+def time_layers_in_model(architecture: Any, device: torch.device, dtype: torch.dtype, batch: int, repeats: int,
+                         tp: TensorParallel | None = None, shard_over: TensorParallel | None = None
+                         ) -> dict[str, tuple[float, float]]:
+    """Fast-quarter (forward s, backward s) of every layer over `repeats` whole-model passes (InModelLayerTimer)."""
+    pair = tp or shard_over
+    timer = InModelLayerTimer(architecture, device, dtype, batch, tp, shard_over)
+    return time_in_rounds([timer], repeats, 0.0, pair.group if pair is not None else None)[0]
 
 
 def measure_layer(architecture: Any, name: str, device: torch.device, dtype: torch.dtype, batches: tuple[int, int],
                   repeats: int, tp_pair: TensorParallel | None,
-                  in_model: dict[int, dict[str, tuple[float, float]]] | None = None) -> LayerMeasurement:
+                  in_model: dict[int, dict[str, tuple[float, float]]] | None = None,
+                  pair_in_model: dict[str, dict[str, tuple[float, float]]] | None = None) -> LayerMeasurement:
+    """One layer's measurement from whole-model timings (`in_model` per batch size; `pair_in_model` with
+    keys "tp" and "sdp" at the larger batch on the profiling pair), computed here when not given."""
     small, large = batches
     layer = _build(architecture, name, TensorParallel.single(), device, dtype)
     in_model = in_model or {batch: time_layers_in_model(architecture, device, dtype, batch, repeats)
@@ -178,38 +245,30 @@ def measure_layer(architecture: Any, name: str, device: torch.device, dtype: tor
         tp_small, _ = _saved_bytes(architecture, name, tp_layer, small, device, dtype)
         tp_large, _ = _saved_bytes(architecture, name, tp_layer, large, device, dtype)
         split = max(0.0, 2 * (per_sample - (tp_large - tp_small) / (large - small)))
-        tp2_seconds = _step_seconds(tp_layer, architecture, name, large, device, dtype, repeats, tp_pair.group)
-        sharded = _build(architecture, name, TensorParallel.single(), device, dtype)
-        _shard_over_pair(sharded, tp_pair, device)
-        sdp2_seconds = _step_seconds(sharded, architecture, name, large, device, dtype, repeats, tp_pair.group)
+        pair_in_model = pair_in_model or pair_layer_times(architecture, device, dtype, large, repeats, tp_pair)
+        tp2_seconds = sum(pair_in_model["tp"][name])
+        sdp2_seconds = sum(pair_in_model["sdp"][name])
     return LayerMeasurement(name, forward_slope, backward_slope, forward_intercept, backward_intercept, boundary,
                             per_sample - boundary, split, tp2_seconds, sdp2_seconds)
 
 
-def _step_seconds(layer, architecture, name, batch, device, dtype, repeats, group) -> float:
-    """Median forward + backward of one call on the profiling pair (FSDP2 hooks and collectives included),
-    both ranks starting together: a barrier before each timed run, outside the timing."""
-    x, labels = _layer_inputs(architecture, name, batch, device, dtype)
-    _run_layer(layer, name, x, labels).backward()
-    times = []
-    for _ in range(repeats):
-        dist.barrier(group=group)
-        _synchronise(device)
-        started = time.perf_counter()
-        _run_layer(layer, name, x, labels).backward()
-        _synchronise(device)
-        times.append(time.perf_counter() - started)
-    return statistics.median(times)
+def pair_layer_times(architecture: Any, device: torch.device, dtype: torch.dtype, batch: int, repeats: int,
+                     pair: TensorParallel) -> dict[str, dict[str, tuple[float, float]]]:
+    """Per layer (forward s, backward s) inside whole-model passes on the profiling pair: every layer TP 2
+    ("tp") and every layer sharded 2 ways by FSDP2 ("sdp")."""
+    return {"tp": time_layers_in_model(architecture, device, dtype, batch, repeats, tp=pair),
+            "sdp": time_layers_in_model(architecture, device, dtype, batch, repeats, shard_over=pair)}
 
 
 def _shard_over_pair(layer: torch.nn.Module, pair: TensorParallel, device: torch.device) -> None:
-    """FSDP2 over the profiling pair, as gbmw.adapters.runtime.sharding applies it to an `sdp` layer."""
+    """FSDP2 over the profiling pair, as gbmw.adapters.runtime.sharding applies it to an `sdp` layer (a
+    reduce-scatter per call, as on every micro-batch of the runtime)."""
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import fully_shard
 
     fully_shard(layer, mesh=DeviceMesh.from_group(pair.group, device.type), reshard_after_forward=True)
+    layer.set_gradient_divide_factor(1.0)
     layer.set_force_sum_reduction_for_comms(True)
-    layer.set_requires_gradient_sync(False)
 
 
 def _line(seconds: dict[int, float], small: int, large: int) -> tuple[float, float]:
@@ -222,22 +281,33 @@ def _line(seconds: dict[int, float], small: int, large: int) -> tuple[float, flo
     return slope, intercept
 
 
-def measure_optimizer_step_s_per_parameter(architecture: Any, device: torch.device, dtype: torch.dtype,
-                                           repeats: int) -> float:
-    """torch Adam's step over every parameter of the model (the runtime's optimizer, one group per layer
-    kind as the engine builds it), median time over the parameter count."""
-    parameters = [parameter for name in layer_names(architecture)
-                  for parameter in build_layer(architecture, name, TensorParallel.single(), dtype).to(device).parameters()]
-    for parameter in parameters:
-        parameter.grad = torch.randn_like(parameter)
-    optimizer = torch.optim.Adam(parameters, lr=1e-4)
-    optimizer.step()  # creates the moments
-    seconds = _median_time_s(optimizer.step, repeats, device)
-    return seconds / sum(parameter.numel() for parameter in parameters)
+class OptimizerStepTimer:
+    """The runtime's Adam step (local_adam) over every parameter of the model, one timing per run()."""
+
+    def __init__(self, architecture: Any, device: torch.device, dtype: torch.dtype):
+        self.device = device
+        self.parameters = [parameter for name in layer_names(architecture) for parameter in
+                           build_layer(architecture, name, TensorParallel.single(), dtype).to(device).parameters()]
+        for parameter in self.parameters:
+            parameter.grad = torch.randn_like(parameter)
+        self.optimizer = LocalShardAdam(self.parameters, lr=1e-4)
+        self.optimizer.step()  # creates the moments
+        self.samples: list[float] = []
+
+    def run(self) -> None:
+        _synchronise(self.device)
+        started = time.perf_counter()
+        self.optimizer.step()
+        _synchronise(self.device)
+        self.samples.append(time.perf_counter() - started)
+
+    def fastest(self) -> float:
+        """The fast-quarter step time (timing.py) over the parameter count: seconds per parameter."""
+        return fast_mean_s(self.samples) / sum(parameter.numel() for parameter in self.parameters)
 
 
 def profile_model(architecture: Any, precision: str, device: torch.device, batches: tuple[int, int] = (2, 8),
-                  repeats: int = 5, tp_pair: TensorParallel | None = None,
+                  repeats: int = 5, tp_pair: TensorParallel | None = None, min_seconds: float = 0.0,
                   progress: Callable[[str], None] = lambda text: None) -> ModelSpec:
     """The analytic ModelSpec with every layer's time and stashed activations replaced by measurements."""
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}.get(precision)
@@ -246,12 +316,23 @@ def profile_model(architecture: Any, precision: str, device: torch.device, batch
 
         raise SpecError(f"--precision {precision!r}: the profiler measures fp32 or bf16 layers")
     analytic = build_model(architecture, precision)
-    progress("whole-model passes (per-layer times in context)")
-    in_model: dict = {batch: time_layers_in_model(architecture, device, dtype, batch, repeats) for batch in batches}
+    progress(f"whole-model passes at batches {batches[0]} and {batches[1]}, and checkpointed at {batches[1]}"
+             + (", and on the profiling pair with every layer TP 2 and every layer FSDP2 over 2" if tp_pair else "")
+             + f", interleaved for at least {min_seconds:.0f} s")
+    timers = [OptimizerStepTimer(architecture, device, dtype)]
+    timers += [InModelLayerTimer(architecture, device, dtype, batch) for batch in batches]
+    timers.append(InModelLayerTimer(architecture, device, dtype, batches[1], checkpointed=True))
+    if tp_pair is not None:
+        timers += [InModelLayerTimer(architecture, device, dtype, batches[1], tp=tp_pair),
+                   InModelLayerTimer(architecture, device, dtype, batches[1], shard_over=tp_pair)]
+    fastest = time_in_rounds(timers, repeats, min_seconds, tp_pair.group if tp_pair is not None else None, progress)
+    optimizer_s, in_model, checkpointed = fastest[0], dict(zip(batches, fastest[1:3])), fastest[3]
+    pair_in_model = {"tp": fastest[4], "sdp": fastest[5]} if tp_pair is not None else None
     layers = []
     for index, (name, spec) in enumerate(zip(layer_names(architecture), analytic.layers)):
         progress(f"layer {index + 1}/{len(analytic.layers)} {name}")
-        measured = measure_layer(architecture, name, device, dtype, batches, repeats, tp_pair, in_model)
+        measured = measure_layer(architecture, name, device, dtype, batches, repeats, tp_pair, in_model,
+                                 pair_in_model)
         analytic_intermediate = (spec.intermediate_activation_bytes_per_sample
                                  + spec.intermediate_tp_split_activation_bytes_per_sample)
         if measured.tp_split_bytes_per_sample is not None:
@@ -267,15 +348,14 @@ def profile_model(architecture: Any, precision: str, device: torch.device, batch
             profiled_batch=batches[1],
             tp2_time_s=measured.tp2_seconds,
             sdp2_time_s=measured.sdp2_seconds,
+            ckpt_time_s=sum(checkpointed[name]),
             boundary_activation_bytes_per_sample=measured.boundary_bytes_per_sample,
             intermediate_activation_bytes_per_sample=measured.intermediate_bytes_per_sample - split,
             intermediate_tp_split_activation_bytes_per_sample=split,
         )))
     how = "TP split measured over 2 processes" if tp_pair is not None else "TP split taken from the analytic model (one process)"
     source = (f"gbmw profile model on {device} ({torch.__version__}), batches {batches[0]} and {batches[1]}, "
-              f"median of {repeats}; {how}")
-    progress("optimizer step")
-    optimizer_s = measure_optimizer_step_s_per_parameter(architecture, device, dtype, repeats)
+              f"fastest quarter of at least {repeats} interleaved whole-model passes over at least {min_seconds:g} s; {how}")
     return analytic.model_copy(update=dict(layers=tuple(layers), family="profiled", source=source,
                                            architecture=architecture.model_dump_json(exclude_defaults=True),
                                            optimizer_step_s_per_parameter=optimizer_s))
@@ -301,7 +381,7 @@ def model_spec_yaml(spec: ModelSpec) -> str:
 
 
 def run_profile_model(model_reference: str, precision: str, output: str, batches: tuple[int, int], repeats: int,
-                      say: Callable[[str], None]) -> ModelSpec:
+                      say: Callable[[str], None], min_seconds: float = MIN_PROFILE_SECONDS) -> ModelSpec:
     """`gbmw profile model`: on one process, or on every process of a torchrun/deepspeed launch (ranks 0 and 1
     also measure the TP split; rank 0 writes the YAML)."""
     import os
@@ -327,7 +407,7 @@ def run_profile_model(model_reference: str, precision: str, output: str, batches
         device = torch.device(context.device if context else ("cuda" if torch.cuda.is_available() else "cpu"))
         pair = tp_pair_for_profiling() if context else None
         rank = context.rank if context else 0
-        spec = profile_model(architecture, precision, device, batches, repeats, pair,
+        spec = profile_model(architecture, precision, device, batches, repeats, pair, min_seconds,
                              progress=say if rank == 0 else (lambda text: None))
         if rank == 0:
             write_new_file(output, model_spec_yaml(spec))

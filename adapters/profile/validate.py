@@ -1,9 +1,12 @@
 """`gbmw validate JOB --plans …`: the estimator against the runtime, plan by plan (paper App.: estimation error).
 
 Run under a launcher with as many processes as the plans' devices. For each plan the runtime trains
-`warmup` + `steps` steps on synthetic batches; measured are the median step time (each step's slowest
-rank) and, per pipeline stage, the largest memory a rank of that stage holds (held_memory: model states +
-stashed activations at their in-flight peak). Predicted are the estimator's iteration time (Eq. 9) and
+`warmup` steps, one step with the held-memory probe attached, then timed steps (without the probe, whose
+saved-tensor hooks slow a step) on synthetic batches, every plan's steps interleaved round by round for at
+least `steps` rounds and `min_seconds`. Measured are the mean of the fastest quarter of the timed steps
+(each step's slowest rank; timing.py says why, and the median is printed beside it) and, per pipeline
+stage, the largest memory a rank of that stage holds (held_memory: model states + stashed activations at
+their in-flight peak). Predicted are the estimator's iteration time (Eq. 9) and
 the same two memory terms of that stage; the estimator's backward extra (transient buffers the probe does
 not hold) is printed beside them. Errors are (predicted − measured) / measured.
 """
@@ -18,17 +21,22 @@ from typing import Any, Callable
 
 from gbmw.errors import GbmwError, PlanError
 
+from .timing import fast_mean_s
+
 
 @dataclass(frozen=True)
 class PlanValidation:
     plan: str
     predicted_s: float
     measured_s: float
+    """The mean of the fastest quarter of the timed steps (the profiles use the same statistic, timing.py)."""
     predicted_held_bytes: tuple[float, ...]
     """Per stage: model states + stashed activations as the estimator counts them."""
     measured_held_bytes: tuple[float, ...]
     backward_extra_bytes: tuple[float, ...]
     """Per stage: the estimator's transient backward extra (not measured on CPU)."""
+    measured_median_s: float = float("nan")
+    """The median timed step: above measured_s by what contention on the machine added."""
 
     @property
     def time_error(self) -> float:
@@ -68,39 +76,86 @@ def predicted_terms(job, plan) -> tuple[float, tuple[float, ...], tuple[float, .
     return estimate_plan(job, plan).iteration_time_s, held, extra
 
 
-def measure_plan(plan, architecture, device: str, steps: int, warmup: int) -> tuple[float, tuple[float, ...]]:
-    """(median step seconds, per-stage held bytes) on the launched processes (collective)."""
+class PlanRun:
+    """One plan on the launched processes: its engine, a step counter and the timed steps (collective)."""
+
+    def __init__(self, plan, architecture, device: str):
+        from ..runtime.engine import HybridEngine
+        from ..runtime.groups import GroupPool
+
+        self.plan, self.architecture = plan, architecture
+        self.engine = HybridEngine(plan, architecture, GroupPool(plan), device)
+        self.steps_run = 0
+        self.times: list[float] = []
+        self.held_per_stage: tuple[float, ...] = ()
+
+    def step(self, timed: bool) -> None:
+        """One training step, timed on the slowest rank when `timed`."""
+        import torch
+        import torch.distributed as dist
+
+        from ..runtime.model import synthetic_batch
+
+        batch = synthetic_batch(self.architecture, self.plan.global_batch, self.steps_run, 0)
+        dist.barrier()
+        started = time.perf_counter()
+        self.engine.train_step(batch)
+        elapsed = torch.tensor([time.perf_counter() - started], dtype=torch.float64)
+        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+        self.steps_run += 1
+        if timed:
+            self.times.append(float(elapsed))
+
+    def measure_memory(self) -> None:
+        """One step with the held-memory probe attached (its saved-tensor hooks slow a step: not timed)."""
+        import torch.distributed as dist
+
+        from .held_memory import HeldMemoryProbe
+
+        probe = HeldMemoryProbe(self.engine)
+        self.engine.observer = probe
+        try:
+            self.step(timed=False)
+        finally:
+            self.engine.observer = None
+        held = [None] * dist.get_world_size()
+        dist.all_gather_object(held, probe.model_state_bytes + probe.peak_activation_bytes)
+        size = self.plan.num_devices // self.plan.pp
+        self.held_per_stage = tuple(float(max(held[stage * size:(stage + 1) * size])) for stage in range(self.plan.pp))
+
+
+def measure_plans(runs: list[PlanRun], steps: int, warmup: int, min_seconds: float,
+                  say: Callable[[str], None] = lambda text: None) -> None:
+    """Warm-up steps and one memory step per plan, then rounds of one timed step of every plan, for at least
+    `steps` rounds and `min_seconds` (rank 0's clock, broadcast): interleaving puts every plan through the
+    same fast and slow phases of a shared machine (timing.py)."""
     import torch
     import torch.distributed as dist
 
-    from ..runtime.engine import HybridEngine
-    from ..runtime.groups import GroupPool
-    from ..runtime.model import synthetic_batch
-    from .held_memory import HeldMemoryProbe
-
-    engine = HybridEngine(plan, architecture, GroupPool(plan), device)
-    probe = HeldMemoryProbe(engine)
-    engine.observer = probe
-    times = []
-    for step in range(warmup + steps):
-        batch = synthetic_batch(architecture, plan.global_batch, step, 0)
-        probe.reset()
-        dist.barrier()
-        started = time.perf_counter()
-        engine.train_step(batch)
-        elapsed = torch.tensor([time.perf_counter() - started], dtype=torch.float64)
-        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
-        if step >= warmup:
-            times.append(float(elapsed))
-    held = [None] * dist.get_world_size()
-    dist.all_gather_object(held, probe.model_state_bytes + probe.peak_activation_bytes)
-    size = plan.num_devices // plan.pp
-    per_stage = tuple(float(max(held[stage * size:(stage + 1) * size])) for stage in range(plan.pp))
-    return statistics.median(times), per_stage
+    for run in runs:
+        for _ in range(warmup):
+            run.step(timed=False)
+        run.measure_memory()
+    started = reported = time.perf_counter()
+    rounds = 0
+    while True:
+        for run in runs:
+            run.step(timed=True)
+        rounds += 1
+        if time.perf_counter() - reported >= 5.0:
+            reported = time.perf_counter()
+            say(f"  {rounds} rounds, {reported - started:.0f} of at least {min_seconds:.0f} s")
+        more = torch.tensor([float(rounds < steps or time.perf_counter() - started < min_seconds)])
+        dist.broadcast(more, src=0)
+        if not more.item():
+            return
 
 
 def run_validate(job_reference: str, plan_paths: list[str], steps: int, warmup: int,
-                 say: Callable[[str], None]) -> list[PlanValidation]:
+                 say: Callable[[str], None], min_seconds: float = 0.0,
+                 one_at_a_time: bool = False) -> list[PlanValidation]:
+    """Predicted and measured terms of every plan. The plans' engines are built together and their steps
+    interleaved, unless `one_at_a_time` (for models whose plans do not fit in memory together)."""
     import os
 
     import torch.distributed as dist
@@ -115,6 +170,8 @@ def run_validate(job_reference: str, plan_paths: list[str], steps: int, warmup: 
         raise GbmwError("--plans: give at least one plan YAML")
     if steps < 1 or warmup < 1:
         raise GbmwError(f"--steps {steps} / --warmup {warmup}: need at least 1 each (warm-up creates Adam's states)")
+    if min_seconds < 0:
+        raise GbmwError(f"--min-seconds {min_seconds}: must be 0 or more")
     job = load_job(job_reference)
     architecture = load_architecture(job.model_path)
     plans = [(path, Plan.load(path)) for path in plan_paths]
@@ -127,12 +184,18 @@ def run_validate(job_reference: str, plan_paths: list[str], steps: int, warmup: 
     context = init_distributed()
     results = []
     try:
-        for path, plan in plans:
-            say(f"validate: {Path(path).name} ({warmup} warm-up + {steps} timed steps)")
-            predicted_s, predicted_held, extra = predicted_terms(job, plan)
-            measured_s, measured_held = measure_plan(plan, architecture, context.device, steps, warmup)
-            results.append(PlanValidation(Path(path).stem, predicted_s, measured_s, predicted_held, measured_held,
-                                          extra))
+        batches = [[entry] for entry in plans] if one_at_a_time else [plans]
+        for batch in batches:
+            names = ", ".join(Path(path).name for path, _ in batch)
+            say(f"validate: {names} ({warmup} warm-up steps, 1 memory step, then at least {steps} timed steps"
+                f"{' interleaved' if len(batch) > 1 else ''} for at least {min_seconds:g} s)")
+            runs = [PlanRun(plan, architecture, context.device) for _, plan in batch]
+            measure_plans(runs, steps, warmup, min_seconds, say)
+            for (path, plan), run in zip(batch, runs):
+                predicted_s, predicted_held, extra = predicted_terms(job, plan)
+                results.append(PlanValidation(Path(path).stem, predicted_s, fast_mean_s(run.times), predicted_held,
+                                              run.held_per_stage, extra, statistics.median(run.times)))
+            del runs
     finally:
         dist.destroy_process_group()
     return results
@@ -145,7 +208,7 @@ def print_validation(results: list[PlanValidation], console: Any = None) -> dict
 
     console = console or Console(highlight=False)
     table = Table(title="predicted vs measured (error = (predicted − measured) / measured)")
-    for column in ("plan", "predicted s/iter", "measured s/iter", "time error", "stage",
+    for column in ("plan", "predicted s/iter", "measured s/iter (fast quarter)", "time error", "median s/iter", "stage",
                    "predicted held MiB", "measured held MiB", "memory error", "backward extra MiB (not held)"):
         table.add_column(column, justify="left" if column in ("plan",) else "right")
     mib = 2**20
@@ -153,8 +216,8 @@ def print_validation(results: list[PlanValidation], console: Any = None) -> dict
         for stage, (predicted, measured, error, extra) in enumerate(zip(
                 result.predicted_held_bytes, result.measured_held_bytes, result.memory_errors,
                 result.backward_extra_bytes)):
-            head = (result.plan, f"{result.predicted_s:.4f}", f"{result.measured_s:.4f}", f"{result.time_error:+.1%}") \
-                if stage == 0 else ("", "", "", "")
+            head = (result.plan, f"{result.predicted_s:.4f}", f"{result.measured_s:.4f}", f"{result.time_error:+.1%}",
+                    f"{result.measured_median_s:.4f}") if stage == 0 else ("", "", "", "", "")
             table.add_row(*head, str(stage), f"{predicted / mib:.3f}", f"{measured / mib:.3f}", f"{error:+.2%}",
                           f"{extra / mib:.3f}")
     console.print(table)

@@ -12,8 +12,11 @@ Which implementation and why:
   wraps each layer with its own mesh, composes with megatron-core's TP parameters (it shards each
   rank's TP slice) and runs on gloo. `sdp` frees the gathered parameters after forward and gathers
   them again for backward; `z1dp`/`z2dp` keep them gathered from forward to backward
-  (`reshard_after_forward=False`) — ZeRO-2's behaviour; ZeRO-1 is run as ZeRO-2, whose gradients
-  are sharded as well: less memory than the estimator counts for ZeRO-1, the same arithmetic.
+  (`reshard_after_forward=False`). Gradients follow ZeRO's stages as the estimator prices them
+  (gbmw/cost.py): `sdp` and `z2dp` reduce-scatter every micro-batch and accumulate sharded gradients;
+  `z1dp` accumulates unsharded gradients and reduce-scatters them once, on the last micro-batch. (After
+  that reduce-scatter FSDP2 keeps only the shard, so between iterations ZeRO-1 holds less than the
+  estimator's unsharded gradients.)
   Where a whole stage is uniform DeepSpeed's ZeRO could run it too; one implementation for every plan
   keeps the runtime's behaviour the same whatever the planner mixes, and benchmarks/runtime_overhead.py
   measures per-layer FSDP2 against DeepSpeed ZeRO-3 on a uniform plan.
@@ -74,10 +77,11 @@ class LayerDataParallel:
         module.set_force_sum_reduction_for_comms(True)  # gloo has no PREMUL_SUM
         return module
 
-    def set_gradient_sync(self, module: nn.Module, enabled: bool) -> None:
-        """Sharded layers reduce-scatter during backward only when enabled (the last micro-batch)."""
+    def set_gradient_sync(self, module: nn.Module, last_micro_batch: bool) -> None:
+        """Before a micro-batch's backward: `sdp`/`z2dp` reduce-scatter every micro-batch, `z1dp` only on the
+        last (plain `dp` is synchronised after the schedule, synchronise_plain_gradients)."""
         if self.sharded and self.size > 1:
-            module.set_requires_gradient_sync(enabled)
+            module.set_requires_gradient_sync(last_micro_batch or self.flavour != "z1dp")
 
 
 
