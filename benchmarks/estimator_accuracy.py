@@ -53,8 +53,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--processes", type=int, default=2, choices=(2, 4))
     parser.add_argument("--steps", type=int, default=8, help="timed steps per plan, at least")
-    parser.add_argument("--min-seconds", type=float, default=20.0,
-                        help="profile and validate each keep timing this long, interleaved (default 20)")
+    parser.add_argument("--min-seconds", type=float, default=40.0,
+                        help="profile and validate each keep timing this long, interleaved (default 40)")
     args = parser.parse_args()
     folder = REPOSITORY / "out" / f"estimator-accuracy-{time.strftime('%Y%m%d-%H%M%S')}"
     folder.mkdir(parents=True)

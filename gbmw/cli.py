@@ -7,9 +7,11 @@
     gbmw compare JOB [--memory 8GiB,16GiB] [--batch N | --sweep] [--handtuned NAME]
     gbmw tune --ds-config ds_config.json --model MODEL --cluster CLUSTER [--target T] [-o DIR]
     gbmw train JOB --plan plan.yaml [--steps N] [--save DIR] [--load DIR]   (under torchrun / deepspeed for N > 1)
-    gbmw profile model MODEL -o model.yaml [--precision fp32] [--batches 2,8]  (2 processes: TP split measured)
+    gbmw profile model MODEL -o model.yaml [--precision fp32] [--batches 2,8] [--min-seconds 20]
+                  (under torchrun with 2 processes: TP split, TP/FSDP2/Slice-Gather/p2p calls measured too)
     torchrun --nproc_per_node N -m gbmw profile cluster -o cluster.yaml [--links intra_node=8,inter_node=32]
-    torchrun --nproc_per_node N -m gbmw validate JOB --plans a.yaml b.yaml [--steps 8] [--json out.json]
+    torchrun --nproc_per_node N -m gbmw validate JOB --plans a.yaml b.yaml [--steps 8] [--min-seconds S]
+                  [--one-at-a-time] [--json out.json]
 
 JOB is a job YAML or the name of a bundled job recipe (recipes/jobs/). Bad input ends with one
 line naming the file, field and value (exit status 2), never a traceback.

@@ -109,21 +109,28 @@ def _framework_overheads_s(model: ModelSpec, strategy: Strategy, settings: CostS
     batch = arrays.profiled_batch
     if not batch.any():
         return overhead
-    measured_time = forward_time_per_sample_s(model, settings) * batch
-    plain = measured_time + arrays.forward_overhead_s + np.where(
-        arrays.has_measured_backward, arrays.backward_time_per_sample_s * batch + arrays.backward_overhead_s,
-        2 * measured_time)
+    forward_per_sample = forward_time_per_sample_s(model, settings)
+    backward_per_sample = np.where(arrays.has_measured_backward, arrays.backward_time_per_sample_s,
+                                   2 * forward_per_sample)
+    backward_per_call = np.where(arrays.has_measured_backward, arrays.backward_overhead_s, 2 * arrays.forward_overhead_s)
+
+    def charged_compute(tp: int) -> np.ndarray:
+        """Forward + backward compute of one call of `batch` samples as layer_costs charges it at TP `tp`."""
+        return (forward_per_sample + backward_per_sample) * batch / tp + arrays.forward_overhead_s + backward_per_call
+
     if strategy.tp > 1:
         tp_comm = 2 * _vector(comm.allreduce_s, arrays.tp_allreduce_bytes_per_sample * batch, 2, 1)
-        overhead += np.where(arrays.tp2_time_s > 0, np.maximum(0.0, arrays.tp2_time_s - plain / 2 - tp_comm), 0.0)
+        overhead += np.where(arrays.tp2_time_s > 0,
+                             np.maximum(0.0, arrays.tp2_time_s - charged_compute(2) - tp_comm), 0.0)
     if strategy.degree("sdp") > 1:
         gathers = 2 * _vector(comm.allgather_s, arrays.parameter_count * parameter_bytes, 2, 1)
         scatter = _vector(comm.reduce_scatter_s, arrays.parameter_count * gradient_bytes, 2, 1)
         overhead += np.where(arrays.sdp2_time_s > 0,
-                             np.maximum(0.0, arrays.sdp2_time_s - plain - gathers - scatter), 0.0)
+                             np.maximum(0.0, arrays.sdp2_time_s - charged_compute(1) - gathers - scatter), 0.0)
     if strategy.ckpt:
-        recompute = measured_time + arrays.forward_overhead_s
-        overhead += np.where(arrays.ckpt_time_s > 0, np.maximum(0.0, arrays.ckpt_time_s - plain - recompute), 0.0)
+        recompute = forward_per_sample * batch + arrays.forward_overhead_s
+        overhead += np.where(arrays.ckpt_time_s > 0,
+                             np.maximum(0.0, arrays.ckpt_time_s - charged_compute(1) - recompute), 0.0)
     return overhead
 
 
@@ -262,13 +269,35 @@ def transition_fraction(previous: Strategy, current: Strategy) -> float:
 
 
 def transition_time_s(
-    previous: Strategy, current: Strategy, boundary_bytes_per_sample: float, micro_batch: float, comm: CommModel
+    previous: Strategy, current: Strategy, boundary_bytes_per_sample: float, micro_batch: float, comm: CommModel,
+    overhead_s: float = 0.0,
 ) -> float:
-    """R(l, S_i, S_j): Slice-Gather time between neighbouring layers (0 when the layouts agree)."""
+    """R(l, S_i, S_j): Slice-Gather time between neighbouring layers (0 when the layouts agree), plus the
+    profiled per-call overhead (`slice_gather_overhead_s`)."""
     fraction = transition_fraction(previous, current)
     if fraction == 0.0:
         return 0.0
-    return comm.exchange_s(fraction * boundary_bytes_per_sample * micro_batch, previous.group_size)
+    return comm.exchange_s(fraction * boundary_bytes_per_sample * micro_batch, previous.group_size) + overhead_s
+
+
+def pipeline_send_s(model: ModelSpec, comm: CommModel, message_bytes: float, stage_devices: int) -> float:
+    """One stage-to-stage transfer: the cluster's p2p time plus, for profiled models, what the runtime's
+    measured transfer on the pair took beyond that model (paired isend/irecv and the wait)."""
+    if message_bytes <= 0:
+        return 0.0
+    overhead = 0.0
+    if model.p2p_time_s and model.p2p_bytes:
+        overhead = max(0.0, model.p2p_time_s - comm.p2p_s(model.p2p_bytes, 1))
+    return comm.p2p_s(message_bytes, stage_devices) + overhead
+
+
+def slice_gather_overhead_s(model: ModelSpec, comm: CommModel) -> float:
+    """Per transition: what the profiled Slice-Gather on the pair (sliced in two ↔ replicated, so half the
+    micro-batch received) took beyond the exchange model — the runtime's two all-gathers (forward and
+    backward) and its autograd bookkeeping, where the model has one exchange. 0 for analytic models."""
+    if not model.slice_gather_time_s or not model.slice_gather_bytes:
+        return 0.0
+    return max(0.0, model.slice_gather_time_s - comm.exchange_s(0.5 * model.slice_gather_bytes, 2))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -339,7 +368,8 @@ def stage_estimate(
             side_input_stashed = True
         if position:
             transition = transition_time_s(
-                strategies[position - 1], strategy, arrays.boundary_activation_bytes_per_sample[layer], micro_batch, comm
+                strategies[position - 1], strategy, arrays.boundary_activation_bytes_per_sample[layer], micro_batch, comm,
+                slice_gather_overhead_s(model, comm),
             )
             time += transition
             no_sync += transition
@@ -349,10 +379,10 @@ def stage_estimate(
     last = first_layer + count - 1
     if stage_index < pp - 1:
         out_bytes = arrays.boundary_activation_bytes_per_sample[last + 1] + arrays.side_input_bytes_per_sample[last + 1]
-        send += comm.p2p_s(out_bytes * micro_batch / strategies[-1].data_parallel, group)
+        send += pipeline_send_s(model, comm, out_bytes * micro_batch / strategies[-1].data_parallel, group)
     if stage_index > 0:
         in_bytes = arrays.boundary_activation_bytes_per_sample[first_layer] + arrays.side_input_bytes_per_sample[first_layer]
-        send += comm.p2p_s(in_bytes * micro_batch / strategies[0].data_parallel, group)
+        send += pipeline_send_s(model, comm, in_bytes * micro_batch / strategies[0].data_parallel, group)
     time += send
     no_sync += send
     in_flight = in_flight_micro_batches(schedule, stage_index, pp, num_micro_batches)

@@ -275,7 +275,7 @@ class StageSearch:
     def __init__(self, model, tables, num_micro_batches: int, pp: int, budget_bytes: float, comm,
                  schedule: str = "1f1b", granularity_bytes: int | None = None,
                  allowed: np.ndarray | None = None, exact: bool = False):
-        from gbmw.cost import in_flight_micro_batches
+        from gbmw.cost import in_flight_micro_batches, pipeline_send_s, slice_gather_overhead_s
 
         self.model, self.tables, self.comm = model, tables, comm
         self.m, self.pp, self.schedule, self.exact = num_micro_batches, pp, schedule, exact
@@ -298,6 +298,8 @@ class StageSearch:
         self.side_bytes = arrays.side_input_bytes_per_sample
         self.samples_per_device = tables.micro_batch / tables.data_parallel
         self.layouts = tables.transition_fraction.shape[0]
+        self.transition_overhead_s = slice_gather_overhead_s(model, comm)
+        self.pipeline_send_s = pipeline_send_s
         self.layout_data_parallel = np.zeros(self.layouts)
         self.layout_data_parallel[tables.layout] = tables.data_parallel
         self._nodes: dict[tuple, object] = {}
@@ -321,7 +323,7 @@ class StageSearch:
         samples = self.samples_per_device[allowed]
         if first_with_previous:  # receive the activation, send its gradient back: every micro-batch
             message = (self.boundary_bytes[layer] + self.side_bytes[layer]) * samples
-            time += self.m * np.array([self.comm.p2p_s(b, self.group_size) for b in message])
+            time += self.m * np.array([self.pipeline_send_s(self.model, self.comm, b, self.group_size) for b in message])
         if side_first:
             forward += self.side_bytes[layer] * samples
         if tied_in_stage:
@@ -345,7 +347,8 @@ class StageSearch:
         if self.group_size == 1:
             return np.zeros_like(message)
         bandwidth, latency = self.comm.exchange_rate(self.group_size)
-        return self.m * np.where(message > 0, message / bandwidth + latency, 0.0)  # CommModel.exchange_s, vectorised
+        # cost.transition_time_s, vectorised
+        return self.m * np.where(message > 0, message / bandwidth + latency + self.transition_overhead_s, 0.0)
 
     # ------------------------------------------------------------------ stages
 
@@ -379,7 +382,7 @@ class StageSearch:
         if stage_index == self.pp - 1:
             return None
         message = (self.boundary_bytes[end] + self.side_bytes[end]) * self.tables.micro_batch / self.layout_data_parallel
-        return self.m * np.array([self.comm.p2p_s(b, self.group_size) for b in message])
+        return self.m * np.array([self.pipeline_send_s(self.model, self.comm, b, self.group_size) for b in message])
 
     def solve(self, stage_index: int, first: int, end: int) -> StageSolution | None:
         """The fastest strategies for layers [first, end) as stage `stage_index` that fit, or None."""

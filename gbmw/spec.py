@@ -181,6 +181,18 @@ class ModelSpec(_Frozen):
     optimizer_step_s_per_parameter: float | None = Field(default=None, ge=0)
     """Measured optimizer step time per parameter on the profiled device (`gbmw profile model`); the
     estimator adds the slowest stage's step to each iteration. None: not modelled (analytic models)."""
+    slice_gather_time_s: float | None = Field(default=None, ge=0)
+    """Measured on the profiling pair: one Slice-Gather of the runtime (forward and backward) between a layout
+    sliced in two and a replicated one, on a micro-batch's hidden state of `slice_gather_bytes`. What the
+    exchange model does not explain of it is charged to every transition R. None: analytic models."""
+    slice_gather_bytes: float | None = Field(default=None, ge=0)
+    """The full micro-batch's boundary activation in that measurement (bytes)."""
+    p2p_time_s: float | None = Field(default=None, ge=0)
+    """Measured on the profiling pair: one pipeline transfer of the runtime (paired isend/irecv, waited) of
+    `p2p_bytes`; what the cluster's p2p model does not explain of it is charged to every stage-to-stage
+    transfer. None: analytic models."""
+    p2p_bytes: float | None = Field(default=None, ge=0)
+    """The message of that measurement (bytes)."""
 
     @model_validator(mode="after")
     def _layers_consistent(self) -> "ModelSpec":

@@ -237,19 +237,22 @@ def test_profiled_call_timings_add_what_compute_and_collectives_leave_out(strate
     job = load_job("gpt-tiny_cpu-x4")
     settings, comm = CostSettings(job.cluster, job.precision, job.optimizer), CommModel(job.cluster)
     batch, forward_s, backward_s, extra_s = 8, 1e-4, 2e-4, 3e-3
+    forward_call_s, backward_call_s = 5e-5, 7e-5  # per-call intercepts: TP does not divide them
     parameter_bytes, gradient_bytes, _ = MODEL_STATE_BYTES[(job.precision, job.optimizer)]
     layers = []
     for layer in job.model.layers:
-        plain = (forward_s + backward_s) * batch
+        compute = (forward_s + backward_s) * batch + forward_call_s + backward_call_s
         explained = {
-            "tp2_time_s": plain / 2 + 2 * _vector(comm.allreduce_s, np.array([layer.tp_allreduce_bytes_per_sample * batch]), 2, 1)[0],
-            "sdp2_time_s": plain + 2 * _vector(comm.allgather_s, np.array([layer.parameter_count * parameter_bytes]), 2, 1)[0]
+            "tp2_time_s": (forward_s + backward_s) * batch / 2 + forward_call_s + backward_call_s
+            + 2 * _vector(comm.allreduce_s, np.array([layer.tp_allreduce_bytes_per_sample * batch]), 2, 1)[0],
+            "sdp2_time_s": compute + 2 * _vector(comm.allgather_s, np.array([layer.parameter_count * parameter_bytes]), 2, 1)[0]
             + _vector(comm.reduce_scatter_s, np.array([layer.parameter_count * gradient_bytes]), 2, 1)[0],
-            "ckpt_time_s": plain + forward_s * batch,
+            "ckpt_time_s": compute + forward_s * batch + forward_call_s,
         }[field]
         layers.append(layer.model_copy(update={"forward_time_per_sample_s": forward_s,
                                                "backward_time_per_sample_s": backward_s, "profiled_batch": batch,
-                                               field: explained}))
+                                               "forward_overhead_s": forward_call_s,
+                                               "backward_overhead_s": backward_call_s, field: explained}))
     exact = job.model.model_copy(update={"layers": tuple(layers)})
     slower = exact.model_copy(update={"layers": tuple(layer.model_copy(update={field: getattr(layer, field) + extra_s})
                                                       for layer in layers)})

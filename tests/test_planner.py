@@ -166,3 +166,61 @@ def test_nothing_fits_names_the_tp_constraint():
     job = load_job("gpt3-15b_a100-80g-x32")
     with pytest.raises(NothingFitsError, match=r"tp32\) has a TP degree dividing every layer's heads"):
         Planner(job, "megatron-tp").run()
+
+
+def profiled_tiny_job(budget_bytes):
+    """tiny_job with profiled per-call costs: layer timings under TP 2, FSDP2 and checkpointing, and a
+    Slice-Gather so slow that whether the search prices transitions like the estimator decides the optimum."""
+    job = tiny_job(budget_bytes)
+    layers = tuple(layer.model_copy(update=dict(
+        forward_time_per_sample_s=0.01 * (1 + index), backward_time_per_sample_s=0.02 * (1 + index),
+        forward_overhead_s=0.002, backward_overhead_s=0.003, profiled_batch=8,
+        tp2_time_s=0.3, sdp2_time_s=0.5, ckpt_time_s=0.45)) for index, layer in enumerate(job.model.layers))
+    model = job.model.model_copy(update=dict(layers=layers, slice_gather_time_s=1.0, slice_gather_bytes=2e6 * 8,
+                                             p2p_time_s=0.5, p2p_bytes=2e6 * 8))
+    return job.model_copy(update={"model": model})
+
+
+@pytest.mark.parametrize("budget_gib", [1.5, 3.0])
+def test_exact_search_equals_brute_force_with_profiled_call_costs(budget_gib):
+    """With profiled per-call costs (TP/SDP/ckpt timings, Slice-Gather, p2p) the search still finds the
+    estimator's optimum, and its vectorised transition cost equals the estimator's R for every layout pair."""
+    from gbmw.comm import CommModel
+    from gbmw.cost import CostSettings, strategy_tables, transition_time_s
+    from gbmw.search import StageSearch
+
+    job = profiled_tiny_job(budget_gib * 2**30)
+    expected = brute_force_single_stage(job)
+    plan = Planner(job, "base", max_pp=1, exact=True, granularity_bytes=2**16, explain_failure=False).run()
+    assert plan.estimate.samples_per_s == pytest.approx(expected, rel=1e-9)
+    comm = CommModel(job.cluster)
+    strategies = enumerate_strategies(4)
+    tables = strategy_tables(job.model, strategies, 4, CostSettings(job.cluster, "fp32"), comm)
+    search = StageSearch(job.model, tables, 2, 1, job.memory_budget_bytes, comm, exact=True)
+    matrix = search._transition(1)
+    for a, previous in enumerate(strategies):
+        for b, current in enumerate(strategies):
+            expected_r = transition_time_s(previous, current, 2e6, 4, comm, 1.0 - comm.exchange_s(0.5 * 2e6 * 8, 2))
+            assert matrix[tables.layout[a], tables.layout[b]] == pytest.approx(2 * expected_r, rel=1e-12)
+
+
+def test_profiled_transfers_add_to_every_transition_and_pipeline_send():
+    from gbmw.comm import CommModel
+    from gbmw.plan import plan_from_strategy_names
+
+    job = profiled_tiny_job(3 * 2**30)
+    bare = job.model_copy(update={"model": job.model.model_copy(update=dict(
+        slice_gather_time_s=None, slice_gather_bytes=None, p2p_time_s=None, p2p_bytes=None))})
+    comm = CommModel(job.cluster)
+    slice_gather = 1.0 - comm.exchange_s(0.5 * 2e6 * 8, 2)
+    send = 0.5 - comm.p2p_s(2e6 * 8, 1)
+    assert slice_gather > 0 and send > 0
+    # one stage, dp4 → tp4 → dp4: two transitions per micro-batch, 2 micro-batches
+    mixed = plan_from_strategy_names(job.model, 4, ["dp4", "tp4", "dp4"], [3], 8, 2)
+    assert estimate_plan(job, mixed).iteration_time_s == pytest.approx(
+        estimate_plan(bare, mixed).iteration_time_s + 2 * 2 * slice_gather, rel=1e-12)
+    # two stages of dp2 with 4 micro-batches: each stage sends once per micro-batch; Eq. 9 counts stage times
+    # (m − 1) times for the slowest stage and once each
+    piped = plan_from_strategy_names(job.model, 4, ["dp2"] * 3, [1, 2], 8, 4)
+    assert estimate_plan(job, piped).iteration_time_s == pytest.approx(
+        estimate_plan(bare, piped).iteration_time_s + (4 - 1) * send + 2 * send, rel=1e-9)

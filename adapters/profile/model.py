@@ -4,14 +4,17 @@ the per-sample computation time of each layer is profiled; memory comes from the
 For every layer of the planner's ModelSpec the runtime's own module (gbmw.adapters.runtime.model) runs
 forward and backward on this device at two batch sizes:
 - time: every layer timed inside whole-model forward/backward passes at each batch size, the mean over
-  the fastest quarter of the passes (timing.py says why), as a line: seconds per sample (the slope; the paper's per-sample
-  time) and seconds per call (the intercept: launches and Python, which make tiny micro-batches slow);
-  backward measured separately (the analytic default is 2 × forward); and the runtime's Adam step time
-  per parameter;
-- whole-model passes with every layer checkpointed (`ckpt_time_s`) and, on two or more processes, ranks 0
-  and 1 with every layer TP 2 and with every layer FSDP2-sharded over the pair (`tp2_time_s`,
-  `sdp2_time_s`), all at the larger batch: the estimator charges what these show beyond compute and its
-  modelled collectives as a per-call framework cost;
+  the fastest quarter of the passes (timing.py says why), as a line: seconds per sample (the slope; the
+  paper's per-sample time) and seconds per call (the intercept: launches and Python, which make tiny
+  micro-batches slow); backward measured separately (the analytic default is 2 × forward); and the
+  runtime's Adam step time per parameter;
+- the runtime's mechanisms, each timed the way training runs them: whole-model passes with every layer
+  checkpointed (`ckpt_time_s`) and, on two or more processes, on ranks 0 and 1 whole-model passes with
+  every layer TP 2 and with every layer FSDP2-sharded over the pair (`tp2_time_s`, `sdp2_time_s`), all at
+  the larger batch; one Slice-Gather between a sliced and a replicated layout (`slice_gather_time_s`) and
+  one pipeline transfer (`p2p_time_s`) of that batch's hidden state. The estimator charges what these show
+  beyond compute and its modelled collectives as a per-call framework cost. All of them run interleaved,
+  round after round, for at least `min_seconds`;
 - stashed activations: the bytes autograd saves (adapters/profile/activations.py), as the slope between
   the two batch sizes, so anything that does not grow with the batch (position indices) is left out; the
   layer input is the boundary (Sec. 3.1 `bnd`), the rest intermediate;
@@ -143,8 +146,7 @@ class InModelLayerTimer:
             if name != "embedding":
                 layer.register_full_backward_pre_hook(self._mark((name, "backward start")), prepend=True)
                 layer.register_full_backward_hook(self._mark((name, "backward end")))
-        for _ in range(2):
-            self.run(keep=False)  # warm-up
+        self.run(keep=False)  # warm-up
 
     def _mark(self, key):
         def hook(*_):
@@ -153,7 +155,12 @@ class InModelLayerTimer:
         return hook
 
     def run(self, keep: bool = True) -> None:
-        """One forward and backward pass; keeps every layer's (forward s, backward s)."""
+        """Two forward and backward passes back to back, as consecutive micro-batches run; keeps every layer's
+        (forward s, backward s) of the second (the first re-warms caches the other timers of a round used)."""
+        self._pass(keep=False)
+        self._pass(keep)
+
+    def _pass(self, keep: bool) -> None:
         names, marks = self.names, self.marks
         marks.clear()
         if self.group is not None:
@@ -185,6 +192,87 @@ class InModelLayerTimer:
         return {name: (sum(values[index][0] for index in chosen) / len(chosen),
                        sum(values[index][1] for index in chosen) / len(chosen))
                 for name, values in self.samples.items()}
+
+
+class SliceGatherTimer:
+    """The runtime's Slice-Gather (gbmw.adapters.runtime.redistribute) on the profiling pair, forward and
+    backward: a micro-batch's hidden state re-laid from sliced in two to replicated, and back, per run()."""
+
+    def __init__(self, architecture: Any, device: torch.device, dtype: torch.dtype, batch: int,
+                 pair: TensorParallel):
+        from ..runtime.redistribute import BatchLayout
+
+        self.device, self.pair = device, pair
+        self.sliced, self.replicated = BatchLayout((0, 1), 2), BatchLayout((0, 0), 1)
+        shape = (batch, architecture.seq_length, architecture.hidden_size)
+        self.full = torch.randn(shape, device=device, dtype=dtype)
+        self.half = self.sliced.take(self.full, pair.rank).clone()
+        self.bytes = self.full.numel() * self.full.element_size()
+        self.samples: list[float] = []
+        for _ in range(2):
+            self._both()  # warm-up
+
+    def _both(self) -> float:
+        from ..runtime.redistribute import relayout
+
+        total = 0.0
+        for source, target, value in ((self.sliced, self.replicated, self.half),
+                                      (self.replicated, self.sliced, self.full)):
+            x = value.detach().requires_grad_()
+            dist.barrier(group=self.pair.group)
+            _synchronise(self.device)
+            started = time.perf_counter()
+            relayout(x, source, target, self.pair.rank, self.pair.group).sum().backward()
+            _synchronise(self.device)
+            total += time.perf_counter() - started
+        return total / 2
+
+    def run(self) -> None:
+        self.samples.append(self._both())
+
+    def fastest(self) -> float:
+        """One transition (forward + backward), the mean of the two directions: fast-quarter seconds."""
+        return fast_mean_s(self.samples)
+
+
+class PipelineSendTimer:
+    """The runtime's stage-to-stage transfer (gbmw.adapters.runtime.pipeline.PipelineLinks) on the profiling
+    pair: a micro-batch's hidden state from rank 0 to rank 1, then back, per run()."""
+
+    def __init__(self, architecture: Any, device: torch.device, dtype: torch.dtype, batch: int,
+                 pair: TensorParallel):
+        from ..runtime.pipeline import PipelineLinks
+
+        ranks = dist.get_process_group_ranks(pair.group)
+        self.device, self.pair = device, pair
+        peer = ranks[1 - pair.rank]
+        self.links = PipelineLinks(peer, peer)
+        self.message = torch.randn(batch, architecture.seq_length, architecture.hidden_size, device=device, dtype=dtype)
+        self.bytes = self.message.numel() * self.message.element_size()
+        self.samples: list[float] = []
+        for _ in range(2):
+            self._both()  # warm-up
+
+    def _both(self) -> float:
+        total = 0.0
+        for sender in (0, 1):
+            dist.barrier(group=self.pair.group)
+            _synchronise(self.device)
+            started = time.perf_counter()
+            if self.pair.rank == sender:
+                self.links.exchange([(self.message, self.links.next_rank)], [])
+            else:
+                self.links.exchange([], [(torch.empty_like(self.message), self.links.previous_rank)])
+            _synchronise(self.device)
+            total += time.perf_counter() - started
+        return total / 2
+
+    def run(self) -> None:
+        self.samples.append(self._both())
+
+    def fastest(self) -> float:
+        """One transfer (the mean of the two directions): fast-quarter seconds."""
+        return fast_mean_s(self.samples)
 
 
 MIN_PROFILE_SECONDS = 20.0
@@ -324,10 +412,14 @@ def profile_model(architecture: Any, precision: str, device: torch.device, batch
     timers.append(InModelLayerTimer(architecture, device, dtype, batches[1], checkpointed=True))
     if tp_pair is not None:
         timers += [InModelLayerTimer(architecture, device, dtype, batches[1], tp=tp_pair),
-                   InModelLayerTimer(architecture, device, dtype, batches[1], shard_over=tp_pair)]
+                   InModelLayerTimer(architecture, device, dtype, batches[1], shard_over=tp_pair),
+                   SliceGatherTimer(architecture, device, dtype, batches[1], tp_pair),
+                   PipelineSendTimer(architecture, device, dtype, batches[1], tp_pair)]
     fastest = time_in_rounds(timers, repeats, min_seconds, tp_pair.group if tp_pair is not None else None, progress)
     optimizer_s, in_model, checkpointed = fastest[0], dict(zip(batches, fastest[1:3])), fastest[3]
     pair_in_model = {"tp": fastest[4], "sdp": fastest[5]} if tp_pair is not None else None
+    pair_calls = dict(slice_gather_time_s=fastest[6], slice_gather_bytes=float(timers[6].bytes),
+                      p2p_time_s=fastest[7], p2p_bytes=float(timers[7].bytes)) if tp_pair is not None else {}
     layers = []
     for index, (name, spec) in enumerate(zip(layer_names(architecture), analytic.layers)):
         progress(f"layer {index + 1}/{len(analytic.layers)} {name}")
@@ -358,7 +450,7 @@ def profile_model(architecture: Any, precision: str, device: torch.device, batch
               f"fastest quarter of at least {repeats} interleaved whole-model passes over at least {min_seconds:g} s; {how}")
     return analytic.model_copy(update=dict(layers=tuple(layers), family="profiled", source=source,
                                            architecture=architecture.model_dump_json(exclude_defaults=True),
-                                           optimizer_step_s_per_parameter=optimizer_s))
+                                           optimizer_step_s_per_parameter=optimizer_s, **pair_calls))
 
 
 def tp_pair_for_profiling() -> TensorParallel | None:
