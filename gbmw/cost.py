@@ -100,15 +100,16 @@ def forward_time_per_sample_s(model: ModelSpec, settings: CostSettings) -> np.nd
 
 
 def _framework_overheads_s(model: ModelSpec, strategy: Strategy, settings: CostSettings, comm: CommModel,
-                           parameter_bytes: float, gradient_bytes: float) -> np.ndarray:
+                           parameter_bytes: float, gradient_bytes: float) -> tuple[np.ndarray, np.ndarray]:
     """Per call: what profiled TP-2 / SDP-2 / checkpointed timings show beyond compute and the modelled
-    collectives (the runtime's megatron-core, FSDP2 and checkpoint_wrapper bookkeeping). 0 for analytic
-    models and for strategies without tp, sdp or ckpt."""
+    collectives (the runtime's megatron-core, FSDP2 and checkpoint_wrapper bookkeeping), and the part of it
+    a checkpointed layer's recomputed forward repeats (TP's forward share). 0 for analytic models and for
+    strategies without tp, sdp or ckpt."""
     arrays = model.arrays
-    overhead = np.zeros(model.num_layers)
+    overhead, recompute_overhead = np.zeros(model.num_layers), np.zeros(model.num_layers)
     batch = arrays.profiled_batch
     if not batch.any():
-        return overhead
+        return overhead, recompute_overhead
     forward_per_sample = forward_time_per_sample_s(model, settings)
     backward_per_sample = np.where(arrays.has_measured_backward, arrays.backward_time_per_sample_s,
                                    2 * forward_per_sample)
@@ -122,6 +123,10 @@ def _framework_overheads_s(model: ModelSpec, strategy: Strategy, settings: CostS
         tp_comm = 2 * _vector(comm.allreduce_s, arrays.tp_allreduce_bytes_per_sample * batch, 2, 1)
         overhead += np.where(arrays.tp2_time_s > 0,
                              np.maximum(0.0, arrays.tp2_time_s - charged_compute(2) - tp_comm), 0.0)
+        if strategy.ckpt:
+            forward_charged = forward_per_sample * batch / 2 + arrays.forward_overhead_s + tp_comm / 2
+            recompute_overhead += np.where(arrays.tp2_forward_time_s > 0,
+                                           np.maximum(0.0, arrays.tp2_forward_time_s - forward_charged), 0.0)
     if strategy.degree("sdp") > 1:
         gathers = 2 * _vector(comm.allgather_s, arrays.parameter_count * parameter_bytes, 2, 1)
         scatter = _vector(comm.reduce_scatter_s, arrays.parameter_count * gradient_bytes, 2, 1)
@@ -131,7 +136,7 @@ def _framework_overheads_s(model: ModelSpec, strategy: Strategy, settings: CostS
         recompute = forward_per_sample * batch + arrays.forward_overhead_s
         overhead += np.where(arrays.ckpt_time_s > 0,
                              np.maximum(0.0, arrays.ckpt_time_s - charged_compute(1) - recompute), 0.0)
-    return overhead
+    return overhead, recompute_overhead
 
 
 def layer_costs(
@@ -179,13 +184,14 @@ def layer_costs(
         else:  # dp
             last_micro_batch += _vector(comm.allreduce_s, shard_parameters * gradient_bytes, degree, stride)
 
-    framework = _framework_overheads_s(model, strategy, settings, comm, parameter_bytes, gradient_bytes)
+    framework, recompute_framework = _framework_overheads_s(model, strategy, settings, comm, parameter_bytes,
+                                                            gradient_bytes)
 
     def overlapped(compute: np.ndarray, communication: np.ndarray) -> np.ndarray:
         return np.maximum(compute, communication) + (slowdown - 1.0) * np.minimum(compute, communication)
 
     forward = forward_compute + tp_forward + forward_gather + framework
-    recompute = (forward_compute + tp_forward) if strategy.ckpt else 0.0
+    recompute = (forward_compute + tp_forward + recompute_framework) if strategy.ckpt else 0.0
     backward_common = tp_forward + recompute
     time_no_sync = forward + backward_common + overlapped(backward_compute, every_micro_batch)
     time_sync = forward + backward_common + overlapped(backward_compute, every_micro_batch + last_micro_batch)

@@ -92,6 +92,9 @@ class LayerSpec(_Frozen):
     layers), inside whole-model passes where every layer is TP 2. What the estimator does not explain of it
     (compute / 2, its TP all-reduces) is charged as a per-call overhead to every TP layer — framework costs
     the paper's estimator leaves out."""
+    tp2_forward_time_s: float | None = Field(default=None, ge=0)
+    """The forward part of `tp2_time_s`: a checkpointed TP layer repeats it (with its framework cost) in
+    backward."""
     sdp2_time_s: float | None = Field(default=None, ge=0)
     """The same with every layer sharded 2 ways by FSDP2; the unexplained part (beyond compute, the two
     all-gathers and the reduce-scatter) is charged per call to every SDP layer."""
@@ -153,6 +156,7 @@ class LayerArrays:
         self.backward_overhead_s = column("backward_overhead_s")
         self.profiled_batch = column("profiled_batch")
         self.tp2_time_s = column("tp2_time_s")
+        self.tp2_forward_time_s = column("tp2_forward_time_s")
         self.sdp2_time_s = column("sdp2_time_s")
         self.ckpt_time_s = column("ckpt_time_s")
         names = [layer.name for layer in layers]

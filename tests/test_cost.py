@@ -261,3 +261,32 @@ def test_profiled_call_timings_add_what_compute_and_collectives_leave_out(strate
     base = layer_costs(plain_model, parsed, batch * 2, settings, comm).time_no_grad_sync_s
     assert layer_costs(exact, parsed, batch * 2, settings, comm).time_no_grad_sync_s == pytest.approx(base, abs=1e-12)
     assert layer_costs(slower, parsed, batch * 2, settings, comm).time_no_grad_sync_s == pytest.approx(base + extra_s)
+
+
+def test_a_checkpointed_tp_layer_repeats_its_forward_framework_cost():
+    """tp2+ckpt recomputes the forward, so it pays the profiled TP forward's unexplained cost twice; tp2 and
+    dp2+ckpt are unaffected by tp2_forward_time_s."""
+    from gbmw.comm import CommModel
+    from gbmw.cost import CostSettings, _vector, layer_costs
+    from gbmw.spec import load_job
+
+    job = load_job("gpt-tiny_cpu-x4")
+    settings, comm = CostSettings(job.cluster, job.precision, job.optimizer), CommModel(job.cluster)
+    batch, forward_s, extra_s = 8, 1e-4, 2e-3
+    layers = []
+    for layer in job.model.layers:
+        allreduce = _vector(comm.allreduce_s, np.array([layer.tp_allreduce_bytes_per_sample * batch]), 2, 1)[0]
+        layers.append(layer.model_copy(update={
+            "forward_time_per_sample_s": forward_s, "backward_time_per_sample_s": 2 * forward_s,
+            "forward_overhead_s": 1e-5, "backward_overhead_s": 2e-5, "profiled_batch": batch,
+            "tp2_time_s": 0.05, "tp2_forward_time_s": forward_s * batch / 2 + 1e-5 + allreduce + extra_s}))
+    profiled = job.model.model_copy(update={"layers": tuple(layers)})
+    without = profiled.model_copy(update={"layers": tuple(layer.model_copy(update={"tp2_forward_time_s": None})
+                                                          for layer in layers)})
+
+    def cost(model, name):
+        return layer_costs(model, Strategy.parse(name), batch, settings, comm).time_no_grad_sync_s
+
+    assert cost(profiled, "tp2+ckpt") == pytest.approx(cost(without, "tp2+ckpt") + extra_s)
+    assert cost(profiled, "tp2") == pytest.approx(cost(without, "tp2"))
+    assert cost(profiled, "dp2+ckpt") == pytest.approx(cost(without, "dp2+ckpt"))

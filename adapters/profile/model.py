@@ -61,7 +61,9 @@ class LayerMeasurement:
     tp2_seconds: float | None = None
     """Forward + backward of one call at the larger batch with TP over the two profiling ranks."""
     sdp2_seconds: float | None = None
-    """The same with the layer sharded over the two ranks by FSDP2 (no gradient sync: most micro-batches)."""
+    """The same with the layer sharded over the two ranks by FSDP2 (gathers and a reduce-scatter per call)."""
+    tp2_forward_seconds: float | None = None
+    """The forward part of tp2_seconds."""
 
 
 def _synchronise(device: torch.device) -> None:
@@ -114,8 +116,9 @@ class InModelLayerTimer:
     per call); `checkpointed`: every layer wrapped for activation checkpointing as the runtime's `+ckpt`
     (its backward includes the recomputed forward). Both ranks of the pair make the same calls.
 
-    The windows tile the pass: a layer's forward runs from its forward pre-hook to the next layer's, its
-    backward from its backward pre-hook to the next-executed layer's, so what runs between two layers
+    The windows tile the pass: a layer's forward runs from its forward pre-hook to the next layer's (the
+    last layer's to its own backward pre-hook), its backward from its backward pre-hook to the
+    next-executed layer's, so what runs between two layers
     (FSDP2's reduce-scatter after a layer's input gradient) belongs to the layer before it; the embedding's
     backward (token ids need no gradient, so it has no backward hooks) is the tail of the pass after the
     first block's input gradient."""
@@ -155,12 +158,16 @@ class InModelLayerTimer:
         return hook
 
     def run(self, keep: bool = True) -> None:
-        """Two forward and backward passes back to back, as consecutive micro-batches run; keeps every layer's
-        (forward s, backward s) of the second (the first re-warms caches the other timers of a round used)."""
-        self._pass(keep=False)
-        self._pass(keep)
+        """Two forward and backward passes back to back, as an iteration's micro-batches run: the first after
+        other work (the optimizer step in training, the round's other timers here), the second warm. Keeps
+        every layer's (forward s, backward s) averaged over the two."""
+        first, second = self._pass(), self._pass()
+        if keep:
+            for name in self.names:
+                self.samples[name].append(((first[name][0] + second[name][0]) / 2,
+                                           (first[name][1] + second[name][1]) / 2))
 
-    def _pass(self, keep: bool) -> None:
+    def _pass(self) -> dict[str, tuple[float, float]]:
         names, marks = self.names, self.marks
         marks.clear()
         if self.group is not None:
@@ -171,21 +178,22 @@ class InModelLayerTimer:
         x.backward()
         _synchronise(self.device)
         finished = time.perf_counter()
-        if not keep:
-            return
+        times = {}
         for position, name in enumerate(names):
             last = position == len(names) - 1
-            forward_end = marks[(name, "forward end")] if last else marks[(names[position + 1], "forward start")]
+            # the last layer's forward runs on to its backward: the loss scaling and autograd's start belong to it
+            forward_end = marks[(name, "backward start")] if last else marks[(names[position + 1], "forward start")]
             if name == "embedding":
                 backward = finished - marks[(names[1], "backward end")]
             elif position == 1:
                 backward = marks[(name, "backward end")] - marks[(name, "backward start")]
             else:
                 backward = marks[(names[position - 1], "backward start")] - marks[(name, "backward start")]
-            self.samples[name].append((forward_end - marks[(name, "forward start")], backward))
+            times[name] = (forward_end - marks[(name, "forward start")], backward)
+        return times
 
     def fastest(self) -> dict[str, tuple[float, float]]:
-        """Per layer: (forward s, backward s), the means over the fastest quarter of the passes (timing.py)."""
+        """Per layer: (forward s, backward s), the means over the fastest quarter of the runs (timing.py)."""
         passes = len(self.samples[self.names[0]])
         totals = [sum(f + b for f, b in (values[index] for values in self.samples.values())) for index in range(passes)]
         chosen = fast_quarter(totals)
@@ -327,7 +335,7 @@ def measure_layer(architecture: Any, name: str, device: torch.device, dtype: tor
     saved_large, input_large = _saved_bytes(architecture, name, layer, large, device, dtype)
     per_sample = (saved_large - saved_small) / (large - small)
     boundary = (input_large - input_small) / (large - small)
-    split = tp2_seconds = sdp2_seconds = None
+    split = tp2_seconds = tp2_forward_seconds = sdp2_seconds = None
     if tp_pair is not None:
         tp_layer = _build(architecture, name, tp_pair, device, dtype)
         tp_small, _ = _saved_bytes(architecture, name, tp_layer, small, device, dtype)
@@ -335,9 +343,10 @@ def measure_layer(architecture: Any, name: str, device: torch.device, dtype: tor
         split = max(0.0, 2 * (per_sample - (tp_large - tp_small) / (large - small)))
         pair_in_model = pair_in_model or pair_layer_times(architecture, device, dtype, large, repeats, tp_pair)
         tp2_seconds = sum(pair_in_model["tp"][name])
+        tp2_forward_seconds = pair_in_model["tp"][name][0]
         sdp2_seconds = sum(pair_in_model["sdp"][name])
     return LayerMeasurement(name, forward_slope, backward_slope, forward_intercept, backward_intercept, boundary,
-                            per_sample - boundary, split, tp2_seconds, sdp2_seconds)
+                            per_sample - boundary, split, tp2_seconds, sdp2_seconds, tp2_forward_seconds)
 
 
 def pair_layer_times(architecture: Any, device: torch.device, dtype: torch.dtype, batch: int, repeats: int,
@@ -439,6 +448,7 @@ def profile_model(architecture: Any, precision: str, device: torch.device, batch
             backward_overhead_s=measured.backward_overhead_s,
             profiled_batch=batches[1],
             tp2_time_s=measured.tp2_seconds,
+            tp2_forward_time_s=measured.tp2_forward_seconds,
             sdp2_time_s=measured.sdp2_seconds,
             ckpt_time_s=sum(checkpointed[name]),
             boundary_activation_bytes_per_sample=measured.boundary_bytes_per_sample,
