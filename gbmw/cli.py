@@ -157,20 +157,20 @@ def _profile_parser(commands) -> None:
 
 
 def _run_profile_cluster(args: argparse.Namespace) -> int:
-    import torch.distributed as dist
-
     from gbmw.adapters.profile.cluster import parse_link_levels, profile_cluster
-    from gbmw.adapters.runtime.launch import init_distributed
+    from gbmw.adapters.runtime.launch import finish_distributed, init_distributed
 
     levels = parse_link_levels(args.links) if args.links else None
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
         raise GbmwError("profiling a cluster needs at least 2 processes; launch it with "
                         f"torchrun --standalone --nproc_per_node 2 -m gbmw profile cluster -o {args.output}")
     init_distributed()
+    completed = False
     try:
         profile_cluster(args.output, name=args.name, link_levels=levels, repeats=args.repeats)
+        completed = True
     finally:
-        dist.destroy_process_group()
+        finish_distributed(completed)
     return 0
 
 

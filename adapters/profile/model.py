@@ -494,7 +494,7 @@ def run_profile_model(model_reference: str, precision: str, output: str, batches
     from gbmw.plan import write_new_file
     from gbmw.spec import resolve_recipe
 
-    from ..runtime.launch import init_distributed
+    from ..runtime.launch import finish_distributed, init_distributed
     from ..runtime.model import check_runtime_supports
 
     if Path(output).exists():
@@ -505,6 +505,7 @@ def run_profile_model(model_reference: str, precision: str, output: str, batches
     check_runtime_supports(architecture)
     launched = "RANK" in os.environ and "WORLD_SIZE" in os.environ
     context = init_distributed() if launched else None
+    completed = False
     try:
         device = torch.device(context.device if context else ("cuda" if torch.cuda.is_available() else "cpu"))
         pair = tp_pair_for_profiling() if context else None
@@ -514,7 +515,8 @@ def run_profile_model(model_reference: str, precision: str, output: str, batches
         if rank == 0:
             write_new_file(output, model_spec_yaml(spec))
             say(f"wrote {output}: {len(spec.layers)} layers measured on {device} ({spec.source})")
+        completed = True
         return spec
     finally:
         if context is not None:
-            dist.destroy_process_group()
+            finish_distributed(completed)

@@ -158,13 +158,11 @@ def run_validate(job_reference: str, plan_paths: list[str], steps: int, warmup: 
     interleaved, unless `one_at_a_time` (for models whose plans do not fit in memory together)."""
     import os
 
-    import torch.distributed as dist
-
     from gbmw.models import load_architecture
     from gbmw.plan import Plan
     from gbmw.spec import load_job
 
-    from ..runtime.launch import init_distributed
+    from ..runtime.launch import finish_distributed, init_distributed
 
     if not plan_paths:
         raise GbmwError("--plans: give at least one plan YAML")
@@ -183,6 +181,7 @@ def run_validate(job_reference: str, plan_paths: list[str], steps: int, warmup: 
                             f"launched; validate the plans of one device count per launch")
     context = init_distributed()
     results = []
+    completed = False
     try:
         batches = [[entry] for entry in plans] if one_at_a_time else [plans]
         for batch in batches:
@@ -196,8 +195,9 @@ def run_validate(job_reference: str, plan_paths: list[str], steps: int, warmup: 
                 results.append(PlanValidation(Path(path).stem, predicted_s, fast_mean_s(run.times), predicted_held,
                                               run.held_per_stage, extra, statistics.median(run.times)))
             del runs
+        completed = True
     finally:
-        dist.destroy_process_group()
+        finish_distributed(completed)
     return results
 
 

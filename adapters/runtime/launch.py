@@ -66,3 +66,17 @@ def init_distributed(timeout_s: float = 300.0, local_rank: int | None = None) ->
         dist.init_process_group(backend, rank=rank, world_size=world_size, store=store,
                                 timeout=datetime.timedelta(seconds=timeout_s))
     return ProcessContext(rank, world_size, local, backend, device)
+
+
+def finish_distributed(completed: bool) -> None:
+    """Tear the process group down together: after a completed run every rank first meets at a barrier, so no
+    rank destroys its gloo context while another still uses the group (seen as "terminate called without
+    an active exception" on the rank that left first, after rank 0 spent a moment writing a file). After a
+    failure there is no barrier — a peer may be gone — and the group is destroyed at once."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return
+    if completed:
+        dist.barrier()
+    dist.destroy_process_group()
