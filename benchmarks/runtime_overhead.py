@@ -6,7 +6,8 @@
 Each case trains one small GPT (MODEL below, fp32, global batch GLOBAL_BATCH, one micro-batch) on
 WORLD_SIZE CPU processes over torch.distributed gloo, once with gbmw's HybridEngine running a uniform plan
 and once with a stock implementation of that plan, in the same processes, from the same initial weights
-(gbmw.adapters.runtime.model.initial_value by parameter name), on the same batches, with the same Adam:
+(gbmw.adapters.runtime.model.initial_value by parameter name), on the same batches, with Adam of the same
+arithmetic (gbmw steps FSDP2 shards on their local tensors, adapters/runtime/local_adam.py):
 
 - zero3: every layer `sdp2` (gbmw: FSDP2 on each layer) vs DeepSpeed ZeRO stage 3;
 - fsdp2: every layer `sdp2` vs torch FSDP2 applied the usual way (every layer, then the whole model as
