@@ -1,16 +1,20 @@
 """How well gbmw's estimator predicts its runtime on this machine: profile, then validate a set of plans.
 
-    .venv/bin/python benchmarks/estimator_accuracy.py                 # 2 CPU processes, ~3 minutes
+    .venv/bin/python benchmarks/estimator_accuracy.py                 # 2 CPU processes, ~2.5 minutes
     .venv/bin/python benchmarks/estimator_accuracy.py --processes 4
 
 Every step is a gbmw command anyone can run, started here under torchrun with N processes:
-1. `gbmw profile model gpt-tiny` (per-layer time, stashed activations, TP split, TP/SDP call costs);
+1. `gbmw profile model gpt-tiny` (per-layer time, stashed activations, TP split, the runtime's TP/FSDP2/
+   checkpointing/Slice-Gather/p2p call costs);
 2. `gbmw profile cluster` (collective latency and bandwidth, overlap slowdown);
 3. a job on those two profiles, and a set of plans: each strategy kind alone (dp, sdp, tp, pp), a
    checkpointed mix and a per-layer mix with Slice-Gather;
-4. `gbmw validate JOB --plans …`: predicted and measured iteration time and held memory per stage.
-It prints validate's table and the issue's targets: memory within 2 % for every plan, median iteration-time
-error at most 10 %. Files go to a new folder under out/ (kept for inspection).
+4. `gbmw validate JOB --plans … --profile-alongside`: the plans' steps interleaved, with the model profiled
+   again in the same rounds; predicted (from that profile) and measured iteration time, held memory per stage.
+It prints validate's table, the same measurements against step 1's profile (a shared machine drifts between
+fast and slow phases over minutes, so a profile taken beforehand adds the drift to the estimator's error),
+and the issue's targets: memory within 2 % for every plan, median iteration-time error at most 10 %.
+Files go to a new folder under out/ (kept for inspection).
 """
 
 from __future__ import annotations
@@ -74,16 +78,28 @@ def main() -> None:
         plan = plan_from_strategy_names(job.model, args.processes, strategies, partition, 16, micro_batches)
         (folder / f"{name}.yaml").write_text(plan.to_yaml())
     output = launch(["validate", "job.yaml", "--plans", *[f"{name}.yaml" for name in PLANS], "--steps",
-                     str(args.steps), "--min-seconds", str(args.min_seconds), "--json", "validation.json"],
-                    args.processes, folder)
+                     str(args.steps), "--min-seconds", str(args.min_seconds), "--profile-alongside",
+                     "model-alongside.yaml", "--json", "validation.json"], args.processes, folder)
     print(output[output.index("predicted vs measured") - 60 if "predicted vs measured" in output else 0:])
-    summary = json.loads((folder / "validation.json").read_text())["summary"]
+    results = json.loads((folder / "validation.json").read_text())
+    summary = results["summary"]
+
+    # The same measurements against the profile taken beforehand (step 1): what a user who profiles once
+    # and trains later would see, machine drift included.
+    from gbmw.adapters.profile.validate import predicted_terms, relative_error, summarise
+    from gbmw.plan import Plan
+
+    beforehand = [relative_error(predicted_terms(job, Plan.load(folder / f"{row['plan']}.yaml"))[0], row["measured_s"])
+                  for row in results["plans"]]
+    print("time error with the profile taken beforehand (step 1): "
+          + ", ".join(f"{row['plan']} {error:+.1%}" for row, error in zip(results["plans"], beforehand))
+          + f"; median {summarise(beforehand)['median']:.1%}")
     memory_ok = summary["memory"]["max"] <= MEMORY_TARGET
     time_ok = summary["time"]["median"] <= TIME_TARGET
     print(f"target: memory within {MEMORY_TARGET:.0%} of measured for every plan: max error "
           f"{summary['memory']['max']:.2%} — {'PASS' if memory_ok else 'FAIL'}")
-    print(f"target: median iteration-time error at most {TIME_TARGET:.0%}: {summary['time']['median']:.1%} — "
-          f"{'PASS' if time_ok else 'FAIL'}")
+    print(f"target: median iteration-time error at most {TIME_TARGET:.0%} (profile measured alongside the runs): "
+          f"{summary['time']['median']:.1%} — {'PASS' if time_ok else 'FAIL'}")
     print(f"files in {folder.relative_to(REPOSITORY)}; {time.perf_counter() - started:.0f} s")
 
 

@@ -11,7 +11,7 @@
                   (under torchrun with 2 processes: TP split, TP/FSDP2/Slice-Gather/p2p calls measured too)
     torchrun --nproc_per_node N -m gbmw profile cluster -o cluster.yaml [--links intra_node=8,inter_node=32]
     torchrun --nproc_per_node N -m gbmw validate JOB --plans a.yaml b.yaml [--steps 8] [--min-seconds S]
-                  [--one-at-a-time] [--json out.json]
+                  [--one-at-a-time | --profile-alongside profile.yaml] [--json out.json]
 
 JOB is a job YAML or the name of a bundled job recipe (recipes/jobs/). Bad input ends with one
 line naming the file, field and value (exit status 2), never a traceback.
@@ -105,6 +105,10 @@ def _parser() -> argparse.ArgumentParser:
                           help="keep timing for at least this long, the plans' steps interleaved (default 0)")
     validate.add_argument("--one-at-a-time", action="store_true",
                           help="build and time one plan after another (plans that do not fit in memory together)")
+    validate.add_argument("--profile-alongside", metavar="PROFILE_YAML",
+                          help="also profile the job's model in the same rounds as the plans' steps, write it to "
+                               "this new file and predict from it (judges the estimator on measurements of the "
+                               "same seconds)")
     validate.add_argument("--warmup", type=int, default=2, help="untimed steps first (default 2)")
     validate.add_argument("--json", help="also write the results to this new JSON file")
     validate.set_defaults(run=_run_validate)
@@ -121,7 +125,8 @@ def _run_validate(args: argparse.Namespace) -> int:
         raise GbmwError(f"--json {args.json}: exists; gbmw never overwrites a file — choose a new name")
     results = run_validate(args.job, args.plans, args.steps, args.warmup,
                            say=lambda text: print(text, flush=True) if rank == 0 else None,
-                           min_seconds=args.min_seconds, one_at_a_time=args.one_at_a_time)
+                           min_seconds=args.min_seconds, one_at_a_time=args.one_at_a_time,
+                           profile_alongside=args.profile_alongside)
     if rank == 0:
         summary = print_validation(results)
         if args.json:

@@ -107,3 +107,61 @@ def test_validate_bad_input_is_one_error(tmp_path, capsys, monkeypatch):
                  str(tmp_path / "taken.json")]) == 2
     assert "never overwrites" in capsys.readouterr().err
     assert (tmp_path / "taken.json").read_text() == "{}"
+
+
+def _validate_alongside(rank, world_size, job_path, plan_path, profile_path, output):
+    import pickle
+
+    from gbmw.adapters.profile.validate import run_validate
+
+    results = run_validate(job_path, [plan_path], steps=2, warmup=1, say=lambda text: None,
+                           profile_alongside=profile_path)
+    if rank == 0:
+        with open(output, "wb") as stream:
+            pickle.dump([(result.predicted_s, result.measured_s) for result in results], stream)
+
+
+@pytest.mark.dist
+def test_profile_alongside_writes_the_profile_it_predicts_from(tmp_path):
+    """`validate --profile-alongside`: the model is profiled in the same rounds as the timed steps; the profile
+    is written to the new file, loads as a job's model, and the printed prediction is the estimator's on it."""
+    import pickle
+
+    from gbmw.adapters.profile.validate import predicted_terms
+    from gbmw.plan import Plan, plan_from_strategy_names
+    from gbmw.spec import ModelSpec, load_job, read_yaml
+
+    job_path = _cluster_yaml(tmp_path)
+    job = load_job(job_path)
+    plan = plan_from_strategy_names(job.model, 2, ["dp2", "tp2+ckpt", "sdp2", "tp2", "dp2", "tp2"], [6], 8, 2)
+    (tmp_path / "mix.yaml").write_text(plan.to_yaml())
+    profile = tmp_path / "alongside.yaml"
+    run_distributed(2, _validate_alongside, str(job_path), str(tmp_path / "mix.yaml"), str(profile),
+                    str(tmp_path / "rows.pkl"), timeout_s=180)
+    spec = ModelSpec.model_validate(read_yaml(profile))
+    assert spec.family == "profiled" and spec.slice_gather_time_s > 0 and spec.p2p_time_s > 0
+    assert all(layer.tp2_time_s > 0 and layer.sdp2_time_s > 0 and layer.ckpt_time_s > 0 for layer in spec.layers)
+    [(predicted_s, measured_s)] = pickle.loads((tmp_path / "rows.pkl").read_bytes())
+    profiled_job = job.model_copy(update={"model": spec})
+    assert predicted_s == pytest.approx(predicted_terms(profiled_job, Plan.load(tmp_path / "mix.yaml"))[0], rel=1e-9)
+    assert predicted_s != pytest.approx(predicted_terms(job, plan)[0], rel=1e-3) and measured_s > 0
+
+
+def test_profile_alongside_bad_input(tmp_path, capsys, monkeypatch):
+    from gbmw.cli import main
+    from gbmw.plan import plan_from_strategy_names
+    from gbmw.spec import load_job
+
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    job_path = _cluster_yaml(tmp_path)
+    job = load_job(job_path)
+    plan = plan_from_strategy_names(job.model, 1, ["single"] * job.model.num_layers, [job.model.num_layers], 8, 2)
+    (tmp_path / "one.yaml").write_text(plan.to_yaml())
+    (tmp_path / "taken.yaml").write_text("keep")
+    assert main(["validate", str(job_path), "--plans", str(tmp_path / "one.yaml"), "--profile-alongside",
+                 str(tmp_path / "taken.yaml")]) == 2
+    assert "never overwrites" in capsys.readouterr().err and (tmp_path / "taken.yaml").read_text() == "keep"
+    assert main(["validate", str(job_path), "--plans", str(tmp_path / "one.yaml"), "--profile-alongside",
+                 str(tmp_path / "new.yaml"), "--one-at-a-time"]) == 2
+    assert "cannot run --one-at-a-time" in capsys.readouterr().err

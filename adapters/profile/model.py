@@ -288,15 +288,15 @@ MIN_PROFILE_SECONDS = 20.0
 seconds each (timing.py), and the fast passes of each kind must come from fast phases."""
 
 
-def time_in_rounds(timers: list, repeats: int, min_seconds: float, pair_group=None,
-                   progress: Callable[[str], None] = lambda text: None) -> list:
-    """Run one pass of every timer per round, for at least `repeats` rounds and `min_seconds`; each timer's
-    fast-quarter result. With a pair group both ranks agree each round whether to go on (rank 0's clock)."""
+def run_rounds(runners: list, repeats: int, min_seconds: float, pair_group=None,
+               progress: Callable[[str], None] = lambda text: None) -> int:
+    """Call run() of every runner once per round, for at least `repeats` rounds and `min_seconds`; returns
+    the number of rounds. With a pair group both ranks agree each round whether to go on (rank 0's clock)."""
     started = reported = time.perf_counter()
     rounds = 0
     while True:
-        for timer in timers:
-            timer.run()
+        for runner in runners:
+            runner.run()
         rounds += 1
         if time.perf_counter() - reported >= 5.0:
             reported = time.perf_counter()
@@ -305,7 +305,7 @@ def time_in_rounds(timers: list, repeats: int, min_seconds: float, pair_group=No
         if pair_group is not None:
             dist.broadcast(more, group_src=0, group=pair_group)
         if not more.item():
-            return [timer.fastest() for timer in timers]
+            return rounds
 
 
 def time_layers_in_model(architecture: Any, device: torch.device, dtype: torch.dtype, batch: int, repeats: int,
@@ -314,7 +314,8 @@ def time_layers_in_model(architecture: Any, device: torch.device, dtype: torch.d
     """Fast-quarter (forward s, backward s) of every layer over `repeats` whole-model passes (InModelLayerTimer)."""
     pair = tp or shard_over
     timer = InModelLayerTimer(architecture, device, dtype, batch, tp, shard_over)
-    return time_in_rounds([timer], repeats, 0.0, pair.group if pair is not None else None)[0]
+    run_rounds([timer], repeats, 0.0, pair.group if pair is not None else None)
+    return timer.fastest()
 
 
 def measure_layer(architecture: Any, name: str, device: torch.device, dtype: torch.dtype, batches: tuple[int, int],
@@ -403,64 +404,107 @@ class OptimizerStepTimer:
         return fast_mean_s(self.samples) / sum(parameter.numel() for parameter in self.parameters)
 
 
-def profile_model(architecture: Any, precision: str, device: torch.device, batches: tuple[int, int] = (2, 8),
-                  repeats: int = 5, tp_pair: TensorParallel | None = None, min_seconds: float = 0.0,
-                  progress: Callable[[str], None] = lambda text: None) -> ModelSpec:
-    """The analytic ModelSpec with every layer's time and stashed activations replaced by measurements."""
+def _dtype(precision: str) -> torch.dtype:
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}.get(precision)
     if dtype is None:
         from gbmw.errors import SpecError
 
         raise SpecError(f"--precision {precision!r}: the profiler measures fp32 or bf16 layers")
-    analytic = build_model(architecture, precision)
-    progress(f"whole-model passes at batches {batches[0]} and {batches[1]}, and checkpointed at {batches[1]}"
-             + (", and on the profiling pair with every layer TP 2 and every layer FSDP2 over 2" if tp_pair else "")
-             + f", interleaved for at least {min_seconds:.0f} s")
-    timers = [OptimizerStepTimer(architecture, device, dtype)]
-    timers += [InModelLayerTimer(architecture, device, dtype, batch) for batch in batches]
-    timers.append(InModelLayerTimer(architecture, device, dtype, batches[1], checkpointed=True))
-    if tp_pair is not None:
-        timers += [InModelLayerTimer(architecture, device, dtype, batches[1], tp=tp_pair),
-                   InModelLayerTimer(architecture, device, dtype, batches[1], shard_over=tp_pair),
-                   SliceGatherTimer(architecture, device, dtype, batches[1], tp_pair),
-                   PipelineSendTimer(architecture, device, dtype, batches[1], tp_pair)]
-    fastest = time_in_rounds(timers, repeats, min_seconds, tp_pair.group if tp_pair is not None else None, progress)
-    optimizer_s, in_model, checkpointed = fastest[0], dict(zip(batches, fastest[1:3])), fastest[3]
-    pair_in_model = {"tp": fastest[4], "sdp": fastest[5]} if tp_pair is not None else None
-    pair_calls = dict(slice_gather_time_s=fastest[6], slice_gather_bytes=float(timers[6].bytes),
-                      p2p_time_s=fastest[7], p2p_bytes=float(timers[7].bytes)) if tp_pair is not None else {}
-    layers = []
-    for index, (name, spec) in enumerate(zip(layer_names(architecture), analytic.layers)):
-        progress(f"layer {index + 1}/{len(analytic.layers)} {name}")
-        measured = measure_layer(architecture, name, device, dtype, batches, repeats, tp_pair, in_model,
-                                 pair_in_model)
-        analytic_intermediate = (spec.intermediate_activation_bytes_per_sample
-                                 + spec.intermediate_tp_split_activation_bytes_per_sample)
-        if measured.tp_split_bytes_per_sample is not None:
-            split = min(measured.tp_split_bytes_per_sample, measured.intermediate_bytes_per_sample)
-        else:
-            share = spec.intermediate_tp_split_activation_bytes_per_sample / analytic_intermediate if analytic_intermediate else 0
-            split = measured.intermediate_bytes_per_sample * share
-        layers.append(spec.model_copy(update=dict(
-            forward_time_per_sample_s=measured.forward_s_per_sample,
-            backward_time_per_sample_s=measured.backward_s_per_sample,
-            forward_overhead_s=measured.forward_overhead_s,
-            backward_overhead_s=measured.backward_overhead_s,
-            profiled_batch=batches[1],
-            tp2_time_s=measured.tp2_seconds,
-            tp2_forward_time_s=measured.tp2_forward_seconds,
-            sdp2_time_s=measured.sdp2_seconds,
-            ckpt_time_s=sum(checkpointed[name]),
-            boundary_activation_bytes_per_sample=measured.boundary_bytes_per_sample,
-            intermediate_activation_bytes_per_sample=measured.intermediate_bytes_per_sample - split,
-            intermediate_tp_split_activation_bytes_per_sample=split,
-        )))
-    how = "TP split measured over 2 processes" if tp_pair is not None else "TP split taken from the analytic model (one process)"
-    source = (f"gbmw profile model on {device} ({torch.__version__}), batches {batches[0]} and {batches[1]}, "
-              f"fastest quarter of at least {repeats} interleaved whole-model passes over at least {min_seconds:g} s; {how}")
-    return analytic.model_copy(update=dict(layers=tuple(layers), family="profiled", source=source,
-                                           architecture=architecture.model_dump_json(exclude_defaults=True),
-                                           optimizer_step_s_per_parameter=optimizer_s, **pair_calls))
+    return dtype
+
+
+class ModelProfiler:
+    """Every timer of `gbmw profile model`, one run() per round (so the rounds can be interleaved with other
+    work, e.g. `gbmw validate --profile-alongside`), and the ModelSpec the measurements give (spec())."""
+
+    def __init__(self, architecture: Any, precision: str, device: torch.device, batches: tuple[int, int],
+                 tp_pair: TensorParallel | None):
+        self.architecture, self.precision, self.device = architecture, precision, device
+        self.batches, self.tp_pair = batches, tp_pair
+        self.dtype = dtype = _dtype(precision)
+        self.optimizer = OptimizerStepTimer(architecture, device, dtype)
+        self.in_model = {batch: InModelLayerTimer(architecture, device, dtype, batch) for batch in batches}
+        self.checkpointed = InModelLayerTimer(architecture, device, dtype, batches[1], checkpointed=True)
+        self.pair_timers: dict[str, Any] = {}
+        if tp_pair is not None:
+            self.pair_timers = {
+                "tp": InModelLayerTimer(architecture, device, dtype, batches[1], tp=tp_pair),
+                "sdp": InModelLayerTimer(architecture, device, dtype, batches[1], shard_over=tp_pair),
+                "slice_gather": SliceGatherTimer(architecture, device, dtype, batches[1], tp_pair),
+                "p2p": PipelineSendTimer(architecture, device, dtype, batches[1], tp_pair),
+            }
+        self.timers = [self.optimizer, *self.in_model.values(), self.checkpointed, *self.pair_timers.values()]
+
+    def describe(self) -> str:
+        batches = self.batches
+        return (f"whole-model passes at batches {batches[0]} and {batches[1]}, and checkpointed at {batches[1]}"
+                + (", and on the profiling pair with every layer TP 2 and every layer FSDP2 over 2, a Slice-Gather"
+                   " and a pipeline transfer" if self.tp_pair else ""))
+
+    def run(self) -> None:
+        for timer in self.timers:
+            timer.run()
+
+    def spec(self, how_timed: str, progress: Callable[[str], None] = lambda text: None) -> ModelSpec:
+        """The analytic ModelSpec with every layer's time and stashed activations replaced by measurements."""
+        architecture, device, dtype, batches, tp_pair = (self.architecture, self.device, self.dtype, self.batches,
+                                                          self.tp_pair)
+        analytic = build_model(architecture, self.precision)
+        in_model = {batch: timer.fastest() for batch, timer in self.in_model.items()}
+        checkpointed = self.checkpointed.fastest()
+        pair_in_model, pair_calls = None, {}
+        if tp_pair is not None:
+            timers = self.pair_timers
+            pair_in_model = {"tp": timers["tp"].fastest(), "sdp": timers["sdp"].fastest()}
+            pair_calls = dict(slice_gather_time_s=timers["slice_gather"].fastest(),
+                              slice_gather_bytes=float(timers["slice_gather"].bytes),
+                              p2p_time_s=timers["p2p"].fastest(), p2p_bytes=float(timers["p2p"].bytes))
+        layers = []
+        for index, (name, spec) in enumerate(zip(layer_names(architecture), analytic.layers)):
+            progress(f"layer {index + 1}/{len(analytic.layers)} {name}")
+            measured = measure_layer(architecture, name, device, dtype, batches, 1, tp_pair, in_model, pair_in_model)
+            analytic_intermediate = (spec.intermediate_activation_bytes_per_sample
+                                     + spec.intermediate_tp_split_activation_bytes_per_sample)
+            if measured.tp_split_bytes_per_sample is not None:
+                split = min(measured.tp_split_bytes_per_sample, measured.intermediate_bytes_per_sample)
+            else:
+                share = (spec.intermediate_tp_split_activation_bytes_per_sample / analytic_intermediate
+                         if analytic_intermediate else 0)
+                split = measured.intermediate_bytes_per_sample * share
+            layers.append(spec.model_copy(update=dict(
+                forward_time_per_sample_s=measured.forward_s_per_sample,
+                backward_time_per_sample_s=measured.backward_s_per_sample,
+                forward_overhead_s=measured.forward_overhead_s,
+                backward_overhead_s=measured.backward_overhead_s,
+                profiled_batch=batches[1],
+                tp2_time_s=measured.tp2_seconds,
+                tp2_forward_time_s=measured.tp2_forward_seconds,
+                sdp2_time_s=measured.sdp2_seconds,
+                ckpt_time_s=sum(checkpointed[name]),
+                boundary_activation_bytes_per_sample=measured.boundary_bytes_per_sample,
+                intermediate_activation_bytes_per_sample=measured.intermediate_bytes_per_sample - split,
+                intermediate_tp_split_activation_bytes_per_sample=split,
+            )))
+        how = ("TP split measured over 2 processes" if tp_pair is not None
+               else "TP split taken from the analytic model (one process)")
+        source = (f"gbmw profile model on {device} ({torch.__version__}), batches {batches[0]} and {batches[1]}, "
+                  f"{how_timed}; {how}")
+        return analytic.model_copy(update=dict(layers=tuple(layers), family="profiled", source=source,
+                                               architecture=architecture.model_dump_json(exclude_defaults=True),
+                                               optimizer_step_s_per_parameter=self.optimizer.fastest(),
+                                               **pair_calls))
+
+
+def profile_model(architecture: Any, precision: str, device: torch.device, batches: tuple[int, int] = (2, 8),
+                  repeats: int = 5, tp_pair: TensorParallel | None = None, min_seconds: float = 0.0,
+                  progress: Callable[[str], None] = lambda text: None) -> ModelSpec:
+    """The analytic ModelSpec with every layer's time and stashed activations replaced by measurements."""
+    _dtype(precision)
+    profiler = ModelProfiler(architecture, precision, device, batches, tp_pair)
+    progress(f"{profiler.describe()}, interleaved for at least {min_seconds:.0f} s")
+    run_rounds([profiler], repeats, min_seconds, tp_pair.group if tp_pair is not None else None, progress)
+    return profiler.spec(f"fastest quarter of at least {repeats} interleaved whole-model passes over at least "
+                         f"{min_seconds:g} s", progress)
 
 
 def tp_pair_for_profiling() -> TensorParallel | None:

@@ -125,10 +125,11 @@ class PlanRun:
 
 
 def measure_plans(runs: list[PlanRun], steps: int, warmup: int, min_seconds: float,
-                  say: Callable[[str], None] = lambda text: None) -> None:
+                  say: Callable[[str], None] = lambda text: None, alongside: list | None = None) -> None:
     """Warm-up steps and one memory step per plan, then rounds of one timed step of every plan, for at least
     `steps` rounds and `min_seconds` (rank 0's clock, broadcast): interleaving puts every plan through the
-    same fast and slow phases of a shared machine (timing.py)."""
+    same fast and slow phases of a shared machine (timing.py). `alongside`: more runners (e.g. the model
+    profiler) whose run() joins every round."""
     import torch
     import torch.distributed as dist
 
@@ -141,6 +142,8 @@ def measure_plans(runs: list[PlanRun], steps: int, warmup: int, min_seconds: flo
     while True:
         for run in runs:
             run.step(timed=True)
+        for runner in alongside or ():
+            runner.run()
         rounds += 1
         if time.perf_counter() - reported >= 5.0:
             reported = time.perf_counter()
@@ -153,9 +156,12 @@ def measure_plans(runs: list[PlanRun], steps: int, warmup: int, min_seconds: flo
 
 def run_validate(job_reference: str, plan_paths: list[str], steps: int, warmup: int,
                  say: Callable[[str], None], min_seconds: float = 0.0,
-                 one_at_a_time: bool = False) -> list[PlanValidation]:
+                 one_at_a_time: bool = False, profile_alongside: str | None = None) -> list[PlanValidation]:
     """Predicted and measured terms of every plan. The plans' engines are built together and their steps
-    interleaved, unless `one_at_a_time` (for models whose plans do not fit in memory together)."""
+    interleaved, unless `one_at_a_time` (for models whose plans do not fit in memory together).
+    `profile_alongside`: profile the job's model (`gbmw profile model`'s timers) in the same rounds as the
+    plans' steps, write that profile to this new file, and predict from it — the estimator is then judged
+    on measurements taken in the same seconds as the runs it predicts, whatever phase the machine is in."""
     import os
 
     from gbmw.models import load_architecture
@@ -170,6 +176,11 @@ def run_validate(job_reference: str, plan_paths: list[str], steps: int, warmup: 
         raise GbmwError(f"--steps {steps} / --warmup {warmup}: need at least 1 each (warm-up creates Adam's states)")
     if min_seconds < 0:
         raise GbmwError(f"--min-seconds {min_seconds}: must be 0 or more")
+    if profile_alongside and one_at_a_time:
+        raise GbmwError("--profile-alongside profiles once alongside all plans; it cannot run --one-at-a-time")
+    if profile_alongside and Path(profile_alongside).exists():
+        raise GbmwError(f"--profile-alongside {profile_alongside}: exists; gbmw never overwrites a file — "
+                        "choose a new name")
     job = load_job(job_reference)
     architecture = load_architecture(job.model_path)
     plans = [(path, Plan.load(path)) for path in plan_paths]
@@ -183,13 +194,24 @@ def run_validate(job_reference: str, plan_paths: list[str], steps: int, warmup: 
     results = []
     completed = False
     try:
+        profiler = None
+        if profile_alongside:
+            import torch
+
+            from .model import ModelProfiler, tp_pair_for_profiling
+
+            profiler = ModelProfiler(architecture, job.precision, torch.device(context.device), (2, 8),
+                                     tp_pair_for_profiling())
+            say(f"profiling alongside: {profiler.describe()}")
         batches = [[entry] for entry in plans] if one_at_a_time else [plans]
         for batch in batches:
             names = ", ".join(Path(path).name for path, _ in batch)
             say(f"validate: {names} ({warmup} warm-up steps, 1 memory step, then at least {steps} timed steps"
                 f"{' interleaved' if len(batch) > 1 else ''} for at least {min_seconds:g} s)")
             runs = [PlanRun(plan, architecture, context.device) for _, plan in batch]
-            measure_plans(runs, steps, warmup, min_seconds, say)
+            measure_plans(runs, steps, warmup, min_seconds, say, [profiler] if profiler else None)
+            if profiler is not None:
+                job = _with_profile(job, profiler, profile_alongside, context.rank, say)
             for (path, plan), run in zip(batch, runs):
                 predicted_s, predicted_held, extra = predicted_terms(job, plan)
                 results.append(PlanValidation(Path(path).stem, predicted_s, fast_mean_s(run.times), predicted_held,
@@ -199,6 +221,20 @@ def run_validate(job_reference: str, plan_paths: list[str], steps: int, warmup: 
     finally:
         finish_distributed(completed)
     return results
+
+
+def _with_profile(job, profiler, output: str, rank: int, say: Callable[[str], None]):
+    """The job with its model replaced by the profile measured alongside (written by rank 0 to `output`)."""
+    from gbmw.plan import write_new_file
+
+    from .model import model_spec_yaml
+
+    spec = profiler.spec("fastest quarter of the passes run alongside gbmw validate's timed steps, in the same "
+                         "rounds")
+    if rank == 0:
+        write_new_file(output, model_spec_yaml(spec))
+        say(f"wrote {output}: the profile measured alongside; predictions below use it")
+    return job.model_copy(update={"model": spec})
 
 
 def print_validation(results: list[PlanValidation], console: Any = None) -> dict[str, dict[str, float]]:
