@@ -202,85 +202,78 @@ class InModelLayerTimer:
                 for name, values in self.samples.items()}
 
 
-class SliceGatherTimer:
-    """The runtime's Slice-Gather (gbmw.adapters.runtime.redistribute) on the profiling pair, forward and
-    backward: a micro-batch's hidden state re-laid from sliced in two to replicated, and back, per run()."""
+class PairCallTimer:
+    """One call of a runtime mechanism on the profiling pair, in both directions per run(): each direction
+    after a barrier on the pair, timed on this rank; a sample is the mean of the two directions."""
+
+    def __init__(self, device: torch.device, pair: TensorParallel, message_bytes: int):
+        self.device, self.pair, self.bytes = device, pair, message_bytes
+        self.samples: list[float] = []
+        for _ in range(2):
+            self._both()  # warm-up
+
+    def call(self, direction: int) -> None:
+        raise NotImplementedError
+
+    def _both(self) -> float:
+        total = 0.0
+        for direction in (0, 1):
+            dist.barrier(group=self.pair.group)
+            _synchronise(self.device)
+            started = time.perf_counter()
+            self.call(direction)
+            _synchronise(self.device)
+            total += time.perf_counter() - started
+        return total / 2
+
+    def run(self) -> None:
+        self.samples.append(self._both())
+
+    def fastest(self) -> float:
+        """One call (the mean of the two directions): fast-quarter seconds."""
+        return fast_mean_s(self.samples)
+
+
+class SliceGatherTimer(PairCallTimer):
+    """The runtime's Slice-Gather (gbmw.adapters.runtime.redistribute), forward and backward: a micro-batch's
+    hidden state re-laid from sliced in two to replicated (direction 0), and back (direction 1)."""
 
     def __init__(self, architecture: Any, device: torch.device, dtype: torch.dtype, batch: int,
                  pair: TensorParallel):
         from ..runtime.redistribute import BatchLayout
 
-        self.device, self.pair = device, pair
         self.sliced, self.replicated = BatchLayout((0, 1), 2), BatchLayout((0, 0), 1)
-        shape = (batch, architecture.seq_length, architecture.hidden_size)
-        self.full = torch.randn(shape, device=device, dtype=dtype)
+        self.full = torch.randn(batch, architecture.seq_length, architecture.hidden_size, device=device, dtype=dtype)
         self.half = self.sliced.take(self.full, pair.rank).clone()
-        self.bytes = self.full.numel() * self.full.element_size()
-        self.samples: list[float] = []
-        for _ in range(2):
-            self._both()  # warm-up
+        super().__init__(device, pair, self.full.numel() * self.full.element_size())
 
-    def _both(self) -> float:
+    def call(self, direction: int) -> None:
         from ..runtime.redistribute import relayout
 
-        total = 0.0
-        for source, target, value in ((self.sliced, self.replicated, self.half),
-                                      (self.replicated, self.sliced, self.full)):
-            x = value.detach().requires_grad_()
-            dist.barrier(group=self.pair.group)
-            _synchronise(self.device)
-            started = time.perf_counter()
-            relayout(x, source, target, self.pair.rank, self.pair.group).sum().backward()
-            _synchronise(self.device)
-            total += time.perf_counter() - started
-        return total / 2
-
-    def run(self) -> None:
-        self.samples.append(self._both())
-
-    def fastest(self) -> float:
-        """One transition (forward + backward), the mean of the two directions: fast-quarter seconds."""
-        return fast_mean_s(self.samples)
+        source, target, value = ((self.sliced, self.replicated, self.half) if direction == 0
+                                 else (self.replicated, self.sliced, self.full))
+        x = value.detach().requires_grad_()
+        relayout(x, source, target, self.pair.rank, self.pair.group).sum().backward()
 
 
-class PipelineSendTimer:
-    """The runtime's stage-to-stage transfer (gbmw.adapters.runtime.pipeline.PipelineLinks) on the profiling
-    pair: a micro-batch's hidden state from rank 0 to rank 1, then back, per run()."""
+class PipelineSendTimer(PairCallTimer):
+    """The runtime's stage-to-stage transfer (gbmw.adapters.runtime.pipeline.PipelineLinks): a micro-batch's
+    hidden state from the pair's first rank to its second (direction 0), then back (direction 1)."""
 
     def __init__(self, architecture: Any, device: torch.device, dtype: torch.dtype, batch: int,
                  pair: TensorParallel):
         from ..runtime.pipeline import PipelineLinks
 
-        ranks = dist.get_process_group_ranks(pair.group)
-        self.device, self.pair = device, pair
-        peer = ranks[1 - pair.rank]
+        peer = dist.get_process_group_ranks(pair.group)[1 - pair.rank]
         self.links = PipelineLinks(peer, peer)
         self.message = torch.randn(batch, architecture.seq_length, architecture.hidden_size, device=device, dtype=dtype)
-        self.bytes = self.message.numel() * self.message.element_size()
-        self.samples: list[float] = []
-        for _ in range(2):
-            self._both()  # warm-up
+        super().__init__(device, pair, self.message.numel() * self.message.element_size())
 
-    def _both(self) -> float:
-        total = 0.0
-        for sender in (0, 1):
-            dist.barrier(group=self.pair.group)
-            _synchronise(self.device)
-            started = time.perf_counter()
-            if self.pair.rank == sender:
-                self.links.exchange([(self.message, self.links.next_rank)], [])
-            else:
-                self.links.exchange([], [(torch.empty_like(self.message), self.links.previous_rank)])
-            _synchronise(self.device)
-            total += time.perf_counter() - started
-        return total / 2
-
-    def run(self) -> None:
-        self.samples.append(self._both())
-
-    def fastest(self) -> float:
-        """One transfer (the mean of the two directions): fast-quarter seconds."""
-        return fast_mean_s(self.samples)
+    def call(self, direction: int) -> None:
+        if self.pair.rank == direction:
+            self.links.exchange([(self.message, self.links.next_rank)], [])
+        else:
+            self.links.exchange([], [(torch.empty_like(self.message), self.links.previous_rank)])
 
 
 MIN_PROFILE_SECONDS = 20.0
