@@ -192,11 +192,14 @@ class InModelLayerTimer:
             times[name] = (forward_end - marks[(name, "forward start")], backward)
         return times
 
-    def fastest(self) -> dict[str, tuple[float, float]]:
-        """Per layer: (forward s, backward s), the means over the fastest quarter of the runs (timing.py)."""
-        passes = len(self.samples[self.names[0]])
-        totals = [sum(f + b for f, b in (values[index] for values in self.samples.values())) for index in range(passes)]
-        chosen = fast_quarter(totals)
+    def fastest(self, chosen: list[int] | None = None) -> dict[str, tuple[float, float]]:
+        """Per layer: (forward s, backward s), the means over the fastest quarter of the runs (timing.py), or
+        over the runs `chosen`."""
+        if chosen is None:
+            passes = len(self.samples[self.names[0]])
+            totals = [sum(f + b for f, b in (values[index] for values in self.samples.values()))
+                      for index in range(passes)]
+            chosen = fast_quarter(totals)
         return {name: (sum(values[index][0] for index in chosen) / len(chosen),
                        sum(values[index][1] for index in chosen) / len(chosen))
                 for name, values in self.samples.items()}
@@ -229,9 +232,9 @@ class PairCallTimer:
     def run(self) -> None:
         self.samples.append(self._both())
 
-    def fastest(self) -> float:
-        """One call (the mean of the two directions): fast-quarter seconds."""
-        return fast_mean_s(self.samples)
+    def fastest(self, chosen: list[int] | None = None) -> float:
+        """One call (the mean of the two directions): fast-quarter seconds (or over the runs `chosen`)."""
+        return fast_mean_s(self.samples, chosen)
 
 
 class SliceGatherTimer(PairCallTimer):
@@ -392,9 +395,10 @@ class OptimizerStepTimer:
         _synchronise(self.device)
         self.samples.append(time.perf_counter() - started)
 
-    def fastest(self) -> float:
-        """The fast-quarter step time (timing.py) over the parameter count: seconds per parameter."""
-        return fast_mean_s(self.samples) / sum(parameter.numel() for parameter in self.parameters)
+    def fastest(self, chosen: list[int] | None = None) -> float:
+        """The fast-quarter step time (timing.py; or over the runs `chosen`) over the parameter count: seconds
+        per parameter."""
+        return fast_mean_s(self.samples, chosen) / sum(parameter.numel() for parameter in self.parameters)
 
 
 def _dtype(precision: str) -> torch.dtype:
@@ -438,20 +442,22 @@ class ModelProfiler:
         for timer in self.timers:
             timer.run()
 
-    def spec(self, how_timed: str, progress: Callable[[str], None] = lambda text: None) -> ModelSpec:
-        """The analytic ModelSpec with every layer's time and stashed activations replaced by measurements."""
+    def spec(self, how_timed: str, progress: Callable[[str], None] = lambda text: None,
+             chosen: list[int] | None = None) -> ModelSpec:
+        """The analytic ModelSpec with every layer's time and stashed activations replaced by measurements:
+        each timer's fast quarter, or its runs in the rounds `chosen`."""
         architecture, device, dtype, batches, tp_pair = (self.architecture, self.device, self.dtype, self.batches,
                                                           self.tp_pair)
         analytic = build_model(architecture, self.precision)
-        in_model = {batch: timer.fastest() for batch, timer in self.in_model.items()}
-        checkpointed = self.checkpointed.fastest()
+        in_model = {batch: timer.fastest(chosen) for batch, timer in self.in_model.items()}
+        checkpointed = self.checkpointed.fastest(chosen)
         pair_in_model, pair_calls = None, {}
         if tp_pair is not None:
             timers = self.pair_timers
-            pair_in_model = {"tp": timers["tp"].fastest(), "sdp": timers["sdp"].fastest()}
-            pair_calls = dict(slice_gather_time_s=timers["slice_gather"].fastest(),
+            pair_in_model = {"tp": timers["tp"].fastest(chosen), "sdp": timers["sdp"].fastest(chosen)}
+            pair_calls = dict(slice_gather_time_s=timers["slice_gather"].fastest(chosen),
                               slice_gather_bytes=float(timers["slice_gather"].bytes),
-                              p2p_time_s=timers["p2p"].fastest(), p2p_bytes=float(timers["p2p"].bytes))
+                              p2p_time_s=timers["p2p"].fastest(chosen), p2p_bytes=float(timers["p2p"].bytes))
         layers = []
         for index, (name, spec) in enumerate(zip(layer_names(architecture), analytic.layers)):
             progress(f"layer {index + 1}/{len(analytic.layers)} {name}")
@@ -484,7 +490,7 @@ class ModelProfiler:
                   f"{how_timed}; {how}")
         return analytic.model_copy(update=dict(layers=tuple(layers), family="profiled", source=source,
                                                architecture=architecture.model_dump_json(exclude_defaults=True),
-                                               optimizer_step_s_per_parameter=self.optimizer.fastest(),
+                                               optimizer_step_s_per_parameter=self.optimizer.fastest(chosen),
                                                **pair_calls))
 
 

@@ -32,8 +32,10 @@ def fast_quarter(totals_s: Sequence[float]) -> list[int]:
     return sorted(range(len(totals_s)), key=lambda index: totals_s[index])[:keep]
 
 
-def fast_mean_s(seconds: Sequence[float]) -> float:
-    """The mean of the fastest quarter of repeated timings of the same work (seconds)."""
+def fast_mean_s(seconds: Sequence[float], chosen: Sequence[int] | None = None) -> float:
+    """The mean of the fastest quarter of repeated timings of the same work (seconds), or of the repetitions
+    `chosen` elsewhere (the fast rounds of an interleaved measurement, so every part comes from the same
+    rounds)."""
     values = list(seconds)
-    chosen = fast_quarter(values)
+    chosen = fast_quarter(values) if chosen is None else chosen
     return sum(values[index] for index in chosen) / len(chosen)

@@ -3,9 +3,9 @@
 Run under a launcher with as many processes as the plans' devices. For each plan the runtime trains
 `warmup` steps, one step with the held-memory probe attached, then timed steps (without the probe, whose
 saved-tensor hooks slow a step) on synthetic batches, every plan's steps interleaved round by round for at
-least `steps` rounds and `min_seconds`. Measured are the mean of the fastest quarter of the timed steps
-(each step's slowest rank; timing.py says why, and the median is printed beside it) and, per pipeline
-stage, the largest memory a rank of that stage holds (held_memory: model states + stashed activations at
+least `steps` rounds and `min_seconds`. Measured are each plan's mean step (each step's slowest rank) over
+the fast rounds — the fastest quarter of rounds by the sum of all plans' steps (timing.py says why; the
+median step is printed beside it) — and, per pipeline stage, the largest memory a rank of that stage holds (held_memory: model states + stashed activations at
 their in-flight peak). Predicted are the estimator's iteration time (Eq. 9) and
 the same two memory terms of that stage; the estimator's backward extra (transient buffers the probe does
 not hold) is printed beside them. Errors are (predicted − measured) / measured.
@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 from gbmw.errors import GbmwError, PlanError
 
-from .timing import fast_mean_s
+from .timing import fast_mean_s, fast_quarter
 
 
 @dataclass(frozen=True)
@@ -29,7 +29,7 @@ class PlanValidation:
     plan: str
     predicted_s: float
     measured_s: float
-    """The mean of the fastest quarter of the timed steps (the profiles use the same statistic, timing.py)."""
+    """The mean over the fast rounds (the fastest quarter of the interleaved rounds, timing.py)."""
     predicted_held_bytes: tuple[float, ...]
     """Per stage: model states + stashed activations as the estimator counts them."""
     measured_held_bytes: tuple[float, ...]
@@ -125,11 +125,13 @@ class PlanRun:
 
 
 def measure_plans(runs: list[PlanRun], steps: int, warmup: int, min_seconds: float,
-                  say: Callable[[str], None] = lambda text: None, alongside: list | None = None) -> None:
+                  say: Callable[[str], None] = lambda text: None, alongside: list | None = None) -> list[int]:
     """Warm-up steps and one memory step per plan, then rounds of one timed step of every plan, for at least
     `steps` rounds and `min_seconds` (rank 0's clock, broadcast): interleaving puts every plan through the
     same fast and slow phases of a shared machine (timing.py). `alongside`: more runners (e.g. the model
-    profiler) whose run() joins every round."""
+    profiler) whose run() joins every round. Returns the fast rounds: the fastest quarter by the sum of the
+    plans' steps in the round (the same on every rank: step times are the slowest rank's); every plan's time,
+    and the profile's, is then the mean over those same rounds."""
     import torch
     import torch.distributed as dist
 
@@ -151,7 +153,7 @@ def measure_plans(runs: list[PlanRun], steps: int, warmup: int, min_seconds: flo
         more = torch.tensor([float(rounds < steps or time.perf_counter() - started < min_seconds)])
         dist.broadcast(more, src=0)
         if not more.item():
-            return
+            return fast_quarter([sum(run.times[index] for run in runs) for index in range(rounds)])
 
 
 def run_validate(job_reference: str, plan_paths: list[str], steps: int, warmup: int,
@@ -209,12 +211,13 @@ def run_validate(job_reference: str, plan_paths: list[str], steps: int, warmup: 
             say(f"validate: {names} ({warmup} warm-up steps, 1 memory step, then at least {steps} timed steps"
                 f"{' interleaved' if len(batch) > 1 else ''} for at least {min_seconds:g} s)")
             runs = [PlanRun(plan, architecture, context.device) for _, plan in batch]
-            measure_plans(runs, steps, warmup, min_seconds, say, [profiler] if profiler else None)
+            fast_rounds = measure_plans(runs, steps, warmup, min_seconds, say, [profiler] if profiler else None)
             if profiler is not None:
-                job = _with_profile(job, profiler, profile_alongside, context.rank, say)
+                job = _with_profile(job, profiler, profile_alongside, context.rank, say, fast_rounds)
             for (path, plan), run in zip(batch, runs):
                 predicted_s, predicted_held, extra = predicted_terms(job, plan)
-                results.append(PlanValidation(Path(path).stem, predicted_s, fast_mean_s(run.times), predicted_held,
+                results.append(PlanValidation(Path(path).stem, predicted_s, fast_mean_s(run.times, fast_rounds),
+                                              predicted_held,
                                               run.held_per_stage, extra, statistics.median(run.times)))
             del runs
         completed = True
@@ -223,14 +226,15 @@ def run_validate(job_reference: str, plan_paths: list[str], steps: int, warmup: 
     return results
 
 
-def _with_profile(job, profiler, output: str, rank: int, say: Callable[[str], None]):
-    """The job with its model replaced by the profile measured alongside (written by rank 0 to `output`)."""
+def _with_profile(job, profiler, output: str, rank: int, say: Callable[[str], None], rounds: list[int]):
+    """The job with its model replaced by the profile measured alongside, over the fast `rounds` (written by
+    rank 0 to `output`)."""
     from gbmw.plan import write_new_file
 
     from .model import model_spec_yaml
 
-    spec = profiler.spec("fastest quarter of the passes run alongside gbmw validate's timed steps, in the same "
-                         "rounds")
+    spec = profiler.spec(f"run alongside gbmw validate's timed steps, means over the same {len(rounds)} fast rounds",
+                         chosen=rounds)
     if rank == 0:
         write_new_file(output, model_spec_yaml(spec))
         say(f"wrote {output}: the profile measured alongside; predictions below use it")
@@ -244,7 +248,7 @@ def print_validation(results: list[PlanValidation], console: Any = None) -> dict
 
     console = console or Console(highlight=False)
     table = Table(title="predicted vs measured (error = (predicted − measured) / measured)")
-    for column in ("plan", "predicted s/iter", "measured s/iter (fast quarter)", "time error", "median s/iter", "stage",
+    for column in ("plan", "predicted s/iter", "measured s/iter (fast rounds)", "time error", "median s/iter", "stage",
                    "predicted held MiB", "measured held MiB", "memory error", "backward extra MiB (not held)"):
         table.add_column(column, justify="left" if column in ("plan",) else "right")
     mib = 2**20
