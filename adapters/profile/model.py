@@ -287,7 +287,8 @@ seconds each (timing.py), and the fast passes of each kind must come from fast p
 def run_rounds(runners: list, repeats: int, min_seconds: float, pair_group=None,
                progress: Callable[[str], None] = lambda text: None) -> int:
     """Call run() of every runner once per round, for at least `repeats` rounds and `min_seconds`; returns
-    the number of rounds. With a pair group both ranks agree each round whether to go on (rank 0's clock)."""
+    the number of rounds. With a group (the profiling pair, or every rank for validate) its ranks agree each
+    round whether to go on (the clock of the group's first rank)."""
     started = reported = time.perf_counter()
     rounds = 0
     while True:

@@ -132,28 +132,27 @@ def measure_plans(runs: list[PlanRun], steps: int, warmup: int, min_seconds: flo
     profiler) whose run() joins every round. Returns the fast rounds: the fastest quarter by the sum of the
     plans' steps in the round (the same on every rank: step times are the slowest rank's); every plan's time,
     and the profile's, is then the mean over those same rounds."""
-    import torch
     import torch.distributed as dist
+
+    from .model import run_rounds
 
     for run in runs:
         for _ in range(warmup):
             run.step(timed=False)
         run.measure_memory()
-    started = reported = time.perf_counter()
-    rounds = 0
-    while True:
-        for run in runs:
+    rounds = run_rounds([_TimedRound(runs), *(alongside or ())], steps, min_seconds, dist.group.WORLD, say)
+    return fast_quarter([sum(run.times[index] for run in runs) for index in range(rounds)])
+
+
+class _TimedRound:
+    """One timed step of every plan: one round's runner for run_rounds."""
+
+    def __init__(self, runs: list[PlanRun]):
+        self.runs = runs
+
+    def run(self) -> None:
+        for run in self.runs:
             run.step(timed=True)
-        for runner in alongside or ():
-            runner.run()
-        rounds += 1
-        if time.perf_counter() - reported >= 5.0:
-            reported = time.perf_counter()
-            say(f"  {rounds} rounds, {reported - started:.0f} of at least {min_seconds:.0f} s")
-        more = torch.tensor([float(rounds < steps or time.perf_counter() - started < min_seconds)])
-        dist.broadcast(more, src=0)
-        if not more.item():
-            return fast_quarter([sum(run.times[index] for run in runs) for index in range(rounds)])
 
 
 def run_validate(job_reference: str, plan_paths: list[str], steps: int, warmup: int,
