@@ -275,7 +275,7 @@ class StageSearch:
     def __init__(self, model, tables, num_micro_batches: int, pp: int, budget_bytes: float, comm,
                  schedule: str = "1f1b", granularity_bytes: int | None = None,
                  allowed: np.ndarray | None = None, exact: bool = False):
-        from gbmw.cost import in_flight_micro_batches, pipeline_send_s, slice_gather_overhead_s
+        from gbmw.cost import in_flight_micro_batches, slice_gather_overhead_s
 
         self.model, self.tables, self.comm = model, tables, comm
         self.m, self.pp, self.schedule, self.exact = num_micro_batches, pp, schedule, exact
@@ -299,7 +299,6 @@ class StageSearch:
         self.samples_per_device = tables.micro_batch / tables.data_parallel
         self.layouts = tables.transition_fraction.shape[0]
         self.transition_overhead_s = slice_gather_overhead_s(model, comm)
-        self.pipeline_send_s = pipeline_send_s
         self.layout_data_parallel = np.zeros(self.layouts)
         self.layout_data_parallel[tables.layout] = tables.data_parallel
         self._nodes: dict[tuple, object] = {}
@@ -323,7 +322,7 @@ class StageSearch:
         samples = self.samples_per_device[allowed]
         if first_with_previous:  # receive the activation, send its gradient back: every micro-batch
             message = (self.boundary_bytes[layer] + self.side_bytes[layer]) * samples
-            time += self.m * np.array([self.pipeline_send_s(self.model, self.comm, b, self.group_size) for b in message])
+            time += self.m * np.array([self._send_s(b) for b in message])
         if side_first:
             forward += self.side_bytes[layer] * samples
         if tied_in_stage:
@@ -341,6 +340,12 @@ class StageSearch:
             layout=tables.layout[allowed],
         )
         return options.pruned()
+
+    def _send_s(self, message_bytes: float) -> float:
+        """One stage-to-stage transfer, as the estimator prices it (cost.pipeline_send_s)."""
+        from gbmw.cost import pipeline_send_s
+
+        return pipeline_send_s(self.model, self.comm, message_bytes, self.group_size)
 
     def _transition(self, layer: int) -> np.ndarray:
         message = self.tables.transition_fraction * self.boundary_bytes[layer] * self.tables.micro_batch
@@ -382,7 +387,7 @@ class StageSearch:
         if stage_index == self.pp - 1:
             return None
         message = (self.boundary_bytes[end] + self.side_bytes[end]) * self.tables.micro_batch / self.layout_data_parallel
-        return self.m * np.array([self.pipeline_send_s(self.model, self.comm, b, self.group_size) for b in message])
+        return self.m * np.array([self._send_s(b) for b in message])
 
     def solve(self, stage_index: int, first: int, end: int) -> StageSolution | None:
         """The fastest strategies for layers [first, end) as stage `stage_index` that fit, or None."""

@@ -88,8 +88,8 @@ def test_held_memory_matches_the_estimator(tmp_path):
             assert stage_predicted == pytest.approx(stage_measured, rel=1e-3)
 
 
-def test_validate_bad_input_is_one_error(tmp_path, capsys, monkeypatch):
-    from gbmw.cli import main
+def _cli_without_launcher(tmp_path, monkeypatch):
+    """(job path, a dp2 plan path) for `gbmw validate` run as one plain process."""
     from gbmw.plan import plan_from_strategy_names
     from gbmw.spec import load_job
 
@@ -99,6 +99,13 @@ def test_validate_bad_input_is_one_error(tmp_path, capsys, monkeypatch):
     job = load_job(job_path)
     plan = plan_from_strategy_names(job.model, 2, ["dp2"] * job.model.num_layers, [job.model.num_layers], 8, 2)
     (tmp_path / "dp2.yaml").write_text(plan.to_yaml())
+    return job_path, tmp_path / "dp2.yaml"
+
+
+def test_validate_bad_input_is_one_error(tmp_path, capsys, monkeypatch):
+    from gbmw.cli import main
+
+    job_path, _ = _cli_without_launcher(tmp_path, monkeypatch)
     assert main(["validate", str(job_path), "--plans", str(tmp_path / "dp2.yaml")]) == 2
     err = capsys.readouterr().err
     assert "num_devices=2, but 1 process(es) were launched" in err and "Traceback" not in err
@@ -149,19 +156,12 @@ def test_profile_alongside_writes_the_profile_it_predicts_from(tmp_path):
 
 def test_profile_alongside_bad_input(tmp_path, capsys, monkeypatch):
     from gbmw.cli import main
-    from gbmw.plan import plan_from_strategy_names
-    from gbmw.spec import load_job
 
-    monkeypatch.delenv("RANK", raising=False)
-    monkeypatch.delenv("WORLD_SIZE", raising=False)
-    job_path = _cluster_yaml(tmp_path)
-    job = load_job(job_path)
-    plan = plan_from_strategy_names(job.model, 1, ["single"] * job.model.num_layers, [job.model.num_layers], 8, 2)
-    (tmp_path / "one.yaml").write_text(plan.to_yaml())
+    job_path, plan_path = _cli_without_launcher(tmp_path, monkeypatch)
     (tmp_path / "taken.yaml").write_text("keep")
-    assert main(["validate", str(job_path), "--plans", str(tmp_path / "one.yaml"), "--profile-alongside",
+    assert main(["validate", str(job_path), "--plans", str(plan_path), "--profile-alongside",
                  str(tmp_path / "taken.yaml")]) == 2
     assert "never overwrites" in capsys.readouterr().err and (tmp_path / "taken.yaml").read_text() == "keep"
-    assert main(["validate", str(job_path), "--plans", str(tmp_path / "one.yaml"), "--profile-alongside",
+    assert main(["validate", str(job_path), "--plans", str(plan_path), "--profile-alongside",
                  str(tmp_path / "new.yaml"), "--one-at-a-time"]) == 2
     assert "cannot run --one-at-a-time" in capsys.readouterr().err

@@ -305,26 +305,13 @@ def run_rounds(runners: list, repeats: int, min_seconds: float, pair_group=None,
             return rounds
 
 
-def time_layers_in_model(architecture: Any, device: torch.device, dtype: torch.dtype, batch: int, repeats: int,
-                         tp: TensorParallel | None = None, shard_over: TensorParallel | None = None
-                         ) -> dict[str, tuple[float, float]]:
-    """Fast-quarter (forward s, backward s) of every layer over `repeats` whole-model passes (InModelLayerTimer)."""
-    pair = tp or shard_over
-    timer = InModelLayerTimer(architecture, device, dtype, batch, tp, shard_over)
-    run_rounds([timer], repeats, 0.0, pair.group if pair is not None else None)
-    return timer.fastest()
-
-
 def measure_layer(architecture: Any, name: str, device: torch.device, dtype: torch.dtype, batches: tuple[int, int],
-                  repeats: int, tp_pair: TensorParallel | None,
-                  in_model: dict[int, dict[str, tuple[float, float]]] | None = None,
+                  tp_pair: TensorParallel | None, in_model: dict[int, dict[str, tuple[float, float]]],
                   pair_in_model: dict[str, dict[str, tuple[float, float]]] | None = None) -> LayerMeasurement:
     """One layer's measurement from whole-model timings (`in_model` per batch size; `pair_in_model` with
-    keys "tp" and "sdp" at the larger batch on the profiling pair), computed here when not given."""
+    keys "tp" and "sdp" at the larger batch on the profiling pair, given when `tp_pair` is)."""
     small, large = batches
     layer = _build(architecture, name, TensorParallel.single(), device, dtype)
-    in_model = in_model or {batch: time_layers_in_model(architecture, device, dtype, batch, repeats)
-                            for batch in batches}
     forward_s = {batch: in_model[batch][name][0] for batch in batches}
     backward_s = {batch: in_model[batch][name][1] for batch in batches}
     forward_slope, forward_intercept = _line(forward_s, small, large)
@@ -339,20 +326,11 @@ def measure_layer(architecture: Any, name: str, device: torch.device, dtype: tor
         tp_small, _ = _saved_bytes(architecture, name, tp_layer, small, device, dtype)
         tp_large, _ = _saved_bytes(architecture, name, tp_layer, large, device, dtype)
         split = max(0.0, 2 * (per_sample - (tp_large - tp_small) / (large - small)))
-        pair_in_model = pair_in_model or pair_layer_times(architecture, device, dtype, large, repeats, tp_pair)
         tp2_seconds = sum(pair_in_model["tp"][name])
         tp2_forward_seconds = pair_in_model["tp"][name][0]
         sdp2_seconds = sum(pair_in_model["sdp"][name])
     return LayerMeasurement(name, forward_slope, backward_slope, forward_intercept, backward_intercept, boundary,
                             per_sample - boundary, split, tp2_seconds, sdp2_seconds, tp2_forward_seconds)
-
-
-def pair_layer_times(architecture: Any, device: torch.device, dtype: torch.dtype, batch: int, repeats: int,
-                     pair: TensorParallel) -> dict[str, dict[str, tuple[float, float]]]:
-    """Per layer (forward s, backward s) inside whole-model passes on the profiling pair: every layer TP 2
-    ("tp") and every layer sharded 2 ways by FSDP2 ("sdp")."""
-    return {"tp": time_layers_in_model(architecture, device, dtype, batch, repeats, tp=pair),
-            "sdp": time_layers_in_model(architecture, device, dtype, batch, repeats, shard_over=pair)}
 
 
 def _shard_over_pair(layer: torch.nn.Module, pair: TensorParallel, device: torch.device) -> None:
@@ -462,7 +440,7 @@ class ModelProfiler:
         layers = []
         for index, (name, spec) in enumerate(zip(layer_names(architecture), analytic.layers)):
             progress(f"layer {index + 1}/{len(analytic.layers)} {name}")
-            measured = measure_layer(architecture, name, device, dtype, batches, 1, tp_pair, in_model, pair_in_model)
+            measured = measure_layer(architecture, name, device, dtype, batches, tp_pair, in_model, pair_in_model)
             analytic_intermediate = (spec.intermediate_activation_bytes_per_sample
                                      + spec.intermediate_tp_split_activation_bytes_per_sample)
             if measured.tp_split_bytes_per_sample is not None:
