@@ -6,7 +6,7 @@ Every key below is DeepSpeed's, as documented in "DeepSpeed Configuration JSON"
 `runtime/zero/config.py` (`DeepSpeedZeroConfig`), `runtime/precision_config.py` and
 `runtime/activation_checkpointing/config.py` (checked against deepspeed 0.19.8).
 
-What a Plan becomes (a plan DeepSpeed can run: one layout for every layer, `check_expressible`):
+What a Plan becomes (a plan DeepSpeed can run: one layout for every layer, gbmw.targets):
 
 * Batch — DeepSpeed's identity `train_batch_size = train_micro_batch_size_per_gpu ×
   gradient_accumulation_steps × DP`, with DP = N / (TP × PP) the data-parallel size its engine
@@ -35,18 +35,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from gbmw.balance import least_spread_partition, uniform_first_partition
 from gbmw.errors import GbmwError, PlanError
-from gbmw.plan import Plan, check_expressible, write_new_file
-from gbmw.spec import JobSpec, ModelSpec
+from gbmw.files import write_new_file
+from gbmw.plan import Plan
+from gbmw.stock_partitions import least_spread_partition, uniform_first_partition
+from gbmw.targets import AXIS_OF_ZERO_STAGE, ZERO_STAGE_OF_AXIS, get_target
+from gbmw.jobs import JobSpec
+from gbmw.model_spec import ModelSpec
 
 DEEPSPEED_TARGETS = ("deepspeed", "megatron-deepspeed")
 BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
-ZERO_STAGE_OF_AXIS = {"dp": 0, "z1dp": 1, "z2dp": 2, "sdp": 3}
-AXIS_OF_ZERO_STAGE = {stage: axis for axis, stage in ZERO_STAGE_OF_AXIS.items()}
-MEGATRON_DEEPSPEED_PARTITION_METHOD = "type:transformer"
-"""What Megatron-DeepSpeed's GPTModelPipe passes to PipelineModule: stages balance the count of
-layers whose class name matches `transformer` (ParallelTransformerLayerPipe)."""
 
 OWNED_KEYS: tuple[str, ...] = (
     *BATCH_KEYS,
@@ -90,7 +88,7 @@ _NOT_MODELLED = {
 
 @dataclass(frozen=True)
 class _Layout:
-    """The one parallel layout a DeepSpeed plan has (check_expressible guarantees it is one)."""
+    """The one parallel layout a DeepSpeed plan has (the target's check guarantees it is one)."""
 
     tp: int
     pp: int
@@ -102,7 +100,7 @@ class _Layout:
 def _layout(plan: Plan, model: ModelSpec) -> _Layout:
     first = plan.strategies[0]
     axes = [axis for axis, _ in first.dims if axis != "tp"]
-    blocks = [s for s, layer in zip(plan.strategies, model.layers) if layer.kind not in ("embedding", "head")]
+    blocks = [s for s, layer in zip(plan.strategies, model.layers) if layer.is_block]
     return _Layout(
         tp=first.tp,
         pp=plan.pp,
@@ -120,14 +118,14 @@ def _layout(plan: Plan, model: ModelSpec) -> _Layout:
 def plan_to_ds_config(plan: Plan, job: JobSpec, target: str = "deepspeed") -> dict[str, Any]:
     """The DeepSpeed config for `plan`: a new plain JSON-able dict holding only `OWNED_KEYS`.
 
-    Raises PlanError with `check_expressible`'s reasons when `target` ("deepspeed", or
+    Raises PlanError with the target's reasons when `target` ("deepspeed", or
     "megatron-deepspeed" which adds Megatron TP) cannot run the plan, or when the plan is not for
     this job. For pp > 1, pass `pipeline_partition_method(plan, model)` to the PipelineModule.
     """
     if target not in DEEPSPEED_TARGETS:
         raise PlanError(f"target {target!r}: a DeepSpeed config serves {list(DEEPSPEED_TARGETS)}")
     _check_plan_is_for(plan, job)
-    check_expressible(plan, job.model, target)
+    get_target(target).check(plan, job.model)
     layout = _layout(plan, job.model)
     stage = ZERO_STAGE_OF_AXIS[layout.data_parallel_axis] if layout.data_parallel_axis else 0
     config: dict[str, Any] = {
@@ -197,22 +195,17 @@ def _activation_checkpointing_section() -> dict[str, Any]:
 # ----------------------------------------------------------------------------------------------
 
 
-# DeepSpeed's partition methods live in gbmw.balance (the planner needs them without torch);
+# DeepSpeed's partition methods are gbmw.stock_partitions' rules (the planner needs them without torch);
 # tests/test_deepspeed_adapter.py checks them against DeepSpeed's own functions.
 deepspeed_partition_uniform = uniform_first_partition
 deepspeed_partition_balanced = least_spread_partition
 
 
 def deepspeed_partitions(model: ModelSpec, pp: int, target: str = "deepspeed") -> dict[str, list[int]]:
-    """The partition each PipelineModule method gives `model` (one module per gbmw layer, the
-    head's tied copy counted as DeepSpeed's TiedLayerSpec counts it) over `pp` stages."""
-    if target == "megatron-deepspeed":
-        blocks = [0 if layer.kind in ("embedding", "head") else 1 for layer in model.layers]
-        return {MEGATRON_DEEPSPEED_PARTITION_METHOD: deepspeed_partition_balanced(blocks, pp)}
-    return {
-        "uniform": deepspeed_partition_uniform(model.num_layers, pp),
-        "parameters": deepspeed_partition_balanced([layer.parameter_count for layer in model.layers], pp),
-    }
+    """The partition each PipelineModule method of `target` gives `model` over `pp` stages (gbmw.targets):
+    `uniform` and `parameters` for DeepSpeed; `type:transformer` for Megatron-DeepSpeed, whose GPTModelPipe
+    balances the count of ParallelTransformerLayerPipe layers — Megatron's even split of blocks."""
+    return {method: list(partition) for method, partition in get_target(target).partitions(model, pp).items()}
 
 
 def pipeline_partition_method(plan: Plan, model: ModelSpec, target: str | None = None) -> str:
@@ -224,10 +217,10 @@ def pipeline_partition_method(plan: Plan, model: ModelSpec, target: str | None =
         target = plan.target if plan.target in DEEPSPEED_TARGETS else "deepspeed"
     if target not in DEEPSPEED_TARGETS:
         raise PlanError(f"target {target!r}: pipeline partition methods exist for {list(DEEPSPEED_TARGETS)}")
+    method = get_target(target).partition_method(model, plan.partition)
+    if method is not None:
+        return method
     methods = deepspeed_partitions(model, plan.pp, target)
-    for method, partition in methods.items():
-        if tuple(partition) == plan.partition:
-            return method
     offered = "; ".join(f"{method}: {partition}" for method, partition in methods.items())
     raise PlanError(
         f"partition {list(plan.partition)} is what no {target} PipelineModule partition_method gives ({offered}); "

@@ -2,7 +2,7 @@
 
 A stock Megatron job runs a *uniform 3D* plan: one layout for every layer — TP on consecutive
 ranks, data parallelism outside it, pipeline stages outermost — one recomputation setting for all
-Transformer blocks, and Megatron's pipeline split. `gbmw.plan.check_expressible` decides whether a
+Transformer blocks, and Megatron's pipeline split. `gbmw.targets` decides whether a
 plan is one; this module only translates the plans it accepts. Targets:
 
 * ``megatron-core`` (alias ``megatron-lm``): NVIDIA Megatron-LM's ``pretrain_gpt.py``, whose model is
@@ -42,21 +42,18 @@ import re
 import shlex
 import warnings
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Sequence
 
+from gbmw.architectures import GPTArchitecture
 from gbmw.errors import GbmwError, PlanError
-from gbmw.models import GPTArchitecture, import_hf_config, parse_architecture
-from gbmw.plan import Plan, check_expressible, megatron_partition
-from gbmw.spec import JobSpec, read_yaml, resolve_recipe
+from gbmw.jobs import JobSpec
+from gbmw.plan import Plan
+from gbmw.stock_partitions import blocks_per_stage, megatron_partition, megatron_stage_partition
+from gbmw.targets import AXIS_OF_ZERO_STAGE, ZERO_STAGE_OF_AXIS, get_target
 from gbmw.space import Strategy
 
 TARGETS = ("megatron-core", "megatron-lm", "megatron-deepspeed")
 LAUNCHERS = ("torchrun", "deepspeed")
-ZERO_STAGE_OF_AXIS = {"dp": 0, "z1dp": 1, "z2dp": 2, "sdp": 3}
-AXIS_OF_ZERO_STAGE = {stage: axis for axis, stage in ZERO_STAGE_OF_AXIS.items()}
-NON_BLOCK_KINDS = ("embedding", "head")
-"""Layer kinds that are not Transformer blocks (the rule `gbmw.plan.megatron_partition` uses)."""
 
 #: Flags that change the parallel layout or memory in ways a gbmw Plan does not describe; reading
 #: them back would silently drop their meaning, so `megatron_args_to_plan` refuses them.
@@ -84,14 +81,10 @@ DEEPSPEED_REFUSED_FLAGS = {
 
 
 def plan_target(target: str) -> str:
-    """The `gbmw.plan` target a Megatron front end is checked as (`megatron-lm` runs megatron-core)."""
+    """The gbmw.targets target a Megatron front end is checked as (`megatron-lm` runs megatron-core)."""
     if target not in TARGETS:
         raise GbmwError(f"Megatron target {target!r} is unknown; targets are {list(TARGETS)}")
-    return "megatron-core" if target == "megatron-lm" else target
-
-
-def _is_block(kind: str) -> bool:
-    return kind not in NON_BLOCK_KINDS
+    return get_target(target).name
 
 
 # ----------------------------------------------------------------------------------------------
@@ -100,36 +93,19 @@ def _is_block(kind: str) -> bool:
 
 
 def gpt_architecture(job: JobSpec) -> GPTArchitecture:
-    """The GPT architecture of the job's model recipe (widths, heads, sequence length…).
-
-    Read from the job file's `model` reference (a recipe name, a YAML path or an HF config.json),
-    or from the recipe named like the model when the job was built in memory. Megatron's
-    `pretrain_gpt.py` trains GPT-family models only.
-    """
-    reference, base = job.model.name, None
-    if job.source_path:
-        reference = str(read_yaml(job.source_path).get("model", reference))
-        base = Path(job.source_path).parent
-    path = resolve_recipe(reference, "models", base)
-    if path.suffix == ".json":
-        architecture = import_hf_config(path)
-    else:
-        data = read_yaml(path)
-        if "layers" in data:
-            raise GbmwError(
-                f"{path}: model {job.model.name} is a profiled layer list; Megatron's arguments need its "
-                "architecture (num_layers, hidden_size, num_heads, seq_length) — use --target runtime"
-            )
-        architecture = parse_architecture(data, str(path))
+    """The GPT architecture the job's model was built from (widths, heads, sequence length…); Megatron's
+    `pretrain_gpt.py` trains GPT-family models only."""
+    architecture = job.model.require_architecture("Megatron's arguments (num_layers, hidden_size, num_heads, …)")
     if architecture.family != "gpt":
         raise GbmwError(
             f"model {job.model.name} is a {architecture.family} model; Megatron's pretrain_gpt.py trains GPT-family "
             "models — use --target runtime"
         )
-    blocks = sum(_is_block(layer.kind) for layer in job.model.layers)
+    blocks = sum(layer.is_block for layer in job.model.layers)
     if architecture.num_layers != blocks:
         raise GbmwError(
-            f"{path}: num_layers {architecture.num_layers} but job {job.name} has {blocks} Transformer blocks"
+            f"model {job.model.name}: its architecture has num_layers {architecture.num_layers} but the model has "
+            f"{blocks} Transformer blocks"
         )
     return architecture
 
@@ -221,17 +197,17 @@ class MegatronLayout:
 
 
 def megatron_layout(plan: Plan, job: JobSpec, target: str) -> MegatronLayout:
-    """Read the Megatron layout off `plan`, refusing (check_expressible) what `target` cannot run."""
+    """Read the Megatron layout off `plan`, refusing (gbmw.targets) what `target` cannot run."""
     model = job.model
     if len(plan.strategies) != model.num_layers or plan.num_devices != job.cluster.num_devices:
         raise PlanError(
             f"plan for {plan.model} on {plan.num_devices} devices ({len(plan.strategies)} layers) does not fit job "
             f"{job.name}: {model.name} has {model.num_layers} layers on {job.cluster.num_devices} devices"
         )
-    check_expressible(plan, model, plan_target(target))
+    get_target(target).check(plan, model)
     strategy = plan.strategies[0]  # one layout for every layer, checked above
     data_axes = [axis for axis, _ in strategy.dims if axis != "tp"]
-    blocks = tuple(sum(_is_block(layer.kind) for layer in model.layers[first:end]) for first, end in plan.stage_bounds)
+    blocks = tuple(blocks_per_stage(model, plan.partition))
     try:
         even = list(plan.partition) == megatron_partition(model, plan.pp)
     except GbmwError:
@@ -242,7 +218,7 @@ def megatron_layout(plan: Plan, job: JobSpec, target: str) -> MegatronLayout:
         pipeline_parallel=plan.pp,
         data_parallel=data_parallel,
         data_axis=data_axes[0] if data_axes else None,
-        recompute=any(s.ckpt for s, layer in zip(plan.strategies, model.layers) if _is_block(layer.kind)),
+        recompute=any(s.ckpt for s, layer in zip(plan.strategies, model.layers) if layer.is_block),
         micro_batch_size=plan.micro_batch // data_parallel,
         global_batch_size=plan.global_batch,
         num_micro_batches=plan.num_micro_batches,
@@ -251,7 +227,7 @@ def megatron_layout(plan: Plan, job: JobSpec, target: str) -> MegatronLayout:
     )
 
 
-def blocks_per_stage(num_blocks: int, pp: int, first: int | None = None, last: int | None = None) -> list[int]:
+def megatron_blocks_per_stage(num_blocks: int, pp: int, first: int | None = None, last: int | None = None) -> list[int]:
     """Transformer blocks on each pipeline stage, as megatron-core's `get_num_layers_to_build`
     (transformer_block.py) counts them: `first`/`last` on the end stages, the rest split evenly."""
     if pp == 1:
@@ -285,22 +261,6 @@ def blocks_per_stage(num_blocks: int, pp: int, first: int | None = None, last: i
     return counts
 
 
-def _partition(job: JobSpec, blocks: Sequence[int]) -> tuple[int, ...]:
-    """Layers per stage: the blocks of each stage, with leading non-blocks (embedding) on the first
-    stage and trailing ones (head) on the last — where Megatron builds them."""
-    kinds = [layer.kind for layer in job.model.layers]
-    block_positions = [i for i, kind in enumerate(kinds) if _is_block(kind)]
-    leading = block_positions[0] if block_positions else len(kinds)
-    trailing = len(kinds) - 1 - block_positions[-1] if block_positions else 0
-    inner = len(kinds) - leading - trailing - len(block_positions)
-    if inner:
-        raise GbmwError(f"model {job.model.name} has non-block layers between its blocks; Megatron's GPT has none")
-    counts = list(blocks)
-    counts[0] += leading
-    counts[-1] += trailing
-    return tuple(counts)
-
-
 # ----------------------------------------------------------------------------------------------
 # Plan → arguments
 # ----------------------------------------------------------------------------------------------
@@ -314,7 +274,7 @@ def plan_to_megatron_args(
     Only what the plan decides plus the architecture: data, tokenizer, optimizer and schedule
     flags are the user's. `deepspeed_config` is the path given to ``--deepspeed_config``
     (megatron-deepspeed only; write the file with gbmw.adapters.deepspeed). Raises PlanError with
-    check_expressible's reasons when `target` cannot run the plan.
+    the target's reasons when `target` cannot run the plan.
     """
     plan.check_against(job.model, job.cluster.num_devices)
     layout = megatron_layout(plan, job, target)
@@ -485,8 +445,8 @@ def megatron_args_to_plan(args: Sequence[str], job: JobSpec, target: str = "mega
         first, last = namespace.decoder_first_pipeline_num_layers, namespace.decoder_last_pipeline_num_layers
     dims = ((("tp", tp),) if tp > 1 else ()) + (((data_axis, dp),) if dp > 1 else ())
     recompute = _recompute(namespace)
-    strategies = tuple(Strategy(dims, recompute and _is_block(layer.kind)) for layer in job.model.layers)
-    partition = _partition(job, blocks_per_stage(arch.num_layers, pp, first, last))
+    strategies = tuple(Strategy(dims, recompute and layer.is_block) for layer in job.model.layers)
+    partition = tuple(megatron_stage_partition(job.model, megatron_blocks_per_stage(arch.num_layers, pp, first, last)))
     plan = Plan(
         model=job.model.name,
         cluster=job.cluster.name,
@@ -502,7 +462,7 @@ def megatron_args_to_plan(args: Sequence[str], job: JobSpec, target: str = "mega
         provenance={"made_by": "megatron_args_to_plan", "target": target},
     )
     plan.check_against(job.model, devices)
-    check_expressible(plan, job.model, checked_target)
+    get_target(checked_target).check(plan, job.model)
     return plan
 
 

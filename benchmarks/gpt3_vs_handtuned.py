@@ -18,7 +18,8 @@ from gbmw import __version__
 from gbmw.baselines import load_handtuned
 from gbmw.compare import compare_handtuned
 from gbmw.report import handtuned_rows
-from gbmw.spec import RECIPES_DIR, load_job
+from gbmw.bundled import RECIPES_DIR
+from gbmw.jobs import load_job
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -101,7 +101,7 @@ DEEPSPEED_STAGE = {"zero3": 3, "zero2": 2, "dp": 0}
 
 
 def _architecture():
-    from gbmw.models import parse_architecture
+    from gbmw.architectures import parse_architecture
 
     return parse_architecture(MODEL, MODEL["name"])
 

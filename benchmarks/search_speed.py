@@ -31,7 +31,7 @@ from rich.table import Table  # noqa: E402
 
 from gbmw.compare import ROWS  # noqa: E402
 from gbmw.planner import NothingFitsError, Planner  # noqa: E402
-from gbmw.spec import load_job  # noqa: E402
+from gbmw.jobs import load_job  # noqa: E402
 
 console = Console(highlight=False, width=140)
 
@@ -95,7 +95,7 @@ def grid_against_1mib() -> None:
     table = Table(title="3. Default memory grid vs 1 MiB cells on every bundled job (its batch, or a sweep)")
     for column in ("job", "grid MiB", "samples/s (grid)", "samples/s (1 MiB)", "same plan speed", "s (grid)", "s (1 MiB)"):
         table.add_column(column, justify="left" if column == "job" else "right")
-    from gbmw.spec import RECIPES_DIR
+    from gbmw.bundled import RECIPES_DIR
 
     jobs = [(path.stem, None) for path in sorted((RECIPES_DIR / "jobs").glob("*.yaml"))]
     same = 0

@@ -12,15 +12,16 @@ The planner API (no torch needed):
     plan.save("plan.yaml"); gbmw.Plan.load("plan.yaml")
 """
 
-__version__ = "0.1.0"
-
-from gbmw.baselines import UniformConfig  # noqa: E402
-from gbmw.cost import estimate_plan as estimate  # noqa: E402
-from gbmw.errors import GbmwError, PlanError, SpecError  # noqa: E402
-from gbmw.plan import Estimate, Plan, plan_from_strategy_names  # noqa: E402
-from gbmw.planner import NothingFitsError, Planner, plan_job  # noqa: E402
-from gbmw.spec import ClusterSpec, JobSpec, LayerSpec, ModelSpec, load_cluster, load_job  # noqa: E402
-from gbmw.space import Strategy, enumerate_strategies  # noqa: E402
+from gbmw.baselines import UniformConfig
+from gbmw.cluster_spec import ClusterSpec, load_cluster
+from gbmw.cost import estimate_plan as estimate
+from gbmw.errors import GbmwError, PlanError, SpecError
+from gbmw.jobs import JobSpec, load_job
+from gbmw.model_spec import LayerSpec, ModelSpec
+from gbmw.plan import Estimate, Plan, plan_from_strategy_names
+from gbmw.planner import NothingFitsError, Planner, plan_job
+from gbmw.space import Strategy, enumerate_strategies
+from gbmw.version import __version__
 
 
 def uniform_plan(job: JobSpec, config: str) -> Plan:

@@ -20,11 +20,12 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from gbmw.errors import PlanError
-from gbmw.plan import Plan, megatron_partition
-from gbmw.spec import JobSpec
+from gbmw.plan import Plan
+from gbmw.stock_partitions import megatron_partition
+from gbmw.targets import AXIS_OF_ZERO_STAGE
+from gbmw.jobs import JobSpec
 from gbmw.space import Strategy
 
-ZERO_AXES = {0: "dp", 1: "z1dp", 2: "z2dp", 3: "sdp"}
 UNIFORM_KEYS = {
     "tp": "tensor-parallel degree (power of two)",
     "pp": "pipeline degree (power of two)",
@@ -100,11 +101,11 @@ class UniformConfig:
         if self.tp > 1:
             dims.append(("tp", self.tp))
         if dp > 1:
-            dims.append((ZERO_AXES[self.zero], dp))
+            dims.append((AXIS_OF_ZERO_STAGE[self.zero], dp))
         block = Strategy(tuple(dims), ckpt=self.ckpt == "full")
         plain = Strategy(tuple(dims), ckpt=False)
         strategies = tuple(
-            plain if layer.kind in ("embedding", "head") else block for layer in job.model.layers
+            block if layer.is_block else plain for layer in job.model.layers
         )
         plan = Plan(
             model=job.model.name,
@@ -156,7 +157,9 @@ class HandTunedConfig(BaseModel):
 
 def load_handtuned(path: str | Path) -> HandTunedConfig:
     """Load a hand-tuned configuration (a path or a name under recipes/handtuned/)."""
-    from gbmw.spec import read_yaml, resolve_recipe, validate_as
+    from gbmw.bundled import resolve_recipe
+    from gbmw.files import read_yaml
+    from gbmw.schema import validate_as
 
     path = resolve_recipe(str(path), "handtuned")
     config = validate_as(HandTunedConfig, read_yaml(path), str(path))

@@ -130,7 +130,7 @@ def _run_validate(args: argparse.Namespace) -> int:
     if rank == 0:
         summary = print_validation(results)
         if args.json:
-            from gbmw.plan import write_new_file
+            from gbmw.files import write_new_file
 
             write_new_file(args.json, json.dumps({"plans": [asdict(result) for result in results],
                                                   "summary": summary}, indent=2))
@@ -245,7 +245,7 @@ def _tune_parser(commands) -> None:
 
 def _run_tune(args: argparse.Namespace) -> int:
     from gbmw.report import print_tune
-    from gbmw.tune import tune
+    from gbmw.adapters.tune import tune
 
     result = tune(args.ds_config, args.model, args.cluster, args.target, args.output, args.memory,
                   args.current_tp, args.current_pp, args.current_ckpt, args.script)
@@ -302,7 +302,7 @@ def _run_estimate(args: argparse.Namespace) -> int:
     from gbmw.cost import estimate_plan
     from gbmw.plan import Plan
     from gbmw.report import estimate_to_json, print_estimate
-    from gbmw.spec import load_job
+    from gbmw.jobs import load_job
 
     job = load_job(args.job, memory_budget=args.memory)
     if args.plan:
@@ -326,7 +326,8 @@ def _run_estimate(args: argparse.Namespace) -> int:
 def _run_plan(args: argparse.Namespace) -> int:
     from gbmw.planner import Planner
     from gbmw.report import plan_to_json, print_plan
-    from gbmw.spec import load_job, parse_bytes
+    from gbmw.jobs import load_job
+    from gbmw.schema import parse_bytes
 
     job = load_job(args.job, memory_budget=args.memory)
     granularity = parse_bytes(args.granularity, "--granularity") if args.granularity else None
@@ -367,7 +368,7 @@ def _run_compare(args: argparse.Namespace) -> int:
         from gbmw.baselines import load_handtuned
         from gbmw.compare import compare_handtuned
         from gbmw.report import handtuned_rows, print_handtuned
-        from gbmw.spec import load_job
+        from gbmw.jobs import load_job
 
         if args.sweep or (args.memory and "," in args.memory):
             raise GbmwError("--handtuned compares at one budget and the configuration's batch; drop --sweep and "

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from gbmw.spec import ClusterSpec
+from gbmw.cluster_spec import ClusterSpec
 
 GB = 1e9
 

@@ -10,13 +10,14 @@ from dataclasses import dataclass
 
 from gbmw.planner import NothingFitsError, Planner
 from gbmw.plan import Plan
-from gbmw.spaces import BASELINES, DEFAULT_VARIANT, TARGETS, VARIANTS
-from gbmw.spec import load_job
+from gbmw.spaces import BASELINES, DEFAULT_VARIANT, VARIANTS
+from gbmw.targets import STOCK_TARGETS
+from gbmw.jobs import load_job
 
 ROWS: list[tuple[str, str, str]] = (
     [("baseline", name, "runtime") for name in BASELINES]
     + [("variant", name, "runtime") for name in VARIANTS]
-    + [("target", DEFAULT_VARIANT, name) for name in TARGETS]
+    + [("target", DEFAULT_VARIANT, name) for name in STOCK_TARGETS]
 )
 
 
@@ -84,7 +85,7 @@ def compare_handtuned(job, handtuned) -> HandTunedComparison:
     except GbmwError as error:
         rows.append((f"hand-tuned {handtuned.name}", None, str(error)))
         batch = job.global_batch
-    for target in ("runtime", *TARGETS):
+    for target in ("runtime", *STOCK_TARGETS):
         label = f"gbmw, target {target}"
         try:
             rows.append((label, Planner(job, batch=batch, target=target, explain_failure=False).run(), ""))

@@ -27,14 +27,16 @@ activations of min(P - i, m) micro-batches. The pipeline time is Eq. (9).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 
 import numpy as np
 
 from gbmw.comm import CommModel
 from gbmw.errors import PlanError
 from gbmw.plan import Estimate, Plan
-from gbmw.spec import ClusterSpec, JobSpec, ModelSpec
+from gbmw.ranks import activation_layout, transition_fraction
+from gbmw.cluster_spec import ClusterSpec
+from gbmw.jobs import JobSpec
+from gbmw.model_spec import ModelSpec
 from gbmw.space import DATA_PARALLEL_AXES, Strategy
 
 #: Bytes per parameter of (parameters, gradients, optimizer states) by precision and optimizer.
@@ -235,45 +237,6 @@ def _vector(function, message_bytes: np.ndarray, size: int, stride: int) -> np.n
 # ----------------------------------------------------------------------------------------------
 
 
-@lru_cache(maxsize=None)
-def activation_layout(strategy: Strategy) -> tuple[tuple[int, int], ...]:
-    """For each device of the group, the slice of the micro-batch it holds: (shard index, shard count).
-
-    Devices are numbered innermost dimension first (mixed radix over `dims`); the shard index
-    combines the data-parallel digits with the outer axis most significant. Strategies with the
-    same layout (tp2-dp4 and tp2-sdp4; any two with CKPT on and off) need no transition.
-    """
-    layout = []
-    for device in range(strategy.group_size):
-        remainder, shard, shards = device, 0, 1
-        for axis, degree in strategy.dims:
-            digit = remainder % degree
-            remainder //= degree
-            if axis in DATA_PARALLEL_AXES:
-                shard += digit * shards
-                shards *= degree
-        layout.append((shard, shards))
-    return tuple(layout)
-
-
-@lru_cache(maxsize=None)
-def transition_fraction(previous: Strategy, current: Strategy) -> float:
-    """Largest fraction of the micro-batch's boundary activation one device must receive in the
-    Slice-Gather from `previous`'s layout to `current`'s, forward (activations it lacks) plus
-    backward (gradients of the activations it held but no longer computes)."""
-    if previous.group_size != current.group_size:
-        raise ValueError("strategies of one stage share the group size")
-    worst = 0.0
-    for (held, held_count), (needed, needed_count) in zip(activation_layout(previous), activation_layout(current)):
-        held_range = (held / held_count, (held + 1) / held_count)
-        needed_range = (needed / needed_count, (needed + 1) / needed_count)
-        overlap = max(0.0, min(held_range[1], needed_range[1]) - max(held_range[0], needed_range[0]))
-        forward = 1 / needed_count - overlap
-        backward = 1 / held_count - overlap
-        worst = max(worst, forward + backward)
-    return worst
-
-
 def transition_time_s(
     previous: Strategy, current: Strategy, boundary_bytes_per_sample: float, micro_batch: float, comm: CommModel,
     overhead_s: float = 0.0,
@@ -292,8 +255,9 @@ def pipeline_send_s(model: ModelSpec, comm: CommModel, message_bytes: float, sta
     if message_bytes <= 0:
         return 0.0
     overhead = 0.0
-    if model.p2p_time_s and model.p2p_bytes:
-        overhead = max(0.0, model.p2p_time_s - comm.p2p_s(model.p2p_bytes, 1))
+    measured_s, measured_bytes = model.measured("p2p_time_s"), model.measured("p2p_bytes")
+    if measured_s and measured_bytes:
+        overhead = max(0.0, measured_s - comm.p2p_s(measured_bytes, 1))
     return comm.p2p_s(message_bytes, stage_devices) + overhead
 
 
@@ -301,9 +265,10 @@ def slice_gather_overhead_s(model: ModelSpec, comm: CommModel) -> float:
     """Per transition: what the profiled Slice-Gather on the pair (sliced in two ↔ replicated, so half the
     micro-batch received) took beyond the exchange model — the runtime's two all-gathers (forward and
     backward) and its autograd bookkeeping, where the model has one exchange. 0 for analytic models."""
-    if not model.slice_gather_time_s or not model.slice_gather_bytes:
+    measured_s, measured_bytes = model.measured("slice_gather_time_s"), model.measured("slice_gather_bytes")
+    if not measured_s or not measured_bytes:
         return 0.0
-    return max(0.0, model.slice_gather_time_s - comm.exchange_s(0.5 * model.slice_gather_bytes, 2))
+    return max(0.0, measured_s - comm.exchange_s(0.5 * measured_bytes, 2))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -404,7 +369,7 @@ def stage_estimate(
         model_state_bytes=float(states.sum()),
         activation_bytes=float(activations),
         in_flight_micro_batches=in_flight,
-        optimizer_time_s=float(optimizer_parameters * (model.optimizer_step_s_per_parameter or 0.0)),
+        optimizer_time_s=float(optimizer_parameters * (model.measured("optimizer_step_s_per_parameter") or 0.0)),
         stashed_activation_bytes=float(in_flight * forward_memory.sum()),
     )
 

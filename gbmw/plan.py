@@ -9,8 +9,6 @@ through YAML (`Plan.to_yaml` / `Plan.from_yaml`).
 
 from __future__ import annotations
 
-import os
-import tempfile
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -18,10 +16,11 @@ from typing import Any
 import yaml
 
 from gbmw.errors import GbmwError, PlanError
-from gbmw.spec import ModelSpec
-from gbmw.space import Strategy, is_power_of_two
+from gbmw.files import write_new_file
+from gbmw.model_spec import ModelSpec
+from gbmw.space import Strategy
+from gbmw.targets import TARGETS
 
-TARGETS = ("runtime", "deepspeed", "megatron-deepspeed", "megatron-core")
 SCHEDULES = ("1f1b", "gpipe")
 PLAN_FORMAT_VERSION = 1
 
@@ -66,6 +65,7 @@ class Plan:
     strategies: tuple[Strategy, ...]
     """One per layer of the model."""
     target: str = "runtime"
+    """What will run it (gbmw.targets): runtime, deepspeed, megatron-deepspeed or megatron-core."""
     schedule: str = "1f1b"
     """Pipeline schedule: `1f1b` (1F1B-flush, the runtime's) or `gpipe` (baselines only)."""
     estimate: Estimate | None = None
@@ -262,32 +262,6 @@ def replace_estimate(plan: Plan, estimate: Estimate) -> Plan:
     return replace(plan, estimate=estimate)
 
 
-def write_new_file(path: str | Path, text: str) -> Path:
-    """Write `text` to `path` atomically (temp file in the same folder, then rename), refusing to
-    replace an existing file: a user's files are never overwritten in place."""
-    return write_new_file_bytes(path, text.encode())
-
-
-def write_new_file_bytes(path: str | Path, data: bytes) -> Path:
-    """`write_new_file` for bytes."""
-    path = Path(path)
-    if path.exists():
-        raise GbmwError(f"{path} exists; gbmw does not overwrite files — choose a new name or remove it first")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(handle, "wb") as stream:
-            stream.write(data)
-            stream.flush()
-            os.fsync(stream.fileno())
-        os.link(temporary, path)  # fails if `path` appeared meanwhile: no overwrite even in a race
-    except FileExistsError:
-        raise GbmwError(f"{path} exists; gbmw does not overwrite files") from None
-    finally:
-        os.unlink(temporary)
-    return path
-
-
 def _integer(value: Any, name: str, where: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise PlanError(f"{where}: field `{name}`: value {value!r} — must be an integer")
@@ -343,122 +317,3 @@ def plan_from_strategy_names(
     )
     plan.check_against(model, num_devices)
     return plan
-
-
-def megatron_partition(model: ModelSpec, pp: int) -> list[int]:
-    """Megatron's even split: the same number of Transformer blocks per stage, embeddings on the
-    stage of the block that follows them, heads on the stage of the block before them."""
-    block_indices = [i for i, layer in enumerate(model.layers) if layer.kind not in ("embedding", "head")]
-    if len(block_indices) % pp:
-        divisors = [p for p in range(1, len(block_indices) + 1) if len(block_indices) % p == 0 and is_power_of_two(p)]
-        raise PlanError(
-            f"{model.name} has {len(block_indices)} Transformer blocks, not divisible by pp={pp}; "
-            f"an even split needs pp in {divisors}"
-        )
-    per_stage = len(block_indices) // pp
-    stage_of = {}
-    for rank, index in enumerate(block_indices):
-        stage_of[index] = rank // per_stage
-    counts = [0] * pp
-    previous_stage = 0
-    for index, layer in enumerate(model.layers):
-        if index in stage_of:
-            stage = previous_stage = stage_of[index]
-        elif layer.kind == "embedding":
-            following = [stage_of[i] for i in block_indices if i > index]
-            stage = following[0] if following else previous_stage
-        else:
-            stage = previous_stage
-        counts[stage] += 1
-    return counts
-
-
-# ----------------------------------------------------------------------------------------------
-# What a stock framework can express
-# ----------------------------------------------------------------------------------------------
-
-
-def _describe_runs(plan: Plan) -> str:
-    """`layers 0-11 use tp2-dp8 and 12-49 use sdp16` (runs across stage boundaries, first three)."""
-    runs: list[list] = []
-    for index, strategy in enumerate(plan.strategies):
-        if runs and runs[-1][2] == strategy.name:
-            runs[-1][1] = index
-        else:
-            runs.append([index, index, strategy.name])
-    parts = [f"{a}-{b} use {name}" if b > a else f"{a} uses {name}" for a, b, name in runs]
-    return "layers " + " and ".join(parts[:3]) + (" …" if len(parts) > 3 else "")
-
-
-def expressibility_problems(plan: Plan, model: ModelSpec, target: str) -> list[str]:
-    """Why `target` cannot run `plan` as it is (empty if it can). Targets: deepspeed,
-    megatron-deepspeed, megatron-core (the runtime runs anything)."""
-    from gbmw.balance import least_spread_partition, uniform_first_partition
-
-    if target == "runtime":
-        return []
-    if target not in TARGETS:
-        return [f"target {target!r} is unknown; targets are {list(TARGETS)}"]
-    problems = []
-    blocks = [layer.kind not in ("embedding", "head") for layer in model.layers]
-    trees = {strategy.dims for strategy in plan.strategies}
-    if len(trees) > 1:
-        problems.append(f"{_describe_runs(plan)}; a {target} job has one parallel layout for every layer")
-    block_ckpt = {strategy.ckpt for strategy, block in zip(plan.strategies, blocks) if block}
-    if len(block_ckpt) > 1:
-        problems.append(f"some Transformer blocks recompute and others do not; {target} recomputes all blocks or none")
-    if any(strategy.ckpt for strategy, block in zip(plan.strategies, blocks) if not block):
-        problems.append(f"an embedding or head layer recomputes; {target} recomputes Transformer blocks only")
-    if plan.schedule != "1f1b":
-        problems.append(f"schedule {plan.schedule}; {target} runs 1F1B")
-    names = ", ".join(dict.fromkeys(strategy.name.removesuffix("+ckpt") for strategy in plan.strategies))
-    data_axes = {axis for tree in trees for axis, _ in tree if axis != "tp"}
-    for tree in trees:
-        axes = [axis for axis, _ in tree]
-        tree_data = [axis for axis in axes if axis != "tp"]
-        if len(tree_data) > 1:
-            problems.append(f"a layout mixes {' and '.join(tree_data)}; {target} has one ZeRO stage")
-        if "tp" in axes and axes[0] != "tp":
-            problems.append(f"a layout puts TP outside data parallelism; {target} places TP on consecutive ranks")
-    if target == "deepspeed" and any(axis == "tp" for tree in trees for axis, _ in tree):
-        problems.append(f"{names} uses TP; plain DeepSpeed has none — use --target megatron-deepspeed")
-    if target in ("deepspeed", "megatron-deepspeed") and plan.pp > 1 and data_axes & {"z2dp", "sdp"}:
-        problems.append(f"{names} with pp={plan.pp}: DeepSpeed's pipeline engine refuses ZeRO-2 and ZeRO-3 — use "
-                        "ZeRO-1")
-    if target == "megatron-core" and data_axes - {"dp", "z1dp"}:
-        problems.append(f"{names}: megatron-core offers DP or its distributed optimizer (ZeRO-1) — use "
-                        "megatron-deepspeed")
-    partition = list(plan.partition)
-    if plan.pp > 1:
-        if target == "deepspeed":
-            methods = {"uniform": uniform_first_partition(model.num_layers, plan.pp),
-                       "parameters": least_spread_partition(model.arrays.parameter_count, plan.pp)}
-            if partition not in methods.values():
-                problems.append(f"partition {partition} is none of DeepSpeed's pipeline partitions "
-                                f"({', '.join(f'{k}: {v}' for k, v in methods.items())})")
-        else:
-            try:
-                even = megatron_partition(model, plan.pp)
-            except GbmwError:
-                even = None
-            if partition != even and not (target == "megatron-core" and _first_last_shape(plan, model)):
-                problems.append(f"partition {partition} is not Megatron's even split of Transformer blocks ({even})"
-                                + ("" if target != "megatron-core" else " nor uneven first/last stages with equal middles"))
-    return problems
-
-
-def _first_last_shape(plan: Plan, model: ModelSpec) -> bool:
-    """True if only the first and last stages differ from an equal share of blocks (megatron-core)."""
-    blocks_per_stage = []
-    for first, end in plan.stage_bounds:
-        blocks_per_stage.append(sum(layer.kind not in ("embedding", "head") for layer in model.layers[first:end]))
-    middle = blocks_per_stage[1:-1]
-    return all(count >= 1 for count in blocks_per_stage) and len(set(middle)) <= 1
-
-
-def check_expressible(plan: Plan, model: ModelSpec, target: str) -> None:
-    """Raise PlanError with every reason `target` cannot run `plan`."""
-    problems = expressibility_problems(plan, model, target)
-    if problems:
-        raise PlanError(f"{target} cannot run this plan: " + "; ".join(problems) + " — use --target runtime, or plan "
-                        f"again with --target {target}")

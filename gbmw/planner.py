@@ -26,21 +26,19 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from gbmw import __version__
-from gbmw.balance import (
-    StageOutcome, bi_objective_adjustment, least_spread_partition, memory_balanced_partition, time_balanced_partition,
-    uniform_first_partition,
-)
+from gbmw.version import __version__
+from gbmw.balance import StageOutcome, bi_objective_adjustment, memory_balanced_partition, time_balanced_partition
 from gbmw.comm import CommModel
 from gbmw.cost import (
     CostSettings, LayerCosts, StrategyTables, estimate_plan, in_flight_micro_batches, pipeline_time_s,
     stage_estimate, strategy_tables,
 )
 from gbmw.errors import GbmwError
-from gbmw.plan import Plan, megatron_partition
+from gbmw.plan import Plan
 from gbmw.search import StageSearch, default_granularity_bytes
-from gbmw.spec import JobSpec
-from gbmw.spaces import BLOCK_EXCLUDED_KINDS, DEFAULT_VARIANT, SearchSpace, search_space
+from gbmw.stock_partitions import PARTITION_RULES
+from gbmw.jobs import JobSpec
+from gbmw.spaces import DEFAULT_VARIANT, SearchSpace, search_space
 from gbmw.space import Strategy
 
 GIB = 2**30
@@ -280,16 +278,8 @@ class Planner:
                 memory_balanced = tuple(memory_balanced_partition(states, activations, in_flight))
                 limit = max(time_outcome.stage_memory_bytes) if time_outcome.fits else None
                 bi_objective_adjustment(search, memory_balanced, limit, self.budget)
-            elif method == "layers":  # DeepSpeed's partition_method="uniform"
-                search(tuple(uniform_first_partition(layers, pp)))
-            elif method == "parameters":  # DeepSpeed's partition_method="parameters"
-                search(tuple(least_spread_partition(model.arrays.parameter_count, pp)))
-            elif method == "even-blocks":
-                partition = _megatron_partition_or_none(model, pp)
-                if partition is not None:
-                    search(partition)
-            elif method == "first-last":
-                for partition in _first_last_partitions(model, pp):
+            else:  # a stock framework's closed-form partitions
+                for partition in PARTITION_RULES[method](model, pp):
                     search(partition)
         return candidates
 
@@ -431,37 +421,6 @@ def knapsack_lower_bound(time: np.ndarray, memory: np.ndarray, capacity: float, 
         else:
             high = middle
     return best
-
-
-def _megatron_partition_or_none(model, pp: int) -> tuple[int, ...] | None:
-    try:
-        return tuple(megatron_partition(model, pp))
-    except GbmwError:
-        return None
-
-
-def _first_last_partitions(model, pp: int, spread: int = 4) -> list[tuple[int, ...]]:
-    """megatron-core's uneven pipelines (--decoder-first/last-pipeline-num-layers): the first and last
-    stages take up to `spread` Transformer blocks more or fewer than an even share, the middle stages
-    an equal share of the rest (embeddings and heads ride along)."""
-    kinds = [layer.kind not in BLOCK_EXCLUDED_KINDS for layer in model.layers]
-    blocks = sum(kinds)
-    leading = kinds.index(True)
-    trailing = model.num_layers - leading - blocks
-    even = max(1, blocks // pp)
-    window = range(max(1, even - spread), even + spread + 1)
-    result = []
-    for first in window:
-        for last in window:
-            if first + last > blocks:
-                continue
-            middle = blocks - first - last
-            if pp == 2 and middle == 0:
-                result.append((leading + first, last + trailing))
-            elif pp > 2 and middle >= pp - 2 and middle % (pp - 2) == 0:
-                share = middle // (pp - 2)
-                result.append((leading + first, *([share] * (pp - 2)), last + trailing))
-    return result
 
 
 def _tp_allowed(model, strategies: list[Strategy]) -> np.ndarray:

@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from gbmw.plan import Estimate, Plan
-from gbmw.spec import JobSpec
+from gbmw.jobs import JobSpec
 from gbmw.space import Strategy
 
 GIB = 2**30
@@ -156,7 +156,7 @@ def draw_plan(job: JobSpec, plan: Plan, path: str) -> None:
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
-    from gbmw.plan import write_new_file_bytes
+    from gbmw.files import write_new_file_bytes
 
     estimate = plan.estimate
     stages = range(plan.pp)

@@ -408,7 +408,8 @@ def cost_classes(model) -> np.ndarray:
     classes: dict[tuple, int] = {}
     ids = []
     for layer in model.layers:
-        signature = tuple(value for name, value in layer.model_dump().items() if name not in ("name", "tied_to"))
+        # frozen pydantic models (LayerTimings) hash by value
+        signature = tuple(getattr(layer, name) for name in type(layer).model_fields if name not in ("name", "tied_to"))
         signature += (kinds.get(layer.tied_to),)
         ids.append(classes.setdefault(signature, len(classes)))
     return np.array(ids)

@@ -14,11 +14,8 @@ Galvatron-BMW (everything).
 Baselines (paper Sec. 7.1): PyTorch DDP (pure DP), Megatron (pure TP over all devices), PyTorch
 GPipe (pure PP, one device per stage), FSDP/ZeRO-3 (pure SDP) and DeepSpeed 3D (2-way DP × TP × PP).
 
-Targets (DESIGN.md): `deepspeed` — ZeRO and DeepSpeed's pipeline engine: one strategy for the
-whole model, no TP, ZeRO stage ≤ 1 with PP, partitions by layer count or parameter count;
-`megatron-deepspeed` — Megatron TP inside DeepSpeed ZeRO, ZeRO ≤ 1 with PP, Megatron's even split of
-Transformer blocks; `megatron-core` — uniform TP and PP, plain DP or the distributed optimizer
-(ZeRO-1), even split or uneven first and last stages. Stock recomputation is all blocks or none.
+Targets (gbmw.targets): the same search restricted to what a stock framework can configure — one
+strategy for all layers from the target's axes, the target's strategy filter and its pipeline partitions.
 """
 
 from __future__ import annotations
@@ -28,11 +25,11 @@ from typing import Callable
 
 import numpy as np
 
+from gbmw.cluster_spec import ClusterSpec
 from gbmw.errors import GbmwError
-from gbmw.spec import ClusterSpec, ModelSpec
+from gbmw.model_spec import ModelSpec
 from gbmw.space import SEARCH_AXES, Strategy, enumerate_strategies, pipeline_degrees
-
-BLOCK_EXCLUDED_KINDS = ("embedding", "head")
+from gbmw.targets import Target, get_target
 
 
 @dataclass(frozen=True)
@@ -42,9 +39,8 @@ class SearchSpace:
     ckpt: bool = True
     schedule: str = "1f1b"
     partitioning: tuple[str, ...] = ("time",)
-    """Partition methods tried: `time` (time-balanced), `bi-objective` (Alg. 3, from memory-balanced),
-    `even-blocks` (Megatron), `layers` / `parameters` (DeepSpeed's uniform / parameters methods),
-    `first-last` (megatron-core's uneven first and last stages)."""
+    """Partition methods tried, in order: `time` (time-balanced), `bi-objective` (Alg. 2, from memory-balanced),
+    or a closed-form rule of gbmw.stock_partitions (`uniform`, `parameters`, `even`, `first-last`)."""
     uniform: bool = False
     """One strategy for every layer (recomputation on all blocks or none)."""
     fixed_dims: Callable[[int, int, ClusterSpec], tuple | None] | None = None
@@ -54,6 +50,12 @@ class SearchSpace:
     """(strategy, pp) → allowed, for targets."""
     max_pp: int | None = None
     target: str = "runtime"
+
+    @classmethod
+    def for_target(cls, target: Target) -> "SearchSpace":
+        """What a stock framework can run: one strategy for every layer, from the target's definition."""
+        return cls(target.label, axes=target.axes, uniform=True, partitioning=target.partition_rules,
+                   target=target.name, strategy_filter=target.allows)
 
     def pipeline_degrees(self, cluster: ClusterSpec, max_pp: int | None) -> list[int]:
         devices = cluster.num_devices
@@ -77,7 +79,7 @@ class SearchSpace:
         mask per tree and recomputation choice (embeddings and heads never recompute)."""
         if not self.uniform:
             return [np.ones((len(strategies), model.num_layers), bool)]
-        is_block = np.array([layer.kind not in BLOCK_EXCLUDED_KINDS for layer in model.layers])
+        is_block = model.is_block
         masks = []
         for dims in dict.fromkeys(s.dims for s in strategies):
             for ckpt in ((False, True) if self.ckpt else (False,)):
@@ -109,15 +111,6 @@ def _single_dp_axis(strategy: Strategy) -> bool:
     return sum(axis != "tp" for axis, _ in strategy.dims) <= 1
 
 
-def _zero_rule(strategy: Strategy, pp: int) -> bool:
-    """DeepSpeed's pipeline engine refuses ZeRO-2 and ZeRO-3."""
-    return pp == 1 or all(axis in ("dp", "z1dp", "tp") for axis, _ in strategy.dims)
-
-
-def _tp_innermost(strategy: Strategy) -> bool:
-    return all(axis != "tp" for axis, _ in strategy.dims[1:])
-
-
 VARIANTS: dict[str, SearchSpace] = {
     "dp+tp": SearchSpace("Galvatron (DP+TP)", axes=("dp", "tp"), ckpt=False, schedule="gpipe", max_pp=1),
     "dp+pp": SearchSpace("Galvatron (DP+PP)", axes=("dp",), ckpt=False, schedule="gpipe"),
@@ -142,33 +135,14 @@ BASELINES: dict[str, SearchSpace] = {
     "fsdp": SearchSpace("FSDP/ZeRO-3 (SDP)", ckpt=False, fixed_dims=lambda n, pp, c: (("sdp", n),) if pp == 1 else None,
                         pp_choices=lambda n, c: [1]),
     "deepspeed-3d": SearchSpace("DeepSpeed 3D", ckpt=False, fixed_dims=_deepspeed_3d_dims, pp_choices=_deepspeed_3d_pp,
-                                partitioning=("even-blocks", "layers")),
-}
-
-TARGETS: dict[str, SearchSpace] = {
-    "deepspeed": SearchSpace(
-        "DeepSpeed (ZeRO + pipeline engine)", axes=("dp", "z1dp", "z2dp", "sdp"), uniform=True,
-        partitioning=("layers", "parameters"), target="deepspeed",
-        strategy_filter=lambda s, pp: _single_dp_axis(s) and _zero_rule(s, pp),
-    ),
-    "megatron-deepspeed": SearchSpace(
-        "Megatron-DeepSpeed", axes=("tp", "dp", "z1dp", "z2dp", "sdp"), uniform=True, partitioning=("even-blocks",),
-        target="megatron-deepspeed",
-        strategy_filter=lambda s, pp: _single_dp_axis(s) and _zero_rule(s, pp) and _tp_innermost(s),
-    ),
-    "megatron-core": SearchSpace(
-        "Megatron-Core", axes=("tp", "dp", "z1dp"), uniform=True, partitioning=("even-blocks", "first-last"),
-        target="megatron-core", strategy_filter=lambda s, pp: _single_dp_axis(s) and _tp_innermost(s),
-    ),
+                                partitioning=("even", "uniform")),
 }
 
 
 def search_space(variant: str = DEFAULT_VARIANT, target: str = "runtime") -> SearchSpace:
     """The space for a target (its own constraints) or, for the runtime, a variant or baseline."""
-    if target != "runtime":
-        if target not in TARGETS:
-            raise GbmwError(f"--target {target!r} is unknown; targets: runtime, {', '.join(TARGETS)}")
-        return TARGETS[target]
+    if get_target(target).name != "runtime":
+        return SearchSpace.for_target(get_target(target))
     if variant in VARIANTS:
         return VARIANTS[variant]
     if variant in BASELINES:

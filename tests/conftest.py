@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from gbmw.spec import ClusterSpec, JobSpec, LayerSpec, ModelSpec
+from gbmw.cluster_spec import ClusterSpec
+
+from gbmw.jobs import JobSpec
+
+from gbmw.model_spec import LayerSpec, LayerTimings, ModelSpec
 
 
 def make_cluster(nodes: int = 1, devices_per_node: int = 8, intra_gb_per_s: float = 100.0,
@@ -34,6 +38,13 @@ def make_layer(name: str = "block", **overrides) -> LayerSpec:
     )
     fields.update(overrides)
     return LayerSpec(**fields)
+
+
+def with_timings(layer: LayerSpec, **fields) -> LayerSpec:
+    """`layer` with measured timings (LayerTimings) set or changed, as a profile would give them; a field given
+    None is unmeasured."""
+    current = layer.timings.model_dump() if layer.timings is not None else {}
+    return layer.model_copy(update={"timings": LayerTimings(**{**current, **fields})})
 
 
 def make_model(layers: list[LayerSpec], precision: str = "fp32") -> ModelSpec:

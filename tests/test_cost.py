@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from conftest import make_cluster, make_job, make_layer, make_model
+from conftest import make_cluster, make_job, make_layer, make_model, with_timings
 from gbmw.comm import CommModel
 from gbmw.cost import (
     CostSettings, estimate_plan, layer_costs, pipeline_time_s, stage_estimate, transition_fraction,
@@ -205,19 +205,21 @@ def test_random_plans_have_positive_time_and_memory(layers, pp, micro_batches, d
 def test_profiled_overheads_and_optimizer_step_add_exactly():
     """A measured per-call overhead adds to every layer call (backward = 2 × forward when unmeasured), and a
     measured optimizer step adds once per iteration for the stage's parameters (the tied copy counted once)."""
-    from gbmw.cost import estimate_plan
+    from gbmw.cost import estimate_plan, tp_local_parameters
+    from gbmw.jobs import load_job
+    from gbmw.model_spec import ModelTimings
     from gbmw.plan import plan_from_strategy_names
-    from gbmw.spec import load_job
-
-    from gbmw.cost import tp_local_parameters
 
     job = load_job("gpt-tiny_cpu-x4")
     # TP only: its all-reduces block (no overlap with compute), so added compute adds exactly.
     plan = plan_from_strategy_names(job.model, 4, ["tp4"] * job.model.num_layers, [job.model.num_layers], 16, 1)
     base = estimate_plan(job, plan).iteration_time_s
     overhead_s, per_parameter_s = 1e-3, 1e-9
-    layers = tuple(layer.model_copy(update={"forward_overhead_s": overhead_s}) for layer in job.model.layers)
-    model = job.model.model_copy(update={"layers": layers, "optimizer_step_s_per_parameter": per_parameter_s})
+    flops_per_s = job.cluster.sustained_flops(job.precision)  # measured time = the analytic time, plus the overhead
+    layers = tuple(with_timings(layer, forward_time_per_sample_s=layer.forward_flops_per_sample / flops_per_s,
+                                forward_overhead_s=overhead_s) for layer in job.model.layers)
+    model = job.model.model_copy(update={"layers": layers,
+                                         "timings": ModelTimings(optimizer_step_s_per_parameter=per_parameter_s)})
     profiled = job.model_copy(update={"model": model})
     tied_copy = job.model.layers[-1].tied_parameter_count / 4  # the head shares the embedding's slice
     stage_parameters = tp_local_parameters(job.model, 4).sum() - tied_copy
@@ -232,7 +234,7 @@ def test_profiled_call_timings_add_what_compute_and_collectives_leave_out(strate
     the timing is fully explained)."""
     from gbmw.comm import CommModel
     from gbmw.cost import CostSettings, MODEL_STATE_BYTES, _vector, layer_costs
-    from gbmw.spec import load_job
+    from gbmw.jobs import load_job
 
     job = load_job("gpt-tiny_cpu-x4")
     settings, comm = CostSettings(job.cluster, job.precision, job.optimizer), CommModel(job.cluster)
@@ -249,14 +251,13 @@ def test_profiled_call_timings_add_what_compute_and_collectives_leave_out(strate
             + _vector(comm.reduce_scatter_s, np.array([layer.parameter_count * gradient_bytes]), 2, 1)[0],
             "ckpt_time_s": compute + forward_s * batch + forward_call_s,
         }[field]
-        layers.append(layer.model_copy(update={"forward_time_per_sample_s": forward_s,
-                                               "backward_time_per_sample_s": backward_s, "profiled_batch": batch,
-                                               "forward_overhead_s": forward_call_s,
-                                               "backward_overhead_s": backward_call_s, field: explained}))
+        layers.append(with_timings(layer, forward_time_per_sample_s=forward_s, backward_time_per_sample_s=backward_s,
+                                   profiled_batch=batch, forward_overhead_s=forward_call_s,
+                                   backward_overhead_s=backward_call_s, **{field: explained}))
     exact = job.model.model_copy(update={"layers": tuple(layers)})
-    slower = exact.model_copy(update={"layers": tuple(layer.model_copy(update={field: getattr(layer, field) + extra_s})
+    slower = exact.model_copy(update={"layers": tuple(with_timings(layer, **{field: getattr(layer.timings, field) + extra_s})
                                                       for layer in layers)})
-    plain_model = exact.model_copy(update={"layers": tuple(layer.model_copy(update={field: None}) for layer in layers)})
+    plain_model = exact.model_copy(update={"layers": tuple(with_timings(layer, **{field: None}) for layer in layers)})
     parsed = Strategy.parse(strategy)
     base = layer_costs(plain_model, parsed, batch * 2, settings, comm).time_no_grad_sync_s
     assert layer_costs(exact, parsed, batch * 2, settings, comm).time_no_grad_sync_s == pytest.approx(base, abs=1e-12)
@@ -268,7 +269,7 @@ def test_a_checkpointed_tp_layer_repeats_its_forward_framework_cost():
     dp2+ckpt are unaffected by tp2_forward_time_s."""
     from gbmw.comm import CommModel
     from gbmw.cost import CostSettings, _vector, layer_costs
-    from gbmw.spec import load_job
+    from gbmw.jobs import load_job
 
     job = load_job("gpt-tiny_cpu-x4")
     settings, comm = CostSettings(job.cluster, job.precision, job.optimizer), CommModel(job.cluster)
@@ -276,12 +277,12 @@ def test_a_checkpointed_tp_layer_repeats_its_forward_framework_cost():
     layers = []
     for layer in job.model.layers:
         allreduce = _vector(comm.allreduce_s, np.array([layer.tp_allreduce_bytes_per_sample * batch]), 2, 1)[0]
-        layers.append(layer.model_copy(update={
-            "forward_time_per_sample_s": forward_s, "backward_time_per_sample_s": 2 * forward_s,
-            "forward_overhead_s": 1e-5, "backward_overhead_s": 2e-5, "profiled_batch": batch,
-            "tp2_time_s": 0.05, "tp2_forward_time_s": forward_s * batch / 2 + 1e-5 + allreduce + extra_s}))
+        layers.append(with_timings(
+            layer, forward_time_per_sample_s=forward_s, backward_time_per_sample_s=2 * forward_s,
+            forward_overhead_s=1e-5, backward_overhead_s=2e-5, profiled_batch=batch,
+            tp2_time_s=0.05, tp2_forward_time_s=forward_s * batch / 2 + 1e-5 + allreduce + extra_s))
     profiled = job.model.model_copy(update={"layers": tuple(layers)})
-    without = profiled.model_copy(update={"layers": tuple(layer.model_copy(update={"tp2_forward_time_s": None})
+    without = profiled.model_copy(update={"layers": tuple(with_timings(layer, tp2_forward_time_s=None)
                                                           for layer in layers)})
 
     def cost(model, name):

@@ -5,7 +5,8 @@ import pytest
 from gbmw.baselines import load_handtuned
 from gbmw.compare import compare_handtuned
 from gbmw.errors import SpecError
-from gbmw.spec import RECIPES_DIR, load_job
+from gbmw.bundled import RECIPES_DIR
+from gbmw.jobs import load_job
 
 CONFIGS = sorted(path.stem for path in (RECIPES_DIR / "handtuned").glob("*.yaml"))
 

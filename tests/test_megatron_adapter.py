@@ -1,5 +1,5 @@
 """Megatron adapter: golden argument lists, plan → args → plan round trips, megatron-core's own
-validation of the configs, refusals with check_expressible's reasons, the micro-batch arithmetic.
+validation of the configs, refusals with the target's reasons (gbmw.targets), the micro-batch arithmetic.
 
 Regenerate the golden files after an intended change with
     GBMW_UPDATE_GOLDEN=1 python -m pytest tests/test_megatron_adapter.py
@@ -19,15 +19,17 @@ from golden import check_golden
 import gbmw
 from gbmw.adapters.megatron import (
     TARGETS,
-    blocks_per_stage,
     launch_line,
+    megatron_blocks_per_stage,
     megatron_args_to_plan,
     plan_target,
     plan_to_megatron_args,
     plan_to_megatron_core_configs,
 )
 from gbmw.errors import GbmwError, PlanError
-from gbmw.plan import Plan, check_expressible, megatron_partition, plan_from_strategy_names
+from gbmw.plan import Plan, plan_from_strategy_names
+from gbmw.stock_partitions import megatron_partition
+from gbmw.targets import get_target
 from gbmw.space import Strategy
 
 GOLDEN_DIR = Path(__file__).parent / "golden" / "megatron"
@@ -189,10 +191,10 @@ def mixed_plan(target: str) -> tuple[gbmw.JobSpec, Plan]:
 
 
 @pytest.mark.parametrize("target", TARGETS)
-def test_mixed_plan_refused_with_check_expressible_reasons(target):
+def test_mixed_plan_refused_with_the_targets_reasons(target):
     job, plan = mixed_plan(target)
     with pytest.raises(PlanError) as expected:
-        check_expressible(plan, job.model, plan_target(target))
+        get_target(target).check(plan, job.model)
     assert "layers 0-11 use tp2-dp8 and 12-49 use sdp16" in str(expected.value)
     for emit in (plan_to_megatron_args, launch_line):
         with pytest.raises(PlanError) as refused:
@@ -242,13 +244,13 @@ def test_inverse_refuses_megatron_deepspeed_without_deepspeed_and_wrong_precisio
 
 
 def test_blocks_per_stage_follows_megatron():
-    assert blocks_per_stage(48, 1) == [48]
-    assert blocks_per_stage(48, 4) == [12, 12, 12, 12]
-    assert blocks_per_stage(48, 4, 10, 12) == [10, 13, 13, 12]
-    assert blocks_per_stage(48, 4, first=9) == [9, 13, 13, 13]
-    assert blocks_per_stage(48, 2, 23, 25) == [23, 25]
+    assert megatron_blocks_per_stage(48, 1) == [48]
+    assert megatron_blocks_per_stage(48, 4) == [12, 12, 12, 12]
+    assert megatron_blocks_per_stage(48, 4, 10, 12) == [10, 13, 13, 12]
+    assert megatron_blocks_per_stage(48, 4, first=9) == [9, 13, 13, 13]
+    assert megatron_blocks_per_stage(48, 2, 23, 25) == [23, 25]
     with pytest.raises(GbmwError, match=r"23 \+ --decoder-last-pipeline-num-layers 24 = 47 != --num-layers 48"):
-        blocks_per_stage(48, 2, 23, 24)
+        megatron_blocks_per_stage(48, 2, 23, 24)
 
 
 # ------------------------------------------------------------------------------------------ megatron-core configs
@@ -290,7 +292,7 @@ def test_blocks_per_stage_equals_megatron_core(num_blocks, pp, first, last):
                                pipeline_model_parallel_size=pp, pipeline_dtype=torch.float32,
                                num_layers_in_first_pipeline_stage=first, num_layers_in_last_pipeline_stage=last)
     built = [get_num_layers_to_build(config, pp_rank=stage) for stage in range(pp)]
-    assert blocks_per_stage(num_blocks, pp, first, last) == built
+    assert megatron_blocks_per_stage(num_blocks, pp, first, last) == built
 
 
 def test_megatron_core_rejects_heads_not_divisible_by_tp():

@@ -5,8 +5,10 @@ import json
 import pytest
 
 from gbmw.errors import SpecError
-from gbmw.models import build_model, import_hf_config, load_model, parse_architecture
-from gbmw.spec import RECIPES_DIR
+from gbmw.architectures import parse_architecture
+from gbmw.hf_import import import_hf_config
+from gbmw.models import build_model, load_model
+from gbmw.bundled import RECIPES_DIR
 
 # The paper's Table 2 parameter counts.
 PAPER_PARAMETERS = {

@@ -6,8 +6,9 @@ from conftest import make_layer, make_model
 from gbmw.baselines import UniformConfig
 from gbmw.cost import estimate_plan
 from gbmw.errors import GbmwError, PlanError
-from gbmw.plan import Plan, megatron_partition, plan_from_strategy_names
-from gbmw.spec import load_job
+from gbmw.plan import Plan, plan_from_strategy_names
+from gbmw.stock_partitions import megatron_partition
+from gbmw.jobs import load_job
 from gbmw.space import Strategy
 
 
@@ -108,7 +109,10 @@ def test_uniform_config_errors(spec, message):
 
 
 def test_expressibility_per_target():
-    from gbmw.plan import check_expressible, expressibility_problems
+    from gbmw.targets import TARGETS
+
+    def expressibility_problems(plan, model, target):
+        return TARGETS[target].problems(plan, model)
 
     job = load_job("gpt3-15b_a100-80g-x32")
     uniform = UniformConfig.parse("tp=8,pp=2,zero=1,ckpt=full,micro=1").to_plan(job)
@@ -118,7 +122,7 @@ def test_expressibility_per_target():
     names = ["tp2-dp8"] * 12 + ["sdp16"] * 13 + ["sdp16"] * 25
     mixed = plan_from_strategy_names(job.model, 32, names, [25, 25], 1024, 64)
     with pytest.raises(PlanError) as error:
-        check_expressible(mixed, job.model, "megatron-deepspeed")
+        TARGETS["megatron-deepspeed"].check(mixed, job.model)
     message = str(error.value)
     assert "layers 0-11 use tp2-dp8 and 12-49 use sdp16; a megatron-deepspeed job has one parallel layout" in message
     assert "refuses ZeRO-2 and ZeRO-3" in message and "use --target runtime" in message

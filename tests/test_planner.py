@@ -6,13 +6,14 @@ import itertools
 import numpy as np
 import pytest
 
-from conftest import make_cluster, make_job, make_layer, make_model
+from conftest import make_cluster, make_job, make_layer, make_model, with_timings
 from gbmw.balance import memory_balanced_partition
 from gbmw.cost import estimate_plan
 from gbmw.plan import Plan
 from gbmw.planner import NothingFitsError, Planner
 from gbmw.spaces import VARIANTS
-from gbmw.spec import load_job
+from gbmw.jobs import load_job
+from gbmw.model_spec import ModelTimings
 from gbmw.space import enumerate_strategies
 
 
@@ -172,12 +173,12 @@ def profiled_tiny_job(budget_bytes):
     """tiny_job with profiled per-call costs: layer timings under TP 2, FSDP2 and checkpointing, and a
     Slice-Gather so slow that whether the search prices transitions like the estimator decides the optimum."""
     job = tiny_job(budget_bytes)
-    layers = tuple(layer.model_copy(update=dict(
-        forward_time_per_sample_s=0.01 * (1 + index), backward_time_per_sample_s=0.02 * (1 + index),
+    layers = tuple(with_timings(
+        layer, forward_time_per_sample_s=0.01 * (1 + index), backward_time_per_sample_s=0.02 * (1 + index),
         forward_overhead_s=0.002, backward_overhead_s=0.003, profiled_batch=8,
-        tp2_time_s=0.3, sdp2_time_s=0.5, ckpt_time_s=0.45)) for index, layer in enumerate(job.model.layers))
-    model = job.model.model_copy(update=dict(layers=layers, slice_gather_time_s=1.0, slice_gather_bytes=2e6 * 8,
-                                             p2p_time_s=0.5, p2p_bytes=2e6 * 8))
+        tp2_time_s=0.3, sdp2_time_s=0.5, ckpt_time_s=0.45) for index, layer in enumerate(job.model.layers))
+    timings = ModelTimings(slice_gather_time_s=1.0, slice_gather_bytes=2e6 * 8, p2p_time_s=0.5, p2p_bytes=2e6 * 8)
+    model = job.model.model_copy(update=dict(layers=layers, timings=timings))
     return job.model_copy(update={"model": model})
 
 
@@ -209,8 +210,7 @@ def test_profiled_transfers_add_to_every_transition_and_pipeline_send():
     from gbmw.plan import plan_from_strategy_names
 
     job = profiled_tiny_job(3 * 2**30)
-    bare = job.model_copy(update={"model": job.model.model_copy(update=dict(
-        slice_gather_time_s=None, slice_gather_bytes=None, p2p_time_s=None, p2p_bytes=None))})
+    bare = job.model_copy(update={"model": job.model.model_copy(update=dict(timings=None))})
     comm = CommModel(job.cluster)
     slice_gather = 1.0 - comm.exchange_s(0.5 * 2e6 * 8, 2)
     send = 0.5 - comm.p2p_s(2e6 * 8, 1)

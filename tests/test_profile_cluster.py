@@ -4,7 +4,7 @@ import pytest
 from dist_fixture import run_distributed
 
 from gbmw.errors import GbmwError, SpecError
-from gbmw.spec import load_cluster
+from gbmw.cluster_spec import load_cluster
 
 torch = pytest.importorskip("torch")
 

@@ -25,19 +25,12 @@ def test_measured_activations_equal_analytic(profiled):
         assert measured.boundary_activation_bytes_per_sample == expected.boundary_activation_bytes_per_sample
         assert measured.stashed_activation_bytes_per_sample == expected.stashed_activation_bytes_per_sample, expected.name
     for layer in profiled.layers:  # time = overhead per call + seconds per sample × samples, both measured
-        assert layer.forward_time_per_sample_s >= 0 and layer.forward_overhead_s >= 0
-        assert layer.forward_overhead_s + 8 * layer.forward_time_per_sample_s > 0
-        assert layer.backward_overhead_s + 8 * layer.backward_time_per_sample_s > 0
-    assert profiled.optimizer_step_s_per_parameter > 0
-    assert load_architecture_of(profiled) == architecture("gpt-tiny")
-
-
-def load_architecture_of(spec):
-    import json
-
-    from gbmw.models import parse_architecture
-
-    return parse_architecture(json.loads(spec.architecture), "profile")
+        timings = layer.timings
+        assert timings.forward_time_per_sample_s >= 0 and timings.forward_overhead_s >= 0
+        assert timings.forward_overhead_s + 8 * timings.forward_time_per_sample_s > 0
+        assert timings.backward_overhead_s + 8 * timings.backward_time_per_sample_s > 0
+    assert profiled.timings.optimizer_step_s_per_parameter > 0
+    assert profiled.architecture == architecture("gpt-tiny")  # what the runtime builds the profiled model from
 
 
 def _profile_on_two(rank, world_size, output):
@@ -70,16 +63,14 @@ def test_tp_split_measured_on_two_processes(tmp_path):
 def test_profile_yaml_loads_into_the_planner(tmp_path, profiled):
     from gbmw.adapters.profile.model import model_spec_yaml
     from gbmw.planner import plan_job
-    from gbmw.spec import load_job
+    from gbmw.jobs import load_job
 
     (tmp_path / "gpt-tiny-profile.yaml").write_text(model_spec_yaml(profiled))
     (tmp_path / "job.yaml").write_text("model: gpt-tiny-profile.yaml\ncluster: cpu-x4\nprecision: fp32\n"
                                        "global_batch: 16\nmemory_budget: 2MiB\n")
     job = load_job(tmp_path / "job.yaml")
     assert job.model.layers == load_model(tmp_path / "gpt-tiny-profile.yaml", "fp32").layers
-    from gbmw.models import load_architecture  # the runtime builds the profiled model from what it carries
-
-    assert load_architecture(job.model_path) == architecture("gpt-tiny")
+    assert job.model.architecture == architecture("gpt-tiny")  # the runtime builds the model from what it carries
     plan = plan_job(job, batch=16)
     assert plan.estimate.fits
     analytic_job = load_job("gpt-tiny_cpu-x4")

@@ -14,7 +14,7 @@ def _check_pool(rank, world_size, names, partition):
 
     from gbmw.adapters.runtime.groups import GroupPool
     from gbmw.plan import plan_from_strategy_names
-    from gbmw.spec import load_job
+    from gbmw.jobs import load_job
 
     job = load_job("bert-huge-32_rtx-titan-x8")
     model = job.model.model_copy(update={"layers": job.model.layers[:len(names)]})
@@ -52,7 +52,7 @@ def _wrong_world(rank, world_size):
     from gbmw.adapters.runtime.groups import GroupPool
     from gbmw.errors import PlanError
     from gbmw.plan import plan_from_strategy_names
-    from gbmw.spec import load_job
+    from gbmw.jobs import load_job
 
     job = load_job("bert-huge-32_rtx-titan-x8")
     model = job.model.model_copy(update={"layers": job.model.layers[:2]})

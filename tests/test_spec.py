@@ -3,7 +3,10 @@
 import pytest
 
 from gbmw.errors import SpecError
-from gbmw.spec import RECIPES_DIR, load_cluster, load_job, parse_bytes
+from gbmw.bundled import RECIPES_DIR
+from gbmw.cluster_spec import load_cluster
+from gbmw.jobs import load_job
+from gbmw.schema import parse_bytes
 
 JOBS = sorted(path.stem for path in (RECIPES_DIR / "jobs").glob("*.yaml"))
 CLUSTERS = sorted((RECIPES_DIR / "clusters").glob("*.yaml"))

@@ -33,7 +33,8 @@ def test_timings_keep_the_mean_of_the_fastest_quarter():
 
 def _cluster_yaml(folder):
     """The cpu-x4 recipe cut to the two processes the test launches."""
-    from gbmw.spec import RECIPES_DIR, read_yaml
+    from gbmw.bundled import RECIPES_DIR
+    from gbmw.files import read_yaml
     import yaml
 
     data = read_yaml(RECIPES_DIR / "clusters" / "cpu-x4.yaml")
@@ -49,11 +50,10 @@ def _measure(rank, world_size, job_path, plans, output):
     import pickle
 
     from gbmw.adapters.profile.validate import PlanRun, measure_plans, predicted_terms
-    from gbmw.models import load_architecture
-    from gbmw.spec import load_job
+    from gbmw.jobs import load_job
 
     job = load_job(job_path)
-    architecture = load_architecture(job.model_path)
+    architecture = job.model.architecture
     runs = [PlanRun(plan, architecture, "cpu") for plan in plans]
     measure_plans(runs, steps=2, warmup=1, min_seconds=0.0)  # interleaved: every plan's steps round by round
     rows = [(predicted_terms(job, plan)[1], run.held_per_stage, len(run.times)) for plan, run in zip(plans, runs)]
@@ -67,7 +67,7 @@ def test_held_memory_matches_the_estimator(tmp_path):
     import pickle
 
     from gbmw.plan import plan_from_strategy_names
-    from gbmw.spec import load_job
+    from gbmw.jobs import load_job
 
     job_path = _cluster_yaml(tmp_path)
     job = load_job(job_path)
@@ -91,7 +91,7 @@ def test_held_memory_matches_the_estimator(tmp_path):
 def _cli_without_launcher(tmp_path, monkeypatch):
     """(job path, a dp2 plan path) for `gbmw validate` run as one plain process."""
     from gbmw.plan import plan_from_strategy_names
-    from gbmw.spec import load_job
+    from gbmw.jobs import load_job
 
     monkeypatch.delenv("RANK", raising=False)
     monkeypatch.delenv("WORLD_SIZE", raising=False)
@@ -136,7 +136,9 @@ def test_profile_alongside_writes_the_profile_it_predicts_from(tmp_path):
 
     from gbmw.adapters.profile.validate import predicted_terms
     from gbmw.plan import Plan, plan_from_strategy_names
-    from gbmw.spec import ModelSpec, load_job, read_yaml
+    from gbmw.files import read_yaml
+    from gbmw.jobs import load_job
+    from gbmw.model_spec import ModelSpec
 
     job_path = _cluster_yaml(tmp_path)
     job = load_job(job_path)
@@ -146,8 +148,9 @@ def test_profile_alongside_writes_the_profile_it_predicts_from(tmp_path):
     run_distributed(2, _validate_alongside, str(job_path), str(tmp_path / "mix.yaml"), str(profile),
                     str(tmp_path / "rows.pkl"), timeout_s=180)
     spec = ModelSpec.model_validate(read_yaml(profile))
-    assert spec.family == "profiled" and spec.slice_gather_time_s > 0 and spec.p2p_time_s > 0
-    assert all(layer.tp2_time_s > 0 and layer.sdp2_time_s > 0 and layer.ckpt_time_s > 0 for layer in spec.layers)
+    assert spec.family == "profiled" and spec.timings.slice_gather_time_s > 0 and spec.timings.p2p_time_s > 0
+    assert all(layer.timings.tp2_time_s > 0 and layer.timings.sdp2_time_s > 0 and layer.timings.ckpt_time_s > 0
+               for layer in spec.layers)
     [(predicted_s, measured_s)] = pickle.loads((tmp_path / "rows.pkl").read_bytes())
     profiled_job = job.model_copy(update={"model": spec})
     assert predicted_s == pytest.approx(predicted_terms(profiled_job, Plan.load(tmp_path / "mix.yaml"))[0], rel=1e-9)

@@ -300,7 +300,8 @@ def build_cluster_spec(name: str, timings: Sequence[CollectiveTiming], overlap_s
     `sustained_tflops` map precisions (`fp32`, `bf16`, …) to TFLOP/s; `sources` describe how the device
     figures were obtained and must start with "measured: " or cite an http address.
     """
-    from gbmw.spec import ClusterSpec, validate_as
+    from gbmw.cluster_spec import ClusterSpec
+    from gbmw.schema import validate_as
 
     try:
         world_size = int(link_levels[-1][1]) if link_levels else 0
@@ -712,7 +713,7 @@ def profile_cluster(output_path: str | Path, name: str | None = None,
     """
     from rich.console import Console
 
-    from gbmw.plan import write_new_file
+    from gbmw.files import write_new_file
 
     ranks = _ranks()
     output_path = Path(output_path)

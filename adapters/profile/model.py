@@ -36,7 +36,7 @@ import torch
 import torch.distributed as dist
 
 from gbmw.models import build_model
-from gbmw.spec import ModelSpec
+from gbmw.model_spec import LayerTimings, ModelSpec, ModelTimings
 
 from ..runtime.local_adam import LocalShardAdam
 from ..runtime.model import build_layer, initial_value, layer_names, synthetic_batch
@@ -449,7 +449,7 @@ class ModelProfiler:
                 share = (spec.intermediate_tp_split_activation_bytes_per_sample / analytic_intermediate
                          if analytic_intermediate else 0)
                 split = measured.intermediate_bytes_per_sample * share
-            layers.append(spec.model_copy(update=dict(
+            timings = LayerTimings(
                 forward_time_per_sample_s=measured.forward_s_per_sample,
                 backward_time_per_sample_s=measured.backward_s_per_sample,
                 forward_overhead_s=measured.forward_overhead_s,
@@ -459,6 +459,9 @@ class ModelProfiler:
                 tp2_forward_time_s=measured.tp2_forward_seconds,
                 sdp2_time_s=measured.sdp2_seconds,
                 ckpt_time_s=sum(checkpointed[name]),
+            )
+            layers.append(spec.model_copy(update=dict(
+                timings=timings,
                 boundary_activation_bytes_per_sample=measured.boundary_bytes_per_sample,
                 intermediate_activation_bytes_per_sample=measured.intermediate_bytes_per_sample - split,
                 intermediate_tp_split_activation_bytes_per_sample=split,
@@ -467,10 +470,9 @@ class ModelProfiler:
                else "TP split taken from the analytic model (one process)")
         source = (f"gbmw profile model on {device} ({torch.__version__}), batches {batches[0]} and {batches[1]}, "
                   f"{how_timed}; {how}")
+        timings = ModelTimings(optimizer_step_s_per_parameter=self.optimizer.fastest(chosen), **pair_calls)
         return analytic.model_copy(update=dict(layers=tuple(layers), family="profiled", source=source,
-                                               architecture=architecture.model_dump_json(exclude_defaults=True),
-                                               optimizer_step_s_per_parameter=self.optimizer.fastest(chosen),
-                                               **pair_calls))
+                                               timings=timings))
 
 
 def profile_model(architecture: Any, precision: str, device: torch.device, batches: tuple[int, int] = (2, 8),
@@ -513,8 +515,8 @@ def run_profile_model(model_reference: str, precision: str, output: str, batches
 
     from gbmw.errors import SpecError
     from gbmw.models import load_architecture
-    from gbmw.plan import write_new_file
-    from gbmw.spec import resolve_recipe
+    from gbmw.files import write_new_file
+    from gbmw.bundled import resolve_recipe
 
     from ..runtime.launch import finish_distributed, init_distributed
     from ..runtime.model import check_runtime_supports

@@ -165,9 +165,8 @@ def run_validate(job_reference: str, plan_paths: list[str], steps: int, warmup: 
     on measurements taken in the same seconds as the runs it predicts, whatever phase the machine is in."""
     import os
 
-    from gbmw.models import load_architecture
+    from gbmw.jobs import load_job
     from gbmw.plan import Plan
-    from gbmw.spec import load_job
 
     from ..runtime.launch import finish_distributed, init_distributed
 
@@ -183,7 +182,7 @@ def run_validate(job_reference: str, plan_paths: list[str], steps: int, warmup: 
         raise GbmwError(f"--profile-alongside {profile_alongside}: exists; gbmw never overwrites a file — "
                         "choose a new name")
     job = load_job(job_reference)
-    architecture = load_architecture(job.model_path)
+    architecture = job.model.require_architecture("gbmw validate")
     plans = [(path, Plan.load(path)) for path in plan_paths]
     world = int(os.environ.get("WORLD_SIZE", "1"))
     for path, plan in plans:
@@ -228,7 +227,7 @@ def run_validate(job_reference: str, plan_paths: list[str], steps: int, warmup: 
 def _with_profile(job, profiler, output: str, rank: int, say: Callable[[str], None], rounds: list[int]):
     """The job with its model replaced by the profile measured alongside, over the fast `rounds` (written by
     rank 0 to `output`)."""
-    from gbmw.plan import write_new_file
+    from gbmw.files import write_new_file
 
     from .model import model_spec_yaml
 

@@ -101,7 +101,7 @@ class HybridEngine:
         for index in range(first, end):
             self.layers.append(self._build(index, names[index], plan.strategies[index]))
         self.previous_layout = (
-            BatchLayout.of(self.layout, self.stage - 1, plan.strategies[first - 1]) if self.stage > 0 else None
+            BatchLayout.of(plan.strategies[first - 1]) if self.stage > 0 else None
         )
         self.tied = TiedWeights(architecture, plan, pool, self.layers)
         self._set_weights(lambda name, shape: initial_value(self.tied.source_name(name), shape, seed))
@@ -136,7 +136,7 @@ class HybridEngine:
                                           strategy.data_parallel)
         module = data_parallel.wrap(module, self.device.type)
         parameters = {_canonical(key): parameter for key, parameter in module.named_parameters()}
-        layout = BatchLayout.of(self.layout, self.stage, strategy)
+        layout = BatchLayout.of(strategy)
         return StageLayer(index, name, strategy, module, tp, data_parallel, layout, split_dims, parameters)
 
     def _all_parameters(self) -> list[nn.Parameter]:

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from gbmw.errors import PlanError
-from gbmw.models import BERTArchitecture, GPTArchitecture
+from gbmw.architectures import BERTArchitecture, GPTArchitecture
 
 from .tensor_parallel import TensorParallel
 

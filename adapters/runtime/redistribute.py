@@ -1,12 +1,12 @@
 """Slice-Gather (paper Sec. 6, Fig. 7): re-lay activations between neighbouring layers whose strategies differ.
 
 A layer's strategy decides which slice of each micro-batch a rank holds: its data-parallel digits pick
-the slice, TP ranks hold the same one (`RankLayout.batch_shard`). When layer i+1 slices the batch
+the slice, TP ranks hold the same one (`gbmw.ranks.activation_layout`). When layer i+1 slices the batch
 differently from layer i, its input is re-laid within the stage's device group: forward, gather every
 slice and keep this rank's new one; backward, gather the gradients of the new slices (one copy per
 slice: TP replicas carry identical gradients, because Megatron's backward all-reduces them) and keep
 this rank's old one. Both directions are one all-gather over the stage group; the planner prices them
-as the transition cost R (gbmw.cost.transition_fraction).
+as the transition cost R (gbmw.ranks.transition_fraction).
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+
+from gbmw.ranks import activation_layout
 
 
 @dataclass(frozen=True)
@@ -26,9 +28,8 @@ class BatchLayout:
     slices: int
 
     @classmethod
-    def of(cls, layout, stage: int, strategy) -> "BatchLayout":
-        base = stage * layout.stage_size
-        shards = [layout.batch_shard(base + local, strategy) for local in range(layout.stage_size)]
+    def of(cls, strategy) -> "BatchLayout":
+        shards = activation_layout(strategy)
         return cls(tuple(index for index, _ in shards), shards[0][1])
 
     def take(self, full: torch.Tensor, local_rank: int) -> torch.Tensor:

@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from gbmw.plan import Plan
+from gbmw.ranks import tie_group_ranks, tie_partner_pairs
 
 from .sharding import full_value, local_value, shard_like
 from .tensor_parallel import gather_full, shard_for_rank
@@ -34,23 +35,9 @@ def ties_embeddings(architecture: Any) -> bool:
     return bool(getattr(architecture, "tie_embeddings", True))
 
 
-def tie_partner_pairs(plan: Plan) -> list[tuple[int, int]]:
-    """(first-stage rank, the last-stage rank with the same local rank), for pp > 1."""
-    size = plan.num_devices // plan.pp
-    offset = plan.num_devices - size
-    return [(rank, rank + offset) for rank in range(size)] if plan.pp > 1 else []
-
-
 def _same_slicing(first, second) -> bool:
     """Both layers' strategies slice weights identically (checkpointing does not matter)."""
     return first.dims == second.dims
-
-
-def tie_group_ranks(plan: Plan) -> tuple[int, ...]:
-    """The ranks of the first and the last stage (the stages holding the embedding and the head)."""
-    size = plan.num_devices // plan.pp
-    ranks = set(range(size)) | set(range(plan.num_devices - size, plan.num_devices))
-    return tuple(sorted(ranks))
 
 
 def share_tied_weight(architecture: Any, embedding_layer, head_module, head_strategy) -> bool:

@@ -38,16 +38,15 @@ def launch_hint(num_devices: int, job: str, plan: str) -> str:
 
 def train(job_reference: str, plan_path: str, settings: TrainSettings) -> list[float]:
     """Train for `settings.steps` steps; returns the losses (on every rank)."""
-    from gbmw.models import load_architecture
+    from gbmw.jobs import load_job
     from gbmw.plan import Plan
-    from gbmw.spec import load_job
 
     job = load_job(job_reference)
     plan = Plan.load(plan_path)
     if plan.model != job.model.name:
         raise PlanError(f"{plan_path}: field `model`: value {plan.model!r} — the job trains {job.model.name}; "
                         f"plan it with `gbmw plan {job_reference} -o plan.yaml`")
-    architecture = load_architecture(job.model_path)
+    architecture = job.model.require_architecture("gbmw train")
     if settings.save and Path(settings.save).exists():
         raise GbmwError(f"--save {settings.save}: exists; gbmw never replaces a checkpoint — choose a new folder")
 

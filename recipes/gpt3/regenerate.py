@@ -25,7 +25,7 @@ def render(model: str) -> dict[str, str]:
     from gbmw.adapters import deepspeed as ds
     from gbmw.adapters import megatron
     from gbmw.planner import Planner
-    from gbmw.spec import load_job
+    from gbmw.jobs import load_job
 
     job = load_job(f"{model}_a100-80g-x32")
     plan = Planner(job, target=TARGET).run()

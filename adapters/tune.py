@@ -14,13 +14,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gbmw.baselines import UniformConfig
+from gbmw.bundled import resolve_recipe
+from gbmw.cluster_spec import load_cluster
 from gbmw.cost import estimate_plan
 from gbmw.errors import GbmwError
-from gbmw.plan import Plan, replace_estimate, write_new_file
+from gbmw.files import write_new_file
+from gbmw.jobs import JobSpec
+from gbmw.models import load_model
+from gbmw.plan import Plan, replace_estimate
 from gbmw.planner import Planner
-from gbmw.spec import JobSpec, load_cluster, resolve_recipe
+from gbmw.schema import parse_bytes
+from gbmw.targets import STOCK_TARGETS
 
-TUNE_TARGETS = ("deepspeed", "megatron-deepspeed", "megatron-core")
+from . import deepspeed as ds
+from . import megatron
 
 
 @dataclass
@@ -55,16 +62,12 @@ def precision_of(config: dict) -> str:
 def tune(ds_config_path: str, model: str, cluster: str, target: str = "deepspeed", output: str | None = None,
          memory: str | None = None, current_tp: int = 1, current_pp: int = 1, current_ckpt: str | None = None,
          script: str = "pretrain_gpt.py") -> TuneResult:
-    from gbmw.adapters import deepspeed as ds
-    from gbmw.models import load_model
-    from gbmw.spec import parse_bytes
-
     if target == "runtime":
         raise GbmwError("--target runtime: tune rewrites an existing DeepSpeed job's config, which cannot express "
                         "gbmw's per-layer plans; tune for deepspeed, megatron-deepspeed or megatron-core, or plan and "
                         "run with gbmw's runtime: `gbmw plan JOB -o plan.yaml` then `gbmw train JOB --plan plan.yaml`")
-    if target not in TUNE_TARGETS:
-        raise GbmwError(f"--target {target!r} is unknown; targets: {', '.join(TUNE_TARGETS)}")
+    if target not in STOCK_TARGETS:
+        raise GbmwError(f"--target {target!r} is unknown; targets: {', '.join(STOCK_TARGETS)}")
     if output is not None and Path(output).exists() and any(Path(output).iterdir()):
         raise GbmwError(f"-o {output}: the folder exists and is not empty; gbmw writes only new files — choose a new folder")
     user = ds.load_user_config(ds_config_path)
@@ -95,15 +98,13 @@ def tune(ds_config_path: str, model: str, cluster: str, target: str = "deepspeed
 
     plan = Planner(job, batch=global_batch, target=target).run()
     result = TuneResult(job, current, problem, plan, None, [])
-    if target in ("deepspeed", "megatron-deepspeed"):
+    if target in ds.DEEPSPEED_TARGETS:
         generated = ds.plan_to_ds_config(plan, job, target)
         merged, changes = ds.merge_into_user_config(user, generated)
         tp, pp, _ = ds.plan_layout(plan, job.model)
         ds.validate_with_deepspeed(merged, world, tp, pp)
         result.ds_config, result.changes = merged, changes
     if target in ("megatron-deepspeed", "megatron-core"):
-        from gbmw.adapters import megatron
-
         result.megatron_args = megatron.plan_to_megatron_args(plan, job, target)
         result.launch = megatron.launch_line(plan, job, script, target)
     elif target == "deepspeed":

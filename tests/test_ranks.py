@@ -1,13 +1,12 @@
-"""Rank math of the runtime's process groups, without processes."""
+"""Rank math (gbmw.ranks) of the cost model and the runtime's process groups, without processes or torch."""
 
 import pytest
 
 from gbmw.errors import PlanError
 from gbmw.plan import plan_from_strategy_names
-from gbmw.spec import load_job
+from gbmw.jobs import load_job
 from gbmw.space import Strategy
-from gbmw.adapters.runtime.groups import RankLayout, plan_group_ranks
-from gbmw.cost import activation_layout
+from gbmw.ranks import RankLayout, activation_layout, plan_group_ranks
 
 
 def test_tp_innermost_groups_are_consecutive():

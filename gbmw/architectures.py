@@ -1,0 +1,171 @@
+"""Model architectures as recipes describe them: the Transformer families gbmw plans (GPT, BERT, T5, ViT,
+Swin) as typed, validated records — widths, depths, heads, sequence lengths, and the options that change
+costs (gated MLPs, RMSNorm, rotary positions, grouped-query attention, flash attention, dropout).
+
+`gbmw.models` turns an architecture into the planner's per-layer costs; the runtime builds its modules
+from the same record, and the Megatron emitter reads its flags from it. A ModelSpec carries the
+architecture it was built from, so nothing downstream re-reads the model's file.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import Field, TypeAdapter, ValidationError, model_validator
+
+from gbmw.errors import SpecError
+from gbmw.schema import Frozen, describe_validation_error
+
+
+class _Architecture(Frozen):
+    name: str
+    source: str = ""
+    dropout: bool = True
+    """Dropout layers stash 1-byte masks (Korthikanti et al.); modern LLMs train without."""
+    attention: Literal["standard", "flash"] = "standard"
+    """`flash` stashes no s×s attention scores (a log-sum-exp per row instead)."""
+
+    @model_validator(mode="after")
+    def _heads_divide(self) -> "_Architecture":
+        for hidden, heads in self._head_pairs():
+            if heads < 1 or hidden % heads != 0:
+                raise ValueError(f"hidden size {hidden} is not divisible by {heads} attention heads")
+        return self
+
+    def _head_pairs(self) -> list[tuple[int, int]]:
+        return []
+
+
+class GPTArchitecture(_Architecture):
+    """Decoder-only language model (GPT-2/3; LLaMA with `gated_mlp`, `norm: rms`, `bias: false`)."""
+
+    family: Literal["gpt"]
+    num_layers: int = Field(ge=1)
+    hidden_size: int = Field(ge=1)
+    num_heads: int = Field(ge=1)
+    num_kv_heads: int | None = Field(default=None, ge=1)
+    """Grouped-query attention; None means as many as `num_heads`."""
+    ffn_hidden_size: int | None = Field(default=None, ge=1)
+    """None means 4 × hidden_size."""
+    seq_length: int = Field(ge=1)
+    vocab_size: int = Field(ge=1)
+    gated_mlp: bool = False
+    bias: bool = True
+    norm: Literal["layer", "rms"] = "layer"
+    position_embedding: Literal["learned", "rotary"] = "learned"
+    tie_embeddings: bool = True
+
+    def _head_pairs(self) -> list[tuple[int, int]]:
+        return [(self.hidden_size, self.num_heads)]
+
+
+class BERTArchitecture(_Architecture):
+    """Encoder-only masked language model with an MLM head and a pooler."""
+
+    family: Literal["bert"]
+    num_layers: int = Field(ge=1)
+    hidden_size: int = Field(ge=1)
+    num_heads: int = Field(ge=1)
+    ffn_hidden_size: int | None = Field(default=None, ge=1)
+    seq_length: int = Field(ge=1)
+    vocab_size: int = Field(ge=1)
+    max_position_embeddings: int | None = Field(default=None, ge=1)
+    type_vocab_size: int = Field(default=2, ge=0)
+
+    def _head_pairs(self) -> list[tuple[int, int]]:
+        return [(self.hidden_size, self.num_heads)]
+
+
+class T5Architecture(_Architecture):
+    """Encoder-decoder; the encoder and decoder sequence lengths may differ (T5-512/4)."""
+
+    family: Literal["t5"]
+    num_encoder_layers: int = Field(ge=1)
+    num_decoder_layers: int = Field(ge=1)
+    hidden_size: int = Field(ge=1)
+    num_heads: int = Field(ge=1)
+    head_dim: int | None = Field(default=None, ge=1)
+    """T5's d_kv; None means hidden_size / num_heads."""
+    ffn_hidden_size: int = Field(ge=1)
+    encoder_seq_length: int = Field(ge=1)
+    decoder_seq_length: int = Field(ge=1)
+    vocab_size: int = Field(ge=1)
+    gated_mlp: bool = False
+    tie_embeddings: bool = True
+
+    def _head_pairs(self) -> list[tuple[int, int]]:
+        return [] if self.head_dim is not None else [(self.hidden_size, self.num_heads)]
+
+
+class ViTArchitecture(_Architecture):
+    """Vision Transformer: patch embedding, a class token, encoder blocks, a classifier head."""
+
+    family: Literal["vit"]
+    num_layers: int = Field(ge=1)
+    hidden_size: int = Field(ge=1)
+    num_heads: int = Field(ge=1)
+    ffn_hidden_size: int | None = Field(default=None, ge=1)
+    image_size: int = Field(ge=1)
+    patch_size: int = Field(ge=1)
+    num_channels: int = Field(default=3, ge=1)
+    num_classes: int = Field(default=1000, ge=1)
+
+    def _head_pairs(self) -> list[tuple[int, int]]:
+        return [(self.hidden_size, self.num_heads)]
+
+    @model_validator(mode="after")
+    def _patches_tile(self) -> "ViTArchitecture":
+        if self.image_size % self.patch_size != 0:
+            raise ValueError(f"image_size {self.image_size} is not a multiple of patch_size {self.patch_size}")
+        return self
+
+
+class SwinArchitecture(_Architecture):
+    """Swin Transformer: stages of windowed-attention blocks at halving resolution and doubling width."""
+
+    family: Literal["swin"]
+    embed_dim: int = Field(ge=1)
+    depths: tuple[int, ...] = Field(min_length=1)
+    num_heads: tuple[int, ...] = Field(min_length=1)
+    window_size: int = Field(default=7, ge=1)
+    image_size: int = Field(default=224, ge=1)
+    patch_size: int = Field(default=4, ge=1)
+    num_channels: int = Field(default=3, ge=1)
+    mlp_ratio: float = Field(default=4.0, gt=0)
+    num_classes: int = Field(default=1000, ge=1)
+
+    def _head_pairs(self) -> list[tuple[int, int]]:
+        return [(self.embed_dim * 2**stage, heads) for stage, heads in enumerate(self.num_heads)]
+
+    @model_validator(mode="after")
+    def _stages_consistent(self) -> "SwinArchitecture":
+        if len(self.depths) != len(self.num_heads):
+            raise ValueError(f"depths has {len(self.depths)} stages but num_heads has {len(self.num_heads)}")
+        side = self.image_size // self.patch_size
+        if side % 2 ** (len(self.depths) - 1) != 0:
+            raise ValueError(
+                f"image_size/patch_size = {side} patches per side cannot halve {len(self.depths) - 1} times"
+            )
+        return self
+
+
+Architecture = Annotated[
+    Union[GPTArchitecture, BERTArchitecture, T5Architecture, ViTArchitecture, SwinArchitecture],
+    Field(discriminator="family"),
+]
+"""Any family's architecture; pydantic picks the type by `family`."""
+FAMILIES = ("gpt", "bert", "t5", "vit", "swin")
+_ARCHITECTURE = TypeAdapter(Architecture)
+
+
+def parse_architecture(data: dict[str, Any], where: str) -> Any:
+    """Validate an architecture mapping (needs `family`) with field-level errors."""
+    family = data.get("family")
+    if family not in FAMILIES:
+        raise SpecError(f"{where}: field `family`: value {family!r} — must be one of {list(FAMILIES)}")
+    try:
+        return _ARCHITECTURE.validate_python(data)
+    except ValidationError as error:
+        # pydantic prefixes the discriminator value to each location; drop it.
+        message = describe_validation_error(error, where).replace(f"`{family}.", "`")
+        raise SpecError(message) from None

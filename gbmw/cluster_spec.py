@@ -1,0 +1,127 @@
+"""What the planner knows of a cluster: nodes × devices per node, the device (memory, FLOP/s per precision),
+and the bandwidth and latency of each level of the interconnect, every number citing its source.
+
+Loaded from YAML with `yaml.safe_load`; memory sizes may be written with units ("80GiB", "1.5 GB").
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import ByteSize, Field, model_validator
+
+from gbmw.errors import SpecError
+from gbmw.files import read_yaml
+from gbmw.model_spec import PRECISIONS
+from gbmw.schema import Frozen, validate_as
+
+
+class FlopsPerPrecision(Frozen):
+    """Dense FLOP/s of one device per precision, in TFLOP/s (1e12); absent = not supported."""
+
+    fp32: float = Field(gt=0)
+    tf32: float | None = Field(default=None, gt=0)
+    fp16: float | None = Field(default=None, gt=0)
+    bf16: float | None = Field(default=None, gt=0)
+
+
+class DeviceSpec(Frozen):
+    name: str
+    memory: ByteSize
+    """Device memory, e.g. `80GiB`."""
+    peak_tflops: FlopsPerPrecision
+    """Datasheet dense peak per precision."""
+    sustained_tflops: FlopsPerPrecision
+    """What Transformer layers reach in practice (calibrated; the source is cited in the recipe)."""
+
+    @model_validator(mode="after")
+    def _sustained_below_peak(self) -> "DeviceSpec":
+        for precision in ("fp32", "tf32", "fp16", "bf16"):
+            peak, sustained = getattr(self.peak_tflops, precision), getattr(self.sustained_tflops, precision)
+            if sustained is not None and peak is None:
+                raise ValueError(f"sustained_tflops.{precision} is given but peak_tflops.{precision} is not")
+            if sustained is not None and sustained > peak:
+                raise ValueError(
+                    f"sustained_tflops.{precision} ({sustained}) exceeds peak_tflops.{precision} ({peak}); "
+                    "sustained must be at most the peak"
+                )
+        return self
+
+
+class LinkLevel(Frozen):
+    """One level of the interconnect hierarchy (innermost first): islands of `devices` devices."""
+
+    name: str
+    """`intra_node`, `inter_node`, or a finer level such as `pcie_switch`."""
+    devices: int = Field(ge=1)
+    """Devices in one island at this level; the outermost level's island is the whole cluster."""
+    bandwidth_gb_per_s: float = Field(gt=0)
+    """Achieved all-reduce bus bandwidth (nccl-tests convention) of a collective spanning one whole
+    island of this level with all its devices taking part, in GB/s (1e9 bytes/s)."""
+    latency_us: float = Field(default=0.0, ge=0)
+    """Per-step latency of a collective at this level, in microseconds."""
+
+
+class ClusterSpec(Frozen):
+    """Nodes × devices per node, the device, and the bandwidth of each link level."""
+
+    name: str
+    nodes: int = Field(ge=1)
+    devices_per_node: int = Field(ge=1)
+    device: DeviceSpec
+    links: tuple[LinkLevel, ...] = Field(min_length=1)
+    reserved_memory: ByteSize = ByteSize(0)
+    """Device memory the model cannot use (CUDA context, communication buffers, fragmentation)."""
+    overlap_slowdown: float = Field(default=1.3, ge=1.0)
+    """Slowdown of both compute and communication while they overlap (paper Sec. 5: 1.3)."""
+    provenance: Literal["datasheet", "calibrated", "profiled"] = "datasheet"
+    sources: tuple[str, ...] = ()
+
+    @model_validator(mode="after")
+    def _links_nest(self) -> "ClusterSpec":
+        previous = 1
+        for index, level in enumerate(self.links):
+            if level.devices % previous != 0 or level.devices < previous:
+                raise ValueError(
+                    f"links[{index}].devices ({level.devices}) must be a multiple of the previous level's "
+                    f"({previous}): levels go from the innermost island outwards"
+                )
+            previous = level.devices
+        if previous != self.num_devices:
+            raise ValueError(
+                f"the outermost link level spans {previous} devices but the cluster has "
+                f"nodes({self.nodes}) * devices_per_node({self.devices_per_node}) = {self.num_devices}"
+            )
+        return self
+
+    @property
+    def num_devices(self) -> int:
+        return self.nodes * self.devices_per_node
+
+    @property
+    def usable_memory_bytes(self) -> int:
+        return int(self.device.memory) - int(self.reserved_memory)
+
+    def sustained_flops(self, precision: str) -> float:
+        """Sustained FLOP/s of one device for a training precision (fp32 means true fp32, not TF32)."""
+        tflops = self._tflops(self.device.sustained_tflops, precision)
+        return tflops * 1e12
+
+    def peak_flops(self, precision: str) -> float:
+        return self._tflops(self.device.peak_tflops, precision) * 1e12
+
+    def _tflops(self, table: FlopsPerPrecision, precision: str) -> float:
+        value = getattr(table, precision, None)
+        if value is None:
+            supported = [p for p in PRECISIONS if getattr(table, p, None) is not None]
+            raise SpecError(
+                f"cluster {self.name}: device {self.device.name} has no {precision} FLOP/s; "
+                f"supported precisions: {supported}"
+            )
+        return value
+
+
+def load_cluster(path: str | Path) -> ClusterSpec:
+    """Load a ClusterSpec from a YAML file."""
+    return validate_as(ClusterSpec, read_yaml(path), str(path))

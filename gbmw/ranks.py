@@ -1,0 +1,182 @@
+"""Rank math, once and torch-free: where each rank sits, which ranks form each group a plan uses, and which
+slice of a micro-batch each rank holds (paper Sec. 6, "communication group pool").
+
+Global ranks are laid out with the pipeline outermost (Takeaway #1: PP across the slowest links): stage s
+owns ranks [s·G, (s+1)·G) with G = N / pp. Inside a stage, a layer's strategy numbers the G local ranks in
+mixed radix over its dims, innermost first (`tp2-dp4`: local rank = tp_index + 2·dp_index), so the ranks of
+one group along an axis are `Strategy.stride(axis)` apart. The cost model (gbmw.comm, the transition cost R)
+and the runtime (its process-group pool, Slice-Gather, tied weights) both read their layouts from here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from gbmw.errors import PlanError
+from gbmw.plan import Plan
+from gbmw.space import DATA_PARALLEL_AXES, Strategy
+
+
+def axis_digits(local_rank: int, strategy: Strategy) -> dict[str, int]:
+    """A stage-local rank's index along every axis of `strategy` (mixed radix, innermost first)."""
+    remainder, digits = local_rank, {}
+    for axis, degree in strategy.dims:
+        digits[axis] = remainder % degree
+        remainder //= degree
+    return digits
+
+
+def batch_shard(local_rank: int, strategy: Strategy) -> tuple[int, int]:
+    """(index, count): a stage-local rank holds the index-th of `count` equal slices of each micro-batch — its
+    data-parallel digits combined with the outer axis most significant; TP ranks share a slice."""
+    digits = axis_digits(local_rank, strategy)
+    index, count = 0, 1
+    for axis, degree in strategy.dims:
+        if axis in DATA_PARALLEL_AXES:
+            index += digits[axis] * count
+            count *= degree
+    return index, count
+
+
+@lru_cache(maxsize=None)
+def activation_layout(strategy: Strategy) -> tuple[tuple[int, int], ...]:
+    """`batch_shard` of every local rank of the stage, in rank order. Strategies with the same layout
+    (tp2-dp4 and tp2-sdp4; any two with CKPT on and off) need no Slice-Gather between them."""
+    return tuple(batch_shard(local, strategy) for local in range(strategy.group_size))
+
+
+@lru_cache(maxsize=None)
+def transition_fraction(previous: Strategy, current: Strategy) -> float:
+    """Largest fraction of the micro-batch's boundary activation one rank must receive in the Slice-Gather
+    from `previous`'s layout to `current`'s: forward (the slice it lacks) plus backward (gradients of the
+    slice it held but no longer computes). What the transition cost R of Eq. (4) sends."""
+    if previous.group_size != current.group_size:
+        raise ValueError("strategies of one stage share the group size")
+    worst = 0.0
+    for (held, held_count), (needed, needed_count) in zip(activation_layout(previous), activation_layout(current)):
+        held_range = (held / held_count, (held + 1) / held_count)
+        needed_range = (needed / needed_count, (needed + 1) / needed_count)
+        overlap = max(0.0, min(held_range[1], needed_range[1]) - max(held_range[0], needed_range[0]))
+        forward = 1 / needed_count - overlap
+        backward = 1 / held_count - overlap
+        worst = max(worst, forward + backward)
+    return worst
+
+
+@dataclass(frozen=True)
+class RankLayout:
+    """Where a global rank sits: its pipeline stage and its rank inside the stage's device group."""
+
+    world_size: int
+    pp: int
+
+    def __post_init__(self) -> None:
+        if self.pp < 1 or self.world_size % self.pp:
+            raise PlanError(f"world_size({self.world_size}) % pp({self.pp}) != 0: stages need equal device groups")
+
+    @property
+    def stage_size(self) -> int:
+        return self.world_size // self.pp
+
+    def stage_of(self, rank: int) -> int:
+        return rank // self.stage_size
+
+    def local_rank(self, rank: int) -> int:
+        return rank % self.stage_size
+
+    def stage_ranks(self, stage: int) -> tuple[int, ...]:
+        return tuple(range(stage * self.stage_size, (stage + 1) * self.stage_size))
+
+    def next_stage_rank(self, rank: int) -> int | None:
+        """The rank this one sends activations to (same local rank, next stage), None on the last stage."""
+        stage = self.stage_of(rank)
+        return None if stage == self.pp - 1 else rank + self.stage_size
+
+    def previous_stage_rank(self, rank: int) -> int | None:
+        stage = self.stage_of(rank)
+        return None if stage == 0 else rank - self.stage_size
+
+    def digits(self, rank: int, strategy: Strategy) -> dict[str, int]:
+        """This rank's index along every axis of `strategy`."""
+        self._check(strategy)
+        return axis_digits(self.local_rank(rank), strategy)
+
+    def group(self, rank: int, strategy: Strategy, axes: tuple[str, ...]) -> tuple[int, ...]:
+        """The global ranks that share every digit of `rank` except those of `axes` (sorted)."""
+        digits = self.digits(rank, strategy)
+        members = [self.stage_of(rank) * self.stage_size]
+        for axis, degree in strategy.dims:
+            stride = strategy.stride(axis)
+            if axis in axes:
+                members = [member + index * stride for member in members for index in range(degree)]
+            else:
+                members = [member + digits[axis] * stride for member in members]
+        return tuple(sorted(members))
+
+    def tensor_group(self, rank: int, strategy: Strategy) -> tuple[int, ...]:
+        return self.group(rank, strategy, ("tp",))
+
+    def data_group(self, rank: int, strategy: Strategy) -> tuple[int, ...]:
+        """Ranks holding the same weights but different samples: gradients are summed over them."""
+        return self.group(rank, strategy, DATA_PARALLEL_AXES)
+
+    def batch_shard(self, rank: int, strategy: Strategy) -> tuple[int, int]:
+        """(index, count) of the micro-batch slice a global rank holds under `strategy`."""
+        self._check(strategy)
+        return batch_shard(self.local_rank(rank), strategy)
+
+    def _check(self, strategy: Strategy) -> None:
+        if strategy.group_size != self.stage_size:
+            raise PlanError(
+                f"strategy {strategy.name} spans {strategy.group_size} devices but a stage has "
+                f"world_size({self.world_size}) / pp({self.pp}) = {self.stage_size}"
+            )
+
+
+# ----------------------------------------------------------------------------------------------
+# Tied embedding and head (GPT-2/3, BERT): the first stage holds one copy, the last stage the other
+# ----------------------------------------------------------------------------------------------
+
+
+def tie_group_ranks(plan: Plan) -> tuple[int, ...]:
+    """The ranks of the first and the last stage (the stages holding the embedding and the head)."""
+    layout = RankLayout(plan.num_devices, plan.pp)
+    return tuple(sorted(set(layout.stage_ranks(0)) | set(layout.stage_ranks(plan.pp - 1))))
+
+
+def tie_partner_pairs(plan: Plan) -> list[tuple[int, int]]:
+    """(first-stage rank, the last-stage rank with the same local rank), for pp > 1."""
+    size = plan.num_devices // plan.pp
+    offset = plan.num_devices - size
+    return [(rank, rank + offset) for rank in range(size)] if plan.pp > 1 else []
+
+
+def plan_group_ranks(plan: Plan) -> list[tuple[int, ...]]:
+    """Every group of two or more ranks the plan uses — TP and data-parallel groups of each layer's
+    strategy, per-axis groups of multi-axis data parallelism, each stage (Slice-Gather), the first and last
+    stages together and their rank pairs (tied weights), and pipeline neighbours — once each, in a
+    deterministic order (torch.distributed.new_group must be called in the same order on every rank)."""
+    layout = RankLayout(plan.num_devices, plan.pp)
+    seen: dict[tuple[int, ...], None] = {}
+    for stage, (first, end) in enumerate(plan.stage_bounds):
+        for strategy in dict.fromkeys(plan.strategies[first:end]):
+            axis_sets = [("tp",), DATA_PARALLEL_AXES] + [(axis,) for axis, _ in strategy.dims if axis != "tp"]
+            for axes in axis_sets:
+                for rank in layout.stage_ranks(stage):
+                    group = layout.group(rank, strategy, axes)
+                    if len(group) > 1:
+                        seen.setdefault(group, None)
+    for stage in range(plan.pp):
+        if layout.stage_size > 1:
+            seen.setdefault(layout.stage_ranks(stage), None)
+    first_and_last = tie_group_ranks(plan)
+    if len(first_and_last) > 1:
+        seen.setdefault(first_and_last, None)
+    for pair in tie_partner_pairs(plan):
+        seen.setdefault(pair, None)
+    for rank in range(plan.num_devices):
+        following = layout.next_stage_rank(rank)
+        if following is not None:
+            seen.setdefault((rank, following), None)
+    return list(seen)

@@ -1,0 +1,181 @@
+"""What will run a plan, defined once per target: the search's strategy filter, the expressibility check,
+the pipeline partitions and the emitters' mappings (ZeRO stage ↔ data-parallel axis, partition method
+names) all derive from these definitions (DESIGN.md, "Target").
+
+* `runtime` — gbmw's own hybrid runtime: any strategy per layer, any partition.
+* `deepspeed` — ZeRO and DeepSpeed's pipeline engine: one layout for the whole model, no TP, one ZeRO stage
+  (≤ 1 with a pipeline), the PipelineModule's `uniform` or `parameters` partitions.
+* `megatron-deepspeed` — Megatron TP (innermost, consecutive ranks) inside DeepSpeed ZeRO (≤ 1 with a
+  pipeline); GPTModelPipe's `type:transformer` partition, which is Megatron's even split of blocks.
+* `megatron-core` — uniform TP and PP, plain DP or the distributed optimizer (ZeRO-1), an even split or
+  uneven first and last stages (`--decoder-first/last-pipeline-num-layers`).
+
+Stock frameworks recompute all Transformer blocks or none (never embeddings or heads) and run 1F1B.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Sequence
+
+from gbmw.errors import GbmwError, PlanError
+from gbmw.model_spec import ModelSpec
+from gbmw.space import AXES, Strategy
+from gbmw.stock_partitions import PARTITION_RULES, RULE_DESCRIPTIONS, is_first_last_split
+
+if TYPE_CHECKING:
+    from gbmw.plan import Plan
+
+ZERO_STAGE_OF_AXIS = {"dp": 0, "z1dp": 1, "z2dp": 2, "sdp": 3}
+"""The data-parallel axis of a strategy as a ZeRO stage: DDP, ZeRO-1 (Megatron's distributed optimizer),
+ZeRO-2, ZeRO-3 (sharded data parallel)."""
+AXIS_OF_ZERO_STAGE = {stage: axis for axis, stage in ZERO_STAGE_OF_AXIS.items()}
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    label: str
+    """How plans and comparisons name the target's search space."""
+    axes: tuple[str, ...]
+    """The axes its layouts may use, in the order the search enumerates them (of equally fast plans, the
+    first found wins, so the order is part of the definition)."""
+    per_layer: bool = False
+    """Each layer may take its own strategy (gbmw's runtime); a stock framework configures one layout."""
+    pipeline_max_zero_stage: int | None = None
+    """The highest ZeRO stage its pipeline engine accepts when pp > 1 (DeepSpeed's: 1); None: any."""
+    partition_methods: tuple[tuple[str, str], ...] = ()
+    """(the framework's name for a pipeline partition method, the gbmw.stock_partitions rule it follows)."""
+
+    # ------------------------------------------------------------------ the search
+
+    def allows(self, strategy: Strategy, pp: int) -> bool:
+        """Whether a stock configuration can give every layer `strategy` at pipeline degree `pp`."""
+        if self.per_layer:
+            return True
+        axes = [axis for axis, _ in strategy.dims]
+        data_axes = [axis for axis in axes if axis != "tp"]
+        if len(data_axes) > 1 or any(axis not in self.axes for axis in axes):
+            return False
+        if "tp" in axes[1:]:  # TP on consecutive ranks, data parallelism outside it
+            return False
+        return not (pp > 1 and self.pipeline_max_zero_stage is not None
+                    and any(ZERO_STAGE_OF_AXIS[axis] > self.pipeline_max_zero_stage for axis in data_axes))
+
+    @property
+    def partition_rules(self) -> tuple[str, ...]:
+        return tuple(rule for _, rule in self.partition_methods)
+
+    def partitions(self, model: ModelSpec, pp: int) -> dict[str, tuple[int, ...]]:
+        """{the framework's method name: the one partition it gives `model` over `pp` stages}, for the methods
+        that are fixed by the model (not megatron-core's free first/last stage sizes)."""
+        result = {}
+        for method, rule in self.partition_methods:
+            candidates = PARTITION_RULES[rule](model, pp)
+            if len(candidates) == 1 and rule != "first-last":
+                result[method] = candidates[0]
+        return result
+
+    def partition_method(self, model: ModelSpec, partition: Sequence[int]) -> str | None:
+        """The framework's method that gives `partition` (None: it cannot run that partition)."""
+        partition = tuple(partition)
+        for method, rule in self.partition_methods:
+            if rule == "first-last" and is_first_last_split(model, partition):
+                return method
+            if partition in PARTITION_RULES[rule](model, len(partition)):
+                return method
+        return None
+
+    # ------------------------------------------------------------------ expressibility
+
+    def problems(self, plan: "Plan", model: ModelSpec) -> list[str]:
+        """Why this target cannot run `plan` as it is (empty if it can)."""
+        if self.per_layer:
+            return []
+        target, problems = self.name, []
+        blocks = [layer.is_block for layer in model.layers]
+        trees = {strategy.dims for strategy in plan.strategies}
+        if len(trees) > 1:
+            problems.append(f"{_describe_runs(plan)}; a {target} job has one parallel layout for every layer")
+        if len({strategy.ckpt for strategy, block in zip(plan.strategies, blocks) if block}) > 1:
+            problems.append(f"some Transformer blocks recompute and others do not; {target} recomputes all blocks "
+                            "or none")
+        if any(strategy.ckpt for strategy, block in zip(plan.strategies, blocks) if not block):
+            problems.append(f"an embedding or head layer recomputes; {target} recomputes Transformer blocks only")
+        if plan.schedule != "1f1b":
+            problems.append(f"schedule {plan.schedule}; {target} runs 1F1B")
+        names = ", ".join(dict.fromkeys(strategy.name.removesuffix("+ckpt") for strategy in plan.strategies))
+        data_axes = {axis for tree in trees for axis, _ in tree if axis != "tp"}
+        for tree in trees:
+            axes = [axis for axis, _ in tree]
+            tree_data = [axis for axis in axes if axis != "tp"]
+            if len(tree_data) > 1:
+                problems.append(f"a layout mixes {' and '.join(tree_data)}; {target} has one ZeRO stage")
+            if "tp" in axes and axes[0] != "tp":
+                problems.append(f"a layout puts TP outside data parallelism; {target} places TP on consecutive "
+                                "ranks")
+        if "tp" not in self.axes and any(axis == "tp" for tree in trees for axis, _ in tree):
+            problems.append(f"{names} uses TP; plain DeepSpeed has none — use --target megatron-deepspeed")
+        limit = self.pipeline_max_zero_stage
+        if limit is not None and plan.pp > 1 and any(ZERO_STAGE_OF_AXIS[axis] > limit for axis in data_axes):
+            problems.append(f"{names} with pp={plan.pp}: DeepSpeed's pipeline engine refuses ZeRO-2 and ZeRO-3 — use "
+                            "ZeRO-1")
+        if data_axes - set(self.axes):
+            problems.append(f"{names}: {target} offers DP or its distributed optimizer (ZeRO-1) — use "
+                            "megatron-deepspeed")
+        if plan.pp > 1 and self.partition_method(model, plan.partition) is None:
+            offered = []
+            for _, rule in self.partition_methods:
+                candidates = PARTITION_RULES[rule](model, plan.pp)
+                shown = f" ({list(candidates[0])})" if len(candidates) == 1 and rule != "first-last" else ""
+                offered.append(RULE_DESCRIPTIONS[rule] + (shown or " (none for this model)" * (not candidates)))
+            problems.append(f"partition {list(plan.partition)} is not {' nor '.join(offered)}")
+        return problems
+
+    def check(self, plan: "Plan", model: ModelSpec) -> None:
+        """Raise PlanError with every reason this target cannot run `plan`."""
+        problems = self.problems(plan, model)
+        if problems:
+            raise PlanError(f"{self.name} cannot run this plan: " + "; ".join(problems) + " — use --target runtime, "
+                            f"or plan again with --target {self.name}")
+
+
+def _describe_runs(plan: "Plan") -> str:
+    """`layers 0-11 use tp2-dp8 and 12-49 use sdp16` (runs across stage boundaries, first three)."""
+    runs: list[list] = []
+    for index, strategy in enumerate(plan.strategies):
+        if runs and runs[-1][2] == strategy.name:
+            runs[-1][1] = index
+        else:
+            runs.append([index, index, strategy.name])
+    parts = [f"{a}-{b} use {name}" if b > a else f"{a} uses {name}" for a, b, name in runs]
+    return "layers " + " and ".join(parts[:3]) + (" …" if len(parts) > 3 else "")
+
+
+TARGETS: dict[str, Target] = {
+    "runtime": Target("runtime", "gbmw runtime", AXES, per_layer=True),
+    "deepspeed": Target(
+        "deepspeed", "DeepSpeed (ZeRO + pipeline engine)", ("dp", "z1dp", "z2dp", "sdp"), pipeline_max_zero_stage=1,
+        partition_methods=(("uniform", "uniform"), ("parameters", "parameters")),
+    ),
+    "megatron-deepspeed": Target(
+        "megatron-deepspeed", "Megatron-DeepSpeed", ("tp", "dp", "z1dp", "z2dp", "sdp"), pipeline_max_zero_stage=1,
+        partition_methods=(("type:transformer", "even"),),
+    ),
+    "megatron-core": Target(
+        "megatron-core", "Megatron-Core", ("tp", "dp", "z1dp"),
+        partition_methods=(("even", "even"), ("first-last", "first-last")),
+    ),
+}
+STOCK_TARGETS = tuple(name for name, target in TARGETS.items() if not target.per_layer)
+"""The targets a stock framework runs (what `gbmw tune` rewrites configs for)."""
+ALIASES = {"megatron-lm": "megatron-core"}
+"""NVIDIA Megatron-LM's pretrain_gpt.py runs megatron-core's model."""
+
+
+def get_target(name: str) -> Target:
+    """The target `name` (or an alias of one); one GbmwError naming the known targets otherwise."""
+    name = ALIASES.get(name, name)
+    if name not in TARGETS:
+        raise GbmwError(f"--target {name!r} is unknown; targets: {', '.join(TARGETS)}")
+    return TARGETS[name]

@@ -1,0 +1,180 @@
+"""Analytic costs of one layer of each kind — a Transformer block, a token embedding, a language-model head,
+a classifier head — from tensor shapes and dtypes (paper Sec. 5).
+
+The activation accounting per block is Korthikanti et al., "Reducing Activation Recomputation in Large
+Transformer Models" (2022), Sec. 4.1: with 16-bit activations and 1-byte dropout masks a GPT block stashes
+s·h·(34 + 5·a·s/h) bytes per sample, of which s·h·(10) stays whole under TP and the rest is divided. FLOPs
+count 2 per multiply-add of every matmul, so 3× the forward FLOPs of all layers is Megatron's model-FLOPs
+formula 72·B·s·L·h²·(1 + s/6h + V/12hL).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gbmw.model_spec import LayerSpec
+
+TOKEN_ID_BYTES = 8  # int64 token ids are the input of an embedding layer
+
+
+@dataclass(frozen=True)
+class BlockShape:
+    """Shapes of one Transformer block for one sample."""
+
+    tokens: int
+    hidden: int
+    heads: int
+    head_dim: int
+    kv_heads: int
+    ffn: int
+    attended_tokens: int
+    """Keys each query attends to: the sequence, or a window (Swin)."""
+    gated_mlp: bool = False
+    bias: bool = True
+    norm: str = "layer"
+    cross_attention_tokens: int = 0
+    """Encoder tokens read by a cross-attention sub-block (T5 decoder); 0 for none."""
+    extra_params: int = 0
+    """Parameters outside the matmuls and norms (relative position biases), replicated under TP."""
+
+
+def block_layer(name: str, kind: str, shape: BlockShape, dtype_bytes: int, dropout: bool, flash: bool) -> LayerSpec:
+    """Costs of one self-attention (+ optional cross-attention) + MLP block (Korthikanti et al. Sec. 4.1)."""
+    s, h, d = shape.tokens, shape.hidden, dtype_bytes
+    attention_width = shape.heads * shape.head_dim
+    kv_width = shape.kv_heads * shape.head_dim
+    mask = 1 if dropout else 0
+    norm_params = (2 if shape.norm == "layer" else 1) * h
+    norm_statistics = (2 if shape.norm == "layer" else 1) * 4  # fp32 bytes per token kept for the norm's backward
+    up_outputs = 2 if shape.gated_mlp else 1
+
+    def attention(query_tokens: int, key_tokens: int, kv_input_tokens: int) -> dict[str, float]:
+        weights = h * attention_width + 2 * h * kv_width + attention_width * h
+        column_biases = (attention_width + 2 * kv_width) if shape.bias else 0
+        row_bias = h if shape.bias else 0
+        flops = (
+            2 * query_tokens * (h * attention_width + attention_width * h)
+            + 2 * kv_input_tokens * (2 * h * kv_width)
+            + 4 * query_tokens * key_tokens * attention_width  # scores QK^T and scores × V
+        )
+        scores_per_head = query_tokens * key_tokens
+        if flash:
+            score_bytes = shape.heads * query_tokens * 4  # fp32 log-sum-exp per row
+        else:
+            score_bytes = shape.heads * scores_per_head * (d + (mask + d if dropout else 0))
+        split = (
+            query_tokens * attention_width * d  # Q
+            + 2 * kv_input_tokens * kv_width * d  # K, V
+            + score_bytes
+            + query_tokens * attention_width * d  # input of the output projection
+        )
+        # norm input, norm output, the norm's fp32 statistics per token (mean and 1/std; RMSNorm: 1/rms only),
+        # dropout mask
+        replicated = query_tokens * h * (d + d) + query_tokens * norm_statistics + query_tokens * h * mask
+        return dict(
+            params=weights + column_biases + row_bias + norm_params,
+            tp_split=weights + column_biases,
+            flops=flops,
+            split=split,
+            replicated=replicated,
+            allreduce=query_tokens * h * d,
+        )
+
+    self_attention = attention(s, shape.attended_tokens, s)
+    mlp_weights = h * shape.ffn * up_outputs + shape.ffn * h
+    mlp = dict(
+        params=mlp_weights + ((shape.ffn * up_outputs + h) if shape.bias else 0) + norm_params,
+        tp_split=mlp_weights + (shape.ffn * up_outputs if shape.bias else 0),
+        flops=2 * s * mlp_weights,
+        split=s * shape.ffn * (up_outputs + 1) * d,  # up-projection output(s) and activation output
+        replicated=s * h * (d + d) + s * norm_statistics + s * h * mask,
+        allreduce=s * h * d,
+    )
+    parts = [self_attention, mlp]
+    if shape.cross_attention_tokens:
+        parts.append(attention(s, shape.cross_attention_tokens, shape.cross_attention_tokens))
+    total = {key: sum(part[key] for part in parts) for key in parts[0]}
+    boundary = s * h * d
+    return LayerSpec(
+        name=name,
+        kind=kind,
+        parameter_count=int(total["params"] + shape.extra_params),
+        tp_split_parameter_count=int(total["tp_split"]),
+        forward_flops_per_sample=float(total["flops"]),
+        boundary_activation_bytes_per_sample=float(boundary),
+        # The first norm's input is the boundary itself: it is counted there, not twice.
+        intermediate_activation_bytes_per_sample=float(total["replicated"] - boundary),
+        intermediate_tp_split_activation_bytes_per_sample=float(total["split"]),
+        side_input_bytes_per_sample=float(shape.cross_attention_tokens * h * d),
+        tp_allreduce_bytes_per_sample=float(total["allreduce"]),
+        attention_heads=shape.heads,
+        kv_heads=shape.kv_heads,
+    )
+
+
+def embedding_layer(
+    name: str, tokens: int, hidden: int, vocab: int, positions: int, extra_rows: int, dtype_bytes: int,
+    dropout: bool, norm: bool,
+) -> LayerSpec:
+    """Token (vocabulary-parallel under TP) + position embeddings; output all-reduced across TP."""
+    d, mask = dtype_bytes, 1 if dropout else 0
+    return LayerSpec(
+        name=name,
+        kind="embedding",
+        parameter_count=(vocab + positions + extra_rows) * hidden + (2 * hidden if norm else 0),
+        tp_split_parameter_count=vocab * hidden,
+        forward_flops_per_sample=0.0,
+        boundary_activation_bytes_per_sample=float(tokens * TOKEN_ID_BYTES),
+        intermediate_activation_bytes_per_sample=float(tokens * hidden * (mask + (d if norm else 0))),
+        intermediate_tp_split_activation_bytes_per_sample=0.0,
+        tp_allreduce_bytes_per_sample=float(tokens * hidden * d),
+    )
+
+
+def lm_head_layer(
+    name: str, tokens: int, hidden: int, vocab: int, dtype_bytes: int, tied_to: str | None, transform: bool,
+    norm_params: int,
+) -> LayerSpec:
+    """Final norm, (BERT: dense+norm transform), vocabulary projection and cross-entropy.
+
+    The vocabulary-parallel cross-entropy (Megatron's, and torch's on one device) keeps the fp32 softmax of the
+    logits, divided by TP; the logits themselves are not kept (the projection keeps its input, and a 16-bit
+    logit tensor is freed once copied to fp32). Also kept: the int64 labels, and the norms' fp32 statistics.
+    """
+    d = dtype_bytes
+    transform_weights = hidden * hidden if transform else 0
+    params = norm_params + vocab * hidden + (transform_weights + hidden + 2 * hidden if transform else 0)
+    statistics = (2 if norm_params == 2 * hidden else 1 if norm_params else 0) + (2 if transform else 0)
+    replicated = (
+        tokens * hidden * d * (3 if transform else 1)  # norm output (+ dense in, gelu in)
+        + tokens * statistics * 4  # fp32 mean and 1/std per token of each LayerNorm (RMSNorm: 1/rms)
+        + tokens * TOKEN_ID_BYTES  # the labels
+    )
+    return LayerSpec(
+        name=name,
+        kind="head",
+        parameter_count=params,
+        tp_split_parameter_count=vocab * hidden,
+        forward_flops_per_sample=float(2 * tokens * hidden * vocab + 2 * tokens * transform_weights),
+        boundary_activation_bytes_per_sample=float(tokens * hidden * d),
+        intermediate_activation_bytes_per_sample=float(replicated),
+        intermediate_tp_split_activation_bytes_per_sample=float(tokens * vocab * 4),
+        tp_allreduce_bytes_per_sample=float(tokens * hidden * d),
+        tied_to=tied_to,
+        tied_parameter_count=vocab * hidden if tied_to else 0,
+    )
+
+
+def classifier_head(tokens: int, hidden: int, classes: int, d: int) -> LayerSpec:
+    """Final norm over all tokens, pooling, and a linear classifier (column-parallel over classes)."""
+    return LayerSpec(
+        name="head",
+        kind="head",
+        parameter_count=2 * hidden + hidden * classes + classes,
+        tp_split_parameter_count=hidden * classes + classes,
+        forward_flops_per_sample=float(2 * hidden * classes),
+        boundary_activation_bytes_per_sample=float(tokens * hidden * d),
+        intermediate_activation_bytes_per_sample=float(tokens * hidden * d),
+        intermediate_tp_split_activation_bytes_per_sample=float(classes * (d + 4)),
+        tp_allreduce_bytes_per_sample=float(hidden * d),
+    )
