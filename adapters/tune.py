@@ -16,7 +16,7 @@ from pathlib import Path
 from gbmw.baselines import UniformConfig
 from gbmw.bundled import resolve_recipe
 from gbmw.cluster_spec import load_cluster
-from gbmw.cost import estimate_plan
+from gbmw.estimate import estimate_plan
 from gbmw.errors import GbmwError
 from gbmw.files import write_new_file
 from gbmw.jobs import JobSpec

@@ -166,7 +166,7 @@ def write_hetu_inputs(job: "gbmw.JobSpec", folder: str | os.PathLike, batch: int
     stash (the block's input). Hardware: bus bandwidths and collective times from gbmw.comm.CommModel.
     """
     from gbmw.comm import CommModel
-    from gbmw.cost import MODEL_STATE_BYTES, CostSettings, forward_time_per_sample_s
+    from gbmw.layer_cost import CostSettings, MODEL_STATE_BYTES, forward_time_per_sample_s
 
     folder = Path(folder)
     profiles, hardware = folder / "profiles", folder / "hardware"

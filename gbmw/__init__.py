@@ -14,12 +14,13 @@ The planner API (no torch needed):
 
 from gbmw.baselines import UniformConfig
 from gbmw.cluster_spec import ClusterSpec, load_cluster
-from gbmw.cost import estimate_plan as estimate
+from gbmw.estimate import estimate_plan as estimate
 from gbmw.errors import GbmwError, PlanError, SpecError
 from gbmw.jobs import JobSpec, load_job
 from gbmw.model_spec import LayerSpec, ModelSpec
 from gbmw.plan import Estimate, Plan, plan_from_strategy_names
-from gbmw.planner import NothingFitsError, Planner, plan_job
+from gbmw.nothing_fits import NothingFitsError
+from gbmw.planner import Planner, plan_job
 from gbmw.space import Strategy, enumerate_strategies
 from gbmw.version import __version__
 

@@ -299,7 +299,7 @@ def _run_space(args: argparse.Namespace) -> int:
 
 def _run_estimate(args: argparse.Namespace) -> int:
     from gbmw.baselines import UniformConfig
-    from gbmw.cost import estimate_plan
+    from gbmw.estimate import estimate_plan
     from gbmw.plan import Plan
     from gbmw.report import estimate_to_json, print_estimate
     from gbmw.jobs import load_job

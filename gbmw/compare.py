@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gbmw.planner import NothingFitsError, Planner
+from gbmw.nothing_fits import NothingFitsError
+from gbmw.planner import Planner
 from gbmw.plan import Plan
 from gbmw.spaces import BASELINES, DEFAULT_VARIANT, VARIANTS
 from gbmw.targets import STOCK_TARGETS
@@ -72,7 +73,7 @@ class HandTunedComparison:
 def compare_handtuned(job, handtuned) -> HandTunedComparison:
     """Cost a published configuration on the job's cluster and search gbmw's best plan for every target
     at the same global batch."""
-    from gbmw.cost import estimate_plan
+    from gbmw.estimate import estimate_plan
     from gbmw.errors import GbmwError
     from gbmw.plan import replace_estimate
 

@@ -186,6 +186,11 @@ class ModelSpec(Frozen):
                     f"layers[{index}] ({layer.name}) is tied_to {layer.tied_to!r}, which is not a layer "
                     f"of this model; known layers include {names[:3]}…"
                 )
+            if layer.tied_to is not None and names.index(layer.tied_to) >= index:
+                raise ValueError(
+                    f"layers[{index}] ({layer.name}) is tied_to {layer.tied_to!r}, which does not come before it; "
+                    "name the tie on the later layer (a head names the embedding it shares weights with)"
+                )
         return self
 
     def model_copy(self, *, update=None, deep: bool = False) -> "ModelSpec":

@@ -1,29 +1,30 @@
 """The stage DP without a memory grid: exact Pareto frontiers (the checking engine, `--exact`).
 
-gbmw.search solves Eq. (6) on a memory grid as the paper does. This engine solves the same stage
-problem exactly, to compare against. The paper's DP keeps C(l, E_fwd) — the least time of the first l layers whose forward memory
-(model states plus stashed activations) is at most E_fwd — with the previous layer's strategy in
-the state because of the transition cost R (Eq. 6), then raises E_fwd until the overall memory
-E_all (Eq. 4), which adds the backward peak, exceeds the budget (Alg. 2).
+gbmw.grid_frontier solves the stage problem on a memory grid as the paper does. This engine solves the same
+problem without cells. The paper's DP keeps C(l, E_fwd) — the least time of the first l layers whose forward
+memory (model states plus stashed activations, Eq. (3)) is at most E_fwd — with the previous layer's
+strategy in the state because of the transition cost R (Eq. (4)), then raises E_fwd until the overall memory
+E_all (Eq. (2)), which adds the backward peak, exceeds the budget (Algorithm 3).
 
 We compute the same thing without a memory axis and without the E_fwd sweep. After each layer we
 keep, per activation layout of the last layer's strategy (strategies that share a layout share R,
 so the layout — not the strategy — is the state), the Pareto frontier of partial plans over
 
-    stash   S = Σ (O_ms + k · O_f)          the forward memory E_f of Eq. (5), with the 1F1B
+    stash   S = Σ (O_ms + k · O_f)          the forward memory E_f of Eq. (3), with the 1F1B
                                             stash of k in-flight micro-batches folded in
-    excess  X = max_j (Σ_{i≤j} O_f + O_b(j)) − Σ O_f      how far the backward peak of Eq. (4)
+    excess  X = max_j (Σ_{i≤j} O_f + O_b(j)) − Σ O_f      how far the backward peak of Eq. (2)
                                             reaches above the stash; X' = max(X − O_f, O_b)
     time    T = Σ c(l, S_l) + Σ R(l, S_{l-1}, S_l)
 
 so that E_all = S + X exactly. A partial plan is dropped only if another with the same layout is
 no worse in all three (or if S + X already exceeds the budget: E_all never falls as layers are
-added). The frontier after the last layer holds C(L, E_fwd) for every E_fwd at once, so Alg. 2's
+added). The frontier after the last layer holds C(L, E_fwd) for every E_fwd at once, so Algorithm 3's
 sweep is one pass over it, and carrying X makes its overall-memory check exact: the result is the
 fastest plan with E_all ≤ E, equal to exhaustive enumeration (tests/test_search.py), where the
 paper's sweep can stop early at a plan whose backward peak is high.
 
-Memory terms are whole units (rounded up by the caller). The inner step is compiled with numba:
+Interfaces are in bytes, as the grid's; inside, memory terms are whole units of `unit_bytes`, each term
+rounded up (LayerOptions.in_units) and the budget rounded down. The inner step is compiled with numba:
 the frontier merge is a sequential sweep with a Fenwick tree that numpy cannot vectorise. Its cost
 grows with the frontier (thousands of points for 80 GB budgets), which is why the grid is the default.
 """
@@ -32,6 +33,23 @@ from __future__ import annotations
 
 import numpy as np
 from numba import njit
+
+from gbmw.errors import GbmwError
+from gbmw.layer_options import LayerOptions
+
+MAX_MEMORY_UNITS = 2**24
+"""Memory units the packed sort key allows."""
+
+
+def budget_units(budget_bytes: float, unit_bytes: int) -> int:
+    """The budget in whole units, rounded down; one GbmwError if the units overflow the sort key."""
+    units = int(np.floor(budget_bytes / unit_bytes))
+    if units > MAX_MEMORY_UNITS:
+        raise GbmwError(
+            f"memory granularity {unit_bytes} B gives {units} units for a {budget_bytes:.0f} B budget; "
+            f"use a granularity of at least {int(np.ceil(budget_bytes / MAX_MEMORY_UNITS))} B"
+        )
+    return units
 
 
 @njit(cache=True)
@@ -135,27 +153,31 @@ def extend_frontier(
 class Frontier:
     """The Pareto frontier of partial plans after some layers of a stage, with back-pointers."""
 
-    __slots__ = ("stash", "excess", "time", "layout", "strategy", "parent", "previous", "depth")
+    __slots__ = ("stash", "excess", "time", "layout", "strategy", "parent", "previous", "depth", "unit_bytes")
 
-    def __init__(self, stash, excess, time, layout, strategy, parent, previous: "Frontier | None", depth: int):
+    def __init__(self, stash, excess, time, layout, strategy, parent, previous: "Frontier | None", depth: int,
+                 unit_bytes: int):
         self.stash, self.excess, self.time, self.layout = stash, excess, time, layout
         self.strategy, self.parent, self.previous, self.depth = strategy, parent, previous, depth
+        self.unit_bytes = unit_bytes
 
     @classmethod
-    def empty(cls) -> "Frontier":
+    def empty(cls, unit_bytes: int = 1) -> "Frontier":
         """Before the first layer: one empty plan (its layout, 0, has no transition cost)."""
         zero = np.zeros(1, np.int64)
-        return cls(zero, zero.copy(), np.zeros(1), zero.copy(), np.full(1, -1), np.full(1, -1), None, 0)
+        return cls(zero, zero.copy(), np.zeros(1), zero.copy(), np.full(1, -1), np.full(1, -1), None, 0, unit_bytes)
 
-    def extend(self, options, transition_s: np.ndarray, budget_units: int) -> "Frontier":
-        """The frontier after one more layer with `options`; `transition_s[a, b]` is R from layout a to b
-        (row 0 must be zero for the first layer of a stage)."""
+    def extend(self, options: LayerOptions, transition_s: np.ndarray, budget_bytes: float) -> "Frontier":
+        """The frontier after one more layer with `options` (memory in bytes); `transition_s[a, b]` is R from
+        layout a to b (row 0 must be zero for the first layer of a stage)."""
+        units = options.in_units(self.unit_bytes).pruned()
         stash, excess, time, layout, option, parent = extend_frontier(
             self.stash, self.excess, self.time, self.layout,
-            options.time_s, options.stash, options.forward, options.backward,
-            options.layout, transition_s, budget_units,
+            units.time_s, units.stash, units.forward, units.backward,
+            units.layout, transition_s, budget_units(budget_bytes, self.unit_bytes),
         )
-        return Frontier(stash, excess, time, layout, options.strategy[option], parent, self, self.depth + 1)
+        return Frontier(stash, excess, time, layout, units.strategy[option], parent, self, self.depth + 1,
+                        self.unit_bytes)
 
     def __len__(self) -> int:
         return int(self.time.shape[0])
@@ -170,16 +192,17 @@ class Frontier:
     def layout_at(self, index: int) -> int:
         return int(self.layout[index])
 
-    def memory_at(self, index: int) -> int:
-        return int(self.stash[index] + self.excess[index])
+    def memory_at(self, index: int) -> float:
+        """E_all of the plan at `index` in bytes, its terms rounded up to whole units."""
+        return float((self.stash[index] + self.excess[index]) * self.unit_bytes)
 
-    def best(self, budget_units: int, exit_time_by_layout: np.ndarray | None = None) -> int:
+    def best(self, budget_bytes: float, exit_time_by_layout: np.ndarray | None = None) -> int:
         """Index of the fastest plan with E_all = stash + excess within the budget (-1 if none);
         `exit_time_by_layout` adds a cost that depends on the last layer's layout (the p2p send)."""
         if len(self) == 0:
             return -1
         total = self.time if exit_time_by_layout is None else self.time + exit_time_by_layout[self.layout]
-        feasible = (self.stash + self.excess) <= budget_units
+        feasible = (self.stash + self.excess) <= budget_units(budget_bytes, self.unit_bytes)
         if not feasible.any():
             return -1
         return int(np.argmin(np.where(feasible, total, np.inf)))

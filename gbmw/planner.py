@@ -1,17 +1,18 @@
 """The outer search: batch sizes × pipeline degrees × micro-batch counts × partitions → the best Plan.
 
-Galvatron-Base (Alg. 1) tries each power-of-two PP degree, partitions the layers and runs the
-stage DP (gbmw.search) for every stage; Galvatron-BMW (Alg. 3) adds the bi-objective partition
-adjustment (gbmw.balance). The result is the fitting plan with the highest samples/s.
+Galvatron-Base (Algorithm 1) tries each power-of-two PP degree, partitions the layers and runs the
+stage DP (gbmw.stage_search) for every stage; Galvatron-BMW (Algorithm 2) adds the bi-objective partition
+adjustment (gbmw.balance). The result is the fitting plan with the highest samples/s; its estimate comes from
+the stage cost model (gbmw.stage_cost) the search priced it with.
 
 Settings are visited best-first with a bound, so the search is exact but skips most of the space:
 
 * A setting is (pp, micro-batch size b, micro-batch count m); the global batch is B = b · m.
   Its throughput cannot exceed B / T_lower, where T_lower is Eq. (9) with every layer at its
-  fastest strategy and no transitions or memory limit, and the stages perfectly balanced. Settings
-  are searched in decreasing order of that bound, and the search stops when the bound falls to
+  fastest strategy and no transitions or memory limit, and the stages perfectly balanced (gbmw.bounds).
+  Settings are searched in decreasing order of that bound, and the search stops when the bound falls to
   the best plan found.
-* With 1F1B, once m ≥ P the memory no longer grows with m while B / T grows (Eq. 9:
+* With 1F1B, once m ≥ P the memory no longer grows with m while B / T grows (Eq. (9):
   d/dm [m·b / ((m-1)·a + c)] > 0 as c = Σ C_i ≥ a = max C_no_sync), so a batch sweep only needs
   m < P and the largest m the batch limit allows. GPipe keeps all m micro-batches, so its sweep
   tries every power of two.
@@ -26,26 +27,24 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from gbmw.version import __version__
 from gbmw.balance import StageOutcome, bi_objective_adjustment, memory_balanced_partition, time_balanced_partition
+from gbmw.bounds import cannot_fit, throughput_upper_bound
 from gbmw.comm import CommModel
-from gbmw.cost import (
-    CostSettings, LayerCosts, StrategyTables, estimate_plan, in_flight_micro_batches, pipeline_time_s,
-    stage_estimate, strategy_tables,
-)
 from gbmw.errors import GbmwError
-from gbmw.plan import Plan
-from gbmw.search import StageSearch, default_granularity_bytes
-from gbmw.stock_partitions import PARTITION_RULES
+from gbmw.estimate import estimate_plan
+from gbmw.grid_frontier import default_granularity_bytes
 from gbmw.jobs import JobSpec
-from gbmw.spaces import DEFAULT_VARIANT, SearchSpace, search_space
+from gbmw.layer_cost import CostSettings
+from gbmw.nothing_fits import NothingFitsError, nothing_fits_message
+from gbmw.plan import Plan
 from gbmw.space import Strategy
+from gbmw.spaces import DEFAULT_VARIANT, SearchSpace, search_space
+from gbmw.stage_cost import StageCosts, StrategyTables, pipeline_time_s, stage_estimate, strategy_tables
+from gbmw.stage_search import StageSearch
+from gbmw.stock_partitions import PARTITION_RULES
+from gbmw.version import __version__
 
-GIB = 2**30
-
-
-class NothingFitsError(GbmwError):
-    """No plan of the searched space fits the memory budget (the message says what would)."""
+__all__ = ["NothingFitsError", "Planner", "plan_job"]
 
 
 @dataclass
@@ -153,7 +152,7 @@ class Planner:
                 allowed = _tp_allowed(model, usable)
                 if not allowed.any(axis=0).all():
                     continue
-                if self._cannot_fit(tables, allowed, pp):
+                if cannot_fit(tables, allowed, pp, self.budget):
                     self.exclusions[f"memory:{pp}:{micro_batch}"] = None
                     break  # memory only grows with the micro-batch size
                 for count in self._micro_batch_counts(micro_batch, pp):
@@ -161,29 +160,9 @@ class Planner:
                     result.append(_Setting(pp, micro_batch, count, tables, allowed, bound))
         return result
 
-    def _cannot_fit(self, tables: StrategyTables, allowed: np.ndarray, pp: int) -> bool:
-        """True if no partition can fit: some layer alone, or the stages' average, exceeds the budget."""
-        masked = np.where(allowed, 1.0, np.inf)
-        alone = (tables.model_state_bytes + tables.forward_memory_bytes + tables.backward_memory_bytes) * masked
-        lightest = ((tables.model_state_bytes + tables.forward_memory_bytes) * masked).min(axis=0)
-        return bool(alone.min(axis=0).max() > self.budget or lightest.sum() > pp * self.budget)
-
-    def _throughput_bound(self, tables, allowed, pp, micro_batch, count) -> float:
-        """B / (a lower bound of Eq. 9 over every plan of this setting that fits).
-
-        Eq. 9 ≥ (m - 1) · Σ_i C_no_sync(M_i) / P + Σ_l min c(l): the stages' no-sync times sum to at
-        least the least total no-sync time of plans whose memory fits all stages together —
-        Σ_l (O_ms + O_f) ≤ P · E, since every stage holds at least one micro-batch — which the
-        Lagrangian dual of that knapsack bounds from below.
-        """
-        no_sync = np.where(allowed, tables.time_no_grad_sync_s, np.inf)
-        sync = np.where(allowed, tables.time_s, np.inf).min(axis=0)
-        k = count if self.spec.schedule == "gpipe" else 1
-        memory = tables.model_state_bytes + k * tables.forward_memory_bytes
-        total_no_sync = knapsack_lower_bound(no_sync, memory, pp * self.budget)
-        slowest_stage = max(total_no_sync / pp, no_sync.min(axis=0).max())
-        lower = (count - 1) * slowest_stage + sync.sum()
-        return micro_batch * count / lower if np.isfinite(lower) else 0.0
+    def _throughput_bound(self, tables: StrategyTables, allowed: np.ndarray, pp: int, micro_batch: int,
+                          count: int) -> float:
+        return throughput_upper_bound(tables, allowed, pp, micro_batch, count, self.spec.schedule, self.budget)
 
     # ------------------------------------------------------------------ one setting
 
@@ -204,21 +183,12 @@ class Planner:
     def _search_group(self, setting: _Setting, allowed: np.ndarray) -> list[_Candidate]:
         model, pp, m = self.job.model, setting.pp, setting.num_micro_batches
         tables = setting.tables
+        costs = StageCosts(model, tables, pp, m, self.spec.schedule, self.comm)
         fixed = allowed.sum(axis=0) == 1
         if fixed.all():  # every layer has one choice: no DP, just check the memory
             stage_search, fixed_choice = None, allowed.argmax(axis=0)
         else:
-            stage_search = StageSearch(
-                model, tables, m, pp, self.budget, self.comm, self.spec.schedule, self.granularity_bytes, allowed,
-                self.exact,
-            )
-        in_flight = [in_flight_micro_batches(self.spec.schedule, i, pp, m) for i in range(pp)]
-        costs = {
-            strategy: LayerCosts(tables.time_s[i], tables.time_no_grad_sync_s[i], tables.forward_memory_bytes[i],
-                                 tables.backward_memory_bytes[i], tables.model_state_bytes[i],
-                                 setting.micro_batch / strategy.data_parallel, tables.optimizer_parameters[i])
-            for i, strategy in enumerate(tables.strategies)
-        }
+            stage_search = StageSearch(costs, self.budget, self.granularity_bytes, allowed, self.exact)
         candidates: list[_Candidate] = []
         searched: dict[tuple[int, ...], StageOutcome] = {}
         stage_cache: dict[tuple, object] = {}
@@ -244,10 +214,7 @@ class Planner:
             for index, count in enumerate(partition):
                 key = (index, first, tuple(chosen[first:first + count]))
                 if key not in stage_cache:
-                    stage_cache[key] = stage_estimate(
-                        model, strategies[first:first + count], first, index, pp, setting.micro_batch, m,
-                        self.settings, self.comm, costs, self.spec.schedule,
-                    )
+                    stage_cache[key] = stage_estimate(costs, index, first, chosen[first:first + count])
                 stages.append(stage_cache[key])
                 first += count
             if stage_search is None and any(stage.peak_memory_bytes > self.budget for stage in stages):
@@ -275,7 +242,7 @@ class Planner:
                 time_outcome = search(time_balanced)
                 states = (tables.model_state_bytes * masked).min(axis=0)
                 activations = (tables.forward_memory_bytes * masked).min(axis=0)
-                memory_balanced = tuple(memory_balanced_partition(states, activations, in_flight))
+                memory_balanced = tuple(memory_balanced_partition(states, activations, costs.in_flight))
                 limit = max(time_outcome.stage_memory_bytes) if time_outcome.fits else None
                 bi_objective_adjustment(search, memory_balanced, limit, self.budget)
             else:  # a stock framework's closed-form partitions
@@ -303,7 +270,7 @@ class Planner:
             self.progress(len(settings), len(settings))
         self.stats.search_s = clock.perf_counter() - started
         if best is None:
-            raise NothingFitsError(self._nothing_fits_message(settings) if self.explain_failure else "nothing fits")
+            raise NothingFitsError(self._nothing_fits_message(bool(settings)) if self.explain_failure else "nothing fits")
         return self._plan_from(best)
 
     def _plan_from(self, best: _Candidate) -> Plan:
@@ -337,47 +304,12 @@ class Planner:
         )
         return replace(plan, estimate=estimate_plan(self.job, plan))
 
-    def _nothing_fits_message(self, settings: list[_Setting]) -> str:
+    def _nothing_fits_message(self, settings_found: bool) -> str:
         job = self.job
         where = f"{job.model.name} on {job.cluster.num_devices} × {job.cluster.device.name}"
         batch = f"global batch {self.fixed_batch}" if self.fixed_batch is not None else "any batch size"
-        if not settings:
-            memory = [key.split(":")[1:] for key in self.exclusions if key.startswith("memory:")]
-            reasons = [key for key in self.exclusions if not key.startswith("memory:")]
-            if memory:
-                degrees = ", ".join(pp for pp, _ in memory)
-                smallest = min(int(micro) for _, micro in memory)
-                reasons.append(
-                    f"even a micro-batch of {smallest} needs more than {self.budget / GIB:.2f} GiB per device "
-                    f"at every pipeline degree tried ({degrees})"
-                )
-            reasons = "; ".join(reasons) or "no micro-batch size divides the batch evenly for any strategy"
-            if not memory:
-                return f"nothing fits: {where} ({self.spec.label}): {reasons}"
-            return (
-                f"nothing fits: {where} with {batch} ({self.spec.label}): {reasons}; {self._smallest_budget_hint()}"
-            )
-        return (
-            f"nothing fits: no plan for {where} with {batch} fits {self.budget / GIB:.2f} GiB per device "
-            f"({self.spec.label}); {self._smallest_budget_hint()}"
-        )
-
-    def _smallest_budget_hint(self) -> str:
-        """Bisect the budget (to 1%) for the smallest one where the search finds a plan."""
-        low, high = self.budget, max(self.budget * 2, GIB)
-        for _ in range(12):
-            if self._fits_with(high):
-                break
-            low, high = high, high * 2
-        else:
-            return "even 4096× the budget does not fit; check the batch settings and the model"
-        while high - low > 0.01 * high:
-            middle = (low + high) / 2
-            if self._fits_with(middle):
-                high = middle
-            else:
-                low = middle
-        return f"the smallest per-device memory that fits is about {high / GIB:.2f} GiB (--memory {np.ceil(high / GIB * 100) / 100:.2f}GiB)"
+        return nothing_fits_message(where, batch, self.spec.label, self.budget, self.exclusions, settings_found,
+                                    self._fits_with)
 
     def _fits_with(self, budget_bytes: float) -> bool:
         job = self.job.model_copy(update={"memory_budget_bytes": int(budget_bytes)})
@@ -388,39 +320,6 @@ class Planner:
             return True
         except NothingFitsError:
             return False
-
-
-def knapsack_lower_bound(time: np.ndarray, memory: np.ndarray, capacity: float, iterations: int = 40) -> float:
-    """A lower bound of min Σ_l time[s_l, l] subject to Σ_l memory[s_l, l] ≤ capacity (one choice s_l
-    per layer; inf time = not allowed): the Lagrangian dual max_λ Σ_l min_s (time + λ·memory) − λ·capacity,
-    maximised by bisection on its subgradient. inf when even the lightest choices exceed the capacity."""
-    allowed = np.isfinite(time)
-    if np.where(allowed, memory, np.inf).min(axis=0).sum() > capacity:
-        return np.inf
-
-    def dual(weight: float) -> tuple[float, float]:
-        combined = np.where(allowed, time + weight * memory, np.inf)
-        pick = combined.argmin(axis=0)
-        columns = np.arange(time.shape[1])
-        used = memory[pick, columns].sum()
-        return combined[pick, columns].sum() - weight * capacity, used - capacity
-
-    value, excess = dual(0.0)
-    if excess <= 0:
-        return value
-    low, high = 0.0, 1e-12
-    while dual(high)[1] > 0:
-        low, high = high, high * 4
-    best = max(value, dual(high)[0])
-    for _ in range(iterations):
-        middle = (low + high) / 2
-        value, excess = dual(middle)
-        best = max(best, value)
-        if excess > 0:
-            low = middle
-        else:
-            high = middle
-    return best
 
 
 def _tp_allowed(model, strategies: list[Strategy]) -> np.ndarray:

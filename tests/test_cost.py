@@ -8,9 +8,10 @@ from hypothesis import given, settings, strategies as st
 
 from conftest import make_cluster, make_job, make_layer, make_model, with_timings
 from gbmw.comm import CommModel
-from gbmw.cost import (
-    CostSettings, estimate_plan, layer_costs, pipeline_time_s, stage_estimate, transition_fraction,
-)
+from gbmw.estimate import estimate_plan
+from gbmw.layer_cost import CostSettings, layer_costs
+from gbmw.ranks import transition_fraction
+from gbmw.stage_cost import StageCosts, pipeline_time_s, stage_estimate, strategy_tables
 from gbmw.plan import plan_from_strategy_names
 from gbmw.space import Strategy, enumerate_strategies
 
@@ -99,13 +100,21 @@ def test_transition_fractions():
     assert transition_fraction(Strategy.parse("tp2-dp4"), Strategy.parse("dp4-tp2")) == pytest.approx(0.5)
 
 
+def stage_of(model, names, first_layer, stage_index, pp, micro_batch, num_micro_batches, cluster):
+    """stage_estimate of one stage whose layers use the strategies `names`."""
+    comm = CommModel(cluster)
+    strategies = [Strategy.parse(name) for name in names]
+    distinct = list(dict.fromkeys(strategies))
+    tables = strategy_tables(model, distinct, micro_batch, CostSettings(cluster, "fp32"), comm)
+    costs = StageCosts(model, tables, pp, num_micro_batches, "1f1b", comm)
+    return stage_estimate(costs, stage_index, first_layer, [distinct.index(strategy) for strategy in strategies])
+
+
 def test_one_f_one_b_stage_memory_and_pipeline_time():
     cluster = make_cluster()
     model = make_model([make_layer(f"l{i}") for i in range(4)])
-    settings, comm = CostSettings(cluster, "fp32"), CommModel(cluster)
-    strategy = [Strategy.parse("dp4")] * 2
-    first = stage_estimate(model, strategy, 0, 0, 2, 8, 4, settings, comm)
-    last = stage_estimate(model, strategy, 2, 1, 2, 8, 4, settings, comm)
+    first = stage_of(model, ["dp4"] * 2, 0, 0, 2, 8, 4, cluster)
+    last = stage_of(model, ["dp4"] * 2, 2, 1, 2, 8, 4, cluster)
     per_layer_f = 2 * 350  # 2 samples per device
     assert first.in_flight_micro_batches == 2 and last.in_flight_micro_batches == 1
     assert first.activation_bytes == pytest.approx(2 * 2 * per_layer_f)
@@ -120,8 +129,7 @@ def test_one_f_one_b_stage_memory_and_pipeline_time():
 def test_ckpt_backward_extra_counts_at_the_peak_layer_only():
     cluster = make_cluster()
     model = make_model([make_layer(f"l{i}") for i in range(3)])
-    settings, comm = CostSettings(cluster, "fp32"), CommModel(cluster)
-    stage = stage_estimate(model, [Strategy.parse("dp8+ckpt")] * 3, 0, 0, 1, 8, 1, settings, comm)
+    stage = stage_of(model, ["dp8+ckpt"] * 3, 0, 0, 1, 8, 1, cluster)
     # stash 3 boundaries (100 B each) + one layer's recomputed intermediates (250 B) at its backward
     assert stage.activation_bytes == pytest.approx(3 * 100 + 250)
 
@@ -205,7 +213,8 @@ def test_random_plans_have_positive_time_and_memory(layers, pp, micro_batches, d
 def test_profiled_overheads_and_optimizer_step_add_exactly():
     """A measured per-call overhead adds to every layer call (backward = 2 × forward when unmeasured), and a
     measured optimizer step adds once per iteration for the stage's parameters (the tied copy counted once)."""
-    from gbmw.cost import estimate_plan, tp_local_parameters
+    from gbmw.estimate import estimate_plan
+    from gbmw.layer_cost import tp_local_parameters
     from gbmw.jobs import load_job
     from gbmw.model_spec import ModelTimings
     from gbmw.plan import plan_from_strategy_names
@@ -233,7 +242,7 @@ def test_profiled_call_timings_add_what_compute_and_collectives_leave_out(strate
     what that timing shows beyond the compute and modelled collectives of the same call (and nothing when
     the timing is fully explained)."""
     from gbmw.comm import CommModel
-    from gbmw.cost import CostSettings, MODEL_STATE_BYTES, _vector, layer_costs
+    from gbmw.layer_cost import CostSettings, MODEL_STATE_BYTES, collective_time_s, layer_costs
     from gbmw.jobs import load_job
 
     job = load_job("gpt-tiny_cpu-x4")
@@ -246,9 +255,9 @@ def test_profiled_call_timings_add_what_compute_and_collectives_leave_out(strate
         compute = (forward_s + backward_s) * batch + forward_call_s + backward_call_s
         explained = {
             "tp2_time_s": (forward_s + backward_s) * batch / 2 + forward_call_s + backward_call_s
-            + 2 * _vector(comm.allreduce_s, np.array([layer.tp_allreduce_bytes_per_sample * batch]), 2, 1)[0],
-            "sdp2_time_s": compute + 2 * _vector(comm.allgather_s, np.array([layer.parameter_count * parameter_bytes]), 2, 1)[0]
-            + _vector(comm.reduce_scatter_s, np.array([layer.parameter_count * gradient_bytes]), 2, 1)[0],
+            + 2 * collective_time_s(comm.allreduce_s, np.array([layer.tp_allreduce_bytes_per_sample * batch]), 2, 1)[0],
+            "sdp2_time_s": compute + 2 * collective_time_s(comm.allgather_s, np.array([layer.parameter_count * parameter_bytes]), 2, 1)[0]
+            + collective_time_s(comm.reduce_scatter_s, np.array([layer.parameter_count * gradient_bytes]), 2, 1)[0],
             "ckpt_time_s": compute + forward_s * batch + forward_call_s,
         }[field]
         layers.append(with_timings(layer, forward_time_per_sample_s=forward_s, backward_time_per_sample_s=backward_s,
@@ -268,7 +277,7 @@ def test_a_checkpointed_tp_layer_repeats_its_forward_framework_cost():
     """tp2+ckpt recomputes the forward, so it pays the profiled TP forward's unexplained cost twice; tp2 and
     dp2+ckpt are unaffected by tp2_forward_time_s."""
     from gbmw.comm import CommModel
-    from gbmw.cost import CostSettings, _vector, layer_costs
+    from gbmw.layer_cost import CostSettings, collective_time_s, layer_costs
     from gbmw.jobs import load_job
 
     job = load_job("gpt-tiny_cpu-x4")
@@ -276,7 +285,7 @@ def test_a_checkpointed_tp_layer_repeats_its_forward_framework_cost():
     batch, forward_s, extra_s = 8, 1e-4, 2e-3
     layers = []
     for layer in job.model.layers:
-        allreduce = _vector(comm.allreduce_s, np.array([layer.tp_allreduce_bytes_per_sample * batch]), 2, 1)[0]
+        allreduce = collective_time_s(comm.allreduce_s, np.array([layer.tp_allreduce_bytes_per_sample * batch]), 2, 1)[0]
         layers.append(with_timings(
             layer, forward_time_per_sample_s=forward_s, backward_time_per_sample_s=2 * forward_s,
             forward_overhead_s=1e-5, backward_overhead_s=2e-5, profiled_batch=batch,

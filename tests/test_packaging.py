@@ -15,6 +15,6 @@ def test_adapters_live_under_the_gbmw_namespace(tmp_path):
 
 
 def test_planner_does_not_import_torch(tmp_path):
-    code = "import sys, gbmw, gbmw.cli, gbmw.cost, gbmw.report\nprint('torch' in sys.modules)\n"
+    code = "import sys, gbmw, gbmw.cli, gbmw.estimate, gbmw.report\nprint('torch' in sys.modules)\n"
     result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert result.stdout.strip() == "False", result.stderr

@@ -4,7 +4,7 @@ import pytest
 
 from conftest import make_layer, make_model
 from gbmw.baselines import UniformConfig
-from gbmw.cost import estimate_plan
+from gbmw.estimate import estimate_plan
 from gbmw.errors import GbmwError, PlanError
 from gbmw.plan import Plan, plan_from_strategy_names
 from gbmw.stock_partitions import megatron_partition

@@ -74,7 +74,7 @@ def test_profile_yaml_loads_into_the_planner(tmp_path, profiled):
     plan = plan_job(job, batch=16)
     assert plan.estimate.fits
     analytic_job = load_job("gpt-tiny_cpu-x4")
-    from gbmw.cost import estimate_plan  # the measured times, not FLOPs, price the same plan
+    from gbmw.estimate import estimate_plan  # the measured times, not FLOPs, price the same plan
 
     assert estimate_plan(job, plan).iteration_time_s != estimate_plan(analytic_job, plan).iteration_time_s
 

@@ -1,6 +1,6 @@
 """The stage DPs against exhaustive enumeration (up to 6 layers, 4 strategies, with transition costs).
 
-gbmw.pareto is exact: it equals the fastest plan whose E_all fits. gbmw.search (the grid, the
+gbmw.pareto is exact: it equals the fastest plan whose E_all fits. gbmw.grid_frontier (the grid, the
 paper's Eq. 6) equals exhaustive enumeration of C(L, E_fwd) for every forward budget, and its answer
 after the overall-memory check always fits and is optimal when no layer has a backward extra.
 """
@@ -12,7 +12,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from gbmw.pareto import Frontier
-from gbmw.search import GridFrontier, LayerOptions
+from gbmw.grid_frontier import GridFrontier
+from gbmw.layer_options import LayerOptions
 
 
 def evaluate(plan, case):
@@ -34,16 +35,14 @@ def all_plans(case):
     return [(plan, *evaluate(plan, case)) for plan in itertools.product(range(options), repeat=layers)]
 
 
-def run_dp(case, root, prune=True):
+def run_dp(case, root):
     time = case["time"]
     layers, options = time.shape
     frontier = root
     n_layouts = int(case["layout"].max()) + 1
     for l in range(layers):
-        layer = LayerOptions(np.arange(options), time[l], case["stash"][l], case["forward"][l], case["backward"][l],
-                             case["layout"].copy())
-        if prune:
-            layer = layer.pruned()
+        layer = LayerOptions(np.arange(options), time[l], case["states"][l], case["forward"][l], case["backward"][l],
+                             case["layout"].copy(), case["in_flight"])
         r = np.zeros((n_layouts, n_layouts)) if l == 0 else case["transition"][l]
         frontier = frontier.extend(layer, r, case["budget"])
     return frontier
@@ -53,7 +52,8 @@ def random_case(layers, options, n_layouts, seed, with_backward=True):
     rng = np.random.default_rng(seed)
     time = rng.uniform(0.0, 10.0, (layers, options)).round(2)
     forward = rng.integers(0, 8, (layers, options))
-    stash = forward * rng.integers(1, 3) + rng.integers(0, 8, (layers, options))  # ms + k·f with k in {1, 2}
+    states, in_flight = rng.integers(0, 8, (layers, options)), int(rng.integers(1, 3))
+    stash = states + in_flight * forward  # O_ms + k·O_f with k in {1, 2}
     backward = rng.integers(0, 10, (layers, options)) * rng.integers(0, 2, (layers, options))
     if not with_backward:
         backward[:] = 0
@@ -62,8 +62,8 @@ def random_case(layers, options, n_layouts, seed, with_backward=True):
     for l in range(layers):
         np.fill_diagonal(transition[l], 0.0)
     budget = int(rng.integers(0, int(stash.sum(axis=1).max() * layers // 2 + 20)))
-    return dict(time=time, stash=stash, forward=forward, backward=backward, layout=layout, transition=transition,
-                budget=budget)
+    return dict(time=time, states=states, in_flight=in_flight, stash=stash, forward=forward, backward=backward,
+                layout=layout, transition=transition, budget=budget)
 
 
 case_strategy = dict(layers=st.integers(1, 6), options=st.integers(1, 4), n_layouts=st.integers(1, 3),
@@ -71,11 +71,11 @@ case_strategy = dict(layers=st.integers(1, 6), options=st.integers(1, 4), n_layo
 
 
 @settings(max_examples=250, deadline=None)
-@given(**case_strategy, prune=st.booleans())
-def test_exact_engine_equals_exhaustive_enumeration(layers, options, n_layouts, seed, prune):
+@given(**case_strategy)
+def test_exact_engine_equals_exhaustive_enumeration(layers, options, n_layouts, seed):
     case = random_case(layers, options, n_layouts, seed)
     fitting = [(t, plan) for plan, t, _, memory in all_plans(case) if memory <= case["budget"]]
-    frontier = run_dp(case, Frontier.empty(), prune)
+    frontier = run_dp(case, Frontier.empty())
     index = frontier.best(case["budget"])
     if not fitting:
         assert index < 0
@@ -117,13 +117,13 @@ def test_grid_answer_fits_and_is_never_better_than_the_optimum(layers, options, 
 
 def test_backward_peak_makes_the_forward_only_optimum_infeasible():
     # Two layers, two options each. Option 1 is fast with low stash but a big backward extra (CKPT).
-    case = dict(time=np.array([[5.0, 1.0], [5.0, 1.0]]), stash=np.array([[4, 1], [4, 1]]),
+    case = dict(time=np.array([[5.0, 1.0], [5.0, 1.0]]), states=np.zeros((2, 2), int), in_flight=1,
                 forward=np.array([[4, 1], [4, 1]]), backward=np.array([[0, 9], [0, 9]]), layout=np.array([0, 0]),
                 transition=np.zeros((2, 1, 1)))
     # Forward memory alone (2) fits a budget of 8, but E_all = 2 - 2 + max(1+9, 2+9) = 11 does not.
     for root in (lambda: Frontier.empty(), lambda: GridFrontier.empty(1, case["budget"], 1.0)):
         for budget, plan, best in ((8, (0, 0), 10.0), (11, (1, 1), 2.0)):
             case["budget"] = budget
-            frontier = run_dp(case, root(), prune=False)
+            frontier = run_dp(case, root())
             index = frontier.best(budget)
             assert tuple(frontier.backtrack(index)) == plan and frontier.time_at(index) == best

@@ -21,7 +21,7 @@ rank's CUDA device, gloo tensors on the CPU); rank 0 writes the file and prints 
 3. Overlap slowdown (`measure_overlap_slowdown`): a matmul loop and an all-reduce loop of about
    equal length, alone and at once (paper Sec. 5: overlapped compute and communication both slow
    down). The factor f is the one that makes the estimator's overlapped time
-   max(c, g) + (f − 1)·min(c, g) (gbmw/cost.py) equal the measured wall time.
+   max(c, g) + (f − 1)·min(c, g) (gbmw/layer_cost.py) equal the measured wall time.
 4. Device: fp32 matmul rate on every rank at once (the slowest rank's) as the peak; sustained =
    peak × `sustained_fraction` (default 0.5, an assumption stated in the file's sources; `gbmw
    profile model` measures layer times that supersede it). Memory: the CUDA device's total, or
@@ -749,7 +749,7 @@ def profile_cluster(output_path: str | Path, name: str | None = None,
         f"{overlap.all_reduces} all_reduce of {format_size(overlap.message_bytes)} over all {ranks.world_size} ranks, "
         f"alone {overlap.compute_alone_s * 1e3:.4g} / {overlap.communication_alone_s * 1e3:.4g} ms, at once "
         f"{overlap.compute_overlapped_s * 1e3:.4g} / {overlap.communication_overlapped_s * 1e3:.4g} ms; "
-        "f solves max(c, g) + (f − 1)·min(c, g) = the overlapped wall time (gbmw/cost.py)")]
+        "f solves max(c, g) + (f − 1)·min(c, g) = the overlapped wall time (gbmw/layer_cost.py)")]
     if peak_tflops is None:
         precisions = ["fp32"] + (["fp16", "bf16"] if ranks.is_cuda and _supports_bf16() else [])
         say(f"matmul rate: {', '.join(precisions)}")

@@ -64,13 +64,9 @@ def summarise(errors: list[float]) -> dict[str, float]:
 
 def predicted_terms(job, plan) -> tuple[float, tuple[float, ...], tuple[float, ...]]:
     """(iteration s, per-stage states + stash, per-stage backward extra) from the estimator."""
-    from gbmw.comm import CommModel
-    from gbmw.cost import CostSettings, estimate_plan, stage_estimate
+    from gbmw.estimate import estimate_plan, plan_stage_estimates
 
-    settings, comm = CostSettings(job.cluster, job.precision, job.optimizer), CommModel(job.cluster)
-    stages = [stage_estimate(job.model, list(plan.stage_strategies(index)), first, index, plan.pp, plan.micro_batch,
-                             plan.num_micro_batches, settings, comm, {}, plan.schedule)
-              for index, (first, _) in enumerate(plan.stage_bounds)]
+    stages = plan_stage_estimates(job, plan)
     held = tuple(stage.model_state_bytes + stage.stashed_activation_bytes for stage in stages)
     extra = tuple(stage.activation_bytes - stage.stashed_activation_bytes for stage in stages)
     return estimate_plan(job, plan).iteration_time_s, held, extra

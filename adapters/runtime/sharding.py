@@ -13,7 +13,7 @@ Which implementation and why:
   rank's TP slice) and runs on gloo. `sdp` frees the gathered parameters after forward and gathers
   them again for backward; `z1dp`/`z2dp` keep them gathered from forward to backward
   (`reshard_after_forward=False`). Gradients follow ZeRO's stages as the estimator prices them
-  (gbmw/cost.py): `sdp` and `z2dp` reduce-scatter every micro-batch and accumulate sharded gradients;
+  (gbmw/layer_cost.py): `sdp` and `z2dp` reduce-scatter every micro-batch and accumulate sharded gradients;
   `z1dp` accumulates unsharded gradients and reduce-scatters them once, on the last micro-batch. (After
   that reduce-scatter FSDP2 keeps only the shard, so between iterations ZeRO-1 holds less than the
   estimator's unsharded gradients.)

@@ -1,0 +1,68 @@
+"""Bounds that let the planner skip settings without searching them (its best-first order and early stop):
+no partition of a setting can fit, and an upper bound of the throughput any plan of a setting reaches."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from gbmw.stage_cost import StrategyTables
+
+
+def cannot_fit(tables: StrategyTables, allowed: np.ndarray, pp: int, budget_bytes: float) -> bool:
+    """True if no partition can fit: some layer alone, or the stages' average, exceeds the budget."""
+    masked = np.where(allowed, 1.0, np.inf)
+    alone = (tables.model_state_bytes + tables.forward_memory_bytes + tables.backward_memory_bytes) * masked
+    lightest = ((tables.model_state_bytes + tables.forward_memory_bytes) * masked).min(axis=0)
+    return bool(alone.min(axis=0).max() > budget_bytes or lightest.sum() > pp * budget_bytes)
+
+
+def throughput_upper_bound(tables: StrategyTables, allowed: np.ndarray, pp: int, micro_batch: int, count: int,
+                           schedule: str, budget_bytes: float) -> float:
+    """B / (a lower bound of Eq. (9) over every plan of this setting that fits).
+
+    Eq. (9) ≥ (m - 1) · Σ_i C_no_sync(M_i) / P + Σ_l min c(l): the stages' no-sync times sum to at
+    least the least total no-sync time of plans whose memory fits all stages together —
+    Σ_l (O_ms + O_f) ≤ P · E, since every stage holds at least one micro-batch — which the
+    Lagrangian dual of that knapsack bounds from below.
+    """
+    no_sync = np.where(allowed, tables.time_no_grad_sync_s, np.inf)
+    sync = np.where(allowed, tables.time_s, np.inf).min(axis=0)
+    k = count if schedule == "gpipe" else 1
+    memory = tables.model_state_bytes + k * tables.forward_memory_bytes
+    total_no_sync = knapsack_lower_bound(no_sync, memory, pp * budget_bytes)
+    slowest_stage = max(total_no_sync / pp, no_sync.min(axis=0).max())
+    lower = (count - 1) * slowest_stage + sync.sum()
+    return micro_batch * count / lower if np.isfinite(lower) else 0.0
+
+
+def knapsack_lower_bound(time: np.ndarray, memory: np.ndarray, capacity: float, iterations: int = 40) -> float:
+    """A lower bound of min Σ_l time[s_l, l] subject to Σ_l memory[s_l, l] ≤ capacity (one choice s_l
+    per layer; inf time = not allowed): the Lagrangian dual max_λ Σ_l min_s (time + λ·memory) − λ·capacity,
+    maximised by bisection on its subgradient. inf when even the lightest choices exceed the capacity."""
+    allowed = np.isfinite(time)
+    if np.where(allowed, memory, np.inf).min(axis=0).sum() > capacity:
+        return np.inf
+
+    def dual(weight: float) -> tuple[float, float]:
+        combined = np.where(allowed, time + weight * memory, np.inf)
+        pick = combined.argmin(axis=0)
+        columns = np.arange(time.shape[1])
+        used = memory[pick, columns].sum()
+        return combined[pick, columns].sum() - weight * capacity, used - capacity
+
+    value, excess = dual(0.0)
+    if excess <= 0:
+        return value
+    low, high = 0.0, 1e-12
+    while dual(high)[1] > 0:
+        low, high = high, high * 4
+    best = max(value, dual(high)[0])
+    for _ in range(iterations):
+        middle = (low + high) / 2
+        value, excess = dual(middle)
+        best = max(best, value)
+        if excess > 0:
+            low = middle
+        else:
+            high = middle
+    return best

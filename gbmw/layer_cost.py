@@ -1,0 +1,227 @@
+"""The cost of one layer under one strategy: time, and memory in bytes (paper Sec. 5; Eq. (1)–(3)'s O_f, O_b,
+O_ms and the per-layer time c(l, S) of Eq. (4)).
+
+For one micro-batch of `micro_batch` samples entering a stage whose group has G devices, a layer under
+strategy S (data-parallel ways d, TP degree t) processes micro_batch / d samples per device:
+
+* compute: forward = per-sample time × samples / t (profiled time, or FLOPs over the device's
+  sustained FLOP/s); backward = 2 × forward unless profiled; CKPT adds one forward (recompute) before backward.
+* TP: the layer's all-reduces in forward and as many in backward (and again in the recompute).
+* DP/SDP: SDP all-gathers parameters before forward and backward and reduce-scatters gradients
+  every micro-batch (DeepSpeed ZeRO-3 keeps no unsharded gradients across micro-batches);
+  DP all-reduces gradients once per iteration, on the last micro-batch (Appendix C); ZeRO-1
+  reduce-scatters gradients and all-gathers updated parameters then; ZeRO-2 reduce-scatters every
+  micro-batch and all-gathers parameters on the last. Backward DP/SDP communication overlaps
+  backward compute and both slow down by the cluster's overlap factor f while they share the
+  device: time = max(c, g) + (f - 1) · min(c, g).
+* memory (bytes per device): model states per precision and optimizer, divided by the sharding
+  axes; forward-stashed activations O_f (boundary + intermediate, or boundary only under CKPT);
+  backward extra O_b (the recomputed intermediates of a CKPT layer, the gathered parameters and
+  gradients of an SDP layer); model states O_ms.
+
+gbmw.stage_cost adds what depends on the stage (transitions, pipeline sends, the 1F1B stash).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from gbmw.cluster_spec import ClusterSpec
+from gbmw.comm import CommModel
+from gbmw.model_spec import ModelSpec
+from gbmw.space import DATA_PARALLEL_AXES, Strategy
+
+
+#: Bytes per parameter of (parameters, gradients, optimizer states) by precision and optimizer.
+#: Mixed precision keeps 16-bit parameters and gradients and an fp32 master copy with Adam's two
+#: moments (Rajbhandari et al., "ZeRO", Sec. 3.1: 2 + 2 + 12 bytes); fp32 keeps 4 + 4 + 8.
+MODEL_STATE_BYTES: dict[tuple[str, str], tuple[int, int, int]] = {
+    ("fp32", "adam"): (4, 4, 8),
+    ("fp16", "adam"): (2, 2, 12),
+    ("bf16", "adam"): (2, 2, 12),
+    ("fp32", "sgd"): (4, 4, 0),
+    ("fp16", "sgd"): (2, 2, 4),
+    ("bf16", "sgd"): (2, 2, 4),
+}
+
+
+@dataclass(frozen=True)
+class CostSettings:
+    """What the costs depend on besides the layers and strategies."""
+
+    cluster: ClusterSpec
+    precision: str
+    optimizer: str = "adam"
+
+
+@dataclass
+class LayerCosts:
+    """Per-layer costs for one strategy (arrays over layers), one micro-batch."""
+
+    time_s: np.ndarray
+    """Layer time on the last micro-batch (gradient synchronisation included)."""
+    time_no_grad_sync_s: np.ndarray
+    """Layer time on the other micro-batches."""
+    forward_memory_bytes: np.ndarray
+    """O_f: activations stashed from forward to backward (one micro-batch)."""
+    backward_memory_bytes: np.ndarray
+    """O_b: extra memory only while this layer runs backward."""
+    model_state_bytes: np.ndarray
+    """O_ms: parameters, gradients and optimizer states held throughout."""
+    samples_per_device: float
+    optimizer_parameters: np.ndarray
+    """Parameters this device's optimizer steps (TP-local, divided by every ZeRO degree of the strategy)."""
+
+
+def model_state_bytes_per_parameter(strategy: Strategy, precision: str, optimizer: str) -> float:
+    """Bytes of model states per (TP-local) parameter on one device under `strategy`'s sharding."""
+    parameter_bytes, gradient_bytes, optimizer_bytes = MODEL_STATE_BYTES[(precision, optimizer)]
+    zero3 = strategy.degree("sdp")
+    zero2 = zero3 * strategy.degree("z2dp")
+    zero1 = zero2 * strategy.degree("z1dp")
+    return parameter_bytes / zero3 + gradient_bytes / zero2 + optimizer_bytes / zero1
+
+
+def tp_local_parameters(model: ModelSpec, tp: int) -> np.ndarray:
+    arrays = model.arrays
+    return arrays.tp_split_parameter_count / tp + (arrays.parameter_count - arrays.tp_split_parameter_count)
+
+
+def forward_time_per_sample_s(model: ModelSpec, settings: CostSettings) -> np.ndarray:
+    """Measured per-sample forward time where profiled, else FLOPs / sustained FLOP/s."""
+    arrays = model.arrays
+    analytic = arrays.forward_flops_per_sample / settings.cluster.sustained_flops(settings.precision)
+    return np.where(arrays.has_measured_time, arrays.forward_time_per_sample_s, analytic)
+
+
+def _framework_overheads_s(model: ModelSpec, strategy: Strategy, settings: CostSettings, comm: CommModel,
+                           parameter_bytes: float, gradient_bytes: float) -> tuple[np.ndarray, np.ndarray]:
+    """Per call: what profiled TP-2 / SDP-2 / checkpointed timings show beyond compute and the modelled
+    collectives (the runtime's megatron-core, FSDP2 and checkpoint_wrapper bookkeeping), and the part of it
+    a checkpointed layer's recomputed forward repeats (TP's forward share). 0 for analytic models and for
+    strategies without tp, sdp or ckpt."""
+    arrays = model.arrays
+    overhead, recompute_overhead = np.zeros(model.num_layers), np.zeros(model.num_layers)
+    batch = arrays.profiled_batch
+    if not batch.any():
+        return overhead, recompute_overhead
+    forward_per_sample = forward_time_per_sample_s(model, settings)
+    backward_per_sample = np.where(arrays.has_measured_backward, arrays.backward_time_per_sample_s,
+                                   2 * forward_per_sample)
+    backward_per_call = np.where(arrays.has_measured_backward, arrays.backward_overhead_s, 2 * arrays.forward_overhead_s)
+
+    def charged_compute(tp: int) -> np.ndarray:
+        """Forward + backward compute of one call of `batch` samples as layer_costs charges it at TP `tp`."""
+        return (forward_per_sample + backward_per_sample) * batch / tp + arrays.forward_overhead_s + backward_per_call
+
+    if strategy.tp > 1:
+        tp_comm = 2 * collective_time_s(comm.allreduce_s, arrays.tp_allreduce_bytes_per_sample * batch, 2, 1)
+        overhead += np.where(arrays.tp2_time_s > 0,
+                             np.maximum(0.0, arrays.tp2_time_s - charged_compute(2) - tp_comm), 0.0)
+        if strategy.ckpt:
+            forward_charged = forward_per_sample * batch / 2 + arrays.forward_overhead_s + tp_comm / 2
+            recompute_overhead += np.where(arrays.tp2_forward_time_s > 0,
+                                           np.maximum(0.0, arrays.tp2_forward_time_s - forward_charged), 0.0)
+    if strategy.degree("sdp") > 1:
+        gathers = 2 * collective_time_s(comm.allgather_s, arrays.parameter_count * parameter_bytes, 2, 1)
+        scatter = collective_time_s(comm.reduce_scatter_s, arrays.parameter_count * gradient_bytes, 2, 1)
+        overhead += np.where(arrays.sdp2_time_s > 0,
+                             np.maximum(0.0, arrays.sdp2_time_s - charged_compute(1) - gathers - scatter), 0.0)
+    if strategy.ckpt:
+        recompute = forward_per_sample * batch + arrays.forward_overhead_s
+        overhead += np.where(arrays.ckpt_time_s > 0,
+                             np.maximum(0.0, arrays.ckpt_time_s - charged_compute(1) - recompute), 0.0)
+    return overhead, recompute_overhead
+
+
+def layer_costs(
+    model: ModelSpec, strategy: Strategy, micro_batch: float, settings: CostSettings, comm: CommModel
+) -> LayerCosts:
+    """c(l, S), O_f(l, S), O_b(l, S), O_ms(l, S) of every layer l under one strategy S."""
+    arrays = model.arrays
+    parameter_bytes, gradient_bytes, _ = MODEL_STATE_BYTES[(settings.precision, settings.optimizer)]
+    tp = strategy.tp
+    samples = micro_batch / strategy.data_parallel
+    slowdown = settings.cluster.overlap_slowdown
+
+    # Compute.
+    forward_compute = forward_time_per_sample_s(model, settings) * samples / tp + arrays.forward_overhead_s
+    backward_compute = np.where(arrays.has_measured_backward,
+                                arrays.backward_time_per_sample_s * samples / tp + arrays.backward_overhead_s,
+                                2.0 * forward_compute)
+
+    # Tensor-parallel all-reduces (blocking, not overlapped).
+    tp_stride = strategy.stride("tp") if tp > 1 else 1
+    tp_forward = collective_time_s(comm.allreduce_s, arrays.tp_allreduce_bytes_per_sample * samples, tp, tp_stride)
+
+    # Data-parallel communication of this layer's (TP-local) parameters and gradients.
+    local_parameters = tp_local_parameters(model, tp)
+    every_micro_batch = np.zeros(model.num_layers)  # backward, overlappable
+    forward_gather = np.zeros(model.num_layers)
+    last_micro_batch = np.zeros(model.num_layers)  # backward, overlappable, once per iteration
+    shard = 1
+    for axis, degree in strategy.dims:
+        if axis not in DATA_PARALLEL_AXES:
+            continue
+        stride = strategy.stride(axis)
+        shard_parameters = local_parameters / shard
+        if axis == "sdp":
+            gather = collective_time_s(comm.allgather_s, shard_parameters * parameter_bytes, degree, stride)
+            forward_gather += gather
+            every_micro_batch += gather + collective_time_s(comm.reduce_scatter_s, shard_parameters * gradient_bytes, degree, stride)
+            shard *= degree
+        elif axis == "z2dp":
+            every_micro_batch += collective_time_s(comm.reduce_scatter_s, shard_parameters * gradient_bytes, degree, stride)
+            last_micro_batch += collective_time_s(comm.allgather_s, shard_parameters * parameter_bytes, degree, stride)
+        elif axis == "z1dp":
+            last_micro_batch += collective_time_s(comm.reduce_scatter_s, shard_parameters * gradient_bytes, degree, stride)
+            last_micro_batch += collective_time_s(comm.allgather_s, shard_parameters * parameter_bytes, degree, stride)
+        else:  # dp
+            last_micro_batch += collective_time_s(comm.allreduce_s, shard_parameters * gradient_bytes, degree, stride)
+
+    framework, recompute_framework = _framework_overheads_s(model, strategy, settings, comm, parameter_bytes,
+                                                            gradient_bytes)
+
+    def overlapped(compute: np.ndarray, communication: np.ndarray) -> np.ndarray:
+        return np.maximum(compute, communication) + (slowdown - 1.0) * np.minimum(compute, communication)
+
+    forward = forward_compute + tp_forward + forward_gather + framework
+    recompute = (forward_compute + tp_forward + recompute_framework) if strategy.ckpt else 0.0
+    backward_common = tp_forward + recompute
+    time_no_sync = forward + backward_common + overlapped(backward_compute, every_micro_batch)
+    time_sync = forward + backward_common + overlapped(backward_compute, every_micro_batch + last_micro_batch)
+
+    # Memory.
+    boundary = arrays.boundary_activation_bytes_per_sample * samples
+    intermediate = (
+        arrays.intermediate_activation_bytes_per_sample + arrays.intermediate_tp_split_activation_bytes_per_sample / tp
+    ) * samples
+    if strategy.ckpt:
+        forward_memory, backward_memory = boundary, intermediate.copy()
+    else:
+        forward_memory, backward_memory = boundary + intermediate, np.zeros(model.num_layers)
+    sdp = strategy.degree("sdp")
+    if sdp > 1:  # the gathered full parameters and unscattered gradients of the running layer
+        backward_memory = backward_memory + local_parameters * (parameter_bytes + gradient_bytes) * (1 - 1 / sdp)
+    states = local_parameters * model_state_bytes_per_parameter(strategy, settings.precision, settings.optimizer)
+    return LayerCosts(
+        time_s=time_sync,
+        time_no_grad_sync_s=time_no_sync,
+        forward_memory_bytes=forward_memory,
+        backward_memory_bytes=backward_memory,
+        model_state_bytes=states,
+        samples_per_device=samples,
+        optimizer_parameters=local_parameters / (sdp * strategy.degree("z2dp") * strategy.degree("z1dp")),
+    )
+
+
+def collective_time_s(function, message_bytes: np.ndarray, size: int, stride: int) -> np.ndarray:
+    """A collective time function of gbmw.comm applied to each layer's message (times are affine in the
+    size); a layer with nothing to send costs nothing."""
+    if size <= 1:
+        return np.zeros_like(message_bytes)
+    base = function(0.0, size, stride)
+    per_byte = function(1.0, size, stride) - base
+    return np.where(message_bytes > 0, base + per_byte * message_bytes, 0.0)
