@@ -1,0 +1,273 @@
+"""A user's ds_config: the keys gbmw owns, reading (duplicate keys, hjson), batch-size resolution
+and consistency, the drop-in merge with one line per change, and writing."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+from gbmw.errors import GbmwError
+from gbmw.files import write_new_file
+
+
+BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
+
+OWNED_KEYS: tuple[str, ...] = (
+    *BATCH_KEYS,
+    "zero_optimization.stage",
+    "zero_optimization.overlap_comm",
+    "zero_optimization.contiguous_gradients",
+    "zero_optimization.reduce_bucket_size",
+    "zero_optimization.stage3_prefetch_bucket_size",
+    "zero_optimization.stage3_param_persistence_threshold",
+    "zero_optimization.stage3_max_live_parameters",
+    "activation_checkpointing.partition_activations",
+    "activation_checkpointing.contiguous_memory_optimization",
+    "activation_checkpointing.cpu_checkpointing",
+    "bf16.enabled",
+    "fp16.enabled",
+    "pipeline.activation_checkpoint_interval",
+)
+"""Dotted paths of the keys gbmw sets: the ones the plan and its estimate depend on. Everything
+else in a user's config — optimizer, scheduler, gradient_clipping, logging, offload, loss-scale
+settings, unknown keys, unowned keys inside these sections — is the user's and is kept. An owned
+key the plan does not determine (stage-3 tuning under ZeRO-1, say) is left as the user wrote it:
+DeepSpeed ignores it there."""
+
+OWNED_SECTIONS: tuple[str, ...] = ("activation_checkpointing",)
+"""Sections whose presence gbmw owns: present exactly when the plan recomputes, so a config says
+what the plan does (the unowned keys inside, e.g. `profile`, stay when the section stays)."""
+
+OWNED_KEY_ALIASES = {
+    "zero_optimization.stage3_prefetch_bucket_size": "zero_optimization.prefetch_bucket_size",
+    "zero_optimization.stage3_param_persistence_threshold": "zero_optimization.param_persistence_threshold",
+    "zero_optimization.stage3_max_live_parameters": "zero_optimization.max_live_parameters",
+}
+"""Other spellings DeepSpeed's pydantic ZeRO config accepts (`populate_by_name`) for owned keys;
+a user's alternative spelling is dropped when gbmw sets the key, so only one value remains."""
+
+_NOT_MODELLED = {
+    "zero_optimization.offload_optimizer": "gbmw's estimate keeps optimizer states on the device",
+    "zero_optimization.offload_param": "gbmw's estimate keeps parameters on the device",
+}
+
+
+# ----------------------------------------------------------------------------------------------
+# A user's config: loading, batch consistency, drop-in merge
+# ----------------------------------------------------------------------------------------------
+
+
+def load_user_config(path: str | Path) -> dict[str, Any]:
+    """Read a user's ds_config: one GbmwError for a missing file, invalid JSON (line, column), a
+    duplicate key (DeepSpeed refuses those) or a value that is not an object. DeepSpeed reads
+    configs with hjson, so a file with comments is accepted when hjson is installed; it is written
+    back as plain JSON (comments are not kept)."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise GbmwError(f"{path}: no such DeepSpeed config file") from None
+    except (OSError, UnicodeDecodeError) as error:
+        reason = getattr(error, "strerror", None) or error
+        raise GbmwError(f"{path}: cannot read the DeepSpeed config ({reason})") from None
+    try:
+        data = json.loads(text, object_pairs_hook=_refuse_duplicate_keys)
+    except json.JSONDecodeError as error:
+        data = _hjson_or_none(text)
+        if data is None:
+            raise GbmwError(
+                f"{path}: not valid JSON at line {error.lineno}, column {error.colno}: {error.msg}"
+            ) from None
+    except _DuplicateKey as error:
+        raise GbmwError(f"{path}: key {error.args[0]!r} appears twice in one object; DeepSpeed refuses that") from None
+    if not isinstance(data, dict):
+        raise GbmwError(
+            f"{path}: a DeepSpeed config is a JSON object ({{...}}), this file holds a {type(data).__name__}"
+        )
+    return data
+
+
+class _DuplicateKey(Exception):
+    pass
+
+
+def _refuse_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in result:
+            raise _DuplicateKey(key)
+        result[key] = value
+    return result
+
+
+def _hjson_or_none(text: str) -> Any:
+    try:
+        import hjson  # DeepSpeed's own reader; installed with deepspeed
+    except ImportError:
+        return None
+    try:
+        return hjson.loads(text, object_pairs_hook=_refuse_duplicate_keys)
+    except Exception:  # noqa: BLE001 - any hjson failure means "not readable"; json's message is reported
+        return None
+
+
+def _batch_value(config: dict[str, Any], key: str) -> int | None:
+    """A batch key's value; None when absent or "auto" (HF Trainer fills those in)."""
+    value = config.get(key)
+    if value is None or value == "auto":
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise GbmwError(f"{key}: value {value!r} — must be a positive integer")
+    return value
+
+
+def resolve_batch(config: dict[str, Any], data_parallel: int) -> tuple[int, int, int]:
+    """(train_batch_size, train_micro_batch_size_per_gpu, gradient_accumulation_steps) as DeepSpeed
+    completes them when one or two are given (DeepSpeedConfig._set_batch_related_parameters)."""
+    train, micro, accum = (_batch_value(config, key) for key in BATCH_KEYS)
+    if train is not None and micro is not None and accum is None:
+        accum = train // micro // data_parallel
+    elif train is not None and accum is not None and micro is None:
+        micro = train // data_parallel // accum
+    elif micro is not None and accum is not None and train is None:
+        train = micro * accum * data_parallel
+    elif train is not None and micro is None and accum is None:
+        accum, micro = 1, train // data_parallel
+    elif micro is not None and train is None and accum is None:
+        train, accum = micro * data_parallel, 1
+    elif train is None and micro is None:
+        raise GbmwError("the DeepSpeed config sets neither train_batch_size nor train_micro_batch_size_per_gpu")
+    return train, micro, accum  # type: ignore[return-value]
+
+
+def batch_consistency_problems(config: dict[str, Any], world_size: int, mp_size: int = 1) -> list[str]:
+    """Why DeepSpeed would refuse the config's batch keys on `world_size` devices with model
+    parallelism `mp_size` (TP × PP): its identity train_batch_size = micro × accumulation × DP
+    with DP = world_size / mp_size. Empty when consistent, or when any of them is "auto"."""
+    if mp_size < 1 or world_size % mp_size:
+        return [f"world_size({world_size}) is not a multiple of the model-parallel size mp_size({mp_size})"]
+    data_parallel = world_size // mp_size
+    if any(config.get(key) == "auto" for key in BATCH_KEYS):
+        return []  # HF Trainer fills "auto" batch keys consistently before DeepSpeed sees them
+    try:
+        train, micro, accum = resolve_batch(config, data_parallel)
+    except GbmwError as error:
+        return [str(error)]
+    if micro < 1 or accum < 1 or train != micro * accum * data_parallel:
+        return [
+            f"train_batch_size({train}) != train_micro_batch_size_per_gpu({micro}) * "
+            f"gradient_accumulation_steps({accum}) * data-parallel size({data_parallel}) = "
+            f"{micro * accum * data_parallel}, where data-parallel size = "
+            f"world_size({world_size}) / mp_size({mp_size})"
+        ]
+    return []
+
+
+def check_batch_consistency(config: dict[str, Any], world_size: int, mp_size: int = 1,
+                            where: str = "ds_config") -> None:
+    """Raise one GbmwError with `batch_consistency_problems`, if any."""
+    problems = batch_consistency_problems(config, world_size, mp_size)
+    if problems:
+        raise GbmwError(f"{where}: inconsistent batch sizes: " + "; ".join(problems))
+
+
+def merge_into_user_config(user: dict[str, Any], generated: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """A new config: `user` with gbmw's `generated` keys written over it, and one human-readable
+    line per change ("zero_optimization.stage: 3 -> 1", "activation_checkpointing: added").
+
+    Only `OWNED_KEYS` (and the presence of `OWNED_SECTIONS`) are taken from `generated`; every
+    other key of `user`, at any depth, is kept as it was. `user` is never modified. A user's
+    `bfloat16` section (DeepSpeed's old name) becomes `bf16`; a user's alternative spelling of an
+    owned ZeRO key is dropped. Notes flag kept settings the estimate does not model (offload).
+    """
+    if not isinstance(user, dict) or not isinstance(generated, dict):
+        raise GbmwError("a DeepSpeed config is a JSON object; merge_into_user_config takes two dicts")
+    result = copy.deepcopy(user)
+    changes: list[str] = []
+    if "bfloat16" in result and "bf16" not in result and _has(generated, "bf16.enabled"):
+        result["bf16"] = result.pop("bfloat16")
+        changes.append("bfloat16: renamed to bf16 (DeepSpeed's current name)")
+    for section in OWNED_SECTIONS:
+        if section in result and section not in generated:
+            del result[section]
+            changes.append(f"{section}: removed (the plan recomputes no layer)")
+    added_sections: set[str] = set()
+    for path in OWNED_KEYS:
+        if not _has(generated, path):
+            continue
+        new = _get(generated, path)
+        section = path.split(".")[0]
+        if "." in path and section not in added_sections:
+            if section in result and not isinstance(result[section], dict):
+                changes.append(f"{section}: {_show(result.pop(section))} replaced by an object")
+            if section not in result:
+                added_sections.add(section)
+                changes.append(f"{section}: added")
+        if _has(result, path):
+            old = _get(result, path)
+            if old != new or type(old) is not type(new):
+                changes.append(f"{path}: {_show(old)} -> {_show(new)}")
+        elif section not in added_sections:
+            changes.append(f"{path}: added ({_show(new)})")
+        _set(result, path, new)
+        alias = OWNED_KEY_ALIASES.get(path)
+        if alias and _has(result, alias):
+            changes.append(f"{alias}: removed ({_show(_get(result, alias))}); gbmw sets it as {path.split('.')[-1]}")
+            _delete(result, alias)
+    for path, why in _NOT_MODELLED.items():
+        setting = _get(result, path) if _has(result, path) else None
+        if isinstance(setting, dict) and str(setting.get("device", "none")).lower() != "none":
+            changes.append(f"note: {path} kept from your config; {why}, so memory use will be lower and steps slower")
+    return result, _unique(changes)
+
+
+def _unique(lines: list[str]) -> list[str]:
+    return list(dict.fromkeys(lines))
+
+
+def _show(value: Any) -> str:
+    return json.dumps(value)
+
+
+def _has(config: dict[str, Any], path: str) -> bool:
+    node: Any = config
+    for part in path.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return True
+
+
+def _get(config: dict[str, Any], path: str) -> Any:
+    node: Any = config
+    for part in path.split("."):
+        node = node[part]
+    return node
+
+
+def _set(config: dict[str, Any], path: str, value: Any) -> None:
+    *parents, leaf = path.split(".")
+    node = config
+    for part in parents:
+        node = node.setdefault(part, {})
+    node[leaf] = copy.deepcopy(value)
+
+
+def _delete(config: dict[str, Any], path: str) -> None:
+    *parents, leaf = path.split(".")
+    node = config
+    for part in parents:
+        node = node[part]
+    del node[leaf]
+
+
+def dumps_config(config: dict[str, Any]) -> str:
+    """The config as written to a file: JSON, 2-space indent, keys in order, final newline."""
+    return json.dumps(config, indent=2) + "\n"
+
+
+def write_ds_config(path: str | Path, config: dict[str, Any]) -> Path:
+    """Write the config to a new file, atomically; never overwrites (gbmw.plan.write_new_file)."""
+    return write_new_file(path, dumps_config(config))

@@ -1,0 +1,105 @@
+"""Plan → Megatron-LM / Megatron-DeepSpeed arguments: the model flags of an architecture and the
+flags of a plan's layout (the table in gbmw.adapters.megatron)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gbmw.architectures import GPTArchitecture
+from gbmw.jobs import JobSpec
+from gbmw.plan import Plan
+
+from .layout import gpt_architecture, megatron_layout
+
+
+def _architecture_values(arch: GPTArchitecture, target: str) -> dict[str, Any]:
+    """{argparse dest: value} of the model flags for `arch` under `target` (None: flag absent)."""
+    deepspeed = target == "megatron-deepspeed"
+    kv_heads = arch.num_kv_heads if arch.num_kv_heads not in (None, arch.num_heads) else None
+    values: dict[str, Any] = {
+        "num_layers": arch.num_layers,
+        "hidden_size": arch.hidden_size,
+        "ffn_hidden_size": arch.ffn_hidden_size or 4 * arch.hidden_size,
+        "num_attention_heads": arch.num_heads,
+        "seq_length": arch.seq_length,
+        "max_position_embeddings": arch.seq_length,
+        "swiglu": arch.gated_mlp,
+        "disable_bias_linear": not arch.bias,
+        "untie_embeddings_and_output_weights": not arch.tie_embeddings,
+        "attention_dropout": None if arch.dropout else 0.0,
+        "hidden_dropout": None if arch.dropout else 0.0,
+    }
+    if deepspeed:
+        values["num_key_value_heads"] = kv_heads
+        values["normalization"] = "rmsnorm" if arch.norm == "rms" else None
+        values["use_rotary_position_embeddings"] = arch.position_embedding == "rotary"
+        values["use_flash_attn_v2"] = arch.attention == "flash"
+    else:
+        values["group_query_attention"] = kv_heads is not None
+        values["num_query_groups"] = kv_heads
+        values["normalization"] = "RMSNorm" if arch.norm == "rms" else None
+        values["position_embedding_type"] = "rope" if arch.position_embedding == "rotary" else None
+    return values
+
+
+def _flag(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
+
+
+def _architecture_args(arch: GPTArchitecture, target: str) -> list[str]:
+    args: list[str] = []
+    for dest, value in _architecture_values(arch, target).items():
+        if value is None or value is False:
+            continue
+        args += [_flag(dest)] if value is True else [_flag(dest), _number(value)]
+    return args
+
+
+def _number(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+# ----------------------------------------------------------------------------------------------
+# Plan → arguments
+# ----------------------------------------------------------------------------------------------
+
+
+def plan_to_megatron_args(
+    plan: Plan, job: JobSpec, target: str = "megatron-core", *, deepspeed_config: str = "ds_config.json"
+) -> list[str]:
+    """Megatron-LM (megatron-core) or Megatron-DeepSpeed arguments that run `plan` for `job`.
+
+    Only what the plan decides plus the architecture: data, tokenizer, optimizer and schedule
+    flags are the user's. `deepspeed_config` is the path given to ``--deepspeed_config``
+    (megatron-deepspeed only; write the file with gbmw.adapters.deepspeed). Raises PlanError with
+    the target's reasons when `target` cannot run the plan.
+    """
+    plan.check_against(job.model, job.cluster.num_devices)
+    layout = megatron_layout(plan, job, target)
+    arch = gpt_architecture(job)
+    deepspeed = target == "megatron-deepspeed"
+    args = [
+        "--tensor-model-parallel-size", str(layout.tensor_parallel),
+        "--pipeline-model-parallel-size", str(layout.pipeline_parallel),
+    ]
+    if deepspeed and layout.pipeline_parallel == 1:
+        args.append("--no-pipeline-parallel")  # a 1-stage PipelineModule would refuse ZeRO-2/3
+    if layout.first_stage_blocks is not None:
+        args += ["--decoder-first-pipeline-num-layers", str(layout.first_stage_blocks),
+                 "--decoder-last-pipeline-num-layers", str(layout.last_stage_blocks)]
+    args += [
+        "--micro-batch-size", str(layout.micro_batch_size),
+        "--global-batch-size", str(layout.global_batch_size),
+    ]
+    args += _architecture_args(arch, target)
+    if plan.precision in ("bf16", "fp16"):
+        args.append(f"--{plan.precision}")
+    if layout.recompute:
+        args += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
+        if deepspeed:
+            args.append("--deepspeed-activation-checkpointing")
+    if deepspeed:
+        args += ["--deepspeed", "--deepspeed_config", deepspeed_config, "--zero-stage", str(layout.zero_stage)]
+    elif layout.data_axis == "z1dp":
+        args.append("--use-distributed-optimizer")
+    return args

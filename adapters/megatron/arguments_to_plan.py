@@ -1,0 +1,202 @@
+"""Megatron arguments → Plan: a parser mirroring the flags gbmw writes, the flags refused because a
+plan cannot describe them, and the plan the arguments run."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Sequence
+
+from gbmw.architectures import GPTArchitecture
+from gbmw.errors import GbmwError
+from gbmw.jobs import JobSpec
+from gbmw.plan import Plan
+from gbmw.stock_partitions import megatron_stage_partition
+from gbmw.targets import AXIS_OF_ZERO_STAGE, get_target
+from gbmw.space import Strategy
+
+from .arguments import _architecture_values, _flag
+from .layout import gpt_architecture, megatron_blocks_per_stage, plan_target
+
+
+#: Flags that change the parallel layout or memory in ways a gbmw Plan does not describe; reading
+#: them back would silently drop their meaning, so `megatron_args_to_plan` refuses them.
+UNMODELLED_FLAGS = {
+    "--context-parallel-size": "context parallelism",
+    "--sequence-parallel": "sequence parallelism",
+    "--expert-model-parallel-size": "expert parallelism",
+    "--num-layers-per-virtual-pipeline-stage": "interleaved (virtual) pipeline stages",
+    "--num-virtual-stages-per-pipeline-rank": "interleaved (virtual) pipeline stages",
+    "--pipeline-model-parallel-layout": "a custom pipeline layout",
+    "--account-for-embedding-in-pipeline-split": "the embedding counted as a pipeline layer",
+    "--account-for-loss-in-pipeline-split": "the loss counted as a pipeline layer",
+    "--use-torch-fsdp2": "FSDP2 sharding",
+    "--use-megatron-fsdp": "Megatron FSDP sharding",
+    "--recompute-activations": "selective recomputation",
+    "--checkpoint-activations": "the legacy recomputation flag (write --recompute-granularity full "
+                                "--recompute-method uniform --recompute-num-layers 1)",
+    "--distribute-saved-activations": "recomputed activations split across TP ranks",
+}
+DEEPSPEED_REFUSED_FLAGS = {
+    "--decoder-first-pipeline-num-layers": "uneven pipeline stages (DeepSpeed's pipeline engine splits evenly here)",
+    "--decoder-last-pipeline-num-layers": "uneven pipeline stages (DeepSpeed's pipeline engine splits evenly here)",
+    "--use-distributed-optimizer": "Megatron's distributed optimizer (Megatron-DeepSpeed shards through --zero-stage)",
+}
+
+
+# ----------------------------------------------------------------------------------------------
+# Arguments → plan
+# ----------------------------------------------------------------------------------------------
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # argparse would print and exit
+        raise GbmwError(f"Megatron arguments: {message}")
+
+
+def _parser(target: str) -> _Parser:
+    """An argparse parser for the flags `plan_to_megatron_args` emits for `target` (not Megatron's own)."""
+    parser = _Parser(prog=f"gbmw {target} arguments", add_help=False, allow_abbrev=False)
+    add = parser.add_argument
+    add("--tensor-model-parallel-size", type=int, default=1)
+    add("--pipeline-model-parallel-size", type=int, default=1)
+    add("--micro-batch-size", type=int)
+    add("--global-batch-size", type=int)
+    for dest in ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "seq_length",
+                 "max_position_embeddings"):
+        add(_flag(dest), type=int)
+    for dest in ("swiglu", "disable_bias_linear", "untie_embeddings_and_output_weights", "bf16", "fp16"):
+        add(_flag(dest), action="store_true")
+    add("--attention-dropout", type=float)
+    add("--hidden-dropout", type=float)
+    add("--recompute-granularity", choices=["full", "selective"])
+    add("--recompute-method", choices=["uniform", "block"])
+    add("--recompute-num-layers", type=int)
+    if target == "megatron-deepspeed":
+        add("--num-key-value-heads", type=int)
+        add("--normalization", choices=["layernorm", "rmsnorm"])
+        add("--use-rotary-position-embeddings", action="store_true")
+        add("--use-flash-attn-v2", action="store_true")
+        add("--no-pipeline-parallel", action="store_true")
+        add("--deepspeed-activation-checkpointing", action="store_true")
+        add("--deepspeed", action="store_true")
+        add("--deepspeed_config")
+        add("--zero-stage", type=int, default=0)
+    else:
+        add("--group-query-attention", action="store_true")
+        add("--num-query-groups", type=int)
+        add("--normalization", choices=["LayerNorm", "RMSNorm"])
+        add("--position-embedding-type", choices=["learned_absolute", "rope", "mrope", "relative", "none"])
+        add("--decoder-first-pipeline-num-layers", type=int)
+        add("--decoder-last-pipeline-num-layers", type=int)
+        add("--use-distributed-optimizer", action="store_true")
+    return parser
+
+
+def _parse(args: Sequence[str], target: str) -> argparse.Namespace:
+    namespace, unknown = _parser(target).parse_known_args(list(args))
+    refused = dict(UNMODELLED_FLAGS)
+    if target == "megatron-deepspeed":
+        refused.update(DEEPSPEED_REFUSED_FLAGS)
+    problems = [f"{token} ({refused[token.split('=')[0]]})" for token in unknown if token.split("=")[0] in refused]
+    if problems:
+        raise GbmwError(f"Megatron arguments use what a gbmw plan does not describe: {'; '.join(problems)}")
+    return namespace
+
+
+def _check_architecture(namespace: argparse.Namespace, arch: GPTArchitecture, target: str, job: JobSpec) -> None:
+    """Every model flag must describe the job's model (absent flags take Megatron's defaults)."""
+    defaults = {"normalization": {"megatron-deepspeed": "layernorm"}.get(target, "LayerNorm"),
+                "position_embedding_type": "learned_absolute", "attention_dropout": 0.1, "hidden_dropout": 0.1,
+                "ffn_hidden_size": 4 * (namespace.hidden_size or 0)}
+    mismatches = []
+    for dest, expected in _architecture_values(arch, target).items():
+        given = getattr(namespace, dest)
+        expected = defaults.get(dest) if expected is None else expected
+        given = defaults.get(dest) if given is None else given
+        if given != expected:
+            mismatches.append(f"{_flag(dest)} {given!r} (the model needs {expected!r})")
+    if mismatches:
+        raise GbmwError(f"Megatron arguments do not describe {job.model.name} of job {job.name}: "
+                        + "; ".join(mismatches))
+
+
+def _recompute(namespace: argparse.Namespace) -> bool:
+    granularity, method = namespace.recompute_granularity, namespace.recompute_method
+    count = namespace.recompute_num_layers
+    if granularity is None:
+        if method is not None or count is not None:
+            raise GbmwError("--recompute-method/--recompute-num-layers without --recompute-granularity full")
+        return False
+    if granularity != "full" or method != "uniform" or count != 1:
+        raise GbmwError(
+            f"--recompute-granularity {granularity} --recompute-method {method} --recompute-num-layers {count}: "
+            "a gbmw plan recomputes whole blocks one at a time (full, uniform, 1) or none"
+        )
+    return True
+
+
+def megatron_args_to_plan(args: Sequence[str], job: JobSpec, target: str = "megatron-core") -> Plan:
+    """The Plan that Megatron arguments (as `plan_to_megatron_args` writes them) run for `job`.
+
+    The inverse of `plan_to_megatron_args` wherever `target` can express the plan: TP innermost,
+    then the data-parallel axis (ZeRO level from --use-distributed-optimizer or --zero-stage),
+    +ckpt on every Transformer block when recomputation is on. Flags it does not know are ignored
+    unless they change the layout (UNMODELLED_FLAGS), which is refused.
+    """
+    checked_target = plan_target(target)
+    namespace = _parse(args, target)
+    arch = gpt_architecture(job)
+    _check_architecture(namespace, arch, target, job)
+    precision = "bf16" if namespace.bf16 else "fp16" if namespace.fp16 else "fp32"
+    if namespace.bf16 and namespace.fp16:
+        raise GbmwError("Megatron arguments give both --bf16 and --fp16")
+    if precision != job.precision:
+        raise GbmwError(f"Megatron arguments train in {precision} but job {job.name} trains in {job.precision}")
+
+    devices = job.cluster.num_devices
+    tp, pp = namespace.tensor_model_parallel_size, namespace.pipeline_model_parallel_size
+    if tp < 1 or pp < 1 or devices % (tp * pp):
+        raise GbmwError(f"devices({devices}) % (tensor({tp}) * pipeline({pp}) = {tp * pp}) != 0")
+    dp = devices // (tp * pp)
+    if namespace.micro_batch_size is None or namespace.global_batch_size is None:
+        raise GbmwError("Megatron arguments need --micro-batch-size and --global-batch-size")
+    micro_batch = namespace.micro_batch_size * dp
+    if micro_batch < 1 or namespace.global_batch_size % micro_batch:
+        raise GbmwError(
+            f"--global-batch-size {namespace.global_batch_size} is not a multiple of --micro-batch-size "
+            f"{namespace.micro_batch_size} * data-parallel size {dp} = {micro_batch}"
+        )
+
+    if target == "megatron-deepspeed":
+        if not namespace.deepspeed:
+            raise GbmwError("Megatron-DeepSpeed arguments without --deepspeed run no ZeRO; add --deepspeed")
+        if namespace.zero_stage not in AXIS_OF_ZERO_STAGE:
+            raise GbmwError(f"--zero-stage {namespace.zero_stage}: ZeRO stages are 0, 1, 2 and 3")
+        if namespace.no_pipeline_parallel and pp != 1:
+            raise GbmwError(f"--no-pipeline-parallel with --pipeline-model-parallel-size {pp}")
+        data_axis = AXIS_OF_ZERO_STAGE[namespace.zero_stage]
+        first = last = None
+    else:
+        data_axis = "z1dp" if namespace.use_distributed_optimizer else "dp"
+        first, last = namespace.decoder_first_pipeline_num_layers, namespace.decoder_last_pipeline_num_layers
+    dims = ((("tp", tp),) if tp > 1 else ()) + (((data_axis, dp),) if dp > 1 else ())
+    recompute = _recompute(namespace)
+    strategies = tuple(Strategy(dims, recompute and layer.is_block) for layer in job.model.layers)
+    partition = tuple(megatron_stage_partition(job.model, megatron_blocks_per_stage(arch.num_layers, pp, first, last)))
+    plan = Plan(
+        model=job.model.name,
+        cluster=job.cluster.name,
+        num_devices=devices,
+        precision=precision,
+        global_batch=namespace.global_batch_size,
+        micro_batch=micro_batch,
+        num_micro_batches=namespace.global_batch_size // micro_batch,
+        pp=pp,
+        partition=partition,
+        strategies=strategies,
+        target=checked_target,
+        provenance={"made_by": "megatron_args_to_plan", "target": target},
+    )
+    plan.check_against(job.model, devices)
+    get_target(checked_target).check(plan, job.model)
+    return plan
