@@ -162,7 +162,8 @@ def _profile_parser(commands) -> None:
 
 
 def _run_profile_cluster(args: argparse.Namespace) -> int:
-    from gbmw.adapters.profile.cluster import parse_link_levels, profile_cluster
+    from gbmw.adapters.profile.cluster_profiler import profile_cluster
+    from gbmw.adapters.profile.link_fit import parse_link_levels
     from gbmw.adapters.runtime.launch import finish_distributed, init_distributed
 
     levels = parse_link_levels(args.links) if args.links else None
@@ -180,7 +181,7 @@ def _run_profile_cluster(args: argparse.Namespace) -> int:
 
 
 def _run_profile_model(args: argparse.Namespace) -> int:
-    from gbmw.adapters.profile.model import run_profile_model
+    from gbmw.adapters.profile.model_profiler import run_profile_model
 
     try:
         small, large = (int(part) for part in args.batches.split(","))

@@ -8,20 +8,19 @@ from gbmw.cluster_spec import load_cluster
 
 torch = pytest.importorskip("torch")
 
-from gbmw.adapters.profile.cluster import (  # after the torch skip
+from gbmw.adapters.profile.cluster_profiler import profile_cluster  # after the torch skip
+from gbmw.adapters.profile.cluster_yaml import build_cluster_spec, cluster_yaml_text
+from gbmw.adapters.profile.link_fit import (
     CollectiveTiming,
-    OverlapMeasurement,
-    build_cluster_spec,
     check_collectives,
     check_link_levels,
     check_sizes,
-    cluster_yaml_text,
     default_link_levels,
     fit_link,
     fit_timings,
     parse_link_levels,
-    profile_cluster,
 )
+from gbmw.adapters.profile.overlap import OverlapMeasurement
 
 SIZES = (2**12, 2**16, 2**20, 2**24)
 

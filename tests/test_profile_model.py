@@ -13,7 +13,7 @@ from runtime_reference import architecture  # noqa: E402
 
 @pytest.fixture(scope="module")
 def profiled():
-    from gbmw.adapters.profile.model import profile_model
+    from gbmw.adapters.profile.model_profiler import profile_model
 
     return profile_model(architecture("gpt-tiny"), "fp32", torch.device("cpu"), repeats=1)
 
@@ -36,7 +36,7 @@ def test_measured_activations_equal_analytic(profiled):
 def _profile_on_two(rank, world_size, output):
     import pickle
 
-    from gbmw.adapters.profile.model import profile_model, tp_pair_for_profiling
+    from gbmw.adapters.profile.model_profiler import profile_model, tp_pair_for_profiling
 
     spec = profile_model(architecture("gpt-tiny"), "fp32", torch.device("cpu"), repeats=1,
                          tp_pair=tp_pair_for_profiling())
@@ -61,7 +61,7 @@ def test_tp_split_measured_on_two_processes(tmp_path):
 
 
 def test_profile_yaml_loads_into_the_planner(tmp_path, profiled):
-    from gbmw.adapters.profile.model import model_spec_yaml
+    from gbmw.adapters.profile.model_profiler import model_spec_yaml
     from gbmw.planner import plan_job
     from gbmw.jobs import load_job
 

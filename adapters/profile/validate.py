@@ -130,7 +130,7 @@ def measure_plans(runs: list[PlanRun], steps: int, warmup: int, min_seconds: flo
     and the profile's, is then the mean over those same rounds."""
     import torch.distributed as dist
 
-    from .model import run_rounds
+    from .model_profiler import run_rounds
 
     for run in runs:
         for _ in range(warmup):
@@ -194,7 +194,7 @@ def run_validate(job_reference: str, plan_paths: list[str], steps: int, warmup: 
         if profile_alongside:
             import torch
 
-            from .model import ModelProfiler, tp_pair_for_profiling
+            from .model_profiler import ModelProfiler, tp_pair_for_profiling
 
             profiler = ModelProfiler(architecture, job.precision, torch.device(context.device), (2, 8),
                                      tp_pair_for_profiling())
@@ -225,7 +225,7 @@ def _with_profile(job, profiler, output: str, rank: int, say: Callable[[str], No
     rank 0 to `output`)."""
     from gbmw.files import write_new_file
 
-    from .model import model_spec_yaml
+    from .model_profiler import model_spec_yaml
 
     spec = profiler.spec(f"run alongside gbmw validate's timed steps, means over the same {len(rounds)} fast rounds",
                          chosen=rounds)
