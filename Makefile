@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 TORCH := torch==2.13.0
 
-.PHONY: setup demo train-demo test clean
+.PHONY: setup demo train-demo test test-unit clean
 
 setup: $(VENV)/.installed
 
@@ -26,8 +26,13 @@ train-demo: setup
 	$(BIN)/torchrun --standalone --nproc_per_node 4 -m gbmw train gpt-tiny_cpu-x4 --plan out/train-demo/plan.yaml \
 		--steps 20 --save out/train-demo/checkpoint
 
-test: setup
-	$(BIN)/python -m pytest -q
+# The unit tier (the planner) runs with torch, DeepSpeed and megatron-core made unimportable, which proves it needs
+# none of them; then the torch, dist and gpu tiers (tests/conftest.py).
+test: test-unit
+	$(BIN)/python -m pytest -q -m "not unit"
+
+test-unit: setup
+	$(BIN)/python -m pytest -q -m unit --without-torch
 
 clean:
 	rm -rf $(VENV)

@@ -1,6 +1,16 @@
-"""Shared fixtures: a small cluster and hand-made layers whose costs are easy to compute by hand."""
+"""Test tiers, and shared fixtures: a small cluster and hand-made layers whose costs are easy to compute by hand.
+
+Tiers, selected by markers (`pytest -m unit`, `-m "torch or dist"`, …):
+  unit   the planner: no torch (any test without another tier marker; `--without-torch` makes importing torch,
+         DeepSpeed or megatron-core an error, which is how `make test` runs this tier)
+  torch  one process using torch, DeepSpeed or megatron-core (their own config validation, the runtime's modules)
+  dist   several processes spawned with torch.distributed (gloo on CPU; tests/dist_fixture.py)
+  gpu    needs a CUDA device (skipped without one)
+"""
 
 from __future__ import annotations
+
+import sys
 
 import pytest
 
@@ -9,6 +19,47 @@ from gbmw.cluster_spec import ClusterSpec
 from gbmw.jobs import JobSpec
 
 from gbmw.model_spec import LayerSpec, LayerTimings, ModelSpec
+
+
+RUNTIME_LIBRARIES = ("torch", "deepspeed", "megatron")
+NON_UNIT_TIERS = ("torch", "dist", "gpu")
+
+
+def pytest_addoption(parser):
+    parser.addoption("--without-torch", action="store_true",
+                     help="make importing torch, deepspeed or megatron an ImportError (run the unit tier with it)")
+
+
+def pytest_configure(config):
+    if config.getoption("--without-torch"):
+        for name in RUNTIME_LIBRARIES:
+            sys.modules[name] = None  # `import torch` now raises ImportError; importorskip skips
+
+
+def pytest_collection_modifyitems(config, items):
+    """Every test without a tier marker is a unit test, and so may not live in a module that imports torch."""
+    misplaced = []
+    for item in items:
+        if not any(item.get_closest_marker(tier) for tier in NON_UNIT_TIERS):
+            item.add_marker(pytest.mark.unit)
+            if any(name in vars(item.module) for name in RUNTIME_LIBRARIES):
+                misplaced.append(item.nodeid)
+    if misplaced:
+        raise pytest.UsageError(f"unit tests in modules that import torch (mark them torch, dist or gpu, or import "
+                                f"torch inside the tests that need it): {', '.join(misplaced)}")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Under --without-torch, a unit test that skips because torch, DeepSpeed or megatron-core cannot be imported
+    fails instead: it belongs to another tier, and `make test` would otherwise run it in neither session."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.skipped and item.config.getoption("--without-torch") and item.get_closest_marker("unit"):
+        reason = str(report.longrepr)
+        if any(f"import '{name}" in reason for name in RUNTIME_LIBRARIES):
+            report.outcome = "failed"
+            report.longrepr = f"{item.nodeid} is a unit test but needs a runtime library ({reason}); mark it torch"
 
 
 def make_cluster(nodes: int = 1, devices_per_node: int = 8, intra_gb_per_s: float = 100.0,

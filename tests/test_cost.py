@@ -1,6 +1,5 @@
 """The estimator against hand-computed values, and its properties."""
 
-import math
 
 import numpy as np
 import pytest
@@ -9,7 +8,7 @@ from hypothesis import given, settings, strategies as st
 from conftest import make_cluster, make_job, make_layer, make_model, with_timings
 from gbmw.comm import CommModel
 from gbmw.estimate import estimate_plan
-from gbmw.layer_cost import CostSettings, layer_costs
+from gbmw.layer_cost import MODEL_STATE_BYTES, CostSettings, layer_costs
 from gbmw.ranks import transition_fraction
 from gbmw.stage_cost import StageCosts, pipeline_time_s, stage_estimate, strategy_tables
 from gbmw.plan import plan_from_strategy_names
@@ -195,7 +194,10 @@ def test_more_tp_or_sdp_never_raises_model_states_and_ckpt_never_raises_stash(va
 @settings(max_examples=30, deadline=None)
 @given(layers=st.lists(layer_fields, min_size=2, max_size=6), pp=st.sampled_from([1, 2]),
        micro_batches=st.sampled_from([1, 2, 4]), data=st.data())
-def test_random_plans_have_positive_time_and_memory(layers, pp, micro_batches, data):
+def test_random_plans_cost_at_least_their_compute_and_model_states(layers, pp, micro_batches, data):
+    """However a random plan splits the work, an iteration takes at least the forward and backward compute (3 × the
+    forward FLOPs) of the global batch spread evenly over all 8 devices at their sustained rate, and the devices
+    together hold at least one copy of every parameter's model states (16 bytes per parameter in fp32 with Adam)."""
     cluster = make_cluster()
     model = make_model([random_layer(values, i) for i, values in enumerate(layers)])
     job = make_job(model, cluster)
@@ -205,8 +207,13 @@ def test_random_plans_have_positive_time_and_memory(layers, pp, micro_batches, d
     partition = [len(layers)] if pp == 1 else [cut, len(layers) - cut]
     plan = plan_from_strategy_names(model, 8, names, partition, 8 * micro_batches, micro_batches)
     estimate = estimate_plan(job, plan)
-    assert estimate.iteration_time_s >= 0 and not math.isnan(estimate.iteration_time_s)
-    assert all(m >= 0 for m in estimate.stage_peak_memory_bytes)
+    compute_floor_s = 3 * model.forward_flops_per_sample * plan.global_batch / (8 * cluster.sustained_flops("fp32"))
+    assert estimate.iteration_time_s >= compute_floor_s * (1 - 1e-9)  # 1e-9: sums of ≤ 6 layers reordered
+    held_by_all_devices = sum(states * (8 // pp) for states in estimate.stage_model_state_bytes)
+    assert held_by_all_devices >= model.parameter_count * sum(MODEL_STATE_BYTES["fp32", "adam"]) * (1 - 1e-9)
+    for peak, states, activations in zip(estimate.stage_peak_memory_bytes, estimate.stage_model_state_bytes,
+                                         estimate.stage_activation_bytes):
+        assert peak == pytest.approx(states + activations, rel=1e-12)
     assert estimate.fits == all(m <= job.memory_budget_bytes for m in estimate.stage_peak_memory_bytes)
 
 

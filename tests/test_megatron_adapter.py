@@ -258,6 +258,7 @@ def test_blocks_per_stage_follows_megatron():
 CORE_CASES = sorted(name for name, (_, _, target) in ALL_CASES.items() if plan_target(target) == "megatron-core")
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("name", CORE_CASES)
 def test_megatron_core_configs_construct(name):
     pytest.importorskip("megatron.core")
@@ -279,6 +280,7 @@ def test_megatron_core_configs_construct(name):
     assert config.num_layers_in_first_pipeline_stage == (int(first) if first else None)
 
 
+@pytest.mark.torch
 @pytest.mark.filterwarnings("ignore::UserWarning")  # megatron-core warns about missing TE/Apex and CUDA graphs
 @pytest.mark.parametrize("num_blocks, pp, first, last",
                          [(48, 4, 10, 12), (48, 2, 23, 25), (80, 8, 3, None), (80, 8, None, 17), (48, 4, None, None)])
@@ -295,6 +297,7 @@ def test_blocks_per_stage_equals_megatron_core(num_blocks, pp, first, last):
     assert megatron_blocks_per_stage(num_blocks, pp, first, last) == built
 
 
+@pytest.mark.torch
 def test_megatron_core_rejects_heads_not_divisible_by_tp():
     pytest.importorskip("megatron.core")
     job = job_named("gpt3-15b_a100-80g-x32")  # 40 heads

@@ -6,9 +6,7 @@ from dist_fixture import run_distributed
 from gbmw.errors import GbmwError, SpecError
 from gbmw.cluster_spec import load_cluster
 
-torch = pytest.importorskip("torch")
-
-from gbmw.adapters.profile.cluster_profiler import profile_cluster  # after the torch skip
+from gbmw.adapters.profile.cluster_profiler import profile_cluster  # imports torch only when it measures
 from gbmw.adapters.profile.cluster_yaml import build_cluster_spec, cluster_yaml_text
 from gbmw.adapters.profile.link_fit import (
     CollectiveTiming,
@@ -166,6 +164,7 @@ def test_bad_sizes_and_collectives_are_named():
         check_collectives(["allreduce"])
 
 
+@pytest.mark.torch
 def test_without_torch_distributed_the_error_says_how_to_launch(tmp_path):
     import torch.distributed as dist
 
@@ -180,6 +179,7 @@ SMALL = {"sizes_bytes": (2**12, 2**16, 2**18), "repeats": 2, "overlap_message_by
          "overlap_seconds": 0.03, "verbose": False}
 
 
+@pytest.mark.torch
 def test_one_process_is_refused(tmp_path):
     import torch.distributed as dist
 

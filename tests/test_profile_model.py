@@ -10,6 +10,8 @@ from gbmw.cli import main  # noqa: E402
 from gbmw.models import build_model, load_model  # noqa: E402
 from runtime_reference import architecture  # noqa: E402
 
+pytestmark = pytest.mark.torch
+
 
 @pytest.fixture(scope="module")
 def profiled():
@@ -33,25 +35,18 @@ def test_measured_activations_equal_analytic(profiled):
     assert profiled.architecture == architecture("gpt-tiny")  # what the runtime builds the profiled model from
 
 
-def _profile_on_two(rank, world_size, output):
-    import pickle
-
+def _profile_on_two(rank, world_size):
     from gbmw.adapters.profile.model_profiler import profile_model, tp_pair_for_profiling
 
     spec = profile_model(architecture("gpt-tiny"), "fp32", torch.device("cpu"), repeats=1,
                          tp_pair=tp_pair_for_profiling())
-    if rank == 0:
-        with open(output, "wb") as stream:
-            pickle.dump([(layer.intermediate_activation_bytes_per_sample,
-                          layer.intermediate_tp_split_activation_bytes_per_sample) for layer in spec.layers], stream)
+    return [(layer.intermediate_activation_bytes_per_sample, layer.intermediate_tp_split_activation_bytes_per_sample)
+            for layer in spec.layers]
 
 
 @pytest.mark.dist
-def test_tp_split_measured_on_two_processes(tmp_path):
-    import pickle
-
-    run_distributed(2, _profile_on_two, str(tmp_path / "split.pkl"), timeout_s=120)
-    measured = pickle.loads((tmp_path / "split.pkl").read_bytes())
+def test_tp_split_measured_on_two_processes():
+    measured = run_distributed(2, _profile_on_two, timeout_s=120)[0]
     analytic = build_model(architecture("gpt-tiny"), "fp32")
     for layer, (replicated, split) in zip(analytic.layers[:-1], measured):  # embedding and blocks: exact
         assert (replicated, split) == (layer.intermediate_activation_bytes_per_sample,

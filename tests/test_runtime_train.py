@@ -17,7 +17,7 @@ from dist_fixture import free_port  # noqa: E402
 from gbmw.cli import main  # noqa: E402
 from runtime_reference import make_plan  # noqa: E402
 
-pytestmark = pytest.mark.dist
+pytestmark = pytest.mark.torch  # in one process; the launcher tests are marked dist
 
 JOB = "gpt-tiny_cpu-x4"
 BIN = Path(sys.executable).parent
@@ -117,12 +117,14 @@ def planned(tmp_path_factory):
     return folder
 
 
+@pytest.mark.dist
 def test_torchrun(planned):
     out = _launch([str(BIN / "torchrun"), "--standalone", "--nproc_per_node", "4", "-m", "gbmw", "train", JOB,
                    "--plan", "plan.yaml", "--steps", "2"], planned)
     assert "step     2/2" in out
 
 
+@pytest.mark.dist
 def test_deepspeed_launcher(planned):
     pytest.importorskip("deepspeed")
     out = _launch([str(BIN / "deepspeed"), "--num_gpus", "4", "--master_port", str(free_port()), "--module", "gbmw",
@@ -130,6 +132,7 @@ def test_deepspeed_launcher(planned):
     assert "step     2/2" in out
 
 
+@pytest.mark.dist
 def test_dead_rank_stops_the_others(tmp_path):
     """Kill one of two ranks mid-training: the survivor stops with one message, well before its timeout."""
     plan = write_plan(tmp_path, 2, ["dp2"] * 6)
@@ -139,7 +142,7 @@ def test_dead_rank_stops_the_others(tmp_path):
         environment = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
                            MASTER_PORT=str(port), OMP_NUM_THREADS="1")
         processes.append(subprocess.Popen(
-            [sys.executable, "-m", "gbmw", "train", JOB, "--plan", plan, "--steps", "100000", "--timeout", "120"],
+            [sys.executable, "-m", "gbmw", "train", JOB, "--plan", plan, "--steps", "100000", "--timeout", "600"],
             env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     survivor, victim = processes
     deadline = time.monotonic() + 120
@@ -150,12 +153,10 @@ def test_dead_rank_stops_the_others(tmp_path):
     else:
         pytest.fail("training did not reach step 3")
     victim.send_signal(signal.SIGKILL)
-    started = time.monotonic()
-    try:
+    try:  # its collective timeout is 600 s: stopping within 90 s means it noticed the dead peer, not the timeout
         _, err = survivor.communicate(timeout=90)
     except subprocess.TimeoutExpired:
         survivor.kill()
         pytest.fail("the surviving rank hung after its peer died")
     assert survivor.returncode != 0
     assert "lost contact with another process" in err, err[-2000:]
-    assert time.monotonic() - started < 90

@@ -20,10 +20,20 @@ def test_required_recipes_exist():
 
 
 @pytest.mark.parametrize("job", JOBS)
-def test_every_bundled_job_loads(job):
+def test_every_bundled_job_loads_as_its_file_says(job):
+    """The model, precision, batch and per-device budget are the job file's (read here as plain YAML): the budget is
+    its `memory_budget`, else the device memory less the cluster's reserved memory."""
+    import yaml
+
+    raw = yaml.safe_load((RECIPES_DIR / "jobs" / f"{job}.yaml").read_text())
+    cluster = yaml.safe_load((RECIPES_DIR / "clusters" / f"{raw['cluster']}.yaml").read_text())
+    if "memory_budget" in raw:
+        budget = parse_bytes(raw["memory_budget"], "job")
+    else:
+        budget = parse_bytes(cluster["device"]["memory"], "cluster") - parse_bytes(cluster.get("reserved_memory", 0), "cluster")
     spec = load_job(job)
-    assert spec.memory_budget_bytes > 0
-    assert spec.cluster.sustained_flops(spec.precision) <= spec.cluster.peak_flops(spec.precision)
+    assert (spec.model.name, spec.precision, spec.model.precision) == (raw["model"], raw["precision"], raw["precision"])
+    assert spec.global_batch == raw.get("global_batch") and spec.memory_budget_bytes == budget
 
 
 @pytest.mark.parametrize("path", CLUSTERS, ids=lambda p: p.stem)

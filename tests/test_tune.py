@@ -27,6 +27,7 @@ def write_user_config(tmp_path, config=USER_CONFIG):
     return path
 
 
+@pytest.mark.torch
 def test_tune_writes_a_drop_in_config_and_launch_line(tmp_path, capsys):
     user = write_user_config(tmp_path)
     before = user.read_bytes()

@@ -3,10 +3,8 @@
 
 import pytest
 
-torch = pytest.importorskip("torch")
-
-from dist_fixture import run_distributed  # noqa: E402
-from gbmw.adapters.profile.validate import PlanValidation, relative_error, summarise  # noqa: E402
+from dist_fixture import run_distributed
+from gbmw.adapters.profile.validate import PlanValidation, relative_error, summarise  # imports torch only to run
 
 
 def test_error_arithmetic():
@@ -46,9 +44,7 @@ def _cluster_yaml(folder):
     return folder / "job.yaml"
 
 
-def _measure(rank, world_size, job_path, plans, output):
-    import pickle
-
+def _measure(rank, world_size, job_path, plans):
     from gbmw.adapters.profile.validate import PlanRun, measure_plans, predicted_terms
     from gbmw.jobs import load_job
 
@@ -56,16 +52,11 @@ def _measure(rank, world_size, job_path, plans, output):
     architecture = job.model.architecture
     runs = [PlanRun(plan, architecture, "cpu") for plan in plans]
     measure_plans(runs, steps=2, warmup=1, min_seconds=0.0)  # interleaved: every plan's steps round by round
-    rows = [(predicted_terms(job, plan)[1], run.held_per_stage, len(run.times)) for plan, run in zip(plans, runs)]
-    if rank == 0:
-        with open(output, "wb") as stream:
-            pickle.dump(rows, stream)
+    return [(predicted_terms(job, plan)[1], run.held_per_stage, len(run.times)) for plan, run in zip(plans, runs)]
 
 
 @pytest.mark.dist
 def test_held_memory_matches_the_estimator(tmp_path):
-    import pickle
-
     from gbmw.plan import plan_from_strategy_names
     from gbmw.jobs import load_job
 
@@ -79,8 +70,7 @@ def test_held_memory_matches_the_estimator(tmp_path):
                  (["single"] * layers, [3, layers - 3], 4),
                  (["dp2", "dp2+ckpt", "tp2", "tp2+ckpt", "dp2", "dp2"], [layers], 2),
              )]
-    run_distributed(2, _measure, str(job_path), plans, str(tmp_path / "rows.pkl"), timeout_s=180)
-    for predicted, measured, timed_steps in pickle.loads((tmp_path / "rows.pkl").read_bytes()):
+    for predicted, measured, timed_steps in run_distributed(2, _measure, str(job_path), plans, timeout_s=180)[0]:
         assert timed_steps == 2
         for stage_predicted, stage_measured in zip(predicted, measured):
             # Within 0.1 %: what the estimator leaves out is a few hundred bytes per micro-batch that do not grow
@@ -116,24 +106,18 @@ def test_validate_bad_input_is_one_error(tmp_path, capsys, monkeypatch):
     assert (tmp_path / "taken.json").read_text() == "{}"
 
 
-def _validate_alongside(rank, world_size, job_path, plan_path, profile_path, output):
-    import pickle
-
+def _validate_alongside(rank, world_size, job_path, plan_path, profile_path):
     from gbmw.adapters.profile.validate import run_validate
 
     results = run_validate(job_path, [plan_path], steps=2, warmup=1, say=lambda text: None,
                            profile_alongside=profile_path)
-    if rank == 0:
-        with open(output, "wb") as stream:
-            pickle.dump([(result.predicted_s, result.measured_s) for result in results], stream)
+    return [(result.predicted_s, result.measured_s) for result in results]
 
 
 @pytest.mark.dist
 def test_profile_alongside_writes_the_profile_it_predicts_from(tmp_path):
     """`validate --profile-alongside`: the model is profiled in the same rounds as the timed steps; the profile
     is written to the new file, loads as a job's model, and the printed prediction is the estimator's on it."""
-    import pickle
-
     from gbmw.adapters.profile.validate import predicted_terms
     from gbmw.plan import Plan, plan_from_strategy_names
     from gbmw.files import read_yaml
@@ -145,13 +129,12 @@ def test_profile_alongside_writes_the_profile_it_predicts_from(tmp_path):
     plan = plan_from_strategy_names(job.model, 2, ["dp2", "tp2+ckpt", "sdp2", "tp2", "dp2", "tp2"], [6], 8, 2)
     (tmp_path / "mix.yaml").write_text(plan.to_yaml())
     profile = tmp_path / "alongside.yaml"
-    run_distributed(2, _validate_alongside, str(job_path), str(tmp_path / "mix.yaml"), str(profile),
-                    str(tmp_path / "rows.pkl"), timeout_s=180)
+    [(predicted_s, measured_s)] = run_distributed(2, _validate_alongside, str(job_path), str(tmp_path / "mix.yaml"),
+                                                  str(profile), timeout_s=180)[0]
     spec = ModelSpec.model_validate(read_yaml(profile))
     assert spec.family == "profiled" and spec.timings.slice_gather_time_s > 0 and spec.timings.p2p_time_s > 0
     assert all(layer.timings.tp2_time_s > 0 and layer.timings.sdp2_time_s > 0 and layer.timings.ckpt_time_s > 0
                for layer in spec.layers)
-    [(predicted_s, measured_s)] = pickle.loads((tmp_path / "rows.pkl").read_bytes())
     profiled_job = job.model_copy(update={"model": spec})
     assert predicted_s == pytest.approx(predicted_terms(profiled_job, Plan.load(tmp_path / "mix.yaml"))[0], rel=1e-9)
     assert predicted_s != pytest.approx(predicted_terms(job, plan)[0], rel=1e-3) and measured_s > 0

@@ -1,0 +1,24 @@
+"""Every bundled job's plans and estimates — `gbmw plan JOB --json` for every target, `gbmw compare JOB`, the
+hand-tuned compares, and `--exact` where it is quick — equal the recorded goldens (tests/golden/bundled/, made by
+tests/bundled_outputs.py). A change meant to change plans re-records them (`python tests/bundled_outputs.py
+--write`) and says why in its commit; `python tests/bundled_outputs.py` also checks the slow `--exact` plans."""
+
+import json
+
+import pytest
+
+from bundled_outputs import GOLDEN, bundled_jobs, differences, dumps, job_outputs
+
+EXACT_IN_CI = {"bert-huge-32_rtx-titan-x8", "bert-huge-48_rtx-titan-x8", "gpt-tiny_cpu-x4", "gpt3-39b_a100-80g-x32",
+               "llama-7b_a100-2x8", "llama-7b_a100-40g-x64", "llama-7b_a100-80g-x8", "t5-large-32_rtx-titan-x8",
+               "t5-large-48_rtx-titan-x8", "vit-huge-32_rtx-titan-x8", "vit-xhuge_a100-40g-x64"}
+"""Jobs whose exact search takes seconds, not minutes, on a 2-core machine."""
+
+
+@pytest.mark.parametrize("job", bundled_jobs())
+def test_bundled_plans_and_estimates_are_unchanged(job):
+    expected = json.loads((GOLDEN / f"{job}.json").read_text())
+    if job not in EXACT_IN_CI:
+        expected.pop("plan --exact")
+    actual = json.loads(dumps(job_outputs(job, exact=job in EXACT_IN_CI)))
+    assert not differences(expected, actual)
