@@ -1,12 +1,13 @@
 """Pipeline partitions: time-balanced, memory-balanced, and the bi-objective adjustment between them
-(paper Sec. 4.2, Eq. 7–8, Alg. 3, Appendix B).
+(paper Sec. 4.2: Algorithm 2 with Eq. (5)–(8); Appendix B).
 
-A partition `p` lists the layers of each stage. Its balance degrees (Eq. 8) are
+A partition `p` lists the layers of each stage; Eq. (5) costs it by its slowest stage. Its balance degrees (Eq. (6)) are
 alpha_t = 1 - max_i C_i / Σ C_i and alpha_m = 1 - max_i O_i / Σ O_i. The time-balanced partition p_t
 minimises the slowest stage; the memory-balanced p_m minimises the largest stage memory, where
 1F1B makes stage i hold min(P - i, m) micro-batches of activations, so later stages take more layers.
 The bi-objective adjustment starts from p_m and moves one boundary layer of the slowest stage to a
-neighbour while three limits hold (Sec. 4.2.2): (1) no stage gets slower than the slowest stage was,
+neighbour while three limits hold (Sec. 4.2.2, Algorithm 2 line 14), which keep it between p_m and p_t (Eq. (7),
+proved in Appendix B as Eq. (8)): (1) no stage gets slower than the slowest stage was,
 (2) every stage fits the budget, (3) no stage needs more memory than the worst stage of p_t.
 """
 
@@ -72,7 +73,7 @@ def memory_balanced_partition(
 
 
 def balance_degrees(stage_time_s: list[float], stage_memory_bytes: list[float]) -> tuple[float, float]:
-    """(alpha_t, alpha_m) of Eq. (8)."""
+    """(alpha_t, alpha_m) of Eq. (6)."""
     return (1 - max(stage_time_s) / sum(stage_time_s), 1 - max(stage_memory_bytes) / sum(stage_memory_bytes))
 
 
@@ -90,7 +91,7 @@ class StageOutcome:
 
 
 def neighbours_of_slowest(partition: tuple[int, ...], stage_time_s: tuple[float, ...]) -> list[tuple[int, ...]]:
-    """Partitions that move one boundary layer of the slowest stage to an adjacent stage (Alg. 3 l.13)."""
+    """Partitions that move one boundary layer of the slowest stage to an adjacent stage (Algorithm 2, line 13)."""
     slowest = int(np.argmax(stage_time_s))
     result = []
     if partition[slowest] > 1:
@@ -110,7 +111,7 @@ def bi_objective_adjustment(
     budget_bytes: float,
     max_steps: int = 256,
 ) -> list[StageOutcome]:
-    """Alg. 3 lines 9–15: from p_m, repeatedly move a boundary layer off the slowest stage while
+    """Algorithm 2, lines 9–15: from p_m, repeatedly move a boundary layer off the slowest stage while
     Appendix B's three limits hold; returns every partition searched, in order.
 
     `search(partition)` runs the per-stage DP for a partition. `time_balanced_memory_bytes` is the

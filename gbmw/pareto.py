@@ -82,7 +82,7 @@ def extend_frontier(
     """One layer of the DP: every kept partial plan × every option of the new layer, then the
     per-layout 3-D Pareto frontier. Returns (stash, excess, time, layout, option, parent) arrays.
 
-    `transition[a, b]` is R from layout a to layout b for this layer (Eq. 6).
+    `transition[a, b]` is R from layout a to layout b for this layer (Eq. (4)).
 
     Dominance uses E = stash + excess rather than the excess: the final E_all of any completion is
     max(E + A, stash + B) for A, B fixed by the completion, so a plan with no more stash, no more E

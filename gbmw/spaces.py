@@ -8,7 +8,7 @@ DESIGN.md are costed alike.
 
 Variants (paper Sec. 7.1): DP+TP only and DP+PP only (Galvatron restricted to two axes), Galvatron
 (DP, SDP, TP, PP; no CKPT; GPipe-style pipeline; balanced partition), Galvatron-Base (adds CKPT and
-1F1B, Alg. 1), 1F1B+Bi-obj (Base without CKPT but with the bi-objective partition, Alg. 3) and
+1F1B, Algorithm 1), 1F1B+Bi-obj (Base without CKPT but with the bi-objective partition, Algorithm 2) and
 Galvatron-BMW (everything).
 
 Baselines (paper Sec. 7.1): PyTorch DDP (pure DP), Megatron (pure TP over all devices), PyTorch

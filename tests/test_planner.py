@@ -222,7 +222,7 @@ def test_profiled_transfers_add_to_every_transition_and_pipeline_send():
     mixed = plan_from_strategy_names(job.model, 4, ["dp4", "tp4", "dp4"], [3], 8, 2)
     assert estimate_plan(job, mixed).iteration_time_s == pytest.approx(
         estimate_plan(bare, mixed).iteration_time_s + 2 * 2 * slice_gather, rel=1e-12)
-    # two stages of dp2 with 4 micro-batches: each stage sends once per micro-batch; Eq. 9 counts stage times
+    # two stages of dp2 with 4 micro-batches: each stage sends once per micro-batch; Eq. (9) counts stage times
     # (m − 1) times for the slowest stage and once each
     piped = plan_from_strategy_names(job.model, 4, ["dp2"] * 3, [1, 2], 8, 4)
     assert estimate_plan(job, piped).iteration_time_s == pytest.approx(

@@ -1,7 +1,7 @@
 """The stage DPs against exhaustive enumeration (up to 6 layers, 4 strategies, with transition costs).
 
 gbmw.pareto is exact: it equals the fastest plan whose E_all fits. gbmw.grid_frontier (the grid, the
-paper's Eq. 6) equals exhaustive enumeration of C(L, E_fwd) for every forward budget, and its answer
+paper's Eq. (4)) equals exhaustive enumeration of C(L, E_fwd) for every forward budget, and its answer
 after the overall-memory check always fits and is optimal when no layer has a backward extra.
 """
 
@@ -17,7 +17,7 @@ from gbmw.layer_options import LayerOptions
 
 
 def evaluate(plan, case):
-    """(time, forward memory E_f, overall memory E_all) of one plan (Eq. 4–6 with the 1F1B stash)."""
+    """(time, forward memory E_f, overall memory E_all) of one plan (Eq. (2)–(4) with the 1F1B stash)."""
     time, stash, forward, backward, layout, transition = (case[k] for k in ("time", "stash", "forward", "backward",
                                                                              "layout", "transition"))
     total = sum(time[l, s] for l, s in enumerate(plan))

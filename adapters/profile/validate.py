@@ -6,7 +6,7 @@ saved-tensor hooks slow a step) on synthetic batches, every plan's steps interle
 least `steps` rounds and `min_seconds`. Measured are each plan's mean step (each step's slowest rank) over
 the fast rounds — the fastest quarter of rounds by the sum of all plans' steps (timing.py says why; the
 median step is printed beside it) — and, per pipeline stage, the largest memory a rank of that stage holds (held_memory: model states + stashed activations at
-their in-flight peak). Predicted are the estimator's iteration time (Eq. 9) and
+their in-flight peak). Predicted are the estimator's iteration time (Eq. (9)) and
 the same two memory terms of that stage; the estimator's backward extra (transient buffers the probe does
 not hold) is printed beside them. Errors are (predicted − measured) / measured.
 """

@@ -1,4 +1,4 @@
-"""The 1F1B-flush pipeline schedule (PipeDream-Flush; paper Sec. 3.3 and Eq. 9) with p2p send/recv.
+"""The 1F1B-flush pipeline schedule (PipeDream-Flush; paper Sec. 2.2 and Eq. (9)) with p2p send/recv.
 
 Stage i of P runs min(P − i − 1, m) warm-up forwards, then alternates one forward and one backward
 until every micro-batch has gone forward, then drains the remaining backwards. At most min(P − i, m)

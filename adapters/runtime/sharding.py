@@ -1,4 +1,4 @@
-"""Data parallelism of one layer: plain DP (gradient all-reduce) or sharded DP (ZeRO; paper Sec. 2.1).
+"""Data parallelism of one layer: plain DP (gradient all-reduce) or sharded DP (ZeRO; paper Sec. 2.2).
 
 Which implementation and why:
 - `dp`: gradients are summed over the layer's data-parallel group once per iteration, after the

@@ -1,4 +1,4 @@
-"""Tensor parallelism (Megatron-LM; paper Sec. 2.1): one layer's weights split over its TP group.
+"""Tensor parallelism (Megatron-LM; paper Sec. 2.2): one layer's weights split over its TP group.
 
 Every layer of a gbmw plan may use its own TP group (paper Sec. 3: strategies are per layer), so the
 megatron-core layers here are built with an explicit `tp_group` rather than megatron's global
