@@ -197,6 +197,7 @@ def load_model(path: str | Path, precision: str) -> ModelSpec:
         return build_model(import_hf_config(path), precision)
     data = read_yaml(path)
     if "layers" in data:  # a profiled or hand-written layer list
+        _refuse_the_previous_profile_format(data, path)
         spec = validate_as(ModelSpec, data, str(path))
         if spec.precision != precision:
             raise SpecError(
@@ -205,6 +206,17 @@ def load_model(path: str | Path, precision: str) -> ModelSpec:
             )
         return spec
     return build_model(parse_architecture(data, str(path)), precision)
+
+
+def _refuse_the_previous_profile_format(data: dict[str, Any], path: Path) -> None:
+    """Profiles written before LayerTimings carried their timings on each layer and the architecture as a JSON
+    string; say so, rather than listing every unknown field."""
+    layers = data.get("layers")
+    old_layer = isinstance(layers, list) and any(isinstance(layer, dict) and "forward_time_per_sample_s" in layer
+                                                 for layer in layers)
+    if old_layer or isinstance(data.get("architecture"), str):
+        raise SpecError(f"{path}: a profile in the format of an earlier gbmw (timings on each layer, the architecture "
+                        "as JSON text); profile the model again with `gbmw profile model`")
 
 
 def load_architecture(path: str | Path) -> Any:

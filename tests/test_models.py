@@ -3,6 +3,7 @@
 import json
 
 import pytest
+import yaml
 
 from gbmw.errors import SpecError
 from gbmw.architectures import parse_architecture
@@ -126,3 +127,18 @@ def test_heads_must_divide_hidden():
     with pytest.raises(SpecError, match="not divisible by 5 attention heads"):
         parse_architecture(dict(family="gpt", name="g", num_layers=2, hidden_size=64, num_heads=5, seq_length=8,
                                 vocab_size=10), "m.yaml")
+
+
+def test_a_profile_in_the_earlier_format_is_one_clear_error(tmp_path):
+    from gbmw.errors import SpecError
+
+    old = {"name": "p", "family": "profiled", "precision": "fp32", "sequence_length": 1, "hidden_size": 1,
+           "architecture": '{"name": "p"}',
+           "layers": [{"name": "l0", "kind": "encoder", "parameter_count": 1, "tp_split_parameter_count": 0,
+                       "forward_flops_per_sample": 1.0, "boundary_activation_bytes_per_sample": 1.0,
+                       "intermediate_activation_bytes_per_sample": 0.0,
+                       "intermediate_tp_split_activation_bytes_per_sample": 0.0, "forward_time_per_sample_s": 1e-3}]}
+    path = tmp_path / "profile.yaml"
+    path.write_text(yaml.safe_dump(old))
+    with pytest.raises(SpecError, match="format of an earlier gbmw .*profile the model again"):
+        load_model(path, "fp32")

@@ -38,7 +38,8 @@ class CollectiveTiming:
     message_bytes: int
     """all-reduce: the tensor; all-gather: the gathered output; reduce-scatter: the input; p2p: what is sent."""
     seconds: float | None
-    """Median over repetitions of the slowest rank's time; None when the backend lacks the collective."""
+    """Mean of the fastest quarter of repetitions of the slowest rank's time (collective_timing._timed); None when
+    the backend lacks the collective."""
     repeats: int
     variant: str = ""
     """The torch.distributed call that ran (e.g. `all_gather_single`)."""
