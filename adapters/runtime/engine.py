@@ -113,7 +113,7 @@ class HybridEngine:
         self.links = PipelineLinks(self.layout.previous_stage_rank(self.rank), self.layout.next_stage_rank(self.rank))
         self.autocast_dtype = PRECISION_DTYPES[plan.precision]
         self.step = 0
-        self.last_grad_norm: float | None = None
+        self.last_grad_norm: torch.Tensor | None = None
         """The global gradient norm before clipping, of the last step (when clipping is on)."""
         self.observer = None
         """Optional measurement hooks (gbmw.adapters.profile.held_memory.HeldMemoryProbe): told when each
@@ -126,7 +126,9 @@ class HybridEngine:
 
         tp = TensorParallel(self.pool.tensor_group(strategy), strategy.tp,
                             self.layout.digits(self.rank, strategy).get("tp", 0))
-        module = build_layer(self.architecture, name, tp).to(self.device)
+        module = build_layer(self.architecture, name, tp)
+        if any(parameter.device != self.device for parameter in module.parameters()):
+            module = module.to(self.device)  # (under fake tensors `to` the same device would swap a tensor with itself)
         split_dims = partition_dims(module)
         if name == "head" and self.layers and self.layers[0].name == "embedding":
             share_tied_weight(self.architecture, self.layers[0], module, strategy)
@@ -134,7 +136,7 @@ class HybridEngine:
             module = checkpoint_wrapper(module)
         data_parallel = LayerDataParallel(data_parallel_flavour(strategy), self.pool.data_group(strategy),
                                           strategy.data_parallel)
-        module = data_parallel.wrap(module, self.device.type)
+        module = data_parallel.wrap(module, self.pool.data_mesh(strategy))
         parameters = {_canonical(key): parameter for key, parameter in module.named_parameters()}
         layout = BatchLayout.of(strategy)
         return StageLayer(index, name, strategy, module, tp, data_parallel, layout, split_dims, parameters)
@@ -161,6 +163,11 @@ class HybridEngine:
 
     def train_step(self, batch: dict[str, torch.Tensor]) -> float:
         """One iteration on the global batch (the same full batch on every rank); returns the mean loss."""
+        return float(self.run_train_step(batch))
+
+    def run_train_step(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """`train_step` without waiting for the loss: returns it as a tensor on the device (no host
+        synchronisation, so the step also runs under fake tensors)."""
         plan = self.plan
         if len(batch["inputs"]) != plan.global_batch:
             raise PlanError(f"batch of {len(batch['inputs'])} samples, but the plan's global batch is "
@@ -219,12 +226,12 @@ class HybridEngine:
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
         dist.all_reduce(loss_share)  # only the last stage holds loss shares; TP copies were divided out
-        return float(loss_share)
+        return loss_share
 
     @torch.no_grad()
-    def _clip_gradients(self, max_norm: float) -> float:
+    def _clip_gradients(self, max_norm: float) -> torch.Tensor:
         """Scale every gradient by min(1, max_norm / (‖g‖ + 1e-6)) with ‖g‖ the norm of the whole model's gradient
-        (torch.nn.utils.clip_grad_norm_'s rule). Each rank adds the squares of its gradient elements, each
+        (torch.nn.utils.clip_grad_norm_'s rule, applied as it does: always, by a clamped factor on the device). Each rank adds the squares of its gradient elements, each
         weighted by 1 / (ranks holding a copy of it): TP-replicated parameters are on every rank of the TP
         group, plain-DP gradients on every rank of the data-parallel group, ZeRO shards on one; the tied head
         copy is left out (it equals the embedding's). One all-reduce over all ranks gives the exact norm."""
@@ -237,12 +244,11 @@ class HybridEngine:
                 copies = data_copies * (layer.tp.size if layer.split_dims[key] is None else 1)
                 squares += local_value(parameter.grad).double().square().sum() / copies
         dist.all_reduce(squares)
-        norm = float(squares.sqrt())
-        scale = min(1.0, max_norm / (norm + 1e-6))
-        if scale < 1.0:
-            for parameter in self._all_parameters():
-                if parameter.grad is not None:
-                    local_value(parameter.grad).mul_(scale)
+        norm = squares.sqrt()
+        scale = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+        for parameter in self._all_parameters():
+            if parameter.grad is not None:
+                local_value(parameter.grad).mul_(scale)
         return norm
 
     def _boundary_shape(self, which: str) -> tuple[tuple[int, ...], torch.dtype, torch.device]:

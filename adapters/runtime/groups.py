@@ -14,7 +14,9 @@ class GroupPool:
     creating communicator groups is expensive, so the pool is built up front and passed explicitly).
 
     `GroupPool(plan)` must be called on every rank after torch.distributed is initialised; `get(ranks)`
-    returns the group of exactly those global ranks (None for a single rank).
+    returns the group of exactly those global ranks (None for a single rank). The one-dimensional device meshes
+    FSDP2 shards over are made here too, for this rank's data-parallel groups: a DeviceMesh holds a real tensor
+    of ranks, so it must exist before a fake-tensor trace of the train step (gbmw.adapters.profile.fake_memory).
     """
 
     def __init__(self, plan: Plan, backend: str | None = None):
@@ -31,6 +33,15 @@ class GroupPool:
         self.layout = RankLayout(plan.num_devices, plan.pp)
         self.rank = dist.get_rank()
         self._groups = {ranks: dist.new_group(list(ranks), backend=backend) for ranks in plan_group_ranks(plan)}
+        self.device_type = "cuda" if dist.get_backend() == "nccl" else "cpu"
+        self._meshes = {}
+        first, end = plan.stage_bounds[self.layout.stage_of(self.rank)]
+        for strategy in dict.fromkeys(plan.strategies[first:end]):
+            ranks = self.layout.data_group(self.rank, strategy)
+            if len(ranks) > 1 and ranks not in self._meshes:
+                from torch.distributed.device_mesh import DeviceMesh
+
+                self._meshes[ranks] = DeviceMesh.from_group(self.get(ranks), self.device_type)
 
     def get(self, ranks: tuple[int, ...]):
         if len(ranks) == 1:
@@ -51,6 +62,10 @@ class GroupPool:
 
     def data_group(self, strategy: Strategy):
         return self.get(self.layout.data_group(self.rank, strategy))
+
+    def data_mesh(self, strategy: Strategy):
+        """The device mesh of this rank's data-parallel group under `strategy` (a layer of this rank's stage)."""
+        return self._meshes.get(self.layout.data_group(self.rank, strategy))
 
     def __len__(self) -> int:
         return len(self._groups)

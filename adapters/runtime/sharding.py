@@ -64,14 +64,13 @@ class LayerDataParallel:
     def sharded(self) -> bool:
         return self.flavour in SHARDED_FLAVOURS
 
-    def wrap(self, module: nn.Module, device_type: str) -> nn.Module:
-        """Apply FSDP2 for sharded flavours (in place; returns the module)."""
+    def wrap(self, module: nn.Module, mesh) -> nn.Module:
+        """Apply FSDP2 over `mesh` (the layer's data-parallel group) for sharded flavours (in place; returns the
+        module)."""
         if not self.sharded or self.size == 1:
             return module
-        from torch.distributed.device_mesh import DeviceMesh
         from torch.distributed.fsdp import fully_shard
 
-        mesh = DeviceMesh.from_group(self.group, device_type)
         fully_shard(module, mesh=mesh, reshard_after_forward=self.flavour == "sdp")
         module.set_gradient_divide_factor(1.0)  # sum, not average (see the module docstring)
         module.set_force_sum_reduction_for_comms(True)  # gloo has no PREMUL_SUM

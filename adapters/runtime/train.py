@@ -103,7 +103,7 @@ def _run(job_reference, plan, architecture, settings: TrainSettings, context) ->
             ) from None
         seconds = time.perf_counter() - started
         losses.append(loss)
-        norm = f"  grad-norm {engine.last_grad_norm:.3f}" if engine.last_grad_norm is not None else ""
+        norm = f"  grad-norm {float(engine.last_grad_norm):.3f}" if engine.last_grad_norm is not None else ""
         say(f"step {engine.step:>5}/{settings.steps + (engine.step - len(losses))}  loss {loss:.6f}{norm}  "
             f"{seconds:.3f} s  {plan.global_batch / seconds:.1f} samples/s")
     if settings.save:

@@ -1,0 +1,107 @@
+"""The runtime's memory at full scale without the hardware: one rank's real train step — the engine that
+`gbmw train` builds, its layers, FSDP2 sharding, TP, checkpointing, pipeline schedule and Adam — built and run
+under torch's fake tensors and fake process group, its peak tracked by torch's MemTracker
+(`torch.distributed._tools.mem_tracker`). Nothing is allocated: every tensor is a shape with a device.
+
+Two iterations are traced, so Adam's states exist throughout the second; the peak is the largest amount held at
+once over both. Under 1F1B a stage's peak is reached once min(P − i, m) micro-batches are in flight after
+the first backward has made the gradients, so min(m, P + 1) micro-batches show the peak of any m and the trace
+runs that many (`traced_micro_batches`). Ranks of one stage hold the same amount (their TP slices and data-
+parallel shards are equal), so one rank per stage is traced.
+
+The fake device is the CPU: with bf16, CPU autocast decides which ops run in bf16, and its lists differ from
+CUDA autocast's for some ops (not for matmuls, which both run in bf16).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch.distributed._tools.mem_tracker import MemTracker
+
+from gbmw.jobs import JobSpec
+from gbmw.plan import Plan
+
+from ..runtime.engine import AdamSettings, HybridEngine
+from ..runtime.groups import GroupPool
+from ..runtime.model import synthetic_batch
+
+
+class StepPeakTracker(MemTracker):
+    """MemTracker's device-wide tracking (every storage created and freed, by category) without its per-module
+    bookkeeping, which assumes each module runs forward once per iteration: with gradient accumulation and a
+    pipeline every layer runs once per micro-batch (MemTracker refuses the second call). The peak comes from the
+    storage tracking alone."""
+
+    def _pre_fw_hook(self, module, inputs) -> None:
+        pass
+
+    def _post_fw_hook(self, module, inputs, outputs) -> None:
+        pass
+
+    def _pre_bw_hook(self, module, args) -> None:
+        pass
+
+    def _post_bw_hook(self, module, args) -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class TrackedPeak:
+    rank: int
+    stage: int
+    peak_bytes: int
+    """The most memory the rank's device held at once during an iteration."""
+    by_category: dict[str, int]
+    """MemTracker's categories at that peak (parameters, optimizer states, and the rest as it sees them)."""
+
+
+def traced_micro_batches(plan: Plan) -> int:
+    """Micro-batches that reach the peak of the plan's 1F1B schedule: min(m, pp + 1) (see the module docstring)."""
+    return min(plan.num_micro_batches, plan.pp + 1)
+
+
+def with_traced_micro_batches(plan: Plan) -> Plan:
+    """The plan with as many micro-batches as the trace needs (the same micro-batch size, a smaller global batch)."""
+    count = traced_micro_batches(plan)
+    return dataclasses.replace(plan, global_batch=plan.micro_batch * count, num_micro_batches=count, estimate=None)
+
+
+def step_peak(plan: Plan, architecture, pool: GroupPool, adam: AdamSettings, seed: int = 0,
+              fake: bool = True) -> TrackedPeak:
+    """Build this rank's engine for `plan` and trace two iterations (see the module docstring) under fake tensors,
+    or with real tensors when `fake` is False (on an initialised process group: what the fake trace is checked
+    against)."""
+    import contextlib
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode() if fake else contextlib.nullcontext():
+        engine = HybridEngine(plan, architecture, pool, "cpu", seed=seed, adam=adam)
+        tracker = StepPeakTracker()
+        tracker.track_external(*[layer.module for layer in engine.layers], engine.optimizer)
+        with tracker:
+            for step in range(2):
+                engine.run_train_step(synthetic_batch(architecture, plan.global_batch, step, seed))
+        peak = tracker.get_tracker_snapshot("peak")
+    categories = {str(getattr(key, "value", key)): int(value) for key, value in peak[torch.device("cpu")].items()}
+    return TrackedPeak(pool.rank, pool.layout.stage_of(pool.rank), categories.pop("Total"), categories)
+
+
+def track_rank(job: JobSpec, plan: Plan, rank: int, adam: AdamSettings = AdamSettings(max_grad_norm=1.0),
+               seed: int = 0) -> TrackedPeak:
+    """The peak memory of `rank` running two iterations of `plan`'s train step with as many micro-batches as
+    reach its peak, under fake tensors. Initialises torch.distributed with the fake backend as that rank and
+    destroys it afterwards: call it in a process with no other process group."""
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    architecture = job.model.require_architecture("tracking the runtime's memory")
+    traced = with_traced_micro_batches(plan)
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=plan.num_devices)
+    try:
+        return step_peak(traced, architecture, GroupPool(traced), adam, seed)  # the pool's meshes: real tensors
+    finally:
+        dist.destroy_process_group()

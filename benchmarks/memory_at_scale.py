@@ -1,0 +1,75 @@
+"""The estimator's peak memory against what gbmw's runtime really allocates, at full scale, on a CPU.
+
+    .venv/bin/python benchmarks/memory_at_scale.py          # three full-size plans, one rank per stage (~5 min)
+
+For each plan, one rank of every pipeline stage builds the runtime's real train step under torch's fake tensors
+and fake process group, and torch's MemTracker tracks its peak (gbmw.adapters.profile.fake_memory;
+tests/test_fake_memory.py shows the fake trace's peak equals the real step's on gloo processes). Plans:
+- gbmw's plan for GPT-3 15B on 32 A100-80GB (`gpt3-15b_a100-80g-x32`);
+- gbmw's plan for GPT-3 65B on 64 H100-80GB (`gpt3-65b_h100-80g-x64`);
+- a mixed per-layer plan for GPT-3 15B on 32 devices (two stages; TP, ZeRO-1/2/3 and checkpointing mixed).
+Prints estimated and tracked peak per rank and the error; the target (issue 12) is |error| ≤ 3 %.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+from rich.console import Console  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+from gbmw.adapters.profile.fake_memory import track_rank, with_traced_micro_batches  # noqa: E402
+from gbmw.estimate import estimate_plan  # noqa: E402
+from gbmw.jobs import load_job  # noqa: E402
+from gbmw.plan import plan_from_strategy_names  # noqa: E402
+from gbmw.planner import Planner  # noqa: E402
+
+GIB = 2**30
+TARGET = 0.03
+
+
+def mixed_plan(job):
+    """GPT-3 15B on 32 devices in two stages of 16, each layer's strategy chosen by hand to mix every kind."""
+    names = (["tp8-z1dp2"] + ["tp4-sdp4"] * 8 + ["tp4-sdp4+ckpt"] * 8 + ["tp8-z2dp2"] * 8
+             + ["tp8-dp2+ckpt"] * 12 + ["tp2-sdp8"] * 12 + ["tp8-z1dp2"])
+    return plan_from_strategy_names(job.model, 32, names, [25, 25], 1024, 64, cluster=job.cluster.name)
+
+
+def cases():
+    gpt15, gpt65 = load_job("gpt3-15b_a100-80g-x32"), load_job("gpt3-65b_h100-80g-x64")
+    return [("gbmw's plan, GPT-3 15B, 32 × A100", gpt15, Planner(gpt15).run()),
+            ("gbmw's plan, GPT-3 65B, 64 × H100", gpt65, Planner(gpt65).run()),
+            ("mixed per-layer plan, GPT-3 15B, 32 devices", gpt15, mixed_plan(gpt15))]
+
+
+def main() -> int:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
+    console = Console(highlight=False, width=140)
+    table = Table(title="peak memory per rank: estimate vs the runtime's step traced under fake tensors")
+    for column in ("plan", "rank", "stage", "estimated GiB", "tracked GiB", "error", "trace s"):
+        table.add_column(column, justify="left" if column == "plan" else "right")
+    errors = []
+    for label, job, plan in cases():
+        estimate = estimate_plan(job, with_traced_micro_batches(plan))  # 1F1B: the same peak as the plan's m
+        for stage in range(plan.pp):
+            started = time.perf_counter()
+            tracked = track_rank(job, plan, stage * plan.devices_per_stage)
+            predicted = estimate.stage_peak_memory_bytes[stage]
+            error = (predicted - tracked.peak_bytes) / tracked.peak_bytes
+            errors.append(error)
+            table.add_row(label, str(tracked.rank), str(stage), f"{predicted / GIB:.2f}", f"{tracked.peak_bytes / GIB:.2f}",
+                          f"{error:+.1%}", f"{time.perf_counter() - started:.0f}")
+            label = ""
+    console.print(table)
+    worst = max(abs(error) for error in errors)
+    console.print(f"largest |error| {worst:.1%} (target ≤ {TARGET:.0%}: {'PASS' if worst <= TARGET else 'FAIL'})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

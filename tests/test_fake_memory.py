@@ -1,0 +1,39 @@
+"""The fake-tensor trace of the runtime's train step allocates what the real step allocates: on gloo processes,
+torch's MemTracker sees the same peak with real tensors as under fake tensors, for plans of every kind."""
+
+import pytest
+
+from dist_fixture import run_distributed
+
+pytestmark = [pytest.mark.torch, pytest.mark.dist]
+
+PLANS = [  # (processes, per-layer strategies of gpt-tiny (embedding, 4 blocks, head), partition, micro-batches)
+    (2, ["tp2", "dp2", "sdp2", "tp2+ckpt", "z1dp2", "z2dp2+ckpt"], [6], 2),
+    (2, ["single", "single+ckpt", "single", "single", "single", "single"], [2, 4], 3),
+    (4, ["dp2-tp2", "sdp4", "tp4+ckpt", "z1dp4", "dp4", "tp2-sdp2"], [6], 2),
+    (4, ["tp2", "sdp2", "dp2+ckpt", "tp2", "z1dp2", "tp2"], [3, 3], 3),
+]
+
+
+def _peaks(rank, world_size, strategies, partition, micro_batches):
+    from gbmw.adapters.profile.fake_memory import step_peak, track_rank
+    from gbmw.adapters.runtime.engine import AdamSettings
+    from gbmw.adapters.runtime.groups import GroupPool
+    from gbmw.jobs import load_job
+    from gbmw.plan import plan_from_strategy_names
+    import torch.distributed as dist
+
+    job = load_job("gpt-tiny_cpu-x4")
+    plan = plan_from_strategy_names(job.model, world_size, strategies, partition, 8 * micro_batches, micro_batches)
+    real = step_peak(plan, job.model.architecture, GroupPool(plan), AdamSettings(max_grad_norm=1.0), fake=False)
+    dist.barrier()
+    dist.destroy_process_group()  # track_rank brings up the fake backend as this rank (and takes it down)
+    fake = track_rank(job, plan, rank)
+    return real.peak_bytes, fake.peak_bytes
+
+
+@pytest.mark.parametrize("processes, strategies, partition, micro_batches", PLANS)
+def test_the_fake_trace_allocates_what_the_real_step_allocates(processes, strategies, partition, micro_batches):
+    for rank, (real, fake) in enumerate(run_distributed(processes, _peaks, strategies, partition, micro_batches,
+                                                        timeout_s=240)):
+        assert fake == real, (rank, real, fake)
