@@ -108,8 +108,10 @@ class HybridEngine:
         self.adam = adam
         # Adam updates the local shards (local_adam): torch's Adam on FSDP2's DTensors dispatches every
         # element-wise operation through DTensor and took ~8× longer on the tiny GPT sharded over two ranks.
+        # foreach (multi-tensor) Adam on every device: torch would pick it for CUDA tensors only, and its
+        # parameter-sized temporaries are part of the memory the estimator charges (and the CPU trace shows).
         self.optimizer = LocalShardAdam(self._all_parameters(), lr=adam.learning_rate, betas=adam.betas,
-                                        eps=adam.eps, weight_decay=0.0)
+                                        eps=adam.eps, weight_decay=0.0, foreach=True)
         self.links = PipelineLinks(self.layout.previous_stage_rank(self.rank), self.layout.next_stage_rank(self.rank))
         self.autocast_dtype = PRECISION_DTYPES[plan.precision]
         self.step = 0
