@@ -89,7 +89,7 @@ def tune(ds_config_path: str, model: str, cluster: str, target: str = "deepspeed
     zero = int((user.get("zero_optimization") or {}).get("stage", 0) or 0)
     ckpt = current_ckpt or ("full" if user.get("activation_checkpointing") else "none")
     try:
-        uniform = UniformConfig(tp=current_tp, pp=current_pp, zero=zero, ckpt=ckpt, micro=micro_per_gpu,
+        uniform = UniformConfig(tp=current_tp, pp=current_pp, zero=zero, ckpt=ckpt, micro=micro_per_gpu, target=target,
                                 batch=global_batch)
         current = uniform.to_plan(job)
         current = replace_estimate(current, estimate_plan(job, current))

@@ -166,7 +166,8 @@ def write_hetu_inputs(job: "gbmw.JobSpec", folder: str | os.PathLike, batch: int
     stash (the block's input). Hardware: bus bandwidths and collective times from gbmw.comm.CommModel.
     """
     from gbmw.comm import CommModel
-    from gbmw.layer_cost import CostSettings, MODEL_STATE_BYTES, forward_time_per_sample_s
+    from gbmw.layer_cost import CostSettings, forward_time_per_sample_s
+    from gbmw.model_states import state_bytes
 
     folder = Path(folder)
     profiles, hardware = folder / "profiles", folder / "hardware"
@@ -191,10 +192,10 @@ def write_hetu_inputs(job: "gbmw.JobSpec", folder: str | os.PathLike, batch: int
         computation[f"layertype_other_0_bsz{bsz}_seq{seq}"] = other_ms
 
     # ---------------------------------------------------------------- memory profile
-    state_bytes = sum(MODEL_STATE_BYTES[(precision, job.optimizer)])
+    bytes_per_parameter = state_bytes("gbmw-runtime", precision, job.optimizer).total
     block = blocks[0]
     # hetu: model states = 4 x parameter_size (MiB); gradients in DP messages = parameter_size / 2 in mixed precision
-    parameter_size = block.parameter_count * state_bytes / 4 / MiB
+    parameter_size = block.parameter_count * bytes_per_parameter / 4 / MiB
     layer_entry = {
         "parameter_size": parameter_size,
         "tp_activation_per_bsz_dict": {
@@ -204,7 +205,7 @@ def write_hetu_inputs(job: "gbmw.JobSpec", folder: str | os.PathLike, batch: int
     }
 
     def states_mib(layers, tp):
-        return sum(_local_parameters(layer, tp) for layer in layers) * state_bytes / MiB
+        return sum(_local_parameters(layer, tp) for layer in layers) * bytes_per_parameter / MiB
 
     def other_entry(layers):
         return {
@@ -295,8 +296,8 @@ def write_hetu_inputs(job: "gbmw.JobSpec", folder: str | os.PathLike, batch: int
         notes.append(f"memory: hetu's --memory_constraint is whole GB; {constraint_gb} leaves it {usable_mib:.0f} MiB "
                      f"for states+activations (after its {HETU_CONTEXT_MIB} MiB context"
                      f"{' and 20% cache reserve' if constraint_gb > 20 else ''}) vs gbmw's budget {budget_mib:.0f} MiB")
-    if state_bytes != 16:
-        notes.append(f"{precision}/{job.optimizer}: {state_bytes} state bytes/param; hetu's DP message sizes assume "
+    if bytes_per_parameter != 16:
+        notes.append(f"{precision}/{job.optimizer}: {bytes_per_parameter} state bytes/param; hetu's DP message sizes assume "
                      "16 (Adam), so its gradient traffic is scaled by the same factor")
     if sequence_parallel:
         notes.append("--sequence_parallel (as timed in NOTES.md): hetu divides checkpointed stashes by TP and adds a "

@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict
 from gbmw.errors import PlanError
 from gbmw.plan import Plan
 from gbmw.stock_partitions import megatron_partition
-from gbmw.targets import AXIS_OF_ZERO_STAGE
+from gbmw.targets import AXIS_OF_ZERO_STAGE, get_target
 from gbmw.jobs import JobSpec
 from gbmw.space import Strategy
 
@@ -34,6 +34,7 @@ UNIFORM_KEYS = {
     "ckpt": "activation recomputation: full or none",
     "micro": "micro-batch size per data-parallel rank (Megatron --micro-batch-size)",
     "batch": "global batch (optional; default the job's global_batch)",
+    "target": "what runs it: runtime (default), deepspeed, megatron-deepspeed or megatron-core",
 }
 
 
@@ -46,6 +47,8 @@ class UniformConfig:
     ckpt: str = "none"
     micro: int = 1
     batch: int | None = None
+    target: str = "runtime"
+    """What runs the configuration (gbmw.targets): its framework decides the memory per parameter."""
 
     @classmethod
     def parse(cls, text: str) -> "UniformConfig":
@@ -57,6 +60,9 @@ class UniformConfig:
                 known = ", ".join(f"{k} ({v})" for k, v in UNIFORM_KEYS.items())
                 raise PlanError(f"--uniform: cannot read {item!r}; write key=value pairs joined by ',' with keys: {known}")
             value = value.strip()
+            if key == "target":
+                values[key] = get_target(value).name
+                continue
             if key == "ckpt":
                 if value not in ("full", "none"):
                     raise PlanError(
@@ -118,16 +124,16 @@ class UniformConfig:
             pp=self.pp,
             partition=tuple(megatron_partition(job.model, self.pp)),
             strategies=strategies,
-            target="runtime",
+            target=self.target,
             provenance={"made_by": "uniform", "config": self.describe()},
         )
         plan.check_against(job.model, devices)
+        get_target(self.target).check(plan, job.model)
         return plan
 
     def describe(self) -> str:
         return f"tp={self.tp},pp={self.pp},zero={self.zero},ckpt={self.ckpt},micro={self.micro}" + (
-            f",batch={self.batch}" if self.batch else ""
-        )
+            f",batch={self.batch}" if self.batch else "") + (f",target={self.target}" if self.target != "runtime" else "")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -145,6 +151,8 @@ class HandTunedConfig(BaseModel):
     source: str
     applies_to: str
     """The model recipe it is compared on (e.g. gpt3-39b)."""
+    target: str
+    """The framework that ran it, as a gbmw target: megatron-core (Megatron-LM, NeMo) or megatron-deepspeed."""
     published: dict[str, Any]
     config: dict[str, Any]
     """--uniform keys: tp, pp, zero, ckpt, micro, optionally batch."""
@@ -152,7 +160,8 @@ class HandTunedConfig(BaseModel):
 
     @property
     def uniform(self) -> UniformConfig:
-        return UniformConfig.parse(",".join(f"{key}={value}" for key, value in self.config.items()))
+        return UniformConfig.parse(",".join([f"{key}={value}" for key, value in self.config.items()]
+                                            + [f"target={self.target}"]))
 
 
 def load_handtuned(path: str | Path) -> HandTunedConfig:

@@ -9,6 +9,7 @@ from gbmw.jobs import JobSpec
 from gbmw.layer_cost import CostSettings
 from gbmw.plan import Estimate, Plan
 from gbmw.stage_cost import StageCosts, StageEstimate, pipeline_time_s, stage_estimate, strategy_tables
+from gbmw.targets import get_target
 
 
 def plan_stage_estimates(job: JobSpec, plan: Plan) -> list[StageEstimate]:
@@ -16,8 +17,8 @@ def plan_stage_estimates(job: JobSpec, plan: Plan) -> list[StageEstimate]:
     plan.check_against(job.model, job.cluster.num_devices)
     comm = CommModel(job.cluster)
     strategies = list(dict.fromkeys(plan.strategies))
-    tables = strategy_tables(job.model, strategies, plan.micro_batch,
-                             CostSettings(job.cluster, job.precision, job.optimizer), comm)
+    settings = CostSettings(job.cluster, job.precision, job.optimizer, get_target(plan.target).framework)
+    tables = strategy_tables(job.model, strategies, plan.micro_batch, settings, comm)
     costs = StageCosts(job.model, tables, plan.pp, plan.num_micro_batches, plan.schedule, comm)
     index = {strategy: position for position, strategy in enumerate(strategies)}
     return [stage_estimate(costs, stage, first, [index[strategy] for strategy in plan.stage_strategies(stage)])

@@ -14,7 +14,7 @@ strategy S (data-parallel ways d, TP degree t) processes micro_batch / d samples
   micro-batch and all-gathers parameters on the last. Backward DP/SDP communication overlaps
   backward compute and both slow down by the cluster's overlap factor f while they share the
   device: time = max(c, g) + (f - 1) · min(c, g).
-* memory (bytes per device): model states per precision and optimizer, divided by the sharding
+* memory (bytes per device): model states per framework, precision and optimizer (gbmw.model_states), divided by the sharding
   axes; forward-stashed activations O_f (boundary + intermediate, or boundary only under CKPT);
   backward extra O_b (the recomputed intermediates of a CKPT layer, the gathered parameters and
   gradients of an SDP layer); model states O_ms.
@@ -31,20 +31,8 @@ import numpy as np
 from gbmw.cluster_spec import ClusterSpec
 from gbmw.comm import CommModel
 from gbmw.model_spec import ModelSpec
+from gbmw.model_states import StateBytes, sharded_bytes_per_parameter, state_bytes
 from gbmw.space import DATA_PARALLEL_AXES, Strategy
-
-
-#: Bytes per parameter of (parameters, gradients, optimizer states) by precision and optimizer.
-#: Mixed precision keeps 16-bit parameters and gradients and an fp32 master copy with Adam's two
-#: moments (Rajbhandari et al., "ZeRO", Sec. 3.1: 2 + 2 + 12 bytes); fp32 keeps 4 + 4 + 8.
-MODEL_STATE_BYTES: dict[tuple[str, str], tuple[int, int, int]] = {
-    ("fp32", "adam"): (4, 4, 8),
-    ("fp16", "adam"): (2, 2, 12),
-    ("bf16", "adam"): (2, 2, 12),
-    ("fp32", "sgd"): (4, 4, 0),
-    ("fp16", "sgd"): (2, 2, 4),
-    ("bf16", "sgd"): (2, 2, 4),
-}
 
 
 @dataclass(frozen=True)
@@ -54,6 +42,12 @@ class CostSettings:
     cluster: ClusterSpec
     precision: str
     optimizer: str = "adam"
+    framework: str = "gbmw-runtime"
+    """What runs the plan (gbmw.targets' Target.framework): it decides the bytes kept per parameter."""
+
+    @property
+    def states(self) -> StateBytes:
+        return state_bytes(self.framework, self.precision, self.optimizer)
 
 
 @dataclass
@@ -75,13 +69,9 @@ class LayerCosts:
     """Parameters this device's optimizer steps (TP-local, divided by every ZeRO degree of the strategy)."""
 
 
-def model_state_bytes_per_parameter(strategy: Strategy, precision: str, optimizer: str) -> float:
+def model_state_bytes_per_parameter(strategy: Strategy, settings: CostSettings) -> float:
     """Bytes of model states per (TP-local) parameter on one device under `strategy`'s sharding."""
-    parameter_bytes, gradient_bytes, optimizer_bytes = MODEL_STATE_BYTES[(precision, optimizer)]
-    zero3 = strategy.degree("sdp")
-    zero2 = zero3 * strategy.degree("z2dp")
-    zero1 = zero2 * strategy.degree("z1dp")
-    return parameter_bytes / zero3 + gradient_bytes / zero2 + optimizer_bytes / zero1
+    return sharded_bytes_per_parameter(strategy, settings.states)
 
 
 def tp_local_parameters(model: ModelSpec, tp: int) -> np.ndarray:
@@ -141,7 +131,8 @@ def layer_costs(
 ) -> LayerCosts:
     """c(l, S), O_f(l, S), O_b(l, S), O_ms(l, S) of every layer l under one strategy S."""
     arrays = model.arrays
-    parameter_bytes, gradient_bytes, _ = MODEL_STATE_BYTES[(settings.precision, settings.optimizer)]
+    states = settings.states
+    parameter_bytes, gradient_bytes = states.weights, states.gradients
     tp = strategy.tp
     samples = micro_batch / strategy.data_parallel
     slowdown = settings.cluster.overlap_slowdown
@@ -181,14 +172,14 @@ def layer_costs(
         else:  # dp
             last_micro_batch += collective_time_s(comm.allreduce_s, shard_parameters * gradient_bytes, degree, stride)
 
-    framework, recompute_framework = _framework_overheads_s(model, strategy, settings, comm, parameter_bytes,
-                                                            gradient_bytes)
+    call_overhead, recompute_overhead = _framework_overheads_s(model, strategy, settings, comm, parameter_bytes,
+                                                               gradient_bytes)
 
     def overlapped(compute: np.ndarray, communication: np.ndarray) -> np.ndarray:
         return np.maximum(compute, communication) + (slowdown - 1.0) * np.minimum(compute, communication)
 
-    forward = forward_compute + tp_forward + forward_gather + framework
-    recompute = (forward_compute + tp_forward + recompute_framework) if strategy.ckpt else 0.0
+    forward = forward_compute + tp_forward + forward_gather + call_overhead
+    recompute = (forward_compute + tp_forward + recompute_overhead) if strategy.ckpt else 0.0
     backward_common = tp_forward + recompute
     time_no_sync = forward + backward_common + overlapped(backward_compute, every_micro_batch)
     time_sync = forward + backward_common + overlapped(backward_compute, every_micro_batch + last_micro_batch)
@@ -205,13 +196,13 @@ def layer_costs(
     sdp = strategy.degree("sdp")
     if sdp > 1:  # the gathered full parameters and unscattered gradients of the running layer
         backward_memory = backward_memory + local_parameters * (parameter_bytes + gradient_bytes) * (1 - 1 / sdp)
-    states = local_parameters * model_state_bytes_per_parameter(strategy, settings.precision, settings.optimizer)
+    held_states = local_parameters * model_state_bytes_per_parameter(strategy, settings)
     return LayerCosts(
         time_s=time_sync,
         time_no_grad_sync_s=time_no_sync,
         forward_memory_bytes=forward_memory,
         backward_memory_bytes=backward_memory,
-        model_state_bytes=states,
+        model_state_bytes=held_states,
         samples_per_device=samples,
         optimizer_parameters=local_parameters / (sdp * strategy.degree("z2dp") * strategy.degree("z1dp")),
     )

@@ -42,6 +42,7 @@ from gbmw.spaces import DEFAULT_VARIANT, SearchSpace, search_space
 from gbmw.stage_cost import StageCosts, StrategyTables, pipeline_time_s, stage_estimate, strategy_tables
 from gbmw.stage_search import StageSearch
 from gbmw.stock_partitions import PARTITION_RULES
+from gbmw.targets import get_target
 from gbmw.version import __version__
 
 __all__ = ["NothingFitsError", "Planner", "plan_job"]
@@ -103,7 +104,8 @@ class Planner:
 
     def __post_init__(self) -> None:
         self.spec: SearchSpace = search_space(self.variant, self.target)
-        self.settings = CostSettings(self.job.cluster, self.job.precision, self.job.optimizer)
+        self.settings = CostSettings(self.job.cluster, self.job.precision, self.job.optimizer,
+                                     get_target(self.spec.target).framework)
         self.comm = CommModel(self.job.cluster)
         self.budget = float(self.job.memory_budget_bytes)
         if self.sweep and self.batch is not None:

@@ -83,7 +83,7 @@ def strategy_tables(
         model_state_bytes=np.stack([c.model_state_bytes for c in costs]),
         optimizer_parameters=np.stack([c.optimizer_parameters for c in costs]),
         state_bytes_per_parameter=np.array(
-            [model_state_bytes_per_parameter(s, settings.precision, settings.optimizer) for s in strategies]
+            [model_state_bytes_per_parameter(s, settings) for s in strategies]
         ),
         optimizer_shards=np.array([s.degree("sdp") * s.degree("z2dp") * s.degree("z1dp") for s in strategies]),
         tp=np.array([s.tp for s in strategies]),

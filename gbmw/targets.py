@@ -37,6 +37,8 @@ class Target:
     name: str
     label: str
     """How plans and comparisons name the target's search space."""
+    framework: str
+    """What runs the plan, for what it keeps per parameter (gbmw.model_states)."""
     axes: tuple[str, ...]
     """The axes its layouts may use, in the order the search enumerates them (of equally fast plans, the
     first found wins, so the order is part of the definition)."""
@@ -153,17 +155,19 @@ def _describe_runs(plan: "Plan") -> str:
 
 
 TARGETS: dict[str, Target] = {
-    "runtime": Target("runtime", "gbmw runtime", AXES, per_layer=True),
+    "runtime": Target("runtime", "gbmw runtime", "gbmw-runtime", AXES, per_layer=True),
     "deepspeed": Target(
-        "deepspeed", "DeepSpeed (ZeRO + pipeline engine)", ("dp", "z1dp", "z2dp", "sdp"), pipeline_max_zero_stage=1,
+        "deepspeed", "DeepSpeed (ZeRO + pipeline engine)", "deepspeed", ("dp", "z1dp", "z2dp", "sdp"),
+        pipeline_max_zero_stage=1,
         partition_methods=(("uniform", "uniform"), ("parameters", "parameters")),
     ),
     "megatron-deepspeed": Target(
-        "megatron-deepspeed", "Megatron-DeepSpeed", ("tp", "dp", "z1dp", "z2dp", "sdp"), pipeline_max_zero_stage=1,
+        "megatron-deepspeed", "Megatron-DeepSpeed", "deepspeed", ("tp", "dp", "z1dp", "z2dp", "sdp"),
+        pipeline_max_zero_stage=1,
         partition_methods=(("type:transformer", "even"),),
     ),
     "megatron-core": Target(
-        "megatron-core", "Megatron-Core", ("tp", "dp", "z1dp"),
+        "megatron-core", "Megatron-Core", "megatron", ("tp", "dp", "z1dp"),
         partition_methods=(("even", "even"), ("first-last", "first-last")),
     ),
 }

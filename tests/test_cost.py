@@ -8,17 +8,19 @@ from hypothesis import given, settings, strategies as st
 from conftest import make_cluster, make_job, make_layer, make_model, with_timings
 from gbmw.comm import CommModel
 from gbmw.estimate import estimate_plan
-from gbmw.layer_cost import MODEL_STATE_BYTES, CostSettings, layer_costs
+from gbmw.layer_cost import CostSettings, layer_costs
+from gbmw.model_states import state_bytes
 from gbmw.ranks import transition_fraction
 from gbmw.stage_cost import StageCosts, pipeline_time_s, stage_estimate, strategy_tables
 from gbmw.plan import plan_from_strategy_names
 from gbmw.space import Strategy, enumerate_strategies
 
 
-def costs(name, micro_batch=8, precision="fp32", layer=None, cluster=None):
+def costs(name, micro_batch=8, precision="fp32", layer=None, cluster=None, framework="gbmw-runtime"):
     cluster = cluster or make_cluster()
     model = make_model([layer or make_layer()], precision)
-    return layer_costs(model, Strategy.parse(name), micro_batch, CostSettings(cluster, precision), CommModel(cluster))
+    settings = CostSettings(cluster, precision, framework=framework)
+    return layer_costs(model, Strategy.parse(name), micro_batch, settings, CommModel(cluster))
 
 
 # Layer: 1000 parameters (800 split by TP), boundary 100 B, intermediate 50 B whole + 200 B split, per sample.
@@ -44,10 +46,17 @@ def test_single_layer_memory_by_hand(name, states, forward, backward):
     assert result.backward_memory_bytes[0] == pytest.approx(backward)
 
 
-def test_mixed_precision_model_states_are_16_bytes_per_parameter_and_zero_shards_them():
-    assert costs("dp8", precision="bf16").model_state_bytes[0] == pytest.approx(1000 * (2 + 2 + 12))
-    assert costs("z1dp8", precision="bf16").model_state_bytes[0] == pytest.approx(1000 * (2 + 2 + 12 / 8))
-    assert costs("sdp8", precision="bf16").model_state_bytes[0] == pytest.approx(1000 * 16 / 8)
+@pytest.mark.parametrize("framework, name, bytes_per_parameter", [
+    # gbmw's runtime trains bf16 under autocast: fp32 weights, fp32 gradients, Adam's fp32 moments
+    ("gbmw-runtime", "dp8", 4 + 4 + 8), ("gbmw-runtime", "z1dp8", 4 + 4 + 8 / 8), ("gbmw-runtime", "sdp8", 16 / 8),
+    # Megatron-LM's "Distributed Optimizer" docs: bf16 parameters with fp32 main gradients: 18, and 6 + 12/d
+    ("megatron", "dp8", 18), ("megatron", "z1dp8", 6 + 12 / 8),
+    # DeepSpeed's estimate_zero2_model_states_mem_needs: 2 + 18/d with ZeRO-2 (16-bit weights kept whole)
+    ("deepspeed", "z2dp8", 2 + 18 / 8), ("deepspeed", "z1dp8", 2 + 2 + 16 / 8), ("deepspeed", "sdp8", 20 / 8),
+])
+def test_mixed_precision_model_states_are_what_each_framework_keeps(framework, name, bytes_per_parameter):
+    result = costs(name, precision="bf16", framework=framework)
+    assert result.model_state_bytes[0] == pytest.approx(1000 * bytes_per_parameter)
 
 
 def test_single_layer_time_by_hand():
@@ -210,7 +219,7 @@ def test_random_plans_cost_at_least_their_compute_and_model_states(layers, pp, m
     compute_floor_s = 3 * model.forward_flops_per_sample * plan.global_batch / (8 * cluster.sustained_flops("fp32"))
     assert estimate.iteration_time_s >= compute_floor_s * (1 - 1e-9)  # 1e-9: sums of ≤ 6 layers reordered
     held_by_all_devices = sum(states * (8 // pp) for states in estimate.stage_model_state_bytes)
-    assert held_by_all_devices >= model.parameter_count * sum(MODEL_STATE_BYTES["fp32", "adam"]) * (1 - 1e-9)
+    assert held_by_all_devices >= model.parameter_count * state_bytes("gbmw-runtime", "fp32", "adam").total * (1 - 1e-9)
     for peak, states, activations in zip(estimate.stage_peak_memory_bytes, estimate.stage_model_state_bytes,
                                          estimate.stage_activation_bytes):
         assert peak == pytest.approx(states + activations, rel=1e-12)
@@ -249,14 +258,14 @@ def test_profiled_call_timings_add_what_compute_and_collectives_leave_out(strate
     what that timing shows beyond the compute and modelled collectives of the same call (and nothing when
     the timing is fully explained)."""
     from gbmw.comm import CommModel
-    from gbmw.layer_cost import CostSettings, MODEL_STATE_BYTES, collective_time_s, layer_costs
+    from gbmw.layer_cost import CostSettings, collective_time_s, layer_costs
     from gbmw.jobs import load_job
 
     job = load_job("gpt-tiny_cpu-x4")
     settings, comm = CostSettings(job.cluster, job.precision, job.optimizer), CommModel(job.cluster)
     batch, forward_s, backward_s, extra_s = 8, 1e-4, 2e-4, 3e-3
     forward_call_s, backward_call_s = 5e-5, 7e-5  # per-call intercepts: TP does not divide them
-    parameter_bytes, gradient_bytes, _ = MODEL_STATE_BYTES[(job.precision, job.optimizer)]
+    parameter_bytes, gradient_bytes = settings.states.weights, settings.states.gradients
     layers = []
     for layer in job.model.layers:
         compute = (forward_s + backward_s) * batch + forward_call_s + backward_call_s

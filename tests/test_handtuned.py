@@ -1,4 +1,5 @@
-"""Published hand-tuned configurations load, fit their GPT-3 job, and gbmw's runtime plan is at least as fast."""
+"""Published hand-tuned configurations load and are costed as the framework that ran them; gbmw's runtime plan fits
+and is at least as fast as each one that fits."""
 
 import pytest
 
@@ -17,21 +18,23 @@ def test_every_model_has_handtuned_configurations():
 
 
 @pytest.mark.parametrize("name", CONFIGS)
-def test_handtuned_fits_and_gbmw_is_no_slower(name):
+def test_gbmw_fits_and_is_no_slower_than_a_handtuned_config_that_fits(name):
     config = load_handtuned(name)
     assert "http" in config.source
     job = load_job(f"{config.applies_to}_a100-80g-x32")
     comparison = compare_handtuned(job, config)
     label, handtuned, _ = comparison.rows[0]
-    assert label.startswith("hand-tuned") and handtuned is not None and handtuned.estimate.fits
+    assert label.startswith("hand-tuned") and handtuned is not None and handtuned.target == config.target
     runtime = comparison.rows[1][1]
-    assert runtime.global_batch == handtuned.global_batch
-    assert runtime.estimate.samples_per_s >= handtuned.estimate.samples_per_s
+    assert runtime.global_batch == handtuned.global_batch and runtime.estimate.fits
+    if handtuned.estimate.fits:
+        assert runtime.estimate.samples_per_s >= handtuned.estimate.samples_per_s
 
 
 def test_bad_handtuned_file(tmp_path):
     path = tmp_path / "x.yaml"
-    path.write_text("name: x\ndescription: d\nsource: s\napplies_to: gpt3-15b\npublished: {}\nconfig: {tp: 3, colour: red}\n")
+    path.write_text("name: x\ndescription: d\nsource: s\napplies_to: gpt3-15b\ntarget: megatron-core\npublished: {}\n"
+                    "config: {tp: 3, colour: red}\n")
     with pytest.raises(Exception, match="cannot read 'colour=red'"):
         load_handtuned(path)
     with pytest.raises(SpecError, match="no such file or bundled recipe"):
