@@ -20,18 +20,18 @@ def throughput_upper_bound(tables: StrategyTables, allowed: np.ndarray, pp: int,
                            schedule: str, budget_bytes: float) -> float:
     """B / (a lower bound of Eq. (9) over every plan of this setting that fits).
 
-    Eq. (9) ≥ (m - 1) · Σ_i C_no_sync(M_i) / P + Σ_l min c(l): the stages' no-sync times sum to at
+    The iteration time (gbmw.pipeline_schedules; synchronisation and optimizer steps only add to it) is at least
+    (m - 1) · Σ_i C_no_sync(M_i) / P + Σ_l min c_no_sync(l): the stages' no-sync times sum to at
     least the least total no-sync time of plans whose memory fits all stages together —
     Σ_l (O_ms + O_f) ≤ P · E, since every stage holds at least one micro-batch — which the
     Lagrangian dual of that knapsack bounds from below.
     """
     no_sync = np.where(allowed, tables.time_no_grad_sync_s, np.inf)
-    sync = np.where(allowed, tables.time_s, np.inf).min(axis=0)
     k = count if schedule == "gpipe" else 1
     memory = tables.model_state_bytes + k * tables.forward_memory_bytes
     total_no_sync = knapsack_lower_bound(no_sync, memory, pp * budget_bytes)
     slowest_stage = max(total_no_sync / pp, no_sync.min(axis=0).max())
-    lower = (count - 1) * slowest_stage + sync.sum()
+    lower = (count - 1) * slowest_stage + no_sync.min(axis=0).sum()
     return micro_batch * count / lower if np.isfinite(lower) else 0.0
 
 

@@ -26,6 +26,15 @@ class FlopsPerPrecision(Frozen):
     bf16: float | None = Field(default=None, gt=0)
 
 
+class AttentionFlops(Frozen):
+    """Measured fused-attention TFLOP/s per precision; a precision left out runs attention at the matmul rate."""
+
+    fp32: float | None = Field(default=None, gt=0)
+    tf32: float | None = Field(default=None, gt=0)
+    fp16: float | None = Field(default=None, gt=0)
+    bf16: float | None = Field(default=None, gt=0)
+
+
 class DeviceSpec(Frozen):
     name: str
     memory: ByteSize
@@ -33,7 +42,14 @@ class DeviceSpec(Frozen):
     peak_tflops: FlopsPerPrecision
     """Datasheet dense peak per precision."""
     sustained_tflops: FlopsPerPrecision
-    """What Transformer layers reach in practice (calibrated; the source is cited in the recipe)."""
+    """Measured dense matmul rate per precision (large GEMMs, cuBLAS or torch.matmul): a kernel rate, never
+    an end-to-end training rate, which already contains the communication and bubbles the estimator adds."""
+    attention_tflops: AttentionFlops | None = None
+    """Measured forward + backward rate of fused (flash) attention kernels per precision; absent: they run at
+    `sustained_tflops` (the recipe says which)."""
+    memory_bandwidth_gb_per_s: float = Field(gt=0)
+    """Measured device-memory bandwidth of memory-bound kernels (a STREAM copy), in GB/s (1e9 bytes/s): the
+    rate of norms, activations, dropout, residual adds and the optimizer step."""
 
     @model_validator(mode="after")
     def _sustained_below_peak(self) -> "DeviceSpec":
@@ -107,6 +123,16 @@ class ClusterSpec(Frozen):
         """Sustained FLOP/s of one device for a training precision (fp32 means true fp32, not TF32)."""
         tflops = self._tflops(self.device.sustained_tflops, precision)
         return tflops * 1e12
+
+    def attention_flops(self, precision: str) -> float:
+        """FLOP/s of fused attention kernels: the measured attention rate, or the matmul rate where none is given."""
+        table = self.device.attention_tflops
+        rate = getattr(table, precision, None) if table is not None else None
+        return rate * 1e12 if rate is not None else self.sustained_flops(precision)
+
+    @property
+    def memory_bandwidth_bytes_per_s(self) -> float:
+        return self.device.memory_bandwidth_gb_per_s * 1e9
 
     def peak_flops(self, precision: str) -> float:
         return self._tflops(self.device.peak_tflops, precision) * 1e12

@@ -1,5 +1,6 @@
-"""A whole plan's estimate: per-stage time and peak memory (gbmw.stage_cost), the iteration time by Eq. (9),
-samples/s, model TFLOP/s per device and MFU, and whether every stage fits the memory budget."""
+"""A whole plan's estimate: per-stage time and peak memory (gbmw.stage_cost), the iteration time (Eq. (9) as
+gbmw.pipeline_schedules states it), samples/s, model TFLOP/s per device and MFU, and whether every stage fits
+the memory budget."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ from gbmw.errors import PlanError
 from gbmw.jobs import JobSpec
 from gbmw.layer_cost import CostSettings
 from gbmw.plan import Estimate, Plan
-from gbmw.stage_cost import StageCosts, StageEstimate, pipeline_time_s, stage_estimate, strategy_tables
+from gbmw.pipeline_schedules import pipeline_time_s
+from gbmw.stage_cost import StageCosts, StageEstimate, stage_estimate, strategy_tables
 from gbmw.targets import get_target
 
 
@@ -19,7 +21,9 @@ def plan_stage_estimates(job: JobSpec, plan: Plan) -> list[StageEstimate]:
     strategies = list(dict.fromkeys(plan.strategies))
     settings = CostSettings(job.cluster, job.precision, job.optimizer, get_target(plan.target).framework)
     tables = strategy_tables(job.model, strategies, plan.micro_batch, settings, comm)
-    costs = StageCosts(job.model, tables, plan.pp, plan.num_micro_batches, plan.schedule, comm)
+    target = get_target(plan.target)
+    costs = StageCosts(job.model, tables, plan.pp, plan.num_micro_batches, plan.schedule, comm,
+                       virtual_stages=plan.virtual_stages, scatter_gather=target.pipeline_scatter_gather)
     index = {strategy: position for position, strategy in enumerate(strategies)}
     return [stage_estimate(costs, stage, first, [index[strategy] for strategy in plan.stage_strategies(stage)])
             for stage, (first, _) in enumerate(plan.stage_bounds)]
@@ -28,7 +32,7 @@ def plan_stage_estimates(job: JobSpec, plan: Plan) -> list[StageEstimate]:
 def estimate_plan(job: JobSpec, plan: Plan, memory_budget_bytes: float | None = None) -> Estimate:
     """Iteration time (Eq. (9)), throughput, per-stage time and peak memory of `plan` for `job`."""
     stages = plan_stage_estimates(job, plan)
-    iteration_s = pipeline_time_s(stages, plan.num_micro_batches)
+    iteration_s = pipeline_time_s(stages, plan.num_micro_batches, plan.virtual_stages)
     if iteration_s <= 0:
         raise PlanError(
             f"model {job.model.name}: the estimated iteration time is 0 — its layers have no FLOPs, measured "

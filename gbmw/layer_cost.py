@@ -4,8 +4,11 @@ O_ms and the per-layer time c(l, S) of Eq. (4)).
 For one micro-batch of `micro_batch` samples entering a stage whose group has G devices, a layer under
 strategy S (data-parallel ways d, TP degree t) processes micro_batch / d samples per device:
 
-* compute: forward = per-sample time × samples / t (profiled time, or FLOPs over the device's
-  sustained FLOP/s); backward = 2 × forward unless profiled; CKPT adds one forward (recompute) before backward.
+* compute: forward = per-sample time × samples / t where profiled; otherwise kernel by kernel: the matmul FLOPs
+  at the device's measured matmul rate (flash attention's at its measured attention rate), plus the memory-bound
+  kernels' traffic at its measured memory bandwidth (TP divides both inside its split regions, not the norms,
+  dropout and residual adds outside them);
+  backward = 2 × forward unless profiled; CKPT adds one forward (recompute) before backward.
 * TP: the layer's all-reduces in forward and as many in backward (and again in the recompute).
 * DP/SDP: SDP all-gathers parameters before forward and backward and reduce-scatters gradients
   every micro-batch (DeepSpeed ZeRO-3 keeps no unsharded gradients across micro-batches);
@@ -15,7 +18,7 @@ strategy S (data-parallel ways d, TP degree t) processes micro_batch / d samples
   backward compute and both slow down by the cluster's overlap factor f while they share the
   device: time = max(c, g) + (f - 1) · min(c, g).
 * memory (bytes per device): model states per framework, precision and optimizer (gbmw.model_states), divided by the sharding
-  axes; forward-stashed activations O_f (boundary + intermediate, or boundary only under CKPT);
+  axes, and what the framework allocates beyond them (gbmw.framework_memory); forward-stashed activations O_f (boundary + intermediate, or boundary only under CKPT);
   backward extra O_b (the recomputed intermediates of a CKPT layer, the gathered parameters and
   gradients of an SDP layer); model states O_ms.
 
@@ -30,6 +33,7 @@ import numpy as np
 
 from gbmw.cluster_spec import ClusterSpec
 from gbmw.comm import CommModel
+from gbmw.framework_memory import autocast_weight_copy_bytes
 from gbmw.model_spec import ModelSpec
 from gbmw.model_states import StateBytes, sharded_bytes_per_parameter, state_bytes
 from gbmw.space import DATA_PARALLEL_AXES, Strategy
@@ -80,10 +84,25 @@ def tp_local_parameters(model: ModelSpec, tp: int) -> np.ndarray:
 
 
 def forward_time_per_sample_s(model: ModelSpec, settings: CostSettings) -> np.ndarray:
-    """Measured per-sample forward time where profiled, else FLOPs / sustained FLOP/s."""
+    """Measured per-sample forward time where profiled, else FLOPs / the matmul rate (profiled models only)."""
     arrays = model.arrays
     analytic = arrays.forward_flops_per_sample / settings.cluster.sustained_flops(settings.precision)
     return np.where(arrays.has_measured_time, arrays.forward_time_per_sample_s, analytic)
+
+
+def forward_compute_s(model: ModelSpec, settings: CostSettings, samples: float, tp: int) -> np.ndarray:
+    """One forward pass of `samples` samples on one device at TP degree `tp`: the profiled time, or the matmuls
+    at the measured matmul rate plus the memory-bound kernels' traffic at the measured memory bandwidth."""
+    arrays = model.arrays
+    bandwidth = settings.cluster.memory_bandwidth_bytes_per_s
+    flash = arrays.forward_flash_attention_flops_per_sample
+    split = ((arrays.forward_flops_per_sample - flash) / settings.cluster.sustained_flops(settings.precision)
+             + flash / settings.cluster.attention_flops(settings.precision)
+             + arrays.forward_tp_split_memory_traffic_bytes_per_sample / bandwidth)
+    whole = arrays.forward_memory_traffic_bytes_per_sample / bandwidth
+    analytic = split * samples / tp + whole * samples
+    measured = arrays.forward_time_per_sample_s * samples / tp + arrays.forward_overhead_s
+    return np.where(arrays.has_measured_time, measured, analytic)
 
 
 def _framework_overheads_s(model: ModelSpec, strategy: Strategy, settings: CostSettings, comm: CommModel,
@@ -138,7 +157,7 @@ def layer_costs(
     slowdown = settings.cluster.overlap_slowdown
 
     # Compute.
-    forward_compute = forward_time_per_sample_s(model, settings) * samples / tp + arrays.forward_overhead_s
+    forward_compute = forward_compute_s(model, settings, samples, tp)
     backward_compute = np.where(arrays.has_measured_backward,
                                 arrays.backward_time_per_sample_s * samples / tp + arrays.backward_overhead_s,
                                 2.0 * forward_compute)
@@ -189,10 +208,13 @@ def layer_costs(
     intermediate = (
         arrays.intermediate_activation_bytes_per_sample + arrays.intermediate_tp_split_activation_bytes_per_sample / tp
     ) * samples
+    # A 16-bit copy of the weights each micro-batch keeps (gbmw's runtime under autocast; not for embeddings).
+    weight_copy = local_parameters * autocast_weight_copy_bytes(settings.framework, settings.precision) * np.array(
+        [layer.kind != "embedding" for layer in model.layers])
     if strategy.ckpt:
-        forward_memory, backward_memory = boundary, intermediate.copy()
+        forward_memory, backward_memory = boundary, intermediate + weight_copy
     else:
-        forward_memory, backward_memory = boundary + intermediate, np.zeros(model.num_layers)
+        forward_memory, backward_memory = boundary + intermediate + weight_copy, np.zeros(model.num_layers)
     sdp = strategy.degree("sdp")
     if sdp > 1:  # the gathered full parameters and unscattered gradients of the running layer
         backward_memory = backward_memory + local_parameters * (parameter_bytes + gradient_bytes) * (1 - 1 / sdp)

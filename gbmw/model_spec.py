@@ -87,6 +87,14 @@ class LayerSpec(Frozen):
     side_input_bytes_per_sample: float = Field(default=0.0, ge=0)
     """A second input carried alongside the boundary, e.g. the encoder output every T5 decoder layer
     reads. Stashed once per pipeline stage and sent between stages with the boundary."""
+    forward_flash_attention_flops_per_sample: float = Field(default=0.0, ge=0)
+    """The part of `forward_flops_per_sample` a fused (flash) attention kernel runs — scores QKᵀ and scores × V —
+    at the device's attention rate rather than its matmul rate; 0 without flash attention."""
+    forward_memory_traffic_bytes_per_sample: float = Field(default=0.0, ge=0)
+    """Bytes the forward pass's memory-bound kernels (norms, dropout, residual adds) read and write for one sample
+    outside the TP-split regions; they run at the device's memory bandwidth. 0: time from the matmuls alone."""
+    forward_tp_split_memory_traffic_bytes_per_sample: float = Field(default=0.0, ge=0)
+    """The same inside the TP-split regions (attention core, MLP activation, the vocabulary's logits): TP divides it."""
     tp_allreduce_bytes_per_sample: float = Field(default=0.0, ge=0)
     """Bytes all-reduced within the TP group per sample in the forward pass (the backward pass
     all-reduces as many); 0 for layers TP cannot split."""
@@ -257,6 +265,9 @@ class LayerArrays:
         self.side_input_bytes_per_sample = column("side_input_bytes_per_sample")
         self.tied_parameter_count = column("tied_parameter_count")
         self.tp_allreduce_bytes_per_sample = column("tp_allreduce_bytes_per_sample")
+        self.forward_flash_attention_flops_per_sample = column("forward_flash_attention_flops_per_sample")
+        self.forward_memory_traffic_bytes_per_sample = column("forward_memory_traffic_bytes_per_sample")
+        self.forward_tp_split_memory_traffic_bytes_per_sample = column("forward_tp_split_memory_traffic_bytes_per_sample")
         self.has_measured_time = np.array([layer.timings is not None for layer in layers])
         self.forward_time_per_sample_s = timing("forward_time_per_sample_s")
         self.has_measured_backward = np.array(

@@ -14,6 +14,10 @@ deepspeed       bf16/fp16   2         2           16           DeepSpeed's estim
                                                                fp32 weights and Adam's moments (18/d with ZeRO-2)
 SGD (no momentum) keeps the weights and gradients and, in mixed precision, an fp32 master copy (any framework).
 
+The optimizer step is memory-bound: per parameter it steps, it reads and writes the optimizer's states, reads the
+gradient (twice: the gradient norm for clipping, then the update) and writes the weights — and, where the weights
+are themselves the fp32 master copy (no 16-bit copy), reads them too (`step_traffic_bytes`).
+
 Sharding follows ZeRO (Rajbhandari et al., Sec. 5): ZeRO-1 (z1dp, Megatron's distributed optimizer) divides the
 optimizer column by its degree, ZeRO-2 (z2dp) the gradients too, ZeRO-3 (sdp) everything. The weights are also
 what SDP all-gathers and the gradients what data parallelism reduces, so their sizes set those messages too.
@@ -68,3 +72,10 @@ def sharded_bytes_per_parameter(strategy: Strategy, states: StateBytes) -> float
     zero2 = zero3 * strategy.degree("z2dp")
     zero1 = zero2 * strategy.degree("z1dp")
     return states.weights / zero3 + states.gradients / zero2 + states.optimizer / zero1
+
+
+def step_traffic_bytes(states: StateBytes) -> int:
+    """Bytes the optimizer step moves per parameter it steps (the module's accounting): Adam with a 16-bit copy,
+    e.g. Megatron bf16, 2·12 + 2·4 + 2 = 34; gbmw's runtime (fp32 weights are the master) 2·8 + 2·4 + 2·4 = 32."""
+    master_is_weights = states.weights >= 4
+    return 2 * states.optimizer + 2 * states.gradients + states.weights * (2 if master_is_weights else 1)

@@ -68,6 +68,9 @@ class Plan:
     """What will run it (gbmw.targets): runtime, deepspeed, megatron-deepspeed or megatron-core."""
     schedule: str = "1f1b"
     """Pipeline schedule: `1f1b` (1F1B-flush, the runtime's) or `gpipe` (baselines only)."""
+    virtual_stages: int = 1
+    """Model chunks per pipeline device: > 1 is interleaved 1F1B (Megatron's virtual pipeline stages), each
+    stage's Transformer blocks cut into that many equal chunks (gbmw.pipeline_schedules)."""
     estimate: Estimate | None = None
     provenance: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
     """gbmw version, search settings and seconds, or how a hand-written plan was made."""
@@ -78,6 +81,11 @@ class Plan:
             problems.append(f"target {self.target!r} is not one of {list(TARGETS)}")
         if self.schedule not in SCHEDULES:
             problems.append(f"schedule {self.schedule!r} is not one of {list(SCHEDULES)}")
+        if self.virtual_stages < 1:
+            problems.append(f"virtual_stages {self.virtual_stages}: must be at least 1 (1 = plain 1F1B)")
+        elif self.virtual_stages > 1 and (self.schedule != "1f1b" or self.pp < 2):
+            problems.append(f"virtual_stages {self.virtual_stages} interleaves a 1F1B pipeline; it needs schedule "
+                            f"1f1b and pp ≥ 2 (schedule {self.schedule}, pp {self.pp})")
         if self.pp < 1 or self.num_devices % self.pp != 0:
             problems.append(f"num_devices({self.num_devices}) % pp({self.pp}) != 0: stages need equal device groups")
         if len(self.partition) != self.pp:
@@ -177,6 +185,8 @@ class Plan:
                 data["partition"] = list(value)
             elif item.name == "estimate":
                 data["estimate"] = None if value is None else _plain(asdict(value))
+            elif item.name == "virtual_stages" and value == 1:
+                continue  # plain 1F1B: the field is written only for interleaved pipelines
             else:
                 data[item.name] = _plain(value)
         return data
@@ -213,6 +223,7 @@ class Plan:
                 })
             integers = {name: _integer(data[name], name, where) for name in
                         ("num_devices", "global_batch", "micro_batch", "num_micro_batches", "pp")}
+            integers["virtual_stages"] = _integer(data.get("virtual_stages", 1), "virtual_stages", where)
             return cls(
                 model=str(data["model"]),
                 cluster=str(data["cluster"]),

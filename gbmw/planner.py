@@ -31,6 +31,7 @@ from gbmw.balance import StageOutcome, bi_objective_adjustment, memory_balanced_
 from gbmw.bounds import cannot_fit, throughput_upper_bound
 from gbmw.comm import CommModel
 from gbmw.errors import GbmwError
+from gbmw.framework_memory import ADAM_CHUNK_ELEMENTS
 from gbmw.estimate import estimate_plan
 from gbmw.grid_frontier import default_granularity_bytes
 from gbmw.jobs import JobSpec
@@ -39,7 +40,8 @@ from gbmw.nothing_fits import NothingFitsError, nothing_fits_message
 from gbmw.plan import Plan
 from gbmw.space import Strategy
 from gbmw.spaces import DEFAULT_VARIANT, SearchSpace, search_space
-from gbmw.stage_cost import StageCosts, StrategyTables, pipeline_time_s, stage_estimate, strategy_tables
+from gbmw.pipeline_schedules import pipeline_time_s
+from gbmw.stage_cost import StageCosts, StrategyTables, stage_estimate, strategy_tables
 from gbmw.stage_search import StageSearch
 from gbmw.stock_partitions import PARTITION_RULES
 from gbmw.targets import get_target
@@ -77,6 +79,46 @@ class _Candidate:
     setting: _Setting
     partition: tuple[int, ...]
     strategies: tuple[Strategy, ...]
+
+
+class StepReserveSearch:
+    """The stage DP with the optimizer step's reserve (gbmw.framework_memory.step_reserve_bytes: 4 bytes × the
+    parameters the stage steps, one chunk at most) kept free. Where every choice of strategies for the stage's
+    layers steps at most a chunk, the reserve is a per-layer term, priced exactly as held memory; where every
+    choice steps at least a chunk, it is the chunk's, a constant taken off the budget. Between the two (a stage
+    whose choices straddle a chunk) the chunk's is taken off: safe, and possibly missing a plan."""
+
+    def __init__(self, costs: StageCosts, budget_bytes: float, granularity_bytes, allowed: np.ndarray, exact: bool):
+        self.costs, self.budget, self.granularity, self.allowed, self.exact = (
+            costs, budget_bytes, granularity_bytes, allowed, exact)
+        tables = costs.tables
+        self.per_parameter = tables.step_temporary_bytes_per_parameter
+        masked = np.where(allowed, tables.optimizer_parameters, np.nan)
+        self.fewest, self.most = np.nanmin(masked, axis=0), np.nanmax(masked, axis=0)
+        self._searches: dict[str, StageSearch | None] = {}
+
+    def _search(self, regime: str) -> StageSearch | None:
+        if regime not in self._searches:
+            tables, costs = self.costs.tables, self.costs
+            budget, searched = self.budget, tables
+            if regime == "per-layer":
+                searched = replace(
+                    tables, model_state_bytes=tables.model_state_bytes + self.per_parameter * tables.optimizer_parameters,
+                    state_bytes_per_parameter=tables.state_bytes_per_parameter + self.per_parameter / tables.optimizer_shards)
+            else:
+                budget -= self.per_parameter * ADAM_CHUNK_ELEMENTS
+            search_costs = StageCosts(costs.model, searched, costs.pp, costs.num_micro_batches, costs.schedule,
+                                      costs.comm, costs.virtual_stages, costs.scatter_gather)
+            self._searches[regime] = (StageSearch(search_costs, budget, self.granularity, self.allowed, self.exact)
+                                      if budget > 0 else None)
+        return self._searches[regime]
+
+    def solve(self, index: int, first: int, end: int):
+        if self.per_parameter == 0 or self.most[first:end].sum() <= ADAM_CHUNK_ELEMENTS:
+            search = self._search("per-layer" if self.per_parameter else "constant")
+        else:
+            search = self._search("constant")
+        return None if search is None else search.solve(index, first, end)
 
 
 @dataclass
@@ -185,12 +227,14 @@ class Planner:
     def _search_group(self, setting: _Setting, allowed: np.ndarray) -> list[_Candidate]:
         model, pp, m = self.job.model, setting.pp, setting.num_micro_batches
         tables = setting.tables
-        costs = StageCosts(model, tables, pp, m, self.spec.schedule, self.comm)
+        costs = StageCosts(model, tables, pp, m, self.spec.schedule, self.comm,
+                           scatter_gather=get_target(self.spec.target).pipeline_scatter_gather)
         fixed = allowed.sum(axis=0) == 1
+        stage_search = None
         if fixed.all():  # every layer has one choice: no DP, just check the memory
-            stage_search, fixed_choice = None, allowed.argmax(axis=0)
+            fixed_choice = allowed.argmax(axis=0)
         else:
-            stage_search = StageSearch(costs, self.budget, self.granularity_bytes, allowed, self.exact)
+            stage_search = StepReserveSearch(costs, self.budget, self.granularity_bytes, allowed, self.exact)
         candidates: list[_Candidate] = []
         searched: dict[tuple[int, ...], StageOutcome] = {}
         stage_cache: dict[tuple, object] = {}
@@ -211,7 +255,6 @@ class Planner:
                         return searched[partition]
                     chosen += solution.strategy_indices
                 first += count
-            strategies = [tables.strategies[i] for i in chosen]
             stages, first = [], 0
             for index, count in enumerate(partition):
                 key = (index, first, tuple(chosen[first:first + count]))
@@ -219,6 +262,7 @@ class Planner:
                     stage_cache[key] = stage_estimate(costs, index, first, chosen[first:first + count])
                 stages.append(stage_cache[key])
                 first += count
+            strategies = [tables.strategies[i] for i in chosen]
             if stage_search is None and any(stage.peak_memory_bytes > self.budget for stage in stages):
                 searched[partition] = StageOutcome(partition, None, None)
                 return searched[partition]

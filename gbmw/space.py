@@ -52,8 +52,8 @@ class Strategy:
         for axis, degree in self.dims:
             if axis not in AXES:
                 raise PlanError(f"strategy axis {axis!r} is unknown; axes are {list(AXES)}")
-            if degree < 2 or not is_power_of_two(degree):
-                raise PlanError(f"strategy {axis}{degree}: degrees are powers of two >= 2")
+            if degree < 2:  # the search enumerates powers of two (Alg. 1); a given plan may use any degree
+                raise PlanError(f"strategy {axis}{degree}: a degree is at least 2 (leave the axis out for 1)")
         if len(set(axes)) != len(axes):
             raise PlanError(f"strategy {self.name}: each axis may appear once")
 

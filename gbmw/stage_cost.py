@@ -11,7 +11,7 @@ A stage's terms at one setting (micro-batch size, pp, micro-batch count m, sched
 * the 1F1B stash: stage i of P keeps the activations of min(P − i, m) micro-batches (GPipe: all m);
 * the side input (the encoder output a T5 decoder stage reads), stashed once per stage;
 * a tied weight held once when both of its layers are in the stage.
-The pipeline's time from its stages is Eq. (9) (Appendix C).
+The pipeline's time from its stages, and the stash per schedule, are gbmw.pipeline_schedules.
 """
 
 from __future__ import annotations
@@ -24,6 +24,9 @@ import numpy as np
 from gbmw.comm import CommModel
 from gbmw.layer_cost import CostSettings, layer_costs, model_state_bytes_per_parameter
 from gbmw.model_spec import ModelSpec
+from gbmw.framework_memory import shares_tied_weights, step_reserve_bytes, step_temporary_bytes
+from gbmw.model_states import step_traffic_bytes
+from gbmw.pipeline_schedules import in_flight_micro_batches
 from gbmw.ranks import activation_layout, transition_fraction
 from gbmw.space import Strategy
 
@@ -45,6 +48,13 @@ class StrategyTables:
     """O_ms: parameters, gradients and optimizer states."""
     optimizer_parameters: np.ndarray
     """Parameters this device's optimizer steps."""
+    optimizer_step_s_per_parameter: float
+    """The optimizer step's time per parameter it steps: profiled, or its traffic over the memory bandwidth."""
+    step_temporary_bytes_per_parameter: float
+    """The optimizer step's temporaries per parameter it steps; a stage keeps them free, one chunk at most
+    (gbmw.framework_memory.step_reserve_bytes)."""
+    shares_tied_weights: np.ndarray
+    """[strategy]: a stage holding both tied layers under it holds the tied weight once (gbmw.framework_memory)."""
     state_bytes_per_parameter: np.ndarray
     """[strategy]: model-state bytes per TP-local parameter (for tied weights shared in a stage)."""
     optimizer_shards: np.ndarray
@@ -82,6 +92,10 @@ def strategy_tables(
         backward_memory_bytes=np.stack([c.backward_memory_bytes for c in costs]),
         model_state_bytes=np.stack([c.model_state_bytes for c in costs]),
         optimizer_parameters=np.stack([c.optimizer_parameters for c in costs]),
+        optimizer_step_s_per_parameter=(model.measured("optimizer_step_s_per_parameter")
+                                        or step_traffic_bytes(settings.states) / settings.cluster.memory_bandwidth_bytes_per_s),
+        step_temporary_bytes_per_parameter=step_temporary_bytes(settings.framework, settings.optimizer),
+        shares_tied_weights=np.array([shares_tied_weights(settings.framework, s) for s in strategies]),
         state_bytes_per_parameter=np.array(
             [model_state_bytes_per_parameter(s, settings) for s in strategies]
         ),
@@ -115,24 +129,22 @@ def slice_gather_overhead_s(model: ModelSpec, comm: CommModel) -> float:
     return max(0.0, measured_s - comm.exchange_s(0.5 * measured_bytes, 2))
 
 
-def in_flight_micro_batches(schedule: str, stage_index: int, pp: int, num_micro_batches: int) -> int:
-    """Micro-batches whose activations a stage holds at its peak: 1F1B-flush keeps min(P - i, m)
-    (Narayanan et al., 2021); GPipe runs every forward before any backward and keeps all m."""
-    if schedule == "gpipe":
-        return num_micro_batches
-    return min(pp - stage_index, num_micro_batches)
-
-
 class StageCosts:
     """The terms of a stage's cost at one setting that depend on where a layer sits in its stage, vectorised
     over strategies (indices into `tables.strategies`)."""
 
     def __init__(self, model: ModelSpec, tables: StrategyTables, pp: int, num_micro_batches: int, schedule: str,
-                 comm: CommModel):
+                 comm: CommModel, virtual_stages: int = 1, scatter_gather: bool = False):
         self.model, self.tables, self.comm = model, tables, comm
         self.pp, self.num_micro_batches, self.schedule = pp, num_micro_batches, schedule
+        self.virtual_stages = virtual_stages
+        """Model chunks per device (interleaved 1F1B when > 1, gbmw.pipeline_schedules)."""
+        self.scatter_gather = scatter_gather
+        """Each TP rank sends 1/t of a stage's output and the next stage all-gathers it (Megatron's and DeepSpeed's
+        pipelines with TP; Narayanan et al. SC21 Sec. 4.1); otherwise every TP rank sends the whole activation."""
         self.group_size = tables.strategies[0].group_size
-        self.in_flight = [in_flight_micro_batches(schedule, i, pp, num_micro_batches) for i in range(pp)]
+        self.in_flight = [in_flight_micro_batches(schedule, i, pp, num_micro_batches, virtual_stages)
+                          for i in range(pp)]
         arrays = model.arrays
         self.boundary_bytes, self.side_bytes = arrays.boundary_activation_bytes_per_sample, arrays.side_input_bytes_per_sample
         self.tied_to, self.tied_parameters = arrays.tied_to_index, arrays.tied_parameter_count
@@ -140,14 +152,23 @@ class StageCosts:
         self.transition_overhead_s = slice_gather_overhead_s(model, comm)
         self._transitions: dict[int, np.ndarray] = {}
 
-    def boundary_send_s(self, layer: int, data_parallel):
+    def boundary_send_s(self, layer: int, data_parallel, tp=1):
         """One transfer of `layer`'s input (boundary activation and side input) between two stages, sent by
-        each device of a layout that splits the micro-batch `data_parallel` ways (a number, or an array of
-        them): the previous stage sends it forward, and the receiving stage sends its gradient back."""
-        messages = (self.boundary_bytes[layer] + self.side_bytes[layer]) * self.tables.micro_batch / data_parallel
-        if np.ndim(messages) == 0:
-            return pipeline_send_s(self.model, self.comm, float(messages), self.group_size)
-        return np.array([pipeline_send_s(self.model, self.comm, message, self.group_size) for message in messages])
+        each device of a layout that splits the micro-batch `data_parallel` ways and replicates it over `tp` ranks
+        (numbers, or arrays of them): the previous stage sends it forward, and the receiving stage sends its
+        gradient back. With scatter-gather each TP rank sends 1/t and the receivers all-gather the whole."""
+        messages = np.atleast_1d((self.boundary_bytes[layer] + self.side_bytes[layer]) * self.tables.micro_batch
+                                 / np.asarray(data_parallel, dtype=float))
+        tps = np.broadcast_to(np.asarray(tp), messages.shape)
+        times = np.empty(messages.shape)
+        for index, (message, degree) in enumerate(zip(messages, tps)):
+            degree = int(degree)
+            if self.scatter_gather and degree > 1:
+                times[index] = (pipeline_send_s(self.model, self.comm, float(message) / degree, self.group_size)
+                                + self.comm.allgather_s(float(message), degree, 1))
+            else:
+                times[index] = pipeline_send_s(self.model, self.comm, float(message), self.group_size)
+        return float(times[0]) if np.ndim(data_parallel) == 0 and np.ndim(tp) == 0 else times
 
     def transition_s(self, layer: int) -> np.ndarray:
         """R(l, S_i, S_j) of Eq. (4) per micro-batch, as a [layout of S_i, layout of S_j] matrix: the Slice-Gather
@@ -172,14 +193,18 @@ class StageCosts:
         return bool(self.tied_to[layer] >= first_layer) if self.tied_to[layer] >= 0 else False
 
     def tied_state_bytes(self, layer: int, strategies: np.ndarray) -> np.ndarray:
-        """The model states of `layer`'s tied weights, not held again when its twin is in the stage."""
+        """The model states of `layer`'s tied weights, not held again when its twin is in the stage (0 where the
+        framework holds the tied weight twice under that strategy)."""
         tables = self.tables
-        return self.tied_parameters[layer] / tables.tp[strategies] * tables.state_bytes_per_parameter[strategies]
+        return (self.tied_parameters[layer] / tables.tp[strategies] * tables.state_bytes_per_parameter[strategies]
+                * tables.shares_tied_weights[strategies])
 
     def tied_optimizer_parameters(self, layer: int, strategies: np.ndarray) -> np.ndarray:
-        """The parameters of `layer`'s tied weights this device's optimizer would step again."""
+        """The parameters of `layer`'s tied weights this device's optimizer would step again (0 where the
+        framework holds the tied weight twice)."""
         tables = self.tables
-        return self.tied_parameters[layer] / tables.tp[strategies] / tables.optimizer_shards[strategies]
+        return (self.tied_parameters[layer] / tables.tp[strategies] / tables.optimizer_shards[strategies]
+                * tables.shares_tied_weights[strategies])
 
 
 @dataclass(frozen=True)
@@ -190,12 +215,15 @@ class StageEstimate:
     """C(M_i, B_m): one micro-batch through the stage, gradient synchronisation included."""
     time_no_grad_sync_s: float
     peak_memory_bytes: float
+    """The forward/backward peak below plus the reserve for the optimizer step's temporaries."""
+    forward_backward_peak_bytes: float
+    """Model states + the activations at their peak (Eq. (1)): what the stage search bounds."""
     model_state_bytes: float
     activation_bytes: float
     """Peak activation memory (stash of in-flight micro-batches plus the backward extra)."""
-    in_flight_micro_batches: int
+    in_flight_micro_batches: float
     optimizer_time_s: float = 0.0
-    """The optimizer step over the stage's (ZeRO-sharded) parameters, once per iteration (profiled models only)."""
+    """The optimizer step over the stage's (ZeRO-sharded) parameters, once per iteration (memory-bound)."""
     stashed_activation_bytes: float = 0.0
     """The stash alone: in-flight micro-batches × what each keeps from forward to backward (no backward extra)."""
 
@@ -227,31 +255,33 @@ def stage_estimate(costs: StageCosts, stage_index: int, first_layer: int, strate
             time += transition
             no_sync += transition
     send = 0.0  # the output forward and the input's gradient backward, as the sending device
-    if stage_index < costs.pp - 1:
-        send += costs.boundary_send_s(first_layer + count, tables.data_parallel[strategies[-1]])
-    if stage_index > 0:
-        send += costs.boundary_send_s(first_layer, tables.data_parallel[strategies[0]])
+    last, first = strategies[-1], strategies[0]
+    if costs.virtual_stages > 1:  # every chunk boundary, on every stage (the last stage's chunks feed stage 0's)
+        output_layer = first_layer + count if first_layer + count < model.num_layers else first_layer
+        send += costs.virtual_stages * (
+            costs.boundary_send_s(output_layer, tables.data_parallel[last], tables.tp[last])
+            + costs.boundary_send_s(first_layer, tables.data_parallel[first], tables.tp[first]))
+    else:
+        if stage_index < costs.pp - 1:
+            send += costs.boundary_send_s(first_layer + count, tables.data_parallel[last], tables.tp[last])
+        if stage_index > 0:
+            send += costs.boundary_send_s(first_layer, tables.data_parallel[first], tables.tp[first])
     time += send
     no_sync += send
     in_flight = costs.in_flight[stage_index]
     activations = (in_flight - 1) * forward_memory.sum() + float(np.max(np.cumsum(forward_memory) + backward_memory))
+    forward_backward_peak = float(states.sum() + activations)
     return StageEstimate(
         first_layer=first_layer,
         num_layers=count,
         time_s=float(time),
         time_no_grad_sync_s=float(no_sync),
-        peak_memory_bytes=float(states.sum() + activations),
+        peak_memory_bytes=forward_backward_peak + step_reserve_bytes(tables.step_temporary_bytes_per_parameter,
+                                                                     optimizer_parameters),
+        forward_backward_peak_bytes=forward_backward_peak,
         model_state_bytes=float(states.sum()),
         activation_bytes=float(activations),
         in_flight_micro_batches=in_flight,
-        optimizer_time_s=float(optimizer_parameters * (model.measured("optimizer_step_s_per_parameter") or 0.0)),
+        optimizer_time_s=float(optimizer_parameters * tables.optimizer_step_s_per_parameter),
         stashed_activation_bytes=float(in_flight * forward_memory.sum()),
     )
-
-
-def pipeline_time_s(stages: list[StageEstimate], num_micro_batches: int) -> float:
-    """Eq. (9): (m - 1) · max_i C_no_grad_sync(M_i) + Σ_i C(M_i), plus the slowest stage's optimizer step
-    (0 unless the model was profiled: the paper's estimator leaves it out)."""
-    slowest = max(stage.time_no_grad_sync_s for stage in stages)
-    optimizer = max(stage.optimizer_time_s for stage in stages)
-    return (num_micro_batches - 1) * slowest + sum(stage.time_s for stage in stages) + optimizer

@@ -48,6 +48,11 @@ class Target:
     """The highest ZeRO stage its pipeline engine accepts when pp > 1 (DeepSpeed's: 1); None: any."""
     partition_methods: tuple[tuple[str, str], ...] = ()
     """(the framework's name for a pipeline partition method, the gbmw.stock_partitions rule it follows)."""
+    pipeline_scatter_gather: bool = False
+    """Its pipeline sends 1/t of an activation from each TP rank and all-gathers it on the receiving stage
+    (Megatron's scatter-gather; DeepSpeed's `pipe_partitioned`, on by default with model parallelism)."""
+    interleaved_pipeline: bool = False
+    """It runs interleaved 1F1B (virtual pipeline stages, Megatron's --num-layers-per-virtual-pipeline-stage)."""
 
     # ------------------------------------------------------------------ the search
 
@@ -92,9 +97,9 @@ class Target:
 
     def problems(self, plan: "Plan", model: ModelSpec) -> list[str]:
         """Why this target cannot run `plan` as it is (empty if it can)."""
+        target, problems = self.name, self._interleaving_problems(plan, model)
         if self.per_layer:
-            return []
-        target, problems = self.name, []
+            return problems
         blocks = [layer.is_block for layer in model.layers]
         trees = {strategy.dims for strategy in plan.strategies}
         if len(trees) > 1:
@@ -106,6 +111,7 @@ class Target:
             problems.append(f"an embedding or head layer recomputes; {target} recomputes Transformer blocks only")
         if plan.schedule != "1f1b":
             problems.append(f"schedule {plan.schedule}; {target} runs 1F1B")
+
         names = ", ".join(dict.fromkeys(strategy.name.removesuffix("+ckpt") for strategy in plan.strategies))
         data_axes = {axis for tree in trees for axis, _ in tree if axis != "tp"}
         for tree in trees:
@@ -132,6 +138,23 @@ class Target:
                 shown = f" ({list(candidates[0])})" if len(candidates) == 1 and rule != "first-last" else ""
                 offered.append(RULE_DESCRIPTIONS[rule] + (shown or " (none for this model)" * (not candidates)))
             problems.append(f"partition {list(plan.partition)} is not {' nor '.join(offered)}")
+        return problems
+
+    def _interleaving_problems(self, plan: "Plan", model: ModelSpec) -> list[str]:
+        """Why this target cannot interleave `plan`'s pipeline (empty for plain 1F1B)."""
+        v = plan.virtual_stages
+        if v == 1:
+            return []
+        if not self.interleaved_pipeline:
+            return [f"virtual_stages {v}: {self.name} runs plain 1F1B, not interleaved — use --target megatron-core"]
+        problems = []
+        if plan.num_micro_batches % plan.pp:
+            problems.append(f"virtual_stages {v} with {plan.num_micro_batches} micro-batches: interleaved 1F1B needs "
+                            f"a multiple of pp={plan.pp}")
+        blocks = [sum(layer.is_block for layer in model.layers[first:end]) for first, end in plan.stage_bounds]
+        if any(count % v for count in blocks):
+            problems.append(f"virtual_stages {v}: the stages hold {blocks} Transformer blocks; each must be a "
+                            f"multiple of {v} (equal chunks)")
         return problems
 
     def check(self, plan: "Plan", model: ModelSpec) -> None:
@@ -165,10 +188,12 @@ TARGETS: dict[str, Target] = {
         "megatron-deepspeed", "Megatron-DeepSpeed", "deepspeed", ("tp", "dp", "z1dp", "z2dp", "sdp"),
         pipeline_max_zero_stage=1,
         partition_methods=(("type:transformer", "even"),),
+        pipeline_scatter_gather=True,
     ),
     "megatron-core": Target(
         "megatron-core", "Megatron-Core", "megatron", ("tp", "dp", "z1dp"),
         partition_methods=(("even", "even"), ("first-last", "first-last")),
+        pipeline_scatter_gather=True, interleaved_pipeline=True,
     ),
 }
 STOCK_TARGETS = tuple(name for name, target in TARGETS.items() if not target.per_layer)

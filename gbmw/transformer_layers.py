@@ -6,6 +6,13 @@ Transformer Models" (2022), Sec. 4.1: with 16-bit activations and 1-byte dropout
 s·h·(34 + 5·a·s/h) bytes per sample, of which s·h·(10) stays whole under TP and the rest is divided. FLOPs
 count 2 per multiply-add of every matmul, so 3× the forward FLOPs of all layers is Megatron's model-FLOPs
 formula 72·B·s·L·h²·(1 + s/6h + V/12hL).
+
+Memory traffic: the bytes the forward pass's memory-bound kernels read and write, per sample, counted as unfused
+PyTorch runs them — a norm reads its input and writes its output (2·d per element), dropout also writes a
+1-byte mask (2·d + 1), a residual add reads two tensors and writes one (3·d), an activation reads its input(s)
+and writes its output; without flash attention the scores are written, read and written by the softmax (and
+by dropout), and read by the scores × V matmul (4·d, or 6·d + 1 with dropout, per score); flash attention
+reads Q, K, V and writes its output. Matmul inputs and outputs are the matmuls' own traffic (in their FLOP/s).
 """
 
 from __future__ import annotations
@@ -48,6 +55,10 @@ def block_layer(name: str, kind: str, shape: BlockShape, dtype_bytes: int, dropo
     norm_statistics = (2 if shape.norm == "layer" else 1) * 4  # fp32 bytes per token kept for the norm's backward
     up_outputs = 2 if shape.gated_mlp else 1
 
+    def sub_block_traffic(tokens: int) -> float:
+        """The norm, the dropout after the output projection, and the residual add, per sample."""
+        return tokens * h * (2 * d + ((2 * d + 1) if dropout else 0) + 3 * d)
+
     def attention(query_tokens: int, key_tokens: int, kv_input_tokens: int) -> dict[str, float]:
         weights = h * attention_width + 2 * h * kv_width + attention_width * h
         column_biases = (attention_width + 2 * kv_width) if shape.bias else 0
@@ -71,6 +82,9 @@ def block_layer(name: str, kind: str, shape: BlockShape, dtype_bytes: int, dropo
         # norm input, norm output, the norm's fp32 statistics per token (mean and 1/std; RMSNorm: 1/rms only),
         # dropout mask
         replicated = query_tokens * h * (d + d) + query_tokens * norm_statistics + query_tokens * h * mask
+        core_traffic = 2 * query_tokens * attention_width * d + 2 * kv_input_tokens * kv_width * d
+        if not flash:
+            core_traffic += shape.heads * scores_per_head * ((6 * d + 1) if dropout else 4 * d)
         return dict(
             params=weights + column_biases + row_bias + norm_params,
             tp_split=weights + column_biases,
@@ -78,6 +92,9 @@ def block_layer(name: str, kind: str, shape: BlockShape, dtype_bytes: int, dropo
             split=split,
             replicated=replicated,
             allreduce=query_tokens * h * d,
+            traffic=sub_block_traffic(query_tokens),
+            split_traffic=core_traffic,
+            flash_flops=4 * query_tokens * key_tokens * attention_width if flash else 0,
         )
 
     self_attention = attention(s, shape.attended_tokens, s)
@@ -89,6 +106,9 @@ def block_layer(name: str, kind: str, shape: BlockShape, dtype_bytes: int, dropo
         split=s * shape.ffn * (up_outputs + 1) * d,  # up-projection output(s) and activation output
         replicated=s * h * (d + d) + s * norm_statistics + s * h * mask,
         allreduce=s * h * d,
+        traffic=sub_block_traffic(s),
+        split_traffic=s * shape.ffn * (up_outputs + 1) * d,  # the activation reads its input(s), writes its output
+        flash_flops=0,
     )
     parts = [self_attention, mlp]
     if shape.cross_attention_tokens:
@@ -107,6 +127,9 @@ def block_layer(name: str, kind: str, shape: BlockShape, dtype_bytes: int, dropo
         intermediate_tp_split_activation_bytes_per_sample=float(total["split"]),
         side_input_bytes_per_sample=float(shape.cross_attention_tokens * h * d),
         tp_allreduce_bytes_per_sample=float(total["allreduce"]),
+        forward_flash_attention_flops_per_sample=float(total["flash_flops"]),
+        forward_memory_traffic_bytes_per_sample=float(total["traffic"]),
+        forward_tp_split_memory_traffic_bytes_per_sample=float(total["split_traffic"]),
         attention_heads=shape.heads,
         kv_heads=shape.kv_heads,
     )
@@ -128,6 +151,9 @@ def embedding_layer(
         intermediate_activation_bytes_per_sample=float(tokens * hidden * (mask + (d if norm else 0))),
         intermediate_tp_split_activation_bytes_per_sample=0.0,
         tp_allreduce_bytes_per_sample=float(tokens * hidden * d),
+        # the lookup reads and writes each row, positions are added, then dropout and the norm
+        forward_memory_traffic_bytes_per_sample=float(tokens * hidden * (
+            2 * d + (3 * d if positions else 0) + ((2 * d + 1) if dropout else 0) + (2 * d if norm else 0))),
     )
 
 
@@ -160,6 +186,10 @@ def lm_head_layer(
         intermediate_activation_bytes_per_sample=float(replicated),
         intermediate_tp_split_activation_bytes_per_sample=float(tokens * vocab * 4),
         tp_allreduce_bytes_per_sample=float(tokens * hidden * d),
+        # the final norm (BERT: + the transform's GELU and norm); cross-entropy reads the logits, writes their
+        # fp32 softmax and reads it for the loss
+        forward_memory_traffic_bytes_per_sample=float(tokens * hidden * d * (2 + (4 if transform else 0))),
+        forward_tp_split_memory_traffic_bytes_per_sample=float(tokens * vocab * (d + 8)),
         tied_to=tied_to,
         tied_parameter_count=vocab * hidden if tied_to else 0,
     )
@@ -177,4 +207,5 @@ def classifier_head(tokens: int, hidden: int, classes: int, d: int) -> LayerSpec
         intermediate_activation_bytes_per_sample=float(tokens * hidden * d),
         intermediate_tp_split_activation_bytes_per_sample=float(classes * (d + 4)),
         tp_allreduce_bytes_per_sample=float(hidden * d),
+        forward_memory_traffic_bytes_per_sample=float(tokens * hidden * d * 2),  # the final norm
     )

@@ -63,7 +63,8 @@ def pytest_runtest_makereport(item, call):
 
 
 def make_cluster(nodes: int = 1, devices_per_node: int = 8, intra_gb_per_s: float = 100.0,
-                 inter_gb_per_s: float = 10.0, latency_us: float = 0.0, overlap: float = 1.3) -> ClusterSpec:
+                 inter_gb_per_s: float = 10.0, latency_us: float = 0.0, overlap: float = 1.3,
+                 memory_gb_per_s: float = 1000.0) -> ClusterSpec:
     links = [{"name": "intra_node", "devices": devices_per_node, "bandwidth_gb_per_s": intra_gb_per_s,
               "latency_us": latency_us}]
     if nodes > 1:
@@ -74,7 +75,8 @@ def make_cluster(nodes: int = 1, devices_per_node: int = 8, intra_gb_per_s: floa
         "nodes": nodes,
         "devices_per_node": devices_per_node,
         "device": {"name": "test-device", "memory": "16GiB",
-                   "peak_tflops": {"fp32": 2.0, "bf16": 4.0}, "sustained_tflops": {"fp32": 1.0, "bf16": 2.0}},
+                   "peak_tflops": {"fp32": 2.0, "bf16": 4.0}, "sustained_tflops": {"fp32": 1.0, "bf16": 2.0},
+                   "memory_bandwidth_gb_per_s": memory_gb_per_s},
         "links": links,
         "overlap_slowdown": overlap,
     })

@@ -157,6 +157,20 @@ def test_planner_megatron_core_plan_round_trips():
     assert megatron_args_to_plan(args, job, "megatron-core") == comparable(plan, "megatron-core")
 
 
+def test_interleaved_plan_emits_virtual_stages_and_round_trips():
+    """v = 3 chunks of the 48 blocks on each of 2 stages' 24: chunks of 8 blocks."""
+    job, plan, target = case("gpt3-15b_megatron-core_tp8-pp2-zero1-ckpt")
+    interleaved = dataclasses.replace(plan, virtual_stages=3)
+    args = plan_to_megatron_args(interleaved, job, target)
+    assert args[args.index("--num-layers-per-virtual-pipeline-stage") + 1] == "8"
+    assert megatron_args_to_plan(args, job, target) == comparable(interleaved, target)
+    with pytest.raises(PlanError, match="megatron-deepspeed runs plain 1F1B, not interleaved"):
+        plan_to_megatron_args(dataclasses.replace(interleaved, target="megatron-deepspeed"), job,
+                              "megatron-deepspeed")
+    with pytest.raises(PlanError, match=r"the stages hold \[24, 24\] Transformer blocks; each must be a multiple of 5"):
+        plan_to_megatron_args(dataclasses.replace(plan, virtual_stages=5), job, target)
+
+
 def test_deepspeed_axes_map_to_zero_stages():
     job = job_named("gpt3-15b_a100-80g-x32")
     for zero, axis in enumerate(("dp", "z1dp", "z2dp", "sdp")):

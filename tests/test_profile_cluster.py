@@ -100,7 +100,7 @@ def test_levels_take_the_all_reduce_fit_of_their_island(tmp_path):
     overlap = OverlapMeasurement(0.1, 0.1, 0.12, 0.12, 256, 2**20, 10, 10)
     mapping = build_cluster_spec(
         "two-levels", timings, overlap.slowdown, [("pair", 2), ("quad", 4)], "test device", 2**30,
-        {"fp32": 1.0}, {"fp32": 0.5}, devices_per_node=2, sources=["measured: synthetic device figures"])
+        {"fp32": 1.0}, {"fp32": 0.5}, 20.0, devices_per_node=2, sources=["measured: synthetic device figures"])
     path = tmp_path / "two-levels.yaml"
     path.write_text(cluster_yaml_text(mapping, timings, overlap))
     cluster = load_cluster(path)
@@ -110,6 +110,7 @@ def test_levels_take_the_all_reduce_fit_of_their_island(tmp_path):
     assert (pair.name, pair.devices, pair.bandwidth_gb_per_s, pair.latency_us) == ("pair", 2, 10.0, 10.0)
     assert (quad.name, quad.devices, quad.bandwidth_gb_per_s, quad.latency_us) == ("quad", 4, 3.0, 10.0)
     assert cluster.overlap_slowdown == pytest.approx(1.2)
+    assert cluster.device.memory_bandwidth_gb_per_s == 20.0
     assert all(source.startswith("measured: ") for source in cluster.sources)
     assert "#   p2p, 4: 5 µs, 3 GB/s" in path.read_text()
 
@@ -118,13 +119,13 @@ def test_a_level_without_its_all_reduce_is_refused():
     with pytest.raises(SpecError, match=r"link level \('quad', 4\) needs all_reduce timings over groups of 4; "
                                         r"measured all_reduce group sizes: \[2\]"):
         build_cluster_spec("x", synthetic("all_reduce", 2, 1e-5, 1e-9), 1.3, [("pair", 2), ("quad", 4)], "d",
-                           2**30, {"fp32": 1.0}, {"fp32": 0.5})
+                           2**30, {"fp32": 1.0}, {"fp32": 0.5}, 20.0)
 
 
 def test_uncited_sources_are_refused():
     with pytest.raises(SpecError, match="must start with 'measured: '"):
         build_cluster_spec("x", synthetic("all_reduce", 2, 1e-5, 1e-9), 1.3, [("pair", 2)], "d", 2**30,
-                           {"fp32": 1.0}, {"fp32": 0.5}, sources=["a guess"])
+                           {"fp32": 1.0}, {"fp32": 0.5}, 20.0, sources=["a guess"])
 
 
 # ---------------------------------------------------------------------------------------------- options

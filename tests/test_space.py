@@ -48,10 +48,16 @@ def test_strategy_arithmetic():
     assert strategy.stride("tp") == 1 and strategy.stride("dp") == 2
 
 
-@pytest.mark.parametrize("bad", ["tp3", "xp2", "tp2-tp2", "tp1", "", "tp2--dp2"])
+@pytest.mark.parametrize("bad", ["xp2", "tp2-tp2", "tp1", "", "tp2--dp2"])
 def test_bad_names_are_refused_with_a_plan_error(bad):
     with pytest.raises(PlanError):
         Strategy.parse(bad)
+
+
+def test_a_given_plan_may_use_any_degree_the_search_enumerates_powers_of_two():
+    """Published runs use DP 24 or 15 (Narayanan et al. SC21 Table 1); the search's space is the paper's."""
+    assert Strategy.parse("tp8-dp24").group_size == 192
+    assert all(degree & (degree - 1) == 0 for strategy in enumerate_strategies(8) for _, degree in strategy.dims)
 
 
 def test_non_power_of_two_group_is_refused():

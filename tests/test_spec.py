@@ -54,7 +54,7 @@ CLUSTER = """
 name: c
 nodes: 1
 devices_per_node: 8
-device: {name: d, memory: 16GiB, peak_tflops: {fp32: 10}, sustained_tflops: {fp32: 5}}
+device: {name: d, memory: 16GiB, peak_tflops: {fp32: 10}, sustained_tflops: {fp32: 5}, memory_bandwidth_gb_per_s: 100}
 links: [{name: intra_node, devices: 8, bandwidth_gb_per_s: 10}]
 """
 
@@ -71,6 +71,7 @@ links: [{name: intra_node, devices: 8, bandwidth_gb_per_s: 10}]
         (CLUSTER.replace("sustained_tflops: {fp32: 5}", "sustained_tflops: {fp32: 50}"),
          "sustained_tflops.fp32 (50.0) exceeds peak_tflops.fp32 (10.0)"),
         (CLUSTER.replace("devices: 8,", "devices: 4,"), "outermost link level spans 4 devices but the cluster has"),
+        (CLUSTER.replace(", memory_bandwidth_gb_per_s: 100", ""), "field `device.memory_bandwidth_gb_per_s` is required"),
     ],
 )
 def test_cluster_errors_name_the_field_and_value(tmp_path, text, message):

@@ -67,11 +67,11 @@ def test_search_value_is_the_estimate_of_what_it_returns(values, tie_head, pp, m
         estimate = stage_estimate(costs, stage, first, solution.strategy_indices)
         objective = (num_micro_batches - 1) * estimate.time_no_grad_sync_s + estimate.time_s
         assert solution.objective_s == pytest.approx(objective, rel=SUM_ORDER_RTOL)
-        assert estimate.peak_memory_bytes <= budget * (1 + SUM_ORDER_RTOL)
+        assert estimate.forward_backward_peak_bytes <= budget * (1 + SUM_ORDER_RTOL)
         if exact:  # every term rounded up to 256-byte units: at most one unit per term above the estimate
-            assert estimate.peak_memory_bytes <= solution.memory_bytes <= estimate.peak_memory_bytes + 256 * 3 * len(values)
+            assert estimate.forward_backward_peak_bytes <= solution.memory_bytes <= estimate.forward_backward_peak_bytes + 256 * 3 * len(values)
         else:
-            assert solution.memory_bytes == pytest.approx(estimate.peak_memory_bytes, rel=SUM_ORDER_RTOL)
+            assert solution.memory_bytes == pytest.approx(estimate.forward_backward_peak_bytes, rel=SUM_ORDER_RTOL)
 
 
 def test_a_tied_layer_may_only_name_an_earlier_layer():

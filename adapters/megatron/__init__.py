@@ -28,6 +28,8 @@ What a plan says, and the flag that says it::
                                       --recompute-num-layers 1               same + --deepspeed-activation-checkpointing
     uneven first/last stages          --decoder-first-pipeline-num-layers    refused (even split only)
                                       --decoder-last-pipeline-num-layers
+    virtual_stages v > 1              --num-layers-per-virtual-pipeline-stage refused (plain 1F1B)
+                                      (blocks per stage / v)
     precision                         --bf16 / --fp16 (none for fp32)        same
 
 Megatron places the embedding on the first stage and the output layer on the last, and

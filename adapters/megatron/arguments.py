@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from gbmw.architectures import GPTArchitecture
+from gbmw.errors import PlanError
 from gbmw.jobs import JobSpec
 from gbmw.plan import Plan
 
@@ -87,6 +88,12 @@ def plan_to_megatron_args(
     if layout.first_stage_blocks is not None:
         args += ["--decoder-first-pipeline-num-layers", str(layout.first_stage_blocks),
                  "--decoder-last-pipeline-num-layers", str(layout.last_stage_blocks)]
+    if plan.virtual_stages > 1:  # gbmw.targets has checked: megatron-core, blocks per stage divisible by v
+        if layout.first_stage_blocks is not None:
+            raise PlanError(f"virtual_stages {plan.virtual_stages} with uneven first/last stages: gbmw emits "
+                            "interleaved pipelines for an even split only")
+        per_chunk = arch.num_layers // (layout.pipeline_parallel * plan.virtual_stages)
+        args += ["--num-layers-per-virtual-pipeline-stage", str(per_chunk)]
     args += [
         "--micro-batch-size", str(layout.micro_batch_size),
         "--global-batch-size", str(layout.global_batch_size),

@@ -24,7 +24,6 @@ UNMODELLED_FLAGS = {
     "--context-parallel-size": "context parallelism",
     "--sequence-parallel": "sequence parallelism",
     "--expert-model-parallel-size": "expert parallelism",
-    "--num-layers-per-virtual-pipeline-stage": "interleaved (virtual) pipeline stages",
     "--num-virtual-stages-per-pipeline-rank": "interleaved (virtual) pipeline stages",
     "--pipeline-model-parallel-layout": "a custom pipeline layout",
     "--account-for-embedding-in-pipeline-split": "the embedding counted as a pipeline layer",
@@ -89,6 +88,7 @@ def _parser(target: str) -> _Parser:
         add("--decoder-first-pipeline-num-layers", type=int)
         add("--decoder-last-pipeline-num-layers", type=int)
         add("--use-distributed-optimizer", action="store_true")
+        add("--num-layers-per-virtual-pipeline-stage", type=int)
     return parser
 
 
@@ -179,6 +179,14 @@ def megatron_args_to_plan(args: Sequence[str], job: JobSpec, target: str = "mega
     else:
         data_axis = "z1dp" if namespace.use_distributed_optimizer else "dp"
         first, last = namespace.decoder_first_pipeline_num_layers, namespace.decoder_last_pipeline_num_layers
+    virtual_stages = 1
+    per_chunk = getattr(namespace, "num_layers_per_virtual_pipeline_stage", None)
+    if per_chunk is not None:
+        blocks_per_stage = arch.num_layers // pp if pp and arch.num_layers % pp == 0 else None
+        if per_chunk < 1 or blocks_per_stage is None or blocks_per_stage % per_chunk or first is not None:
+            raise GbmwError(f"--num-layers-per-virtual-pipeline-stage {per_chunk}: each of the {pp} stages' "
+                            f"{arch.num_layers}/{pp} blocks must split into chunks of that many (even stages)")
+        virtual_stages = blocks_per_stage // per_chunk
     dims = ((("tp", tp),) if tp > 1 else ()) + (((data_axis, dp),) if dp > 1 else ())
     recompute = _recompute(namespace)
     strategies = tuple(Strategy(dims, recompute and layer.is_block) for layer in job.model.layers)
@@ -195,6 +203,7 @@ def megatron_args_to_plan(args: Sequence[str], job: JobSpec, target: str = "mega
         partition=partition,
         strategies=strategies,
         target=checked_target,
+        virtual_stages=virtual_stages,
         provenance={"made_by": "megatron_args_to_plan", "target": target},
     )
     plan.check_against(job.model, devices)

@@ -6,10 +6,9 @@ rank's CUDA device, gloo tensors on the CPU); rank 0 writes the file and prints 
 1. Collectives over groups of 2, 4, … consecutive ranks at several message sizes (collective_timing.py).
 2. Fit of latency and bus bandwidth per collective and group size, in the planner's convention (link_fit.py).
 3. Overlap slowdown of matmuls beside all-reduces (overlap.py).
-4. Device: fp32 matmul rate on every rank at once (the slowest rank's) as the peak (overlap.py); sustained =
-   peak × `sustained_fraction` (default 0.5, an assumption stated in the file's sources; `gbmw
-   profile model` measures layer times that supersede it). Memory: the CUDA device's total, or
-   the machine's physical memory divided among the processes on it.
+4. Device: the matmul rate on every rank at once (the slowest rank's) as the peak and, × `sustained_fraction`
+   (default 1.0), as the matmul rate the estimator uses; the STREAM-copy memory bandwidth (overlap.py).
+   Memory: the CUDA device's total, or the machine's physical memory divided among the processes on it.
 The YAML is built and written by cluster_yaml.py.
 """
 
@@ -33,13 +32,18 @@ from .link_fit import (
     fit_timings,
     power_of_two_group_sizes,
 )
-from .overlap import default_matmul_dim, measure_matmul_tflops, measure_overlap_slowdown
+from .overlap import (
+    default_matmul_dim,
+    measure_matmul_tflops,
+    measure_memory_bandwidth_gb_per_s,
+    measure_overlap_slowdown,
+)
 
 DEFAULT_SIZES_BYTES_CPU: tuple[int, ...] = (2**12, 2**16, 2**20, 2**22, 2**24)
 """4 KiB … 16 MiB: gloo moves ~1 GB/s, so the largest takes ~20 ms."""
 DEFAULT_SIZES_BYTES_CUDA: tuple[int, ...] = (2**13, 2**17, 2**21, 2**25, 2**28)
 """8 KiB … 256 MiB: NCCL reaches its bus bandwidth only with messages of hundreds of MiB."""
-DEFAULT_SUSTAINED_FRACTION = 0.5
+DEFAULT_SUSTAINED_FRACTION = 1.0
 
 
 def _local_world_size(world_size: int) -> int:
@@ -138,14 +142,18 @@ def profile_cluster(output_path: str | Path, name: str | None = None,
                        + " (fp32 without TF32)")
     if sustained_tflops is None:
         sustained_tflops = {precision: value * sustained_fraction for precision, value in peak_tflops.items()}
-        sources.append(f"measured: sustained_tflops = peak × {sustained_fraction} — an assumed fraction for whole "
-                       "Transformer layers, not a measurement; `gbmw profile model` measures layer times instead")
+        sources.append(f"measured: sustained_tflops = the measured matmul rate × {sustained_fraction} (the estimator "
+                       "adds memory-bound kernels at memory_bandwidth_gb_per_s; `gbmw profile model` measures layers)")
+    say("memory bandwidth: STREAM copy")
+    memory_bandwidth = measure_memory_bandwidth_gb_per_s()
+    sources.append(f"measured: memory_bandwidth_gb_per_s = STREAM copy (bytes read + written) on all "
+                   f"{ranks.world_size} processes at once, slowest process: {memory_bandwidth:.4g} GB/s")
     device_name, memory_bytes, reserved_bytes, memory_source = device_description(ranks, local_world_size)
     memory_bytes = int(_slowest(ranks, [-memory_bytes])[0] * -1)  # the smallest device
     reserved_bytes = int(_slowest(ranks, [reserved_bytes])[0])
     sources += [memory_source, *extra_sources]
     mapping = build_cluster_spec(name, timings, overlap.slowdown, levels, device_name, memory_bytes, peak_tflops,
-                                 sustained_tflops, devices_per_node=min(local_world_size, ranks.world_size),
+                                 sustained_tflops, memory_bandwidth, devices_per_node=min(local_world_size, ranks.world_size),
                                  reserved_memory_bytes=reserved_bytes, sources=sources)
     failure = ""
     if ranks.rank == 0:

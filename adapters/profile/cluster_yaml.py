@@ -36,7 +36,7 @@ def _round(value: float, digits: int = 4) -> float:
 def build_cluster_spec(name: str, timings: Sequence[CollectiveTiming], overlap_slowdown: float,
                        link_levels: Sequence[tuple[str, int]], device_name: str, memory_bytes: int,
                        peak_tflops: Mapping[str, float], sustained_tflops: Mapping[str, float],
-                       devices_per_node: int | None = None, reserved_memory_bytes: int = 0,
+                       memory_bandwidth_gb_per_s: float, devices_per_node: int | None = None, reserved_memory_bytes: int = 0,
                        sources: Sequence[str] = ()) -> dict[str, Any]:
     """The cluster YAML mapping (validated as a ClusterSpec) from measured timings.
 
@@ -90,6 +90,7 @@ def build_cluster_spec(name: str, timings: Sequence[CollectiveTiming], overlap_s
             "memory": int(memory_bytes),
             "peak_tflops": {precision: _round(value) for precision, value in peak_tflops.items()},
             "sustained_tflops": {precision: _round(value) for precision, value in sustained_tflops.items()},
+            "memory_bandwidth_gb_per_s": _round(memory_bandwidth_gb_per_s),
         },
         "reserved_memory": int(reserved_memory_bytes),
         "links": links,

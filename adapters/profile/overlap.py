@@ -6,7 +6,9 @@ initialised on every rank; torch is imported inside the functions).
   factor f is the one that makes the estimator's overlapped time max(c, g) + (f − 1)·min(c, g)
   (gbmw/layer_cost.py) equal the measured wall time.
 - Matmul rate (`measure_matmul_tflops`): a square matmul on every rank at once (the slowest rank's),
-  fp32 without TF32 (on CUDA also fp16 and bf16); the cluster's peak TFLOP/s.
+  fp32 without TF32 (on CUDA also fp16 and bf16); the device's matmul rate (`sustained_tflops`).
+- Memory bandwidth (`measure_memory_bandwidth_gb_per_s`): a STREAM copy of a large tensor on every rank at
+  once (bytes read + written over the time); the rate of the memory-bound kernels.
 Times are the slowest rank's, fast-quarter means (timing.py).
 """
 
@@ -76,6 +78,22 @@ def measure_matmul_tflops(precision: str = "fp32", dim: int | None = None, repea
     finally:
         torch.backends.cuda.matmul.allow_tf32 = allow_tf32
     return 2 * dim**3 * count / seconds / 1e12
+
+
+def measure_memory_bandwidth_gb_per_s(tensor_bytes: int | None = None, repeats: int = 5,
+                                     seconds_per_repeat: float = 0.05) -> float:
+    """GB/s of a STREAM copy (`out.copy_(source)`: reads and writes `tensor_bytes` each) on every rank at once;
+    the slowest rank's, fast-quarter mean. Default size: 256 MiB on CUDA, 64 MiB on CPU (beyond the caches)."""
+    import torch
+
+    ranks = _ranks()
+    tensor_bytes = tensor_bytes or (256 if ranks.is_cuda else 64) * 2**20
+    source = torch.ones(tensor_bytes // 4, dtype=torch.float32, device=ranks.device)
+    out = torch.empty_like(source)
+    single = _timed(ranks, lambda: out.copy_(source), 3)
+    count = int(max(1, _slowest(ranks, [math.ceil(seconds_per_repeat / max(single, 1e-9))])[0]))
+    seconds = _timed(ranks, _repeated(lambda: out.copy_(source), count), repeats)
+    return 2 * source.numel() * 4 * count / seconds / 1e9
 
 
 def measure_overlap_slowdown(message_bytes: int, matmul_dim: int | None = None, phase_seconds: float = 0.2,

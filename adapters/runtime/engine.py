@@ -244,7 +244,7 @@ class HybridEngine:
                 if parameter.grad is None or self.tied.is_copy(f"{layer.name}.{key}"):
                     continue
                 copies = data_copies * (layer.tp.size if layer.split_dims[key] is None else 1)
-                squares += local_value(parameter.grad).double().square().sum() / copies
+                squares += _sum_of_squares_float64(local_value(parameter.grad)) / copies
         dist.all_reduce(squares)
         norm = squares.sqrt()
         scale = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
@@ -328,3 +328,17 @@ def _canonical(name: str) -> str:
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import _CHECKPOINT_PREFIX
 
     return name.replace(_CHECKPOINT_PREFIX, "")
+
+
+NORM_CHUNK_ELEMENTS = 2**22
+"""Elements squared in float64 at a time for the gradient norm: its transient memory is 16 bytes per element
+of one chunk (64 MiB), not of the largest gradient (an embedding's 16 bytes × vocabulary × hidden)."""
+
+
+def _sum_of_squares_float64(tensor: torch.Tensor) -> torch.Tensor:
+    """Σ x² of every element, each squared and summed in float64, a chunk at a time."""
+    flat = tensor.reshape(-1)
+    total = torch.zeros((), dtype=torch.float64, device=tensor.device)
+    for start in range(0, flat.numel(), NORM_CHUNK_ELEMENTS):
+        total += flat[start:start + NORM_CHUNK_ELEMENTS].double().square().sum()
+    return total

@@ -1,0 +1,129 @@
+"""gbmw's estimates of the paper's Table 3 against the throughput the paper measured: rank agreement and OOM agreement.
+
+    .venv/bin/python benchmarks/paper_table3.py              # 8 models x 4 budgets x 11 strategies (~1-2 min)
+
+For each model and memory budget of Table 3 (8 x TITAN RTX, fp32, Adam; benchmarks/paper_table3.yaml) every row —
+the four pure parallelisms, DeepSpeed 3D and the Galvatron variants — is searched in its own space by gbmw's
+planner at its best batch (the sweep `gbmw compare` runs), on the bundled rtx-titan-x8 cluster. Per column (a model
+at a budget) it prints the Spearman rank correlation between gbmw's estimated samples/s and the paper's measured
+samples/s over the rows both call fitting, and over all cells whether gbmw and the paper agree on OOM.
+Targets (issue 12): mean per-column Spearman ≥ 0.9, OOM agreement ≥ 90 %.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+from pathlib import Path
+
+import numpy as np
+import yaml
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from gbmw.bundled import resolve_recipe
+from gbmw.cluster_spec import load_cluster
+from gbmw.jobs import JobSpec
+from gbmw.models import load_model
+from gbmw.nothing_fits import NothingFitsError
+from gbmw.planner import Planner
+from gbmw.schema import parse_bytes
+
+DATA = Path(__file__).with_name("paper_table3.yaml")
+ROW_VARIANTS = {
+    "PyTorch DDP (DP)": "ddp", "Megatron (TP)": "megatron-tp", "PyTorch GPipe (PP)": "gpipe",
+    "FSDP/ZeRO-3 (SDP)": "fsdp", "DeepSpeed 3D": "deepspeed-3d", "Galvatron (DP+TP)": "dp+tp",
+    "Galvatron (DP+PP)": "dp+pp", "Galvatron": "galvatron", "Galvatron-Base": "base",
+    "Galvatron (1F1B+Bi-obj)": "1f1b+bi-obj", "Galvatron-BMW": "bmw",
+}
+SPEARMAN_TARGET, OOM_TARGET = 0.9, 0.9
+MAX_GLOBAL_BATCH = 1536  # above every batch of the table (the largest is 1232)
+
+
+def average_ranks(values: np.ndarray) -> np.ndarray:
+    """Ranks 1..n, ties sharing the mean of their ranks (Spearman's convention)."""
+    order = np.argsort(values, kind="stable")
+    ranks = np.empty(len(values))
+    ranks[order] = np.arange(1, len(values) + 1)
+    for value in np.unique(values):
+        tied = values == value
+        ranks[tied] = ranks[tied].mean()
+    return ranks
+
+
+def spearman(a: list[float], b: list[float]) -> float:
+    """Spearman's rank correlation: Pearson's correlation of the average ranks."""
+    return float(np.corrcoef(average_ranks(np.asarray(a)), average_ranks(np.asarray(b)))[0, 1])
+
+
+def job_for(model_name: str, budget: str) -> JobSpec:
+    model = load_model(resolve_recipe(model_name.lower(), "models"), "fp32")
+    cluster = load_cluster(resolve_recipe("rtx-titan-x8", "clusters"))
+    return JobSpec(name=f"{model_name}@{budget}", model=model, cluster=cluster, precision="fp32", optimizer="adam",
+                   max_global_batch=MAX_GLOBAL_BATCH, memory_budget_bytes=parse_bytes(budget, "budget"))
+
+
+def estimated_samples_per_s(job: JobSpec, variant: str) -> float | None:
+    try:
+        plan = Planner(job, variant, None, True, explain_failure=False).run()
+    except NothingFitsError:
+        return None
+    return plan.estimate.samples_per_s
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.parse_args()
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    data = yaml.safe_load(DATA.read_text())
+    models, budgets = data["models"], data["budgets"]
+    console = Console(highlight=False, width=160)
+    table = Table(title="Table 3: Spearman(estimated, measured samples/s) per column, and OOM agreement")
+    table.add_column("budget")
+    for model in models:
+        table.add_column(model, justify="right")
+    correlations, agreements, disagreements = [], 0, []
+    cells = 0
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task("searching", total=len(budgets) * len(models) * len(ROW_VARIANTS))
+        for budget, rows in budgets.items():
+            line = [budget]
+            for column, model in enumerate(models):
+                job = job_for(model, budget)
+                measured, estimated = [], []
+                for label, variant in ROW_VARIANTS.items():
+                    published = rows[label][column]
+                    estimate = estimated_samples_per_s(job, variant)
+                    progress.advance(task)
+                    cells += 1
+                    if (published is None) == (estimate is None):
+                        agreements += 1
+                    else:
+                        disagreements.append(f"{model} {budget} {label}: paper "
+                                             f"{'OOM' if published is None else published[0]}, gbmw "
+                                             f"{'OOM' if estimate is None else f'{estimate:.2f}'}")
+                    if published is not None and estimate is not None:
+                        measured.append(published[0])
+                        estimated.append(estimate)
+                if len(measured) >= 3:
+                    correlations.append(spearman(estimated, measured))
+                    line.append(f"{correlations[-1]:.2f} ({len(measured)})")
+                else:
+                    line.append(f"– ({len(measured)})")
+            table.add_row(*line)
+    console.print(table)
+    mean = statistics.mean(correlations)
+    agreement = agreements / cells
+    console.print(f"mean per-column Spearman {mean:.3f} over {len(correlations)} columns (target ≥ {SPEARMAN_TARGET}); "
+                  f"OOM agreement {agreement:.1%} of {cells} cells (target ≥ {OOM_TARGET:.0%})")
+    console.print(f"OOM disagreements ({len(disagreements)}):")
+    for line in disagreements:
+        console.print(f"  {line}")
+    return 0 if mean >= SPEARMAN_TARGET and agreement >= OOM_TARGET else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,50 @@
+"""What a framework allocates beyond its model states (gbmw.model_states) and the layers' stashed activations.
+
+gbmw's runtime, as torch's MemTracker sees its real train step (benchmarks/memory_at_scale.py,
+gbmw.adapters.profile.fake_memory):
+* 16-bit training runs the layers under autocast over fp32 weights. Autocast casts each weight a layer uses to
+  16 bits once per forward and the matmul saves that copy for backward, so every micro-batch in flight keeps a
+  16-bit copy of the weights of its layers (2 bytes per parameter) — except an embedding (the lookup runs in
+  fp32) and a checkpointed layer, which makes its copy again during the recomputation in backward.
+* ZeRO-1/2 layers (FSDP2 with `reshard_after_forward=False`) keep the gathered fp32 weights from the first
+  forward to the backward: while micro-batches run they hold whole weights, as ZeRO-1/2's model states say
+  (the shard alone only between iterations). With one micro-batch, ZeRO-1 reduce-scatters each layer's
+  gradients right after its backward, as ZeRO-2 does, and holds less than the unsharded gradients priced.
+* Sharded layers (FSDP2) shard a tied weight separately in each of its two layers, so a stage holding both
+  holds its states twice; unsharded layers share one tensor.
+* The optimizer step: torch's multi-tensor Adam computes √v into a new fp32 tensor (4 bytes per parameter it
+  steps) before the update (torch.optim.adam._multi_tensor_adam). The runtime steps ADAM_CHUNK_ELEMENTS
+  elements at a time (gbmw.adapters.runtime.local_adam), so a stage needs 4 bytes × min(the parameters it
+  steps, ADAM_CHUNK_ELEMENTS) beside its states at the step: a reserve it keeps free (`step_reserve_bytes`).
+Megatron's and DeepSpeed's fused Adam update in place, and their 16-bit weights are what the layers compute with.
+"""
+
+from __future__ import annotations
+
+from gbmw.space import Strategy
+
+AUTOCAST_COPY_BYTES = 2
+ADAM_SQRT_TEMPORARY_BYTES = 4
+ADAM_CHUNK_ELEMENTS = 2**24
+"""Elements gbmw's runtime updates in one multi-tensor Adam call (64 MiB of √v temporaries)."""
+
+
+def autocast_weight_copy_bytes(framework: str, precision: str) -> int:
+    """Bytes per (TP-local) parameter of the 16-bit weight copy a micro-batch keeps from forward to backward."""
+    return AUTOCAST_COPY_BYTES if framework == "gbmw-runtime" and precision in ("bf16", "fp16") else 0
+
+
+def shares_tied_weights(framework: str, strategy: Strategy) -> bool:
+    """Whether a stage whose two tied layers use `strategy` holds the tied weight (and its states) once."""
+    sharded = any(strategy.degree(axis) > 1 for axis in ("sdp", "z1dp", "z2dp"))
+    return not (framework == "gbmw-runtime" and sharded)
+
+
+def step_temporary_bytes(framework: str, optimizer: str) -> int:
+    """Bytes of the optimizer step's temporaries per parameter it steps (before the chunk cap)."""
+    return ADAM_SQRT_TEMPORARY_BYTES if framework == "gbmw-runtime" and optimizer == "adam" else 0
+
+
+def step_reserve_bytes(bytes_per_parameter: float, stepped_parameters: float) -> float:
+    """What a stage stepping `stepped_parameters` keeps free for the step: its temporaries, one chunk at most."""
+    return bytes_per_parameter * min(stepped_parameters, ADAM_CHUNK_ELEMENTS)
