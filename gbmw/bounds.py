@@ -21,7 +21,8 @@ def throughput_upper_bound(tables: StrategyTables, allowed: np.ndarray, pp: int,
     """B / (a lower bound of Eq. (9) over every plan of this setting that fits).
 
     The iteration time (gbmw.pipeline_schedules; synchronisation and optimizer steps only add to it) is at least
-    (m - 1) · Σ_i C_no_sync(M_i) / P + Σ_l min c_no_sync(l): the stages' no-sync times sum to at
+    (m - 1) · Σ_i C_no_sync(M_i) / P + Σ_l min c_no_sync(l) + the slowest stage's synchronisation (at least the
+    stages' average and at least one layer's least): the stages' no-sync times sum to at
     least the least total no-sync time of plans whose memory fits all stages together —
     Σ_l (O_ms + O_f) ≤ P · E, since every stage holds at least one micro-batch — which the
     Lagrangian dual of that knapsack bounds from below.
@@ -31,7 +32,12 @@ def throughput_upper_bound(tables: StrategyTables, allowed: np.ndarray, pp: int,
     memory = tables.model_state_bytes + k * tables.forward_memory_bytes
     total_no_sync = knapsack_lower_bound(no_sync, memory, pp * budget_bytes)
     slowest_stage = max(total_no_sync / pp, no_sync.min(axis=0).max())
-    lower = (count - 1) * slowest_stage + no_sync.min(axis=0).sum()
+    # Synchronisation: the slowest stage's is at least the stages' average and at least any one layer's least (a
+    # stage's is the sum over its layers of their non-negative extras). The optimizer step is left out: a stage
+    # holding both tied layers steps the tied weight once, so per-layer step times do not bound it from below.
+    sync_extra = np.where(allowed, tables.time_s - tables.time_no_grad_sync_s, np.inf).min(axis=0)
+    slowest_sync = max(sync_extra.sum() / pp, sync_extra.max())
+    lower = (count - 1) * slowest_stage + no_sync.min(axis=0).sum() + slowest_sync
     return micro_batch * count / lower if np.isfinite(lower) else 0.0
 
 
