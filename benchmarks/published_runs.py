@@ -40,8 +40,7 @@ from gbmw.estimate import estimate_plan
 from gbmw.jobs import JobSpec
 from gbmw.models import build_model
 from gbmw.plan import Plan
-from gbmw.space import Strategy
-from gbmw.targets import AXIS_OF_ZERO_STAGE, get_target
+from gbmw.targets import get_target
 
 DATA = Path(__file__).with_name("published_runs.yaml")
 MEAN_TARGET, MAX_TARGET = 0.10, 0.20
@@ -175,13 +174,10 @@ def _plan_with_partition(config: UniformConfig, job: JobSpec, partition: tuple[i
     """`config`'s uniform plan with a given partition (one DeepSpeed's PipelineModule makes, not Megatron's)."""
     devices, pp = job.cluster.num_devices, len(partition)
     dp = devices // (config.tp * pp)
-    dims = ((("tp", config.tp),) if config.tp > 1 else ()) + (((AXIS_OF_ZERO_STAGE[config.zero], dp),) if dp > 1 else ())
-    block, plain = Strategy(dims, ckpt=config.ckpt == "full"), Strategy(dims)
     return Plan(model=job.model.name, cluster=job.cluster.name, num_devices=devices, precision=job.precision,
                 global_batch=config.batch, micro_batch=config.micro * dp,
                 num_micro_batches=config.batch // (config.micro * dp), pp=pp, partition=partition,
-                strategies=tuple(block if layer.is_block else plain for layer in job.model.layers),
-                target=config.target)
+                strategies=config.layer_strategies(job.model, dp), target=config.target)
 
 
 def cost(run: dict) -> Costed:

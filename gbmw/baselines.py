@@ -24,6 +24,7 @@ from gbmw.plan import Plan
 from gbmw.stock_partitions import megatron_partition
 from gbmw.targets import AXIS_OF_ZERO_STAGE, get_target
 from gbmw.jobs import JobSpec
+from gbmw.model_spec import ModelSpec
 from gbmw.space import Strategy
 
 UNIFORM_KEYS = {
@@ -103,16 +104,7 @@ class UniformConfig:
                 f"--uniform: global batch {global_batch} is not a multiple of micro({self.micro}) * dp({dp}) = "
                 f"{micro_batch}; DeepSpeed's identity is train_batch = micro * grad_accum * dp"
             )
-        dims = []
-        if self.tp > 1:
-            dims.append(("tp", self.tp))
-        if dp > 1:
-            dims.append((AXIS_OF_ZERO_STAGE[self.zero], dp))
-        block = Strategy(tuple(dims), ckpt=self.ckpt == "full")
-        plain = Strategy(tuple(dims), ckpt=False)
-        strategies = tuple(
-            block if layer.is_block else plain for layer in job.model.layers
-        )
+        strategies = self.layer_strategies(job.model, dp)
         plan = Plan(
             model=job.model.name,
             cluster=job.cluster.name,
@@ -130,6 +122,13 @@ class UniformConfig:
         plan.check_against(job.model, devices)
         get_target(self.target).check(plan, job.model)
         return plan
+
+    def layer_strategies(self, model: ModelSpec, dp: int) -> tuple[Strategy, ...]:
+        """One strategy per layer of `model`: TP innermost, then `dp`-way data parallelism at the config's ZeRO
+        stage; recomputation on Transformer blocks only (stock frameworks never recompute embeddings or heads)."""
+        dims = ((("tp", self.tp),) if self.tp > 1 else ()) + (((AXIS_OF_ZERO_STAGE[self.zero], dp),) if dp > 1 else ())
+        block, plain = Strategy(dims, ckpt=self.ckpt == "full"), Strategy(dims)
+        return tuple(block if layer.is_block else plain for layer in model.layers)
 
     def describe(self) -> str:
         return f"tp={self.tp},pp={self.pp},zero={self.zero},ckpt={self.ckpt},micro={self.micro}" + (

@@ -19,9 +19,9 @@ def plan_stage_estimates(job: JobSpec, plan: Plan) -> list[StageEstimate]:
     plan.check_against(job.model, job.cluster.num_devices)
     comm = CommModel(job.cluster)
     strategies = list(dict.fromkeys(plan.strategies))
-    settings = CostSettings(job.cluster, job.precision, job.optimizer, get_target(plan.target).framework)
-    tables = strategy_tables(job.model, strategies, plan.micro_batch, settings, comm)
     target = get_target(plan.target)
+    settings = CostSettings(job.cluster, job.precision, job.optimizer, target.framework)
+    tables = strategy_tables(job.model, strategies, plan.micro_batch, settings, comm)
     costs = StageCosts(job.model, tables, plan.pp, plan.num_micro_batches, plan.schedule, comm,
                        virtual_stages=plan.virtual_stages, scatter_gather=target.pipeline_scatter_gather)
     index = {strategy: position for position, strategy in enumerate(strategies)}

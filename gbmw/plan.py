@@ -18,10 +18,10 @@ import yaml
 from gbmw.errors import GbmwError, PlanError
 from gbmw.files import write_new_file
 from gbmw.model_spec import ModelSpec
+from gbmw.pipeline_schedules import SCHEDULES
 from gbmw.space import Strategy
 from gbmw.targets import TARGETS
 
-SCHEDULES = ("1f1b", "gpipe")
 PLAN_FORMAT_VERSION = 1
 
 

@@ -93,8 +93,7 @@ class StepReserveSearch:
             costs, budget_bytes, granularity_bytes, allowed, exact)
         tables = costs.tables
         self.per_parameter = tables.step_temporary_bytes_per_parameter
-        masked = np.where(allowed, tables.optimizer_parameters, np.nan)
-        self.fewest, self.most = np.nanmin(masked, axis=0), np.nanmax(masked, axis=0)
+        self.most = np.where(allowed, tables.optimizer_parameters, 0.0).max(axis=0)
         self._searches: dict[str, StageSearch | None] = {}
 
     def _search(self, regime: str) -> StageSearch | None:

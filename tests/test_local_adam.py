@@ -14,8 +14,8 @@ from gbmw.adapters.runtime import local_adam  # noqa: E402
 pytestmark = pytest.mark.torch
 
 
-def test_chunked_steps_equal_torch_adam_bit_for_bit(monkeypatch):
-    monkeypatch.setattr(local_adam, "ADAM_CHUNK_ELEMENTS", 7)  # 20 elements → three slices; 5×4 → three
+def test_chunked_steps_equal_torch_adam_bit_for_bit():
+    # chunks of 7 (the fixture below): 20 elements → three slices; 5×4 → three
     torch.manual_seed(0)
     ours = [torch.nn.Parameter(torch.randn(5, 4)), torch.nn.Parameter(torch.randn(3)), torch.nn.Parameter(torch.randn(20))]
     reference = [torch.nn.Parameter(p.detach().clone()) for p in ours]
