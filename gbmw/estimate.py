@@ -8,6 +8,7 @@ from gbmw.comm import CommModel
 from gbmw.errors import PlanError
 from gbmw.jobs import JobSpec
 from gbmw.layer_cost import CostSettings
+from gbmw.models import model_as_run
 from gbmw.plan import Estimate, Plan
 from gbmw.pipeline_schedules import pipeline_time_s
 from gbmw.stage_cost import StageCosts, StageEstimate, stage_estimate, strategy_tables
@@ -21,8 +22,9 @@ def plan_stage_estimates(job: JobSpec, plan: Plan) -> list[StageEstimate]:
     strategies = list(dict.fromkeys(plan.strategies))
     target = get_target(plan.target)
     settings = CostSettings(job.cluster, job.precision, job.optimizer, target.framework)
-    tables = strategy_tables(job.model, strategies, plan.micro_batch, settings, comm)
-    costs = StageCosts(job.model, tables, plan.pp, plan.num_micro_batches, plan.schedule, comm,
+    model = model_as_run(job.model, target.fused_attention)
+    tables = strategy_tables(model, strategies, plan.micro_batch, settings, comm)
+    costs = StageCosts(model, tables, plan.pp, plan.num_micro_batches, plan.schedule, comm,
                        virtual_stages=plan.virtual_stages, scatter_gather=target.pipeline_scatter_gather)
     index = {strategy: position for position, strategy in enumerate(strategies)}
     return [stage_estimate(costs, stage, first, [index[strategy] for strategy in plan.stage_strategies(stage)])

@@ -3,13 +3,22 @@
 gbmw's runtime, as torch's MemTracker sees its real train step (benchmarks/memory_at_scale.py,
 gbmw.adapters.profile.fake_memory):
 * 16-bit training runs the layers under autocast over fp32 weights. Autocast casts each weight a layer uses to
-  16 bits once per forward and the matmul saves that copy for backward, so every micro-batch in flight keeps a
-  16-bit copy of the weights of its layers (2 bytes per parameter) — except an embedding (the lookup runs in
-  fp32) and a checkpointed layer, which makes its copy again during the recomputation in backward.
+  16 bits once per forward and `nn.Linear` saves that copy for backward, so every micro-batch in flight keeps a
+  16-bit copy of the weights of its one-device layers (2 bytes per parameter) — except an embedding (the lookup
+  runs in fp32) and a checkpointed layer, which makes its copy again during the recomputation in backward.
+  (The engine runs autocast without its cast cache, so a copy nobody saves is freed at once.)
+* Under autocast the residual stream stays fp32 (the embedding looks up fp32 weights; a later stage casts the
+  16-bit activation it receives to fp32 and keeps the received tensor for its backward too), and each norm saves
+  its fp32 input: every sub-block keeps its input in 4 bytes where a 16-bit framework keeps 2
+  (`fp32_residual_extra_share`: (4 − d) / d more than the layer's 16-bit accounting, gbmw.transformer_layers).
+  A stage after the first also holds the received 16-bit input itself (`keeps_received_input`).
+  Its TP layers (megatron-core's) get 16-bit inputs and give 16-bit outputs, as `nn.Linear` does under autocast
+  (gbmw.adapters.runtime.tensor_parallel), and cast their weights again in backward rather than keep a copy.
 * ZeRO-1/2 layers (FSDP2 with `reshard_after_forward=False`) keep the gathered fp32 weights from the first
   forward to the backward: while micro-batches run they hold whole weights, as ZeRO-1/2's model states say
-  (the shard alone only between iterations). With one micro-batch, ZeRO-1 reduce-scatters each layer's
-  gradients right after its backward, as ZeRO-2 does, and holds less than the unsharded gradients priced.
+  (the shard alone only between iterations), and their own shard beside them (`kept_shard_bytes_per_parameter`).
+  With one micro-batch, ZeRO-1 reduce-scatters each layer's gradients right after its backward, as ZeRO-2 does,
+  and holds less than the unsharded gradients priced.
 * Sharded layers (FSDP2) shard a tied weight separately in each of its two layers, so a stage holding both
   holds its states twice; unsharded layers share one tensor.
 * The optimizer step: torch's multi-tensor Adam computes √v into a new fp32 tensor (4 bytes per parameter it
@@ -27,11 +36,37 @@ AUTOCAST_COPY_BYTES = 2
 ADAM_SQRT_TEMPORARY_BYTES = 4
 ADAM_CHUNK_ELEMENTS = 2**24
 """Elements gbmw's runtime updates in one multi-tensor Adam call (64 MiB of √v temporaries)."""
+FP32_BYTES = 4
 
 
-def autocast_weight_copy_bytes(framework: str, precision: str) -> int:
-    """Bytes per (TP-local) parameter of the 16-bit weight copy a micro-batch keeps from forward to backward."""
-    return AUTOCAST_COPY_BYTES if framework == "gbmw-runtime" and precision in ("bf16", "fp16") else 0
+def runs_autocast(framework: str, precision: str) -> bool:
+    """gbmw's runtime in 16 bits: fp32 weights, layers under autocast."""
+    return framework == "gbmw-runtime" and precision in ("bf16", "fp16")
+
+
+def autocast_weight_copy_bytes(framework: str, precision: str, tp: int) -> int:
+    """Bytes per (TP-local) parameter of the 16-bit weight copy a micro-batch keeps from forward to backward:
+    `nn.Linear` (one device) saves it; megatron-core's TP linears (tp > 1) save the fp32 weight and cast again."""
+    return AUTOCAST_COPY_BYTES if runs_autocast(framework, precision) and tp == 1 else 0
+
+
+def fp32_residual_extra_share(framework: str, precision: str, activation_bytes: int) -> float:
+    """Extra bytes per byte of a layer's residual-stream inputs (16-bit accounting) that the framework keeps."""
+    return (FP32_BYTES - activation_bytes) / activation_bytes if runs_autocast(framework, precision) else 0.0
+
+
+def keeps_received_input(framework: str, precision: str) -> bool:
+    """Whether a stage after the first keeps the 16-bit activation it received beside its fp32 copy."""
+    return runs_autocast(framework, precision)
+
+
+def kept_shard_bytes_per_parameter(framework: str, strategy: Strategy, weight_bytes: float) -> float:
+    """Weight bytes per (TP-local) parameter a ZeRO-1/2 layer holds beside its gathered weights: gbmw's runtime
+    (FSDP2 without resharding after forward) keeps its own shard too, 1/(ZeRO degree) of the weights."""
+    shards = strategy.degree("z1dp") * strategy.degree("z2dp")
+    if framework != "gbmw-runtime" or shards == 1 or strategy.degree("sdp") > 1:
+        return 0.0
+    return weight_bytes / shards
 
 
 def shares_tied_weights(framework: str, strategy: Strategy) -> bool:

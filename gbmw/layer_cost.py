@@ -33,8 +33,8 @@ import numpy as np
 
 from gbmw.cluster_spec import ClusterSpec
 from gbmw.comm import CommModel
-from gbmw.framework_memory import autocast_weight_copy_bytes
-from gbmw.model_spec import ModelSpec
+from gbmw.framework_memory import autocast_weight_copy_bytes, fp32_residual_extra_share, kept_shard_bytes_per_parameter
+from gbmw.model_spec import ACTIVATION_DTYPE_BYTES, ModelSpec
 from gbmw.model_states import StateBytes, sharded_bytes_per_parameter, state_bytes
 from gbmw.space import DATA_PARALLEL_AXES, Strategy
 
@@ -75,7 +75,8 @@ class LayerCosts:
 
 def model_state_bytes_per_parameter(strategy: Strategy, settings: CostSettings) -> float:
     """Bytes of model states per (TP-local) parameter on one device under `strategy`'s sharding."""
-    return sharded_bytes_per_parameter(strategy, settings.states)
+    return (sharded_bytes_per_parameter(strategy, settings.states)
+            + kept_shard_bytes_per_parameter(settings.framework, strategy, settings.states.weights))
 
 
 def tp_local_parameters(model: ModelSpec, tp: int) -> np.ndarray:
@@ -208,9 +209,16 @@ def layer_costs(
     intermediate = (
         arrays.intermediate_activation_bytes_per_sample + arrays.intermediate_tp_split_activation_bytes_per_sample / tp
     ) * samples
-    # A 16-bit copy of the weights each micro-batch keeps (gbmw's runtime under autocast; not for embeddings).
-    weight_copy = local_parameters * autocast_weight_copy_bytes(settings.framework, settings.precision) * np.array(
-        [layer.kind != "embedding" for layer in model.layers])
+    # What gbmw's runtime keeps beyond the 16-bit accounting under autocast (gbmw.framework_memory; not for
+    # embeddings, which keep token ids): the one-device layers' 16-bit weight copy, and fp32 residual-stream inputs.
+    not_embedding = np.array([layer.kind != "embedding" for layer in model.layers])
+    weight_copy = local_parameters * autocast_weight_copy_bytes(settings.framework, settings.precision,
+                                                                strategy.tp) * not_embedding
+    fp32_share = fp32_residual_extra_share(settings.framework, settings.precision,
+                                           ACTIVATION_DTYPE_BYTES[model.precision]) * not_embedding
+    residual_inputs = np.maximum(arrays.tp_allreduce_bytes_per_sample, arrays.boundary_activation_bytes_per_sample)
+    boundary = boundary * (1 + fp32_share)
+    intermediate = intermediate + fp32_share * (residual_inputs - arrays.boundary_activation_bytes_per_sample) * samples
     if strategy.ckpt:
         forward_memory, backward_memory = boundary, intermediate + weight_copy
     else:

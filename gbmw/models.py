@@ -41,6 +41,16 @@ def build_model(arch: Any, precision: str) -> ModelSpec:
     )
 
 
+def model_as_run(model: ModelSpec, fused_attention: bool) -> ModelSpec:
+    """The model as a target runs it: with flash attention's costs (gbmw.transformer_layers) where the target's
+    attention is fused (gbmw.targets.Target.fused_attention) and the model was built from an architecture that
+    declares standard attention; otherwise the model itself (a profile's measured layers stay as measured)."""
+    arch = model.architecture
+    if not fused_attention or arch is None or model.timings is not None or arch.attention == "flash":
+        return model
+    return build_model(arch.model_copy(update={"attention": "flash"}), model.precision)
+
+
 def _build_gpt(arch: GPTArchitecture, d: int) -> tuple[list[LayerSpec], int, int]:
     s, h = arch.seq_length, arch.hidden_size
     shape = BlockShape(

@@ -36,6 +36,7 @@ from gbmw.estimate import estimate_plan
 from gbmw.grid_frontier import default_granularity_bytes
 from gbmw.jobs import JobSpec
 from gbmw.layer_cost import CostSettings
+from gbmw.models import model_as_run
 from gbmw.nothing_fits import NothingFitsError, nothing_fits_message
 from gbmw.plan import Plan
 from gbmw.space import Strategy
@@ -145,8 +146,9 @@ class Planner:
 
     def __post_init__(self) -> None:
         self.spec: SearchSpace = search_space(self.variant, self.target)
-        self.settings = CostSettings(self.job.cluster, self.job.precision, self.job.optimizer,
-                                     get_target(self.spec.target).framework)
+        target = get_target(self.spec.target)
+        self.job = self.job.model_copy(update={"model": model_as_run(self.job.model, target.fused_attention)})
+        self.settings = CostSettings(self.job.cluster, self.job.precision, self.job.optimizer, target.framework)
         self.comm = CommModel(self.job.cluster)
         self.budget = float(self.job.memory_budget_bytes)
         if self.sweep and self.batch is not None:

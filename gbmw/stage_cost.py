@@ -10,6 +10,7 @@ A stage's terms at one setting (micro-batch size, pp, micro-batch count m, sched
   to the next stage;
 * the 1F1B stash: stage i of P keeps the activations of min(P − i, m) micro-batches (GPipe: all m);
 * the side input (the encoder output a T5 decoder stage reads), stashed once per stage;
+* the received input a framework keeps beside its own copy (gbmw.framework_memory), with a later stage's first layer;
 * a tied weight held once when both of its layers are in the stage.
 The pipeline's time from its stages, and the stash per schedule, are gbmw.pipeline_schedules.
 """
@@ -24,7 +25,7 @@ import numpy as np
 from gbmw.comm import CommModel
 from gbmw.layer_cost import CostSettings, layer_costs, model_state_bytes_per_parameter
 from gbmw.model_spec import ModelSpec
-from gbmw.framework_memory import shares_tied_weights, step_reserve_bytes, step_temporary_bytes
+from gbmw.framework_memory import keeps_received_input, shares_tied_weights, step_reserve_bytes, step_temporary_bytes
 from gbmw.model_states import step_traffic_bytes
 from gbmw.pipeline_schedules import in_flight_micro_batches
 from gbmw.ranks import activation_layout, transition_fraction
@@ -53,6 +54,8 @@ class StrategyTables:
     step_temporary_bytes_per_parameter: float
     """The optimizer step's temporaries per parameter it steps; a stage keeps them free, one chunk at most
     (gbmw.framework_memory.step_reserve_bytes)."""
+    keeps_received_input: bool
+    """A stage after the first keeps the activation it received beside its own copy (gbmw.framework_memory)."""
     shares_tied_weights: np.ndarray
     """[strategy]: a stage holding both tied layers under it holds the tied weight once (gbmw.framework_memory)."""
     state_bytes_per_parameter: np.ndarray
@@ -95,6 +98,7 @@ def strategy_tables(
         optimizer_step_s_per_parameter=(model.measured("optimizer_step_s_per_parameter")
                                         or step_traffic_bytes(settings.states) / settings.cluster.memory_bandwidth_bytes_per_s),
         step_temporary_bytes_per_parameter=step_temporary_bytes(settings.framework, settings.optimizer),
+        keeps_received_input=keeps_received_input(settings.framework, settings.precision),
         shares_tied_weights=np.array([shares_tied_weights(settings.framework, s) for s in strategies]),
         state_bytes_per_parameter=np.array(
             [model_state_bytes_per_parameter(s, settings) for s in strategies]
@@ -183,6 +187,11 @@ class StageCosts:
                     message > 0, message / bandwidth + latency + self.transition_overhead_s, 0.0)
         return self._transitions[layer]
 
+    def received_input_bytes(self, layer: int, strategies: np.ndarray) -> np.ndarray:
+        """What a stage after the first keeps of the activation it received, with its first layer `layer` (per
+        micro-batch; 0 where the framework's layers keep that very tensor, counted as the layer's input)."""
+        return self.boundary_bytes[layer] * self.samples_per_device[strategies] * self.tables.keeps_received_input
+
     def side_input_bytes(self, layer: int, strategies: np.ndarray) -> np.ndarray:
         """The side input a stage stashes once, with its first layer that reads one (per micro-batch)."""
         return self.side_bytes[layer] * self.samples_per_device[strategies]
@@ -247,6 +256,8 @@ def stage_estimate(costs: StageCosts, stage_index: int, first_layer: int, strate
         if costs.twin_in_stage(layer, first_layer):
             states[position] -= costs.tied_state_bytes(layer, strategy)
             optimizer_parameters -= costs.tied_optimizer_parameters(layer, strategy)
+        if position == 0 and stage_index > 0:
+            forward_memory[position] += costs.received_input_bytes(layer, strategy)
         if costs.side_bytes[layer] > 0 and not side_input_stashed:
             forward_memory[position] += costs.side_input_bytes(layer, strategy)
             side_input_stashed = True

@@ -80,6 +80,7 @@ class StageSearch:
         states = tables.model_state_bytes[allowed, layer].copy()
         if layer == first_layer and stage_index > 0:  # receive the activation, send its gradient back
             time += self.m * costs.boundary_send_s(layer, tables.data_parallel[allowed], tables.tp[allowed])
+            forward += costs.received_input_bytes(layer, allowed)
         if side_first:
             forward += costs.side_input_bytes(layer, allowed)
         if costs.twin_in_stage(layer, first_layer):

@@ -53,6 +53,10 @@ class Target:
     (Megatron's scatter-gather; DeepSpeed's `pipe_partitioned`, on by default with model parallelism)."""
     interleaved_pipeline: bool = False
     """It runs interleaved 1F1B (virtual pipeline stages, Megatron's --num-layers-per-virtual-pipeline-stage)."""
+    fused_attention: bool = False
+    """Its attention is a fused kernel whatever the model declares (gbmw's runtime calls SDPA, whose flash /
+    memory-efficient kernels keep no s×s scores: gbmw.adapters.runtime.attention); a stock framework runs the
+    attention the model declares (`attention: standard | flash`)."""
 
     # ------------------------------------------------------------------ the search
 
@@ -178,7 +182,7 @@ def _describe_runs(plan: "Plan") -> str:
 
 
 TARGETS: dict[str, Target] = {
-    "runtime": Target("runtime", "gbmw runtime", "gbmw-runtime", AXES, per_layer=True),
+    "runtime": Target("runtime", "gbmw runtime", "gbmw-runtime", AXES, per_layer=True, fused_attention=True),
     "deepspeed": Target(
         "deepspeed", "DeepSpeed (ZeRO + pipeline engine)", "deepspeed", ("dp", "z1dp", "z2dp", "sdp"),
         pipeline_max_zero_stage=1,

@@ -1,6 +1,7 @@
 """What gbmw's runtime allocates beyond model states and activations (gbmw.framework_memory), priced exactly: the
-16-bit weight copy each micro-batch keeps under autocast, a checkpointed layer's copy during recomputation, the
-optimizer step's √v reserve, and a tied weight held twice by sharded layers."""
+16-bit weight copy each micro-batch keeps under autocast, a checkpointed layer's copy during recomputation, the fp32
+residual stream, the received input a later stage keeps, ZeRO-1/2's own shard, the optimizer step's √v reserve,
+and a tied weight held twice by sharded layers."""
 
 from __future__ import annotations
 
@@ -17,22 +18,54 @@ pytestmark = pytest.mark.unit
 
 def costs(name: str, precision: str, framework: str):
     cluster = make_cluster()
-    model = make_model([make_layer("embedding", kind="embedding"), make_layer("block")], precision)
+    # a block of two sub-blocks: two residual-stream inputs of 100 bytes (16-bit) per sample, the first its boundary
+    model = make_model([make_layer("embedding", kind="embedding"), make_layer("block", tp_allreduce_bytes_per_sample=200.0)],
+                       precision)
     return layer_costs(model, Strategy.parse(name), 8, CostSettings(cluster, precision, framework=framework),
                        CommModel(cluster))
 
 
-def test_autocast_copy_is_kept_per_micro_batch_or_made_again_in_recomputation():
+def test_autocast_keeps_one_device_weight_copies_and_an_fp32_residual_stream():
+    # one device per layer (nn.Linear): a 16-bit copy of the 1000 parameters, and both residual inputs in 4 bytes
+    # (100 more each) for the one sample of the micro-batch of 8 on each of the 8 data-parallel ranks
+    plain, runtime = costs("dp8", "bf16", "megatron"), costs("dp8", "bf16", "gbmw-runtime")
+    assert runtime.forward_memory_bytes[1] - plain.forward_memory_bytes[1] == pytest.approx(2 * 1000 + 2 * 100)
+    assert runtime.forward_memory_bytes[0] == plain.forward_memory_bytes[0]  # an embedding keeps token ids
+    # TP layers (megatron-core's) save the fp32 weight and cast again: no copy; 2 samples per rank
     plain, runtime = costs("tp2-dp4", "bf16", "megatron"), costs("tp2-dp4", "bf16", "gbmw-runtime")
-    local = 200 + 800 / 2  # the block's replicated and TP-divided parameters on one rank
-    assert runtime.forward_memory_bytes[1] - plain.forward_memory_bytes[1] == pytest.approx(2 * local)
-    assert runtime.forward_memory_bytes[0] == plain.forward_memory_bytes[0]  # an embedding's lookup runs in fp32
-    checkpointed = costs("tp2-dp4+ckpt", "bf16", "gbmw-runtime")
-    plain_checkpointed = costs("tp2-dp4+ckpt", "bf16", "megatron")
-    assert checkpointed.forward_memory_bytes[1] == plain_checkpointed.forward_memory_bytes[1]
-    assert checkpointed.backward_memory_bytes[1] - plain_checkpointed.backward_memory_bytes[1] == pytest.approx(2 * local)
-    assert costs("tp2-dp4", "fp32", "gbmw-runtime").forward_memory_bytes[1] == costs(
-        "tp2-dp4", "fp32", "megatron").forward_memory_bytes[1]  # no autocast in fp32
+    assert runtime.forward_memory_bytes[1] - plain.forward_memory_bytes[1] == pytest.approx(2 * 2 * 100)
+    # checkpointed: the fp32 input is stashed; the copy and the second fp32 input come back in recomputation
+    checkpointed, plain_checkpointed = costs("dp8+ckpt", "bf16", "gbmw-runtime"), costs("dp8+ckpt", "bf16", "megatron")
+    assert checkpointed.forward_memory_bytes[1] - plain_checkpointed.forward_memory_bytes[1] == pytest.approx(100)
+    assert checkpointed.backward_memory_bytes[1] - plain_checkpointed.backward_memory_bytes[1] == pytest.approx(
+        2 * 1000 + 100)
+    assert costs("dp8", "fp32", "gbmw-runtime").forward_memory_bytes[1] == costs(
+        "dp8", "fp32", "megatron").forward_memory_bytes[1]  # no autocast in fp32
+
+
+def test_zero_1_and_2_layers_keep_their_shard_beside_the_gathered_weights():
+    # the runtime's 4 + 4 + 8 bytes per parameter; ZeRO-1 over 8: whole weights and gradients, 1/8 of Adam's
+    # states, and the runtime's own 1/8 shard of the weights (4/8); ZeRO-3 keeps the shard alone
+    for name, per_parameter in (("z1dp8", 4 + 4 + 8 / 8 + 4 / 8), ("z2dp8", 4 + 4 / 8 + 8 / 8 + 4 / 8),
+                                ("sdp8", 16 / 8), ("dp8", 16)):
+        assert costs(name, "bf16", "gbmw-runtime").model_state_bytes[1] == pytest.approx(1000 * per_parameter), name
+    assert costs("z1dp8", "bf16", "megatron").model_state_bytes[1] == pytest.approx(1000 * (2 + 4 + 12 / 8))
+
+
+def test_a_later_stage_keeps_the_received_16_bit_input_beside_its_fp32_copy():
+    cluster = make_cluster()
+    comm = CommModel(cluster)
+    model = make_model([make_layer("block.0"), make_layer("block.1")], "bf16")
+    for framework, kept in (("gbmw-runtime", 100.0), ("megatron", 0.0)):
+        tables = strategy_tables(model, [Strategy.parse("dp8")], 8, CostSettings(cluster, "bf16", framework=framework),
+                                 comm)
+        stage_costs = StageCosts(model, tables, 2, 4, "1f1b", comm)
+        first, second = (stage_estimate(stage_costs, stage, stage, [0]) for stage in (0, 1))
+        # one sample per rank: the first stage receives nothing, the second keeps the 100-byte input per micro-batch
+        assert second.stashed_activation_bytes == pytest.approx(
+            second.in_flight_micro_batches * (tables.forward_memory_bytes[0, 1] + kept)), framework
+        assert first.stashed_activation_bytes == pytest.approx(
+            first.in_flight_micro_batches * tables.forward_memory_bytes[0, 0]), framework
 
 
 def _tied_stage(name: str):

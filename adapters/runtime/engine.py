@@ -189,9 +189,13 @@ class HybridEngine:
             else:
                 leaf = received.requires_grad_()
                 x, previous = leaf, self.previous_layout
+                if self.autocast_dtype is not None:  # the residual stream is fp32 on every stage, as on the first
+                    x = x.float()
             observing = self.observer.forward_context(index) if self.observer else contextlib.nullcontext()
+            # No cast cache: a TP layer (megatron's autograd function) casts its weight again in backward rather
+            # than keeping the 16-bit copy until the stage's forward ends; `nn.Linear` saves its copy either way.
             with observing, torch.autocast(self.device.type, self.autocast_dtype,
-                                           enabled=self.autocast_dtype is not None):
+                                           enabled=self.autocast_dtype is not None, cache_enabled=False):
                 for layer in self.layers:
                     x = relayout(x, previous, layer.layout, self.local_rank, self.stage_group)
                     previous = layer.layout

@@ -29,6 +29,7 @@ from torch import nn
 from gbmw.errors import PlanError
 from gbmw.architectures import BERTArchitecture, GPTArchitecture
 
+from .attention import attention
 from .tensor_parallel import TensorParallel
 
 VOCAB_PADDING_MULTIPLE = 128
@@ -147,8 +148,7 @@ class TransformerBlock(nn.Module):
         batch, tokens, _ = x.shape
         qkv = self.attention.qkv(x).view(batch, tokens, self.local_heads, 3, self.head_dim)
         query, key, value = (part.transpose(1, 2) for part in qkv.unbind(3))
-        context = F.scaled_dot_product_attention(query, key, value, is_causal=self.causal,
-                                                 dropout_p=self.dropout if self.training else 0.0)
+        context = attention(query, key, value, self.causal, self.dropout if self.training else 0.0)
         context = context.transpose(1, 2).reshape(batch, tokens, self.local_heads * self.head_dim)
         return F.dropout(self.attention.proj(context), self.dropout, self.training)
 

@@ -94,13 +94,25 @@ def _megatron_linears() -> tuple[type, type]:
 
     class ColumnLinear(ColumnParallelLinear):
         def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return super().forward(x)[0]
+            return _as_autocast_linear(super().forward, x)
 
     class RowLinear(RowParallelLinear):
         def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return super().forward(x)[0]
+            return _as_autocast_linear(super().forward, x)
 
     return ColumnLinear, RowLinear
+
+
+def _as_autocast_linear(forward, x: torch.Tensor) -> torch.Tensor:
+    """megatron-core's linear (output only), with what autocast makes of `nn.Linear` on one device: the input
+    saved for backward and the output in the autocast dtype. megatron's autograd function saves its input as
+    given (fp32 from a norm) and adds an fp32 bias after the 16-bit matmul (an fp32 output that the next op
+    saves): twice the bytes of the single-device layer, for the same numbers up to the output's rounding."""
+    device = x.device.type
+    if not torch.is_autocast_enabled(device):
+        return forward(x)[0]
+    dtype = torch.get_autocast_dtype(device)
+    return forward(x.to(dtype))[0].to(dtype)
 
 
 class _VocabParallelCrossEntropy(torch.autograd.Function):

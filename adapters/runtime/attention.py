@@ -1,0 +1,107 @@
+"""Scaled dot-product attention that keeps what flash attention keeps, on every device.
+
+On a GPU the runtime calls `F.scaled_dot_product_attention`, whose flash / memory-efficient kernels save only
+Q, K, V, the output and the log-sum-exp of each row for backward (Dao et al., FlashAttention, Alg. 1–2), with
+attention dropout drawn again in backward from a saved RNG state. On a CPU torch's fused kernel has no dropout:
+with dropout SDPA falls back to its math path, which saves the s × s scores, probabilities and dropout mask of
+every head — memory no GPU run allocates, which would make the CPU's trace of the runtime (gbmw.adapters.profile
+.fake_memory) disagree with the GPU's and with the estimator's flash accounting (gbmw.transformer_layers).
+
+`RecomputingAttention` is that missing kernel for the CPU: the same mathematics as the math path (softmax in
+fp32, inverted dropout on the probabilities), computed a few heads at a time so the s × s scores exist for
+`CHUNK_SCORE_ELEMENTS` elements at most, saving Q, K, V, the output, the fp32 log-sum-exp and the generator's
+state; backward recomputes the probabilities and draws the same dropout masks from that state (FlashAttention
+Alg. 2 without the tiling of the rows).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+CHUNK_SCORE_ELEMENTS = 2**24
+"""Score elements (fp32: 64 MiB) one chunk of heads materialises at once, forward or backward."""
+
+
+def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, causal: bool,
+              dropout_p: float) -> torch.Tensor:
+    """softmax(Q·Kᵀ/√d [causal]) with dropout on the probabilities, times V; [batch, heads, tokens, head_dim].
+    CPU with dropout: `RecomputingAttention` (see the module docstring); otherwise torch's SDPA."""
+    if dropout_p == 0.0 or query.device.type != "cpu":
+        return F.scaled_dot_product_attention(query, key, value, is_causal=causal, dropout_p=dropout_p)
+    if torch.is_autocast_enabled("cpu"):  # as autocast runs SDPA: in the lower precision
+        dtype = torch.get_autocast_dtype("cpu")
+        query, key, value = (tensor.to(dtype) for tensor in (query, key, value))
+    with torch.autocast("cpu", enabled=False):
+        return RecomputingAttention.apply(query, key, value, causal, dropout_p)
+
+
+def _head_chunks(heads: int, tokens: int, key_tokens: int) -> list[slice]:
+    per_chunk = max(1, CHUNK_SCORE_ELEMENTS // (tokens * key_tokens))
+    return [slice(start, min(start + per_chunk, heads)) for start in range(0, heads, per_chunk)]
+
+
+def _computed(tensor: torch.Tensor) -> torch.Tensor:
+    """16-bit inputs are computed in fp32 (as SDPA's math path does); fp32 and fp64 as they are."""
+    return tensor.to(torch.promote_types(tensor.dtype, torch.float32))
+
+
+def _probabilities(query: torch.Tensor, key: torch.Tensor, causal: bool, log_sum_exp: torch.Tensor | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax of the scaled scores of one chunk of heads, at least in fp32 (rows normalised by `log_sum_exp`
+    when given)."""
+    scores = torch.matmul(_computed(query), _computed(key).transpose(-1, -2)) * (1.0 / math.sqrt(query.size(-1)))
+    if causal:
+        tokens, key_tokens = scores.shape[-2:]
+        future = torch.ones(tokens, key_tokens, dtype=torch.bool, device=scores.device).triu(key_tokens - tokens + 1)
+        scores = scores.masked_fill(future, float("-inf"))
+    if log_sum_exp is None:
+        log_sum_exp = torch.logsumexp(scores, dim=-1)
+    return torch.exp(scores - log_sum_exp.unsqueeze(-1)), log_sum_exp
+
+
+def _dropout_scale(probabilities: torch.Tensor, dropout_p: float) -> torch.Tensor:
+    """The inverted-dropout factor per probability: 0 or 1 / (1 − p), drawn from the default generator."""
+    keep = torch.empty_like(probabilities).bernoulli_(1.0 - dropout_p)
+    return keep * (1.0 / (1.0 - dropout_p))
+
+
+class RecomputingAttention(torch.autograd.Function):
+    """Attention with dropout whose backward recomputes the probabilities (see the module docstring)."""
+
+    @staticmethod
+    def forward(ctx, query, key, value, causal: bool, dropout_p: float):
+        generator_state = torch.get_rng_state()
+        output = torch.empty_like(query)
+        log_sum_exp = torch.empty(query.shape[:-1], dtype=_computed(query).dtype, device=query.device)
+        for heads in _head_chunks(query.size(1), query.size(2), key.size(2)):
+            probabilities, log_sum_exp[:, heads] = _probabilities(query[:, heads], key[:, heads], causal)
+            dropped = probabilities * _dropout_scale(probabilities, dropout_p)
+            output[:, heads] = torch.matmul(dropped, _computed(value[:, heads])).to(output.dtype)
+        ctx.save_for_backward(query, key, value, output, log_sum_exp, generator_state)
+        ctx.causal, ctx.dropout_p = causal, dropout_p
+        return output
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        query, key, value, output, log_sum_exp, generator_state = ctx.saved_tensors
+        grad_query, grad_key, grad_value = (torch.empty_like(tensor) for tensor in (query, key, value))
+        scale = 1.0 / math.sqrt(query.size(-1))
+        # Σ_k P_ik dP_ik over the pre-dropout probabilities equals Σ_c dO_ic O_ic (FlashAttention Alg. 2, D_i).
+        row_dot = (_computed(grad_output) * _computed(output)).sum(-1)
+        with torch.random.fork_rng(devices=[]):
+            torch.set_rng_state(generator_state)  # the forward's dropout masks, drawn again in the same order
+            for heads in _head_chunks(query.size(1), query.size(2), key.size(2)):
+                probabilities, _ = _probabilities(query[:, heads], key[:, heads], ctx.causal, log_sum_exp[:, heads])
+                dropout_scale = _dropout_scale(probabilities, ctx.dropout_p)
+                chunk_grad = _computed(grad_output[:, heads])
+                grad_value[:, heads] = torch.matmul((probabilities * dropout_scale).transpose(-1, -2), chunk_grad
+                                                    ).to(grad_value.dtype)
+                grad_probabilities = torch.matmul(chunk_grad, _computed(value[:, heads]).transpose(-1, -2)) * dropout_scale
+                grad_scores = probabilities * (grad_probabilities - row_dot[:, heads].unsqueeze(-1)) * scale
+                grad_query[:, heads] = torch.matmul(grad_scores, _computed(key[:, heads])).to(grad_query.dtype)
+                grad_key[:, heads] = torch.matmul(grad_scores.transpose(-1, -2), _computed(query[:, heads])
+                                                  ).to(grad_key.dtype)
+        return grad_query, grad_key, grad_value, None, None

@@ -1,0 +1,83 @@
+"""The runtime's CPU attention with dropout (gbmw.adapters.runtime.attention): the exact gradient of its own
+forward, torch's SDPA without dropout, and flash attention's memory — nothing of size tokens × tokens is saved."""
+
+import pytest
+
+pytestmark = [pytest.mark.torch]
+
+
+def _inputs(dtype, batch=2, heads=3, tokens=5, head_dim=4, seed=0):
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randn(batch, heads, tokens, head_dim, generator=generator, dtype=dtype, requires_grad=True)
+            for _ in range(3)]
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_backward_is_the_gradient_of_the_forward_with_its_dropout_masks(causal, monkeypatch):
+    import torch
+
+    from gbmw.adapters.runtime import attention as module
+
+    monkeypatch.setattr(module, "CHUNK_SCORE_ELEMENTS", 50)  # two heads of 5 × 5 scores per chunk: chunks of 2 + 1
+
+    def seeded(query, key, value):
+        torch.manual_seed(7)  # the same masks at every evaluation: a function of the inputs alone
+        return module.RecomputingAttention.apply(query, key, value, causal, 0.3)
+
+    # float64 finite differences against the analytic backward (gradcheck's default tolerances); a mask drawn
+    # differently in backward, or a missing dropout factor, changes the gradient by O(1).
+    assert torch.autograd.gradcheck(seeded, _inputs(torch.float64))
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_without_dropout_it_equals_torch_sdpa(causal):
+    import torch
+    import torch.nn.functional as F
+
+    from gbmw.adapters.runtime.attention import RecomputingAttention
+
+    ours, theirs = _inputs(torch.float64), _inputs(torch.float64)
+    out = RecomputingAttention.apply(*ours, causal, 0.0)
+    expected = F.scaled_dot_product_attention(*theirs, is_causal=causal)
+    out.sum().backward()
+    expected.sum().backward()
+    # float64 throughout: both sides agree to ~1e-15; 1e-10 still catches a wrong scale or mask (O(1) changes)
+    torch.testing.assert_close(out, expected, rtol=1e-10, atol=1e-10)
+    for mine, reference in zip(ours, theirs):
+        torch.testing.assert_close(mine.grad, reference.grad, rtol=1e-10, atol=1e-10)
+
+
+def test_dropout_drops_the_expected_share_and_keeps_the_mean():
+    import torch
+
+    from gbmw.adapters.runtime.attention import attention
+
+    torch.manual_seed(0)
+    value = torch.ones(1, 4, 64, 8)
+    query = key = torch.zeros(1, 4, 64, 8)  # uniform probabilities: each output is the mean kept weight
+    out = attention(query, key, value, False, 0.5)
+    # 4 × 64 rows of 64 draws: the mean output is 1 ± ~0.01 (a missing 1/(1−p) gives 0.5, no dropout gives exactly 1)
+    assert abs(out.mean().item() - 1.0) < 0.05
+    assert out.std().item() > 0.05
+
+
+def test_saves_what_flash_attention_saves():
+    import torch
+
+    from gbmw.adapters.runtime.attention import attention
+
+    query, key, value = _inputs(torch.bfloat16, batch=1, heads=2, tokens=64, head_dim=8)
+    saved = []
+
+    def pack(tensor):
+        saved.append(tensor)
+        return tensor
+
+    with torch.autocast("cpu", torch.bfloat16), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        attention(query, key, value, True, 0.1)
+    activations = [tensor for tensor in saved if tensor.dtype != torch.uint8]  # the generator's state aside
+    shapes = sorted(tuple(tensor.shape) for tensor in activations)
+    # Q, K, V, the output and the per-row log-sum-exp: no tokens × tokens tensor
+    assert shapes == sorted([(1, 2, 64, 8)] * 4 + [(1, 2, 64)]), shapes
