@@ -12,8 +12,10 @@ gbmw.adapters.profile.fake_memory):
   its fp32 input: every sub-block keeps its input in 4 bytes where a 16-bit framework keeps 2
   (`fp32_residual_extra_share`: (4 − d) / d more than the layer's 16-bit accounting, gbmw.transformer_layers).
   A stage after the first also holds the received 16-bit input itself (`keeps_received_input`).
-  Its TP layers (megatron-core's) get 16-bit inputs and give 16-bit outputs, as `nn.Linear` does under autocast
-  (gbmw.adapters.runtime.tensor_parallel), and cast their weights again in backward rather than keep a copy.
+  Its TP layers (megatron-core's autograd functions) save their input as given — a norm's fp32 output, where
+  `nn.Linear` saves a 16-bit cast — so a TP layer keeps each sub-block's normalised input in 4 bytes too
+  (`fp32_tp_input_extra_share`); they give 16-bit outputs as `nn.Linear` does (gbmw.adapters.runtime
+  .tensor_parallel) and cast their weights again in backward rather than keep a copy.
 * ZeRO-1/2 layers (FSDP2 with `reshard_after_forward=False`) keep the gathered fp32 weights from the first
   forward to the backward: while micro-batches run they hold whole weights, as ZeRO-1/2's model states say
   (the shard alone only between iterations), and their own shard beside them (`kept_shard_bytes_per_parameter`).
@@ -53,6 +55,12 @@ def autocast_weight_copy_bytes(framework: str, precision: str, tp: int) -> int:
 def fp32_residual_extra_share(framework: str, precision: str, activation_bytes: int) -> float:
     """Extra bytes per byte of a layer's residual-stream inputs (16-bit accounting) that the framework keeps."""
     return (FP32_BYTES - activation_bytes) / activation_bytes if runs_autocast(framework, precision) else 0.0
+
+
+def fp32_tp_input_extra_share(framework: str, precision: str, activation_bytes: int, tp: int) -> float:
+    """Extra bytes per byte of a layer's residual-stream inputs (16-bit accounting) for the fp32 normalised inputs
+    its TP linears save (gbmw's runtime under autocast with tp > 1: one per sub-block, the size of its input)."""
+    return fp32_residual_extra_share(framework, precision, activation_bytes) if tp > 1 else 0.0
 
 
 def keeps_received_input(framework: str, precision: str) -> bool:

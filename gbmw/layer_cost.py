@@ -33,7 +33,8 @@ import numpy as np
 
 from gbmw.cluster_spec import ClusterSpec
 from gbmw.comm import CommModel
-from gbmw.framework_memory import autocast_weight_copy_bytes, fp32_residual_extra_share, kept_shard_bytes_per_parameter
+from gbmw.framework_memory import (autocast_weight_copy_bytes, fp32_residual_extra_share, fp32_tp_input_extra_share,
+                                   kept_shard_bytes_per_parameter)
 from gbmw.model_spec import ACTIVATION_DTYPE_BYTES, ModelSpec
 from gbmw.model_states import StateBytes, sharded_bytes_per_parameter, state_bytes
 from gbmw.space import DATA_PARALLEL_AXES, Strategy
@@ -214,11 +215,13 @@ def layer_costs(
     not_embedding = np.array([layer.kind != "embedding" for layer in model.layers])
     weight_copy = local_parameters * autocast_weight_copy_bytes(settings.framework, settings.precision,
                                                                 strategy.tp) * not_embedding
-    fp32_share = fp32_residual_extra_share(settings.framework, settings.precision,
-                                           ACTIVATION_DTYPE_BYTES[model.precision]) * not_embedding
+    d = ACTIVATION_DTYPE_BYTES[model.precision]
+    fp32_share = fp32_residual_extra_share(settings.framework, settings.precision, d) * not_embedding
+    tp_input_share = fp32_tp_input_extra_share(settings.framework, settings.precision, d, strategy.tp) * not_embedding
     residual_inputs = np.maximum(arrays.tp_allreduce_bytes_per_sample, arrays.boundary_activation_bytes_per_sample)
     boundary = boundary * (1 + fp32_share)
-    intermediate = intermediate + fp32_share * (residual_inputs - arrays.boundary_activation_bytes_per_sample) * samples
+    intermediate = intermediate + (fp32_share * (residual_inputs - arrays.boundary_activation_bytes_per_sample)
+                                   + tp_input_share * residual_inputs) * samples
     if strategy.ckpt:
         forward_memory, backward_memory = boundary, intermediate + weight_copy
     else:

@@ -15,12 +15,13 @@ def _inputs(dtype, batch=2, heads=3, tokens=5, head_dim=4, seed=0):
 
 
 @pytest.mark.parametrize("causal", [True, False])
-def test_backward_is_the_gradient_of_the_forward_with_its_dropout_masks(causal, monkeypatch):
+@pytest.mark.parametrize("chunk_elements", [50, 75, 10**6])  # 5 × 5 scores: heads 2 + 1; one sample; all at once
+def test_backward_is_the_gradient_of_the_forward_with_its_dropout_masks(causal, chunk_elements, monkeypatch):
     import torch
 
     from gbmw.adapters.runtime import attention as module
 
-    monkeypatch.setattr(module, "CHUNK_SCORE_ELEMENTS", 50)  # two heads of 5 × 5 scores per chunk: chunks of 2 + 1
+    monkeypatch.setattr(module, "CHUNK_SCORE_ELEMENTS", chunk_elements)
 
     def seeded(query, key, value):
         torch.manual_seed(7)  # the same masks at every evaluation: a function of the inputs alone

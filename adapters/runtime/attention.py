@@ -8,8 +8,8 @@ every head — memory no GPU run allocates, which would make the CPU's trace of 
 .fake_memory) disagree with the GPU's and with the estimator's flash accounting (gbmw.transformer_layers).
 
 `RecomputingAttention` is that missing kernel for the CPU: the same mathematics as the math path (softmax in
-fp32, inverted dropout on the probabilities), computed a few heads at a time so the s × s scores exist for
-`CHUNK_SCORE_ELEMENTS` elements at most, saving Q, K, V, the output, the fp32 log-sum-exp and the generator's
+fp32, inverted dropout on the probabilities), computed a few (sample, head) pairs at a time so the s × s scores exist
+for `CHUNK_SCORE_ELEMENTS` elements at most, saving Q, K, V, the output, the fp32 log-sum-exp and the generator's
 state; backward recomputes the probabilities and draws the same dropout masks from that state (FlashAttention
 Alg. 2 without the tiling of the rows).
 """
@@ -38,9 +38,14 @@ def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, causa
         return RecomputingAttention.apply(query, key, value, causal, dropout_p)
 
 
-def _head_chunks(heads: int, tokens: int, key_tokens: int) -> list[slice]:
-    per_chunk = max(1, CHUNK_SCORE_ELEMENTS // (tokens * key_tokens))
-    return [slice(start, min(start + per_chunk, heads)) for start in range(0, heads, per_chunk)]
+def _chunks(batch: int, heads: int, tokens: int, key_tokens: int) -> list[tuple[slice, slice]]:
+    """(samples, heads) index pairs whose scores hold at most CHUNK_SCORE_ELEMENTS elements (one head at least)."""
+    pairs = max(1, CHUNK_SCORE_ELEMENTS // (tokens * key_tokens))
+    if pairs >= heads:
+        rows = pairs // heads
+        return [(slice(start, start + rows), slice(None)) for start in range(0, batch, rows)]
+    return [(slice(sample, sample + 1), slice(start, start + pairs))
+            for sample in range(batch) for start in range(0, heads, pairs)]
 
 
 def _computed(tensor: torch.Tensor) -> torch.Tensor:
@@ -76,10 +81,10 @@ class RecomputingAttention(torch.autograd.Function):
         generator_state = torch.get_rng_state()
         output = torch.empty_like(query)
         log_sum_exp = torch.empty(query.shape[:-1], dtype=_computed(query).dtype, device=query.device)
-        for heads in _head_chunks(query.size(1), query.size(2), key.size(2)):
-            probabilities, log_sum_exp[:, heads] = _probabilities(query[:, heads], key[:, heads], causal)
+        for chunk in _chunks(*query.shape[:3], key.size(2)):
+            probabilities, log_sum_exp[chunk] = _probabilities(query[chunk], key[chunk], causal)
             dropped = probabilities * _dropout_scale(probabilities, dropout_p)
-            output[:, heads] = torch.matmul(dropped, _computed(value[:, heads])).to(output.dtype)
+            output[chunk] = torch.matmul(dropped, _computed(value[chunk])).to(output.dtype)
         ctx.save_for_backward(query, key, value, output, log_sum_exp, generator_state)
         ctx.causal, ctx.dropout_p = causal, dropout_p
         return output
@@ -93,15 +98,15 @@ class RecomputingAttention(torch.autograd.Function):
         row_dot = (_computed(grad_output) * _computed(output)).sum(-1)
         with torch.random.fork_rng(devices=[]):
             torch.set_rng_state(generator_state)  # the forward's dropout masks, drawn again in the same order
-            for heads in _head_chunks(query.size(1), query.size(2), key.size(2)):
-                probabilities, _ = _probabilities(query[:, heads], key[:, heads], ctx.causal, log_sum_exp[:, heads])
+            for chunk in _chunks(*query.shape[:3], key.size(2)):
+                probabilities, _ = _probabilities(query[chunk], key[chunk], ctx.causal, log_sum_exp[chunk])
                 dropout_scale = _dropout_scale(probabilities, ctx.dropout_p)
-                chunk_grad = _computed(grad_output[:, heads])
-                grad_value[:, heads] = torch.matmul((probabilities * dropout_scale).transpose(-1, -2), chunk_grad
-                                                    ).to(grad_value.dtype)
-                grad_probabilities = torch.matmul(chunk_grad, _computed(value[:, heads]).transpose(-1, -2)) * dropout_scale
-                grad_scores = probabilities * (grad_probabilities - row_dot[:, heads].unsqueeze(-1)) * scale
-                grad_query[:, heads] = torch.matmul(grad_scores, _computed(key[:, heads])).to(grad_query.dtype)
-                grad_key[:, heads] = torch.matmul(grad_scores.transpose(-1, -2), _computed(query[:, heads])
-                                                  ).to(grad_key.dtype)
+                chunk_grad = _computed(grad_output[chunk])
+                grad_value[chunk] = torch.matmul((probabilities * dropout_scale).transpose(-1, -2), chunk_grad
+                                                 ).to(grad_value.dtype)
+                grad_probabilities = torch.matmul(chunk_grad, _computed(value[chunk]).transpose(-1, -2)) * dropout_scale
+                grad_scores = probabilities * (grad_probabilities - row_dot[chunk].unsqueeze(-1)) * scale
+                grad_query[chunk] = torch.matmul(grad_scores, _computed(key[chunk])).to(grad_query.dtype)
+                grad_key[chunk] = torch.matmul(grad_scores.transpose(-1, -2), _computed(query[chunk])
+                                               ).to(grad_key.dtype)
         return grad_query, grad_key, grad_value, None, None

@@ -209,13 +209,18 @@ class HybridEngine:
                         return None
                     x = layer.module(x)
             stashed[index] = (leaf, x)
-            return x.detach().contiguous()
+            return x.detach().to(self._boundary_shape("out")[1]).contiguous()  # 16-bit under autocast, as received
 
         def backward(index: int, grad: torch.Tensor | None) -> torch.Tensor | None:
             for layer in self.layers:
                 layer.data_parallel.set_gradient_sync(layer.module, index == count - 1)
             leaf, output = stashed.pop(index)
-            torch.autograd.backward(output, grad)
+            # megatron-core's TP linears restore CUDA's autocast state in their backward, not the CPU's: on a CPU
+            # the backward runs under autocast as their forward did (16-bit saved inputs meet fp32 weights there)
+            with torch.autocast("cpu", self.autocast_dtype or torch.bfloat16,
+                                enabled=self.device.type == "cpu" and self.autocast_dtype is not None,
+                                cache_enabled=False):
+                torch.autograd.backward(output, None if grad is None else grad.to(output.dtype))
             if self.observer:
                 self.observer.backward_finished(index)
             return None if leaf is None else leaf.grad

@@ -104,15 +104,14 @@ def _megatron_linears() -> tuple[type, type]:
 
 
 def _as_autocast_linear(forward, x: torch.Tensor) -> torch.Tensor:
-    """megatron-core's linear (output only), with what autocast makes of `nn.Linear` on one device: the input
-    saved for backward and the output in the autocast dtype. megatron's autograd function saves its input as
-    given (fp32 from a norm) and adds an fp32 bias after the 16-bit matmul (an fp32 output that the next op
-    saves): twice the bytes of the single-device layer, for the same numbers up to the output's rounding."""
+    """megatron-core's linear (output only), giving what autocast makes `nn.Linear` give on one device: an output
+    in the autocast dtype. megatron adds its fp32 bias after the 16-bit matmul, an fp32 output the next op would
+    save at twice the bytes of the single-device layer's. (Its input stays as given: megatron's autograd function
+    restores only CUDA's autocast state in backward, so on a CPU a 16-bit input would meet the fp32 weight there.)"""
     device = x.device.type
     if not torch.is_autocast_enabled(device):
         return forward(x)[0]
-    dtype = torch.get_autocast_dtype(device)
-    return forward(x.to(dtype))[0].to(dtype)
+    return forward(x)[0].to(torch.get_autocast_dtype(device))
 
 
 class _VocabParallelCrossEntropy(torch.autograd.Function):
