@@ -21,6 +21,10 @@ gbmw.adapters.profile.fake_memory):
   (the shard alone only between iterations), and their own shard beside them (`kept_shard_bytes_per_parameter`).
   With one micro-batch, ZeRO-1 reduce-scatters each layer's gradients right after its backward, as ZeRO-2 does,
   and holds less than the unsharded gradients priced.
+* A sharded layer (FSDP2: ZeRO-1/2/3) gathers its weights into one flat buffer of the whole layer's weights and
+  copies them out to the layer's parameters: while the layer is gathered, the buffer and the copies exist at once
+  (`gather_buffer_bytes_per_parameter`). ZeRO-1/2 layers are resharded after each micro-batch's backward, so
+  every micro-batch's forward gathers them again.
 * Sharded layers (FSDP2) shard a tied weight separately in each of its two layers, so a stage holding both
   holds its states twice; unsharded layers share one tensor.
 * The optimizer step: torch's multi-tensor Adam computes √v into a new fp32 tensor (4 bytes per parameter it
@@ -75,6 +79,12 @@ def kept_shard_bytes_per_parameter(framework: str, strategy: Strategy, weight_by
     if framework != "gbmw-runtime" or shards == 1 or strategy.degree("sdp") > 1:
         return 0.0
     return weight_bytes / shards
+
+
+def gather_buffer_bytes_per_parameter(framework: str, strategy: Strategy, weight_bytes: float) -> float:
+    """Bytes per (TP-local) parameter of the flat all-gather buffer a sharded layer holds while it gathers."""
+    sharded = any(strategy.degree(axis) > 1 for axis in ("sdp", "z1dp", "z2dp"))
+    return weight_bytes if framework == "gbmw-runtime" and sharded else 0.0
 
 
 def shares_tied_weights(framework: str, strategy: Strategy) -> bool:

@@ -34,7 +34,7 @@ import numpy as np
 from gbmw.cluster_spec import ClusterSpec
 from gbmw.comm import CommModel
 from gbmw.framework_memory import (autocast_weight_copy_bytes, fp32_residual_extra_share, fp32_tp_input_extra_share,
-                                   kept_shard_bytes_per_parameter)
+                                   gather_buffer_bytes_per_parameter, kept_shard_bytes_per_parameter)
 from gbmw.model_spec import ACTIVATION_DTYPE_BYTES, ModelSpec
 from gbmw.model_states import StateBytes, sharded_bytes_per_parameter, state_bytes
 from gbmw.space import DATA_PARALLEL_AXES, Strategy
@@ -229,6 +229,9 @@ def layer_costs(
     sdp = strategy.degree("sdp")
     if sdp > 1:  # the gathered full parameters and unscattered gradients of the running layer
         backward_memory = backward_memory + local_parameters * (parameter_bytes + gradient_bytes) * (1 - 1 / sdp)
+    # the framework's all-gather buffer while the layer gathers (a forward transient, bounded by the backward term)
+    backward_memory = backward_memory + local_parameters * gather_buffer_bytes_per_parameter(
+        settings.framework, strategy, parameter_bytes)
     held_states = local_parameters * model_state_bytes_per_parameter(strategy, settings)
     return LayerCosts(
         time_s=time_sync,

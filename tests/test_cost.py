@@ -30,14 +30,17 @@ def costs(name, micro_batch=8, precision="fp32", layer=None, cluster=None, frame
     [
         # fp32 Adam: 4 + 4 + 8 = 16 bytes per parameter.
         ("dp8", 1000 * 16, 1 * (100 + 50 + 200), 0),
-        ("sdp8", 1000 * 16 / 8, 1 * (100 + 50 + 200), 1000 * (4 + 4) * 7 / 8),  # gathered params + grads
+        # gathered params + grads, and the runtime's flat all-gather buffer of the whole layer (4 bytes each)
+        ("sdp8", 1000 * 16 / 8, 1 * (100 + 50 + 200), 1000 * (4 + 4) * 7 / 8 + 1000 * 4),
         ("tp8", (800 / 8 + 200) * 16, 8 * (100 + 50 + 200 / 8), 0),
         ("tp2-dp4", (800 / 2 + 200) * 16, 2 * (100 + 50 + 200 / 2), 0),
         ("dp4-tp2", (800 / 2 + 200) * 16, 2 * (100 + 50 + 200 / 2), 0),
         ("dp8+ckpt", 1000 * 16, 1 * 100, 1 * (50 + 200)),
-        ("tp4-sdp2+ckpt", (800 / 4 + 200) * 16 / 2, 4 * 100, 4 * (50 + 200 / 4) + (800 / 4 + 200) * 8 / 2),
-        ("z1dp8", 1000 * (4 + 4 + 8 / 8), 350, 0),
-        ("z2dp8", 1000 * (4 + 4 / 8 + 8 / 8), 350, 0),
+        ("tp4-sdp2+ckpt", (800 / 4 + 200) * 16 / 2, 4 * 100,
+         4 * (50 + 200 / 4) + (800 / 4 + 200) * 8 / 2 + (800 / 4 + 200) * 4),
+        # ZeRO-1/2 in the runtime: whole weights and the layer's own 1/8 shard beside them; the gather buffer
+        ("z1dp8", 1000 * (4 + 4 + 8 / 8 + 4 / 8), 350, 1000 * 4),
+        ("z2dp8", 1000 * (4 + 4 / 8 + 8 / 8 + 4 / 8), 350, 1000 * 4),
     ],
 )
 def test_single_layer_memory_by_hand(name, states, forward, backward):
@@ -48,8 +51,10 @@ def test_single_layer_memory_by_hand(name, states, forward, backward):
 
 
 @pytest.mark.parametrize("framework, name, bytes_per_parameter", [
-    # gbmw's runtime trains bf16 under autocast: fp32 weights, fp32 gradients, Adam's fp32 moments
-    ("gbmw-runtime", "dp8", 4 + 4 + 8), ("gbmw-runtime", "z1dp8", 4 + 4 + 8 / 8), ("gbmw-runtime", "sdp8", 16 / 8),
+    # gbmw's runtime trains bf16 under autocast: fp32 weights, fp32 gradients, Adam's fp32 moments (ZeRO-1 keeps
+    # its own weight shard beside the gathered weights: FSDP2 without resharding after forward)
+    ("gbmw-runtime", "dp8", 4 + 4 + 8), ("gbmw-runtime", "z1dp8", 4 + 4 + 8 / 8 + 4 / 8),
+    ("gbmw-runtime", "sdp8", 16 / 8),
     # Megatron-LM's "Distributed Optimizer" docs: bf16 parameters with fp32 main gradients: 18, and 6 + 12/d
     ("megatron", "dp8", 18), ("megatron", "z1dp8", 6 + 12 / 8),
     # DeepSpeed's estimate_zero2_model_states_mem_needs: 2 + 18/d with ZeRO-2 (16-bit weights kept whole)
