@@ -52,3 +52,24 @@ def test_bf16_autocast_on_cuda_trains():
     losses, _ = _train_on_cuda("bf16", 3)
     expected_losses, _ = reference_training("gpt-tiny", 8, 3)
     assert losses == pytest.approx(expected_losses, abs=2e-2)  # bf16 matmuls: ~3 significant digits
+
+
+def test_validate_reports_the_device_peak_beside_the_estimate():
+    import torch.distributed as dist
+
+    from gbmw.adapters.profile.validate import PlanRun, measure_plans, predicted_terms
+    from gbmw.adapters.runtime.launch import init_distributed
+    from gbmw.jobs import load_job
+
+    context = init_distributed()
+    try:
+        job = load_job("gpt-tiny_cpu-x4")
+        plan = make_plan("gpt-tiny", 1, ["single", "single+ckpt", "single", "single+ckpt", "single", "single"], [6],
+                         8, 2)
+        run = PlanRun(plan, job.model.architecture, context.device)
+        measure_plans([run], steps=1, warmup=1, min_seconds=0.0)
+        (peak,) = run.device_peak_per_stage
+        assert peak > 0
+        print("estimated peak", predicted_terms(job, plan)[3][0], "max_memory_allocated", peak)
+    finally:
+        dist.destroy_process_group()

@@ -18,6 +18,22 @@ def test_error_arithmetic():
     assert result.memory_errors == pytest.approx((0.1, 0.0))
 
 
+def test_device_peaks_are_printed_beside_the_estimated_peak():
+    from rich.console import Console
+
+    from gbmw.adapters.profile.validate import print_validation
+
+    on_cpu = PlanValidation("cpu-plan", 1.0, 1.0, (100.0,), (100.0,), (0.0,), 1.0, (120.0,), ())
+    on_gpu = PlanValidation("gpu-plan", 1.0, 1.0, (100.0,), (100.0,), (0.0,), 1.0, (2**30 * 1.05,), (2**30,))
+    assert on_gpu.device_peak_errors == pytest.approx((0.05,))
+    console = Console(record=True, width=200)
+    summary = print_validation([on_cpu, on_gpu], console)
+    text = console.export_text()
+    assert "max_memory_allocated" in text and "1075.2" in text and "+5.0%" in text and "cpu-plan" in text
+    assert summary["device peak"]["max"] == pytest.approx(0.05)
+    assert "device peak" not in print_validation([on_cpu], Console(record=True))
+
+
 def test_timings_keep_the_mean_of_the_fastest_quarter():
     from gbmw.adapters.profile.timing import fast_mean_s, fast_quarter
 

@@ -8,7 +8,9 @@ the fast rounds — the fastest quarter of rounds by the sum of all plans' steps
 median step is printed beside it) — and, per pipeline stage, the largest memory a rank of that stage holds (held_memory: model states + stashed activations at
 their in-flight peak). Predicted are the estimator's iteration time (Eq. (9)) and
 the same two memory terms of that stage; the estimator's backward extra (transient buffers the probe does
-not hold) is printed beside them. Errors are (predicted − measured) / measured.
+not hold) is printed beside them. On a CUDA device, a plan run alone (one plan, or --one-at-a-time) also reports
+each stage's torch.cuda.max_memory_allocated over one step beside the estimator's whole peak. Errors are
+(predicted − measured) / measured.
 """
 
 from __future__ import annotations
@@ -37,6 +39,15 @@ class PlanValidation:
     """Per stage: the estimator's transient backward extra (not measured on CPU)."""
     measured_median_s: float = float("nan")
     """The median timed step: above measured_s by what contention on the machine added."""
+    predicted_peak_bytes: tuple[float, ...] = ()
+    """Per stage: the estimator's peak (states, activations at their peak, the optimizer step's reserve)."""
+    device_peak_bytes: tuple[float, ...] = ()
+    """Per stage, on a CUDA device: torch.cuda.max_memory_allocated over one step of the plan run alone (the
+    largest of the stage's ranks); empty on a CPU, or where plans ran interleaved (their allocations mix)."""
+
+    @property
+    def device_peak_errors(self) -> tuple[float, ...]:
+        return tuple(relative_error(p, m) for p, m in zip(self.predicted_peak_bytes, self.device_peak_bytes))
 
     @property
     def time_error(self) -> float:
@@ -62,14 +73,15 @@ def summarise(errors: list[float]) -> dict[str, float]:
     return {"mean": statistics.fmean(magnitudes), "median": statistics.median(magnitudes), "max": max(magnitudes)}
 
 
-def predicted_terms(job, plan) -> tuple[float, tuple[float, ...], tuple[float, ...]]:
-    """(iteration s, per-stage states + stash, per-stage backward extra) from the estimator."""
+def predicted_terms(job, plan) -> tuple[float, tuple[float, ...], tuple[float, ...], tuple[float, ...]]:
+    """(iteration s, per-stage states + stash, per-stage backward extra, per-stage peak) from the estimator."""
     from gbmw.estimate import estimate_plan, plan_stage_estimates
 
     stages = plan_stage_estimates(job, plan)
     held = tuple(stage.model_state_bytes + stage.stashed_activation_bytes for stage in stages)
     extra = tuple(stage.activation_bytes - stage.stashed_activation_bytes for stage in stages)
-    return estimate_plan(job, plan).iteration_time_s, held, extra
+    peak = tuple(stage.peak_memory_bytes for stage in stages)
+    return estimate_plan(job, plan).iteration_time_s, held, extra, peak
 
 
 class PlanRun:
@@ -84,6 +96,7 @@ class PlanRun:
         self.steps_run = 0
         self.times: list[float] = []
         self.held_per_stage: tuple[float, ...] = ()
+        self.device_peak_per_stage: tuple[float, ...] = ()
 
     def step(self, timed: bool) -> None:
         """One training step, timed on the slowest rank when `timed`."""
@@ -120,6 +133,25 @@ class PlanRun:
         self.held_per_stage = tuple(float(max(held[stage * size:(stage + 1) * size])) for stage in range(self.plan.pp))
 
 
+    def measure_device_peak(self) -> None:
+        """On a CUDA device: one untimed step's torch.cuda.max_memory_allocated, the largest of each stage's ranks
+        (nothing on a CPU). Only meaningful with no other plan's engine on the device."""
+        import torch
+        import torch.distributed as dist
+
+        device = self.engine.device
+        if device.type != "cuda":
+            return
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        self.step(timed=False)
+        peaks = [None] * dist.get_world_size()
+        dist.all_gather_object(peaks, torch.cuda.max_memory_allocated(device))
+        size = self.plan.num_devices // self.plan.pp
+        self.device_peak_per_stage = tuple(float(max(peaks[stage * size:(stage + 1) * size]))
+                                           for stage in range(self.plan.pp))
+
+
 def measure_plans(runs: list[PlanRun], steps: int, warmup: int, min_seconds: float,
                   say: Callable[[str], None] = lambda text: None, alongside: list | None = None) -> list[int]:
     """Warm-up steps and one memory step per plan, then rounds of one timed step of every plan, for at least
@@ -136,6 +168,8 @@ def measure_plans(runs: list[PlanRun], steps: int, warmup: int, min_seconds: flo
         for _ in range(warmup):
             run.step(timed=False)
         run.measure_memory()
+    if len(runs) == 1:  # alone on the device: its allocator's peak is its own
+        runs[0].measure_device_peak()
     rounds = run_rounds([_TimedRound(runs), *(alongside or ())], steps, min_seconds, dist.group.WORLD, say)
     return fast_quarter([sum(run.times[index] for run in runs) for index in range(rounds)])
 
@@ -209,10 +243,10 @@ def run_validate(job_reference: str, plan_paths: list[str], steps: int, warmup: 
             if profiler is not None:
                 job = _with_profile(job, profiler, profile_alongside, context.rank, say, fast_rounds)
             for (path, plan), run in zip(batch, runs):
-                predicted_s, predicted_held, extra = predicted_terms(job, plan)
+                predicted_s, predicted_held, extra, predicted_peak = predicted_terms(job, plan)
                 results.append(PlanValidation(Path(path).stem, predicted_s, fast_mean_s(run.times, fast_rounds),
-                                              predicted_held,
-                                              run.held_per_stage, extra, statistics.median(run.times)))
+                                              predicted_held, run.held_per_stage, extra, statistics.median(run.times),
+                                              predicted_peak, run.device_peak_per_stage))
             del runs
         completed = True
     finally:
@@ -257,6 +291,19 @@ def print_validation(results: list[PlanValidation], console: Any = None) -> dict
     console.print(table)
     summary = {"time": summarise([result.time_error for result in results]),
                "memory": summarise([error for result in results for error in result.memory_errors])}
+    measured_on_device = [result for result in results if result.device_peak_bytes]
+    if measured_on_device:
+        peaks = Table(title="peak memory per stage: estimate vs torch.cuda.max_memory_allocated (one step, plan alone)")
+        for column in ("plan", "stage", "estimated peak MiB", "max_memory_allocated MiB", "error"):
+            peaks.add_column(column, justify="left" if column == "plan" else "right")
+        for result in measured_on_device:
+            for stage, (predicted, measured, error) in enumerate(zip(
+                    result.predicted_peak_bytes, result.device_peak_bytes, result.device_peak_errors)):
+                peaks.add_row(result.plan if stage == 0 else "", str(stage), f"{predicted / mib:.1f}",
+                              f"{measured / mib:.1f}", f"{error:+.1%}")
+        console.print(peaks)
+        summary["device peak"] = summarise([error for result in measured_on_device
+                                            for error in result.device_peak_errors])
     for what, numbers in summary.items():
         console.print(f"{what} error: mean {numbers['mean']:.1%}, median {numbers['median']:.1%}, "
                       f"max {numbers['max']:.1%}")
