@@ -25,6 +25,11 @@ gbmw.adapters.profile.fake_memory):
   copies them out to the layer's parameters: while the layer is gathered, the buffer and the copies exist at once
   (`gather_buffer_bytes_per_parameter`). ZeRO-1/2 layers are resharded after each micro-batch's backward, so
   every micro-batch's forward gathers them again.
+* A layer's backward holds, beside the stash, the gradients of its output (received) and its input (sent on),
+  its widest activation gradient and the gradient of its largest weight before that is added to the
+  parameter's gradient (gbmw.transformer_layers' backward workspace;
+  `prices_backward_workspace`). Megatron accumulates weight gradients straight into its fp32 main gradients; the
+  stock targets' workspaces are not modelled.
 * Sharded layers (FSDP2) shard a tied weight separately in each of its two layers, so a stage holding both
   holds its states twice; unsharded layers share one tensor.
 * The optimizer step: torch's multi-tensor Adam computes √v into a new fp32 tensor (4 bytes per parameter it
@@ -85,6 +90,12 @@ def gather_buffer_bytes_per_parameter(framework: str, strategy: Strategy, weight
     """Bytes per (TP-local) parameter of the flat all-gather buffer a sharded layer holds while it gathers."""
     sharded = any(strategy.degree(axis) > 1 for axis in ("sdp", "z1dp", "z2dp"))
     return weight_bytes if framework == "gbmw-runtime" and sharded else 0.0
+
+
+def prices_backward_workspace(framework: str) -> bool:
+    """Whether a layer's backward workspace (gbmw.model_spec.LayerSpec) is priced for this framework: gbmw's
+    runtime, where the memory benchmark checks it (benchmarks/memory_at_scale.py)."""
+    return framework == "gbmw-runtime"
 
 
 def shares_tied_weights(framework: str, strategy: Strategy) -> bool:

@@ -34,7 +34,8 @@ import numpy as np
 from gbmw.cluster_spec import ClusterSpec
 from gbmw.comm import CommModel
 from gbmw.framework_memory import (autocast_weight_copy_bytes, fp32_residual_extra_share, fp32_tp_input_extra_share,
-                                   gather_buffer_bytes_per_parameter, kept_shard_bytes_per_parameter)
+                                   gather_buffer_bytes_per_parameter, kept_shard_bytes_per_parameter,
+                                   prices_backward_workspace)
 from gbmw.model_spec import ACTIVATION_DTYPE_BYTES, ModelSpec
 from gbmw.model_states import StateBytes, sharded_bytes_per_parameter, state_bytes
 from gbmw.space import DATA_PARALLEL_AXES, Strategy
@@ -229,6 +230,17 @@ def layer_costs(
     sdp = strategy.degree("sdp")
     if sdp > 1:  # the gathered full parameters and unscattered gradients of the running layer
         backward_memory = backward_memory + local_parameters * (parameter_bytes + gradient_bytes) * (1 - 1 / sdp)
+    if prices_backward_workspace(settings.framework):  # backward's working set beside the stash
+        kinds = np.array([layer.kind for layer in model.layers])
+        residual = arrays.boundary_activation_bytes_per_sample
+        # the gradients of the layer's output (received) and input (sent on), in the residual stream's dtype
+        gradient_in_out = (np.where(kinds == "embedding", 0.0, residual)
+                           + np.where(kinds == "head", 0.0, np.where(kinds == "embedding",
+                                                                      arrays.tp_allreduce_bytes_per_sample, residual)))
+        residual_share = fp32_residual_extra_share(settings.framework, settings.precision, d)
+        backward_memory = backward_memory + (gradient_in_out * (1 + residual_share) * samples
+                                             + (arrays.backward_workspace_tp_split_bytes_per_sample * samples
+                                                + arrays.largest_weight_gradient_tp_split_bytes) / tp)
     # the framework's all-gather buffer while the layer gathers (a forward transient, bounded by the backward term)
     backward_memory = backward_memory + local_parameters * gather_buffer_bytes_per_parameter(
         settings.framework, strategy, parameter_bytes)

@@ -95,6 +95,12 @@ class LayerSpec(Frozen):
     outside the TP-split regions; they run at the device's memory bandwidth. 0: time from the matmuls alone."""
     forward_tp_split_memory_traffic_bytes_per_sample: float = Field(default=0.0, ge=0)
     """The same inside the TP-split regions (attention core, MLP activation, the vocabulary's logits): TP divides it."""
+    backward_workspace_tp_split_bytes_per_sample: float = Field(default=0.0, ge=0)
+    """The widest activation gradient the layer's backward holds beside its stash, per sample (the MLP's
+    up-projection gradient, a head's logits gradient); TP divides it. 0: not modelled."""
+    largest_weight_gradient_tp_split_bytes: float = Field(default=0.0, ge=0)
+    """The gradient of the layer's largest weight matrix in the dtype backward computes it in, whole before it is
+    added to the parameter's gradient (bytes; TP divides it). 0: not modelled."""
     tp_allreduce_bytes_per_sample: float = Field(default=0.0, ge=0)
     """Bytes all-reduced within the TP group per sample in the forward pass (the backward pass
     all-reduces as many); 0 for layers TP cannot split."""
@@ -265,6 +271,8 @@ class LayerArrays:
         self.side_input_bytes_per_sample = column("side_input_bytes_per_sample")
         self.tied_parameter_count = column("tied_parameter_count")
         self.tp_allreduce_bytes_per_sample = column("tp_allreduce_bytes_per_sample")
+        self.backward_workspace_tp_split_bytes_per_sample = column("backward_workspace_tp_split_bytes_per_sample")
+        self.largest_weight_gradient_tp_split_bytes = column("largest_weight_gradient_tp_split_bytes")
         self.forward_flash_attention_flops_per_sample = column("forward_flash_attention_flops_per_sample")
         self.forward_memory_traffic_bytes_per_sample = column("forward_memory_traffic_bytes_per_sample")
         self.forward_tp_split_memory_traffic_bytes_per_sample = column("forward_tp_split_memory_traffic_bytes_per_sample")

@@ -130,6 +130,10 @@ def block_layer(name: str, kind: str, shape: BlockShape, dtype_bytes: int, dropo
         forward_flash_attention_flops_per_sample=float(total["flash_flops"]),
         forward_memory_traffic_bytes_per_sample=float(total["traffic"]),
         forward_tp_split_memory_traffic_bytes_per_sample=float(total["split_traffic"]),
+        # backward's working set beside the stash: the gradient of the MLP's up-projection output(s), and of its
+        # largest weight matrix (an MLP projection, or the fused QKV) in the activation dtype
+        backward_workspace_tp_split_bytes_per_sample=float(s * shape.ffn * up_outputs * d),
+        largest_weight_gradient_tp_split_bytes=float(max(h * shape.ffn, h * (attention_width + 2 * kv_width)) * d),
         attention_heads=shape.heads,
         kv_heads=shape.kv_heads,
     )
@@ -154,6 +158,8 @@ def embedding_layer(
         # the lookup reads and writes each row, positions are added, then dropout and the norm
         forward_memory_traffic_bytes_per_sample=float(tokens * hidden * (
             2 * d + (3 * d if positions else 0) + ((2 * d + 1) if dropout else 0) + (2 * d if norm else 0))),
+        # backward scatters the rows' gradients into a dense fp32 gradient of the table
+        largest_weight_gradient_tp_split_bytes=float(vocab * hidden * 4),
     )
 
 
@@ -190,6 +196,10 @@ def lm_head_layer(
         # fp32 softmax and reads it for the loss
         forward_memory_traffic_bytes_per_sample=float(tokens * hidden * d * (2 + (4 if transform else 0))),
         forward_tp_split_memory_traffic_bytes_per_sample=float(tokens * vocab * (d + 8)),
+        # the cross-entropy's backward turns the kept fp32 softmax into the logits' gradient beside it: two fp32
+        # logit-sized tensors at once (as torch's MemTracker sees the runtime's head); the projection's weight gradient
+        backward_workspace_tp_split_bytes_per_sample=float(2 * tokens * vocab * 4),
+        largest_weight_gradient_tp_split_bytes=float(vocab * hidden * d),
         tied_to=tied_to,
         tied_parameter_count=vocab * hidden if tied_to else 0,
     )

@@ -47,7 +47,9 @@ def test_single_layer_memory_by_hand(name, states, forward, backward):
     result = costs(name)
     assert result.model_state_bytes[0] == pytest.approx(states)
     assert result.forward_memory_bytes[0] == pytest.approx(forward)
-    assert result.backward_memory_bytes[0] == pytest.approx(backward)
+    # the runtime's backward also holds the gradients of the layer's output and input (100 bytes each per sample)
+    samples = 8 / Strategy.parse(name).data_parallel
+    assert result.backward_memory_bytes[0] == pytest.approx(backward + 2 * 100 * samples)
 
 
 @pytest.mark.parametrize("framework, name, bytes_per_parameter", [
@@ -130,9 +132,10 @@ def test_one_f_one_b_stage_memory_and_pipeline_time():
     first = stage_of(model, ["dp4"] * 2, 0, 0, 2, 8, 4, cluster)
     last = stage_of(model, ["dp4"] * 2, 2, 1, 2, 8, 4, cluster)
     per_layer_f = 2 * 350  # 2 samples per device
+    gradients_in_out = 2 * 2 * 100  # the running layer's output and input gradients (the runtime's backward)
     assert first.in_flight_micro_batches == 2 and last.in_flight_micro_batches == 1
-    assert first.activation_bytes == pytest.approx(2 * 2 * per_layer_f)
-    assert last.activation_bytes == pytest.approx(2 * per_layer_f)
+    assert first.activation_bytes == pytest.approx(2 * 2 * per_layer_f + gradients_in_out)
+    assert last.activation_bytes == pytest.approx(2 * per_layer_f + gradients_in_out)
     assert first.model_state_bytes == pytest.approx(2 * 16000)
     stages = [first, last]
     # fill and drain through both stages, 3 more micro-batches at the slowest stage's pace, then the slowest
@@ -148,8 +151,9 @@ def test_ckpt_backward_extra_counts_at_the_peak_layer_only():
     cluster = make_cluster()
     model = make_model([make_layer(f"l{i}") for i in range(3)])
     stage = stage_of(model, ["dp8+ckpt"] * 3, 0, 0, 1, 8, 1, cluster)
-    # stash 3 boundaries (100 B each) + one layer's recomputed intermediates (250 B) at its backward
-    assert stage.activation_bytes == pytest.approx(3 * 100 + 250)
+    # stash 3 boundaries (100 B each) + one layer's recomputed intermediates (250 B) and its output and input
+    # gradients (100 B each) at its backward
+    assert stage.activation_bytes == pytest.approx(3 * 100 + 250 + 2 * 100)
 
 
 def test_estimate_plan_end_to_end_and_tied_layers_counted_once():

@@ -38,10 +38,34 @@ def test_autocast_keeps_one_device_weight_copies_and_an_fp32_residual_stream():
     # checkpointed: the fp32 input is stashed; the copy and the second fp32 input come back in recomputation
     checkpointed, plain_checkpointed = costs("dp8+ckpt", "bf16", "gbmw-runtime"), costs("dp8+ckpt", "bf16", "megatron")
     assert checkpointed.forward_memory_bytes[1] - plain_checkpointed.forward_memory_bytes[1] == pytest.approx(100)
+    # (and, as any runtime backward, the output's and input's gradients: 2 × 100 bytes in fp32, 400)
     assert checkpointed.backward_memory_bytes[1] - plain_checkpointed.backward_memory_bytes[1] == pytest.approx(
-        2 * 1000 + 100)
+        2 * 1000 + 100 + 400)
     assert costs("dp8", "fp32", "gbmw-runtime").forward_memory_bytes[1] == costs(
         "dp8", "fp32", "megatron").forward_memory_bytes[1]  # no autocast in fp32
+
+
+def test_the_runtime_backward_holds_the_gradients_in_and_out_and_the_layer_workspace():
+    cluster = make_cluster()
+    layer = make_layer("block", backward_workspace_tp_split_bytes_per_sample=300.0,
+                       largest_weight_gradient_tp_split_bytes=1600.0)
+    model = make_model([layer], "fp32")
+    backward = {framework: layer_costs(model, Strategy.parse("tp2-dp4"), 8, CostSettings(cluster, "fp32", framework=framework),
+                                       CommModel(cluster)).backward_memory_bytes[0]
+                for framework in ("gbmw-runtime", "megatron")}
+    # 2 samples per rank: output and input gradients (100 bytes each per sample), the widest activation gradient
+    # (300 per sample) and the largest weight's gradient (1600), both halved by TP; stock targets: not modelled
+    assert backward["gbmw-runtime"] == pytest.approx(2 * 100 * 2 + (300 * 2 + 1600) / 2)
+    assert backward["megatron"] == 0
+
+
+def test_block_workspace_is_the_mlp_up_projection_and_the_largest_matrix():
+    from gbmw.transformer_layers import BlockShape, block_layer
+
+    shape = BlockShape(tokens=16, hidden=8, heads=2, head_dim=4, kv_heads=2, ffn=32, attended_tokens=16)
+    layer = block_layer("b", "decoder", shape, 2, dropout=False, flash=True)
+    assert layer.backward_workspace_tp_split_bytes_per_sample == 16 * 32 * 2  # gradient of the 4h-wide output
+    assert layer.largest_weight_gradient_tp_split_bytes == 8 * 32 * 2  # an MLP matrix (h × ffn) beats QKV (h × 3h)
 
 
 def test_zero_1_and_2_layers_keep_their_shard_beside_the_gathered_weights():

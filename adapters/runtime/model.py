@@ -101,6 +101,14 @@ def initial_value(parameter_name: str, shape: torch.Size, seed: int) -> torch.Te
     return torch.randn(shape, generator=generator) * INIT_STD
 
 
+def dropout(x: torch.Tensor, probability: float, training: bool) -> torch.Tensor:
+    """Inverted dropout keeping a 1-byte mask for backward on every device (`torch.native_dropout`, what CUDA's
+    F.dropout runs); a CPU's F.dropout multiplies by a noise tensor of the input's dtype and keeps that instead."""
+    if not training or probability == 0.0:
+        return x
+    return torch.native_dropout(x, probability, True)[0]
+
+
 class Embedding(nn.Module):
     """Token (vocabulary-parallel) + learned position (+ BERT token-type and LayerNorm) embeddings."""
 
@@ -122,7 +130,7 @@ class Embedding(nn.Module):
             hidden = hidden + self.token_type.weight[0]  # every token of the synthetic data is segment A
         if self.norm is not None:
             hidden = self.norm(hidden)
-        return F.dropout(hidden, self.dropout, self.training)
+        return dropout(hidden, self.dropout, self.training)
 
 
 class TransformerBlock(nn.Module):
@@ -150,10 +158,10 @@ class TransformerBlock(nn.Module):
         query, key, value = (part.transpose(1, 2) for part in qkv.unbind(3))
         context = attention(query, key, value, self.causal, self.dropout if self.training else 0.0)
         context = context.transpose(1, 2).reshape(batch, tokens, self.local_heads * self.head_dim)
-        return F.dropout(self.attention.proj(context), self.dropout, self.training)
+        return dropout(self.attention.proj(context), self.dropout, self.training)
 
     def _feed_forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.dropout(self.mlp.fc2(F.gelu(self.mlp.fc1(x))), self.dropout, self.training)
+        return dropout(self.mlp.fc2(F.gelu(self.mlp.fc1(x))), self.dropout, self.training)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.post_norm:  # BERT
