@@ -82,3 +82,21 @@ def test_saves_what_flash_attention_saves():
     shapes = sorted(tuple(tensor.shape) for tensor in activations)
     # Q, K, V, the output and the per-row log-sum-exp: no tokens × tokens tensor
     assert shapes == sorted([(1, 2, 64, 8)] * 4 + [(1, 2, 64)]), shapes
+
+
+def test_backward_under_autocast_computes_as_without_it():
+    import torch
+
+    from gbmw.adapters.runtime.attention import RecomputingAttention
+
+    # the engine runs a CPU backward under autocast; the attention's backward must not drop to bf16 there
+    gradients = []
+    for autocast in (False, True):
+        inputs = _inputs(torch.float32)
+        torch.manual_seed(3)
+        out = RecomputingAttention.apply(*inputs, True, 0.2)
+        with torch.autocast("cpu", torch.bfloat16, enabled=autocast):
+            out.backward(torch.ones_like(out))
+        gradients.append([tensor.grad for tensor in inputs])
+    for plain, under_autocast in zip(*gradients):
+        torch.testing.assert_close(under_autocast, plain, rtol=0.0, atol=0.0)  # bf16 matmuls would differ at ~1e-3

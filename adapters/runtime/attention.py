@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 CHUNK_SCORE_ELEMENTS = 2**24
-"""Score elements (fp32: 64 MiB) one chunk of heads materialises at once, forward or backward."""
+"""Score elements (fp32: 64 MiB) one chunk of (sample, head) pairs materialises at once, forward or backward."""
 
 
 def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, causal: bool,
@@ -96,7 +96,8 @@ class RecomputingAttention(torch.autograd.Function):
         scale = 1.0 / math.sqrt(query.size(-1))
         # Σ_k P_ik dP_ik over the pre-dropout probabilities equals Σ_c dO_ic O_ic (FlashAttention Alg. 2, D_i).
         row_dot = (_computed(grad_output) * _computed(output)).sum(-1)
-        with torch.random.fork_rng(devices=[]):
+        # as forward ran: outside autocast (the engine runs a CPU backward under autocast for megatron's layers)
+        with torch.autocast("cpu", enabled=False), torch.random.fork_rng(devices=[]):
             torch.set_rng_state(generator_state)  # the forward's dropout masks, drawn again in the same order
             for chunk in _chunks(*query.shape[:3], key.size(2)):
                 probabilities, _ = _probabilities(query[chunk], key[chunk], ctx.causal, log_sum_exp[chunk])
