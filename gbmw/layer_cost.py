@@ -217,7 +217,8 @@ def layer_costs(
     weight_copy = local_parameters * autocast_weight_copy_bytes(settings.framework, settings.precision,
                                                                 strategy.tp) * not_embedding
     d = ACTIVATION_DTYPE_BYTES[model.precision]
-    fp32_share = fp32_residual_extra_share(settings.framework, settings.precision, d) * not_embedding
+    residual_share = fp32_residual_extra_share(settings.framework, settings.precision, d)
+    fp32_share = residual_share * not_embedding
     tp_input_share = fp32_tp_input_extra_share(settings.framework, settings.precision, d, strategy.tp) * not_embedding
     residual_inputs = np.maximum(arrays.tp_allreduce_bytes_per_sample, arrays.boundary_activation_bytes_per_sample)
     boundary = boundary * (1 + fp32_share)
@@ -237,7 +238,6 @@ def layer_costs(
         gradient_in_out = (np.where(kinds == "embedding", 0.0, residual)
                            + np.where(kinds == "head", 0.0, np.where(kinds == "embedding",
                                                                       arrays.tp_allreduce_bytes_per_sample, residual)))
-        residual_share = fp32_residual_extra_share(settings.framework, settings.precision, d)
         backward_memory = backward_memory + (gradient_in_out * (1 + residual_share) * samples
                                              + (arrays.backward_workspace_tp_split_bytes_per_sample * samples
                                                 + arrays.largest_weight_gradient_tp_split_bytes) / tp)

@@ -209,7 +209,7 @@ class HybridEngine:
                         return None
                     x = layer.module(x)
             stashed[index] = (leaf, x)
-            return x.detach().to(self._boundary_shape("out")[1]).contiguous()  # 16-bit under autocast, as received
+            return x.detach().to(self.boundary_dtype).contiguous()  # 16-bit under autocast, as received
 
         def backward(index: int, grad: torch.Tensor | None) -> torch.Tensor | None:
             for layer in self.layers:
@@ -266,8 +266,12 @@ class HybridEngine:
         """Shape of the activation received from the previous stage ("in") or its gradient from the next ("out")."""
         layout = self.previous_layout if which == "in" else self.layers[-1].layout
         rows = self.plan.micro_batch // layout.slices
-        dtype = self.autocast_dtype or torch.float32
-        return (rows, self.architecture.seq_length, self.architecture.hidden_size), dtype, self.device
+        return (rows, self.architecture.seq_length, self.architecture.hidden_size), self.boundary_dtype, self.device
+
+    @property
+    def boundary_dtype(self) -> torch.dtype:
+        """What stages send each other: the autocast dtype, fp32 without autocast."""
+        return self.autocast_dtype or torch.float32
 
     def _seed_dropout(self, micro_index: int, layer: StageLayer) -> None:
         """Dropout masks are a function of (seed, step, micro-batch, layer, batch slice): identical on the TP
