@@ -36,6 +36,8 @@ gbmw.adapters.profile.fake_memory):
   steps) before the update (torch.optim.adam._multi_tensor_adam). The runtime steps ADAM_CHUNK_ELEMENTS
   elements at a time (gbmw.adapters.runtime.local_adam), so a stage needs 4 bytes × min(the parameters it
   steps, ADAM_CHUNK_ELEMENTS) beside its states at the step: a reserve it keeps free (`step_reserve_bytes`).
+  The same reserve holds the flat buckets in which it all-reduces plain-DP gradients just before the step (at most
+  ADAM_CHUNK_ELEMENTS fp32 elements, and no more than the parameters it steps: gbmw.adapters.runtime.sharding).
 Megatron's and DeepSpeed's fused Adam update in place, and their 16-bit weights are what the layers compute with.
 """
 

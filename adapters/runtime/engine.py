@@ -38,8 +38,8 @@ from .local_adam import LocalShardAdam
 from .model import build_layer, check_runtime_supports, initial_value, layer_names
 from .pipeline import PipelineLinks, run_schedule
 from .redistribute import BatchLayout, relayout
-from .sharding import (LayerDataParallel, data_parallel_flavour, full_value, local_value, shard_like,
-                       synchronise_plain_gradients)
+from .sharding import (LayerDataParallel, ReduceScatterInFlight, data_parallel_flavour, full_value, local_value,
+                       shard_like, synchronise_plain_gradients)
 from .tensor_parallel import TensorParallel, gather_full, partition_dims, shard_for_rank
 from .tied_weights import TiedWeights, share_tied_weight
 
@@ -97,6 +97,7 @@ class HybridEngine:
         self.local_rank = self.layout.local_rank(self.rank)
         self.stage_group = pool.stage_group()
         first, end = plan.stage_bounds[self.stage]
+        self.reduce_scatter_in_flight = ReduceScatterInFlight()
         self.layers: list[StageLayer] = []
         for index in range(first, end):
             self.layers.append(self._build(index, names[index], plan.strategies[index]))
@@ -138,7 +139,7 @@ class HybridEngine:
             module = checkpoint_wrapper(module)
         data_parallel = LayerDataParallel(data_parallel_flavour(strategy), self.pool.data_group(strategy),
                                           strategy.data_parallel)
-        module = data_parallel.wrap(module, self.pool.data_mesh(strategy))
+        module = data_parallel.wrap(module, self.pool.data_mesh(strategy), self.reduce_scatter_in_flight)
         parameters = {_canonical(key): parameter for key, parameter in module.named_parameters()}
         layout = BatchLayout.of(strategy)
         return StageLayer(index, name, strategy, module, tp, data_parallel, layout, split_dims, parameters)
