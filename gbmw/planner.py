@@ -137,6 +137,9 @@ class Planner:
     exact: bool = False
     """Use the exact Pareto-frontier DP (gbmw.pareto) instead of the grid."""
     max_pp: int | None = None
+    accumulate: bool = True
+    """Run several micro-batches without a pipeline (gradient accumulation). The paper's Table 3 does not: its
+    pp = 1 rows give the largest batch that fits as one micro-batch (benchmarks/paper_table3.py)."""
     target: str = "runtime"
     """What will run the plan (gbmw.spaces.TARGETS add their constraints)."""
     progress: object = None
@@ -165,6 +168,8 @@ class Planner:
         return [b for b in sizes if b <= limit]
 
     def _micro_batch_counts(self, micro_batch: int, pp: int) -> list[int]:
+        if pp == 1 and not self.accumulate:
+            return [1] if self.fixed_batch in (None, micro_batch) else []
         if self.fixed_batch is not None:
             return [self.fixed_batch // micro_batch]
         largest = self.job.max_global_batch // micro_batch

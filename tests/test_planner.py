@@ -151,6 +151,21 @@ def test_baselines_use_their_fixed_strategies():
         assert {s.name for s in plan.strategies} == {name} and plan.pp == pp
 
 
+def test_without_accumulation_a_pipeline_free_plan_runs_its_batch_as_one_micro_batch():
+    job = load_job("bert-huge-32_rtx-titan-x8", memory_budget="12GiB")
+    for variant in ("ddp", "fsdp", "dp+tp"):
+        accumulating = Planner(job, variant, sweep=True, explain_failure=False).run()
+        one_pass = Planner(job, variant, sweep=True, accumulate=False, explain_failure=False).run()
+        assert (one_pass.pp, one_pass.num_micro_batches) == (1, 1)
+        assert one_pass.estimate.samples_per_s <= accumulating.estimate.samples_per_s
+        if variant == "ddp":  # only a few samples fit at once: the sweep would accumulate many micro-batches
+            assert accumulating.num_micro_batches > 1 and one_pass.global_batch < accumulating.global_batch
+    # a fixed batch is one micro-batch or nothing; pipelines still split theirs
+    assert Planner(job, "ddp", batch=8, accumulate=False, explain_failure=False).run().micro_batch == 8
+    piped = Planner(job, "gpipe", batch=32, accumulate=False, explain_failure=False).run()
+    assert piped.pp == 8 and piped.num_micro_batches > 1
+
+
 def test_nothing_fits_names_the_smallest_memory_that_would():
     job = load_job("gpt3-65b_a100-80g-x32", memory_budget="4GiB")
     with pytest.raises(NothingFitsError) as error:
