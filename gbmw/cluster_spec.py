@@ -47,6 +47,9 @@ class DeviceSpec(Frozen):
     attention_tflops: AttentionFlops | None = None
     """Measured forward + backward rate of fused (flash) attention kernels per precision; absent: they run at
     `sustained_tflops` (the recipe says which)."""
+    multiprocessors: int | None = Field(default=None, ge=1)
+    """Streaming multiprocessors (datasheet): a matmul runs its output tiles in waves of one per multiprocessor
+    (gbmw.matmul_waves); None: every matmul at `sustained_tflops`, whatever its shape (CPUs)."""
     memory_bandwidth_gb_per_s: float = Field(gt=0)
     """Measured device-memory bandwidth of memory-bound kernels (a STREAM copy), in GB/s (1e9 bytes/s): the
     rate of norms, activations, dropout, residual adds and the optimizer step."""

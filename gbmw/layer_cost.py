@@ -8,7 +8,9 @@ strategy S (data-parallel ways d, TP degree t) processes micro_batch / d samples
   at the device's measured matmul rate (flash attention's at its measured attention rate), plus the memory-bound
   kernels' traffic at its measured memory bandwidth (TP divides both inside its split regions, not the norms,
   dropout and residual adds outside them);
-  backward = 2 × forward unless profiled; CKPT adds one forward (recompute) before backward.
+  backward = 2 × forward unless profiled; CKPT adds one forward (recompute) before backward. On a device with a
+  known multiprocessor count, each linear matmul of that micro-batch's shape (rows = samples × tokens, TP-split
+  features) also pays the time its tile waves lose, forward and backward (gbmw.matmul_waves).
 * TP: the layer's all-reduces in forward and as many in backward (and again in the recompute).
 * DP/SDP: SDP all-gathers parameters before forward and backward and reduce-scatters gradients
   every micro-batch (DeepSpeed ZeRO-3 keeps no unsharded gradients across micro-batches);
@@ -36,6 +38,7 @@ from gbmw.comm import CommModel
 from gbmw.framework_memory import (autocast_weight_copy_bytes, fp32_residual_extra_share, fp32_tp_input_extra_share,
                                    gather_buffer_bytes_per_parameter, kept_shard_bytes_per_parameter,
                                    prices_backward_workspace)
+from gbmw.matmul_waves import linear_wave_loss_s
 from gbmw.model_spec import ACTIVATION_DTYPE_BYTES, ModelSpec
 from gbmw.model_states import StateBytes, sharded_bytes_per_parameter, state_bytes
 from gbmw.space import DATA_PARALLEL_AXES, Strategy
@@ -108,6 +111,22 @@ def forward_compute_s(model: ModelSpec, settings: CostSettings, samples: float, 
     return np.where(arrays.has_measured_time, measured, analytic)
 
 
+def matmul_wave_loss_s(model: ModelSpec, settings: CostSettings, samples: float, tp: int) -> tuple[np.ndarray, np.ndarray]:
+    """(forward, backward) per layer: what the linear matmuls of `samples` samples at TP degree `tp` lose to their
+    tile waves beyond their FLOPs at the sustained rate (gbmw.matmul_waves); 0 for profiled layers and on devices
+    without a multiprocessor count."""
+    multiprocessors = settings.cluster.device.multiprocessors
+    arrays = model.arrays
+    if multiprocessors is None:
+        return np.zeros(model.num_layers), np.zeros(model.num_layers)
+    out_features = np.where(arrays.matmul_splits_out, arrays.matmul_out_features / tp, arrays.matmul_out_features)
+    in_features = np.where(arrays.matmul_splits_out, arrays.matmul_in_features, arrays.matmul_in_features / tp)
+    forward, backward = linear_wave_loss_s(arrays.matmul_rows_per_sample * samples, out_features, in_features,
+                                           settings.cluster.sustained_flops(settings.precision), multiprocessors)
+    analytic = ~arrays.has_measured_time
+    return forward * analytic, backward * analytic
+
+
 def _framework_overheads_s(model: ModelSpec, strategy: Strategy, settings: CostSettings, comm: CommModel,
                            parameter_bytes: float, gradient_bytes: float) -> tuple[np.ndarray, np.ndarray]:
     """Per call: what profiled TP-2 / SDP-2 / checkpointed timings show beyond compute and the modelled
@@ -164,6 +183,9 @@ def layer_costs(
     backward_compute = np.where(arrays.has_measured_backward,
                                 arrays.backward_time_per_sample_s * samples / tp + arrays.backward_overhead_s,
                                 2.0 * forward_compute)
+    forward_wave_loss, backward_wave_loss = matmul_wave_loss_s(model, settings, samples, tp)
+    forward_compute = forward_compute + forward_wave_loss
+    backward_compute = backward_compute + np.where(arrays.has_measured_backward, 0.0, backward_wave_loss)
 
     # Tensor-parallel all-reduces (blocking, not overlapped).
     tp_stride = strategy.stride("tp") if tp > 1 else 1

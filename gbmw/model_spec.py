@@ -62,6 +62,19 @@ class LayerTimings(Frozen):
     checkpointed layer."""
 
 
+class Matmul(Frozen):
+    """One linear layer's matmul in the forward pass: an input of `rows_per_sample` rows per sample times an
+    `in_features` × `out_features` weight (gbmw.matmul_waves prices its shape)."""
+
+    rows_per_sample: int = Field(ge=1)
+    """Input rows per sample (tokens; 1 for a pooled classifier)."""
+    out_features: int = Field(ge=1)
+    in_features: int = Field(ge=1)
+    tp_split: Literal["out", "in"]
+    """Which dimension TP divides: `out` for a column-parallel (or vocabulary-parallel) linear, `in` for a
+    row-parallel one."""
+
+
 class LayerSpec(Frozen):
     """One layer of the model as the planner sees it (an embedding, a Transformer block, a head)."""
 
@@ -101,6 +114,9 @@ class LayerSpec(Frozen):
     largest_weight_gradient_tp_split_bytes: float = Field(default=0.0, ge=0)
     """The gradient of the layer's largest weight matrix in the dtype backward computes it in, whole before it is
     added to the parameter's gradient (bytes; TP divides it). 0: not modelled."""
+    matmuls: tuple[Matmul, ...] = ()
+    """The layer's linear matmuls, whose FLOPs are part of `forward_flops_per_sample`, for their shape-dependent
+    rate (gbmw.matmul_waves); empty: every FLOP at the sustained rate."""
     tp_allreduce_bytes_per_sample: float = Field(default=0.0, ge=0)
     """Bytes all-reduced within the TP group per sample in the forward pass (the backward pass
     all-reduces as many); 0 for layers TP cannot split."""
@@ -277,6 +293,16 @@ class LayerArrays:
         self.forward_memory_traffic_bytes_per_sample = column("forward_memory_traffic_bytes_per_sample")
         self.forward_tp_split_memory_traffic_bytes_per_sample = column("forward_tp_split_memory_traffic_bytes_per_sample")
         self.has_measured_time = np.array([layer.timings is not None for layer in layers])
+        # [layer, matmul]: the layers' linear matmuls, padded with zero-sized ones
+        width = max([len(layer.matmuls) for layer in layers] + [1])
+        shapes = np.zeros((len(layers), width, 4))
+        for row, layer in enumerate(layers):
+            for index, matmul in enumerate(layer.matmuls):
+                shapes[row, index] = (matmul.rows_per_sample, matmul.out_features, matmul.in_features,
+                                      matmul.tp_split == "out")
+        self.matmul_rows_per_sample, self.matmul_out_features, self.matmul_in_features = (
+            shapes[..., 0], shapes[..., 1], shapes[..., 2])
+        self.matmul_splits_out = shapes[..., 3].astype(bool)
         self.forward_time_per_sample_s = timing("forward_time_per_sample_s")
         self.has_measured_backward = np.array(
             [layer.timings is not None and layer.timings.backward_time_per_sample_s is not None for layer in layers]

@@ -14,7 +14,7 @@ from gbmw.architectures import (
 from gbmw.errors import SpecError
 from gbmw.files import read_yaml
 from gbmw.hf_import import import_hf_config
-from gbmw.model_spec import ACTIVATION_DTYPE_BYTES, LayerSpec, ModelSpec
+from gbmw.model_spec import ACTIVATION_DTYPE_BYTES, LayerSpec, Matmul, ModelSpec
 from gbmw.schema import validate_as
 from gbmw.transformer_layers import BlockShape, block_layer, classifier_head, embedding_layer, lm_head_layer
 
@@ -182,6 +182,8 @@ def _build_swin(arch: SwinArchitecture, d: int) -> tuple[list[LayerSpec], int, i
                     parameter_count=4 * (width // 2) * width + 2 * 4 * (width // 2),
                     tp_split_parameter_count=4 * (width // 2) * width,
                     forward_flops_per_sample=float(2 * out_tokens * 4 * (width // 2) * width),
+                    matmuls=(Matmul(rows_per_sample=out_tokens, out_features=width, in_features=4 * (width // 2),
+                                    tp_split="in"),),
                     boundary_activation_bytes_per_sample=float(4 * out_tokens * (width // 2) * d),
                     intermediate_activation_bytes_per_sample=float(out_tokens * in_width * 2 * d),
                     intermediate_tp_split_activation_bytes_per_sample=0.0,

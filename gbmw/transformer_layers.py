@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gbmw.model_spec import LayerSpec
+from gbmw.model_spec import LayerSpec, Matmul
 
 TOKEN_ID_BYTES = 8  # int64 token ids are the input of an embedding layer
 
@@ -95,6 +95,14 @@ def block_layer(name: str, kind: str, shape: BlockShape, dtype_bytes: int, dropo
             traffic=sub_block_traffic(query_tokens),
             split_traffic=core_traffic,
             flash_flops=4 * query_tokens * key_tokens * attention_width if flash else 0,
+            matmuls=(
+                # Q and K, V (one fused QKV matmul where they read the same tokens), then the output projection
+                (Matmul(rows_per_sample=query_tokens, out_features=attention_width + 2 * kv_width, in_features=h,
+                        tp_split="out"),)
+                if query_tokens == kv_input_tokens else
+                (Matmul(rows_per_sample=query_tokens, out_features=attention_width, in_features=h, tp_split="out"),
+                 Matmul(rows_per_sample=kv_input_tokens, out_features=2 * kv_width, in_features=h, tp_split="out"))
+            ) + (Matmul(rows_per_sample=query_tokens, out_features=h, in_features=attention_width, tp_split="in"),),
         )
 
     self_attention = attention(s, shape.attended_tokens, s)
@@ -109,11 +117,13 @@ def block_layer(name: str, kind: str, shape: BlockShape, dtype_bytes: int, dropo
         traffic=sub_block_traffic(s),
         split_traffic=s * shape.ffn * (up_outputs + 1) * d,  # the activation reads its input(s), writes its output
         flash_flops=0,
+        matmuls=(Matmul(rows_per_sample=s, out_features=shape.ffn * up_outputs, in_features=h, tp_split="out"),
+                 Matmul(rows_per_sample=s, out_features=h, in_features=shape.ffn, tp_split="in")),
     )
     parts = [self_attention, mlp]
     if shape.cross_attention_tokens:
         parts.append(attention(s, shape.cross_attention_tokens, shape.cross_attention_tokens))
-    total = {key: sum(part[key] for part in parts) for key in parts[0]}
+    total = {key: sum((part[key] for part in parts), () if key == "matmuls" else 0) for key in parts[0]}
     boundary = s * h * d
     return LayerSpec(
         name=name,
@@ -121,6 +131,7 @@ def block_layer(name: str, kind: str, shape: BlockShape, dtype_bytes: int, dropo
         parameter_count=int(total["params"] + shape.extra_params),
         tp_split_parameter_count=int(total["tp_split"]),
         forward_flops_per_sample=float(total["flops"]),
+        matmuls=total["matmuls"],
         boundary_activation_bytes_per_sample=float(boundary),
         # The first norm's input is the boundary itself: it is counted there, not twice.
         intermediate_activation_bytes_per_sample=float(total["replicated"] - boundary),
@@ -188,6 +199,7 @@ def lm_head_layer(
         parameter_count=params,
         tp_split_parameter_count=vocab * hidden,
         forward_flops_per_sample=float(2 * tokens * hidden * vocab + 2 * tokens * transform_weights),
+        matmuls=(Matmul(rows_per_sample=tokens, out_features=vocab, in_features=hidden, tp_split="out"),),
         boundary_activation_bytes_per_sample=float(tokens * hidden * d),
         intermediate_activation_bytes_per_sample=float(replicated),
         intermediate_tp_split_activation_bytes_per_sample=float(tokens * vocab * 4),
@@ -213,6 +225,7 @@ def classifier_head(tokens: int, hidden: int, classes: int, d: int) -> LayerSpec
         parameter_count=2 * hidden + hidden * classes + classes,
         tp_split_parameter_count=hidden * classes + classes,
         forward_flops_per_sample=float(2 * hidden * classes),
+        matmuls=(Matmul(rows_per_sample=1, out_features=classes, in_features=hidden, tp_split="out"),),
         boundary_activation_bytes_per_sample=float(tokens * hidden * d),
         intermediate_activation_bytes_per_sample=float(tokens * hidden * d),
         intermediate_tp_split_activation_bytes_per_sample=float(classes * (d + 4)),
