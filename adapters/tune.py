@@ -54,7 +54,7 @@ def precision_of(config: dict) -> str:
     """bf16 / fp16 / fp32 from a ds_config's precision sections."""
     for key, name in (("bf16", "bf16"), ("bfloat16", "bf16"), ("fp16", "fp16")):
         section = config.get(key)
-        if isinstance(section, dict) and section.get("enabled") in (True, "true", "auto"):
+        if isinstance(section, dict) and section.get("enabled") in (True, "auto"):
             return name
     return "fp32"
 

@@ -3,23 +3,18 @@ architecture types, from the file alone (no transformers import, nothing downloa
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from gbmw.architectures import parse_architecture
 from gbmw.errors import SpecError
+from gbmw.files import read_json, shown
 
 
 def import_hf_config(path: str | Path) -> Any:
     """An architecture from a Hugging Face config.json (GPT-2, LLaMA-style, BERT/RoBERTa, T5, ViT)."""
     path = Path(path)
-    try:
-        config = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise SpecError(f"{path}: no such file") from None
-    except json.JSONDecodeError as error:
-        raise SpecError(f"{path}: not valid JSON at line {error.lineno}, column {error.colno}: {error.msg}") from None
+    config = read_json(path, "Hugging Face config.json")
     if not isinstance(config, dict):
         raise SpecError(f"{path}: expected a JSON object, got {type(config).__name__}")
     model_type = config.get("model_type")

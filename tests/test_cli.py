@@ -54,7 +54,7 @@ def test_estimate_table_and_plan_file(tmp_path, capsys):
         (["estimate", "no-such-job", "--uniform", "tp=1"], "job 'no-such-job': no such file or bundled recipe"),
         (["estimate", "gpt3-15b_a100-80g-x32", "--uniform", "tp=16"], "not divisible by tp=16"),
         (["estimate", "gpt3-15b_a100-80g-x32", "--uniform", "tp=8", "--memory", "lots"], "--memory: value 'lots'"),
-        (["estimate", "gpt3-15b_a100-80g-x32", "--plan", "/nonexistent/plan.yaml"], "cannot read the plan"),
+        (["estimate", "gpt3-15b_a100-80g-x32", "--plan", "/nonexistent/plan.yaml"], "/nonexistent/plan.yaml: no such plan"),
         (["space", "--devices", "6"], "6 devices: the search space needs a power-of-two device count"),
     ],
 )
