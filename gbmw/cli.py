@@ -25,6 +25,7 @@ from typing import Sequence
 
 from gbmw.cli_planning import add_planning_commands
 from gbmw.cli_running import add_running_commands
+from gbmw.cli_types import OneLineParser, integer
 from gbmw.errors import GbmwError
 
 
@@ -42,11 +43,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="gbmw",
         description="Galvatron-BMW automatic hybrid parallelism for Transformer training.",
     )
-    parser.add_argument("--local_rank", "--local-rank", type=int, dest="local_rank", default=None,
+    parser.add_argument("--local_rank", "--local-rank", type=integer(0, 4096), dest="local_rank", default=None,
                         help=argparse.SUPPRESS)  # the deepspeed launcher passes --local_rank=N before the command
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     add_planning_commands(commands)

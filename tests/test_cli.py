@@ -118,7 +118,7 @@ def test_compare_prints_every_baseline_and_variant(capsys):
          "nothing fits: gpt3-65b on 32 × NVIDIA A100-SXM4-80GB with global batch 1792"),
         (["plan", "bert-huge-32_rtx-titan-x8", "--variant", "nope"], "variant 'nope' is unknown"),
         (["plan", "bert-huge-32_rtx-titan-x8", "--target", "horovod"], "--target 'horovod' is unknown"),
-        (["plan", "bert-huge-32_rtx-titan-x8", "--batch", "0"], "--batch 0: must be a positive number"),
+        (["plan", "bert-huge-32_rtx-titan-x8", "--batch", "0"], "argument --batch: value 0 — must be from 1 to"),
     ],
 )
 def test_plan_errors_are_one_line(args, message):
