@@ -20,6 +20,7 @@ line naming the file, field and value (exit status 2), never a traceback.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Sequence
 
@@ -35,7 +36,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.run(args)
     except GbmwError as error:
-        print(f"gbmw: error: {error}", file=sys.stderr)
+        # Under a launcher an error every rank raised together (gbmw.adapters.runtime.launch.agree) is printed by
+        # rank 0 alone; every rank exits with status 2.
+        if os.environ.get("RANK", "0") == "0" or not getattr(error, "all_ranks", False):
+            print(f"gbmw: error: {error}", file=sys.stderr, flush=True)
         return 2
     except KeyboardInterrupt:
         print("gbmw: interrupted", file=sys.stderr)

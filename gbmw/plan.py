@@ -254,7 +254,7 @@ class Plan:
                 raise PlanError(f"{where}: field `provenance`: value {shown(provenance)} — must be a mapping")
             return cls(
                 model=_text(data["model"], "model", where),
-                cluster=_text(data["cluster"], "cluster", where),
+                cluster=_text(data["cluster"], "cluster", where, least=0),
                 precision=_text(data["precision"], "precision", where),
                 partition=tuple(_integer(v, "partition", where) for v in partition),
                 strategies=tuple(strategies),
@@ -296,9 +296,10 @@ def _integer(value: Any, name: str, where: str) -> int:
     return value
 
 
-def _text(value: Any, name: str, where: str) -> str:
-    if not isinstance(value, str) or not 0 < len(value) <= 200:
-        raise PlanError(f"{where}: field `{name}`: value {shown(value)} — must be a name (text of 1 to 200 characters)")
+def _text(value: Any, name: str, where: str, least: int = 1) -> str:
+    if not isinstance(value, str) or not least <= len(value) <= 200:
+        raise PlanError(f"{where}: field `{name}`: value {shown(value)} — must be a name (text of {least} to 200 "
+                        "characters)")
     return value
 
 

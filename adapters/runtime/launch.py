@@ -11,7 +11,7 @@ import datetime
 import os
 from dataclasses import dataclass
 
-from gbmw.errors import GbmwError
+from gbmw.errors import DistributedError, GbmwError
 
 
 @dataclass(frozen=True)
@@ -80,3 +80,44 @@ def finish_distributed(completed: bool) -> None:
     if completed:
         dist.barrier()
     dist.destroy_process_group()
+
+
+def agree(problem: str | None, error: type[GbmwError] = GbmwError) -> None:
+    """Every rank raises the same `error` when any rank has a problem — the first such rank's message, naming that
+    rank where it is another — so no rank waits in a collective for a peer that stopped, and every rank exits with
+    the same status. The error is marked `all_ranks` (gbmw.cli prints it on rank 0 only). A peer that died meanwhile
+    is a DistributedError."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        problems = [problem]
+    else:
+        problems = [None] * dist.get_world_size()
+        try:
+            dist.all_gather_object(problems, problem)
+        except RuntimeError as failure:
+            raise lost_contact(failure, "while the processes compared their inputs") from None
+    for rank, message in enumerate(problems):
+        if message is not None:
+            raised = error(message if rank == 0 else f"{message} (reported by rank {rank})")
+            raised.all_ranks = True
+            raise raised
+
+
+def lost_contact(failure: BaseException, when: str) -> DistributedError:
+    """The one message of a rank whose peer died (torch.distributed reports it as a RuntimeError)."""
+    import torch.distributed as dist
+
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    return DistributedError(f"rank {rank}: lost contact with another process {when} "
+                            f"({str(failure).splitlines()[0][:160] if str(failure) else type(failure).__name__}); "
+                            "a process died or was killed — stopping")
+
+
+def is_communication_failure(error: BaseException) -> bool:
+    """Whether `error` is torch.distributed reporting a dead or unreachable peer."""
+    import torch.distributed as dist
+
+    text = str(error).lower()
+    return isinstance(error, getattr(dist, "DistBackendError", ())) or (isinstance(error, RuntimeError) and any(
+        marker in text for marker in ("connection", "gloo", "nccl", "timed out", "peer")))
