@@ -32,7 +32,10 @@ from gbmw.errors import GbmwError
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as stop:  # a bad flag (one line already printed) or --help: the status, not an exception
+        return stop.code if isinstance(stop.code, int) else 2
     try:
         return args.run(args)
     except GbmwError as error:
