@@ -75,7 +75,7 @@ def tune(ds_config_path: str, model: str, cluster: str, target: str = "deepspeed
     world = cluster_spec.num_devices
     if current_tp < 1 or current_pp < 1 or world % (current_tp * current_pp):
         raise GbmwError(f"--current-tp {current_tp} × --current-pp {current_pp} must divide the cluster's {world} devices")
-    ds.check_batch_consistency(user, world, current_tp * current_pp)
+    ds.check_batch_consistency(user, world, current_tp * current_pp, where=ds_config_path)
     data_parallel = world // (current_tp * current_pp)
     global_batch, micro_per_gpu, accumulation = ds.resolve_batch(user, data_parallel)
     precision = precision_of(user)

@@ -123,8 +123,9 @@ class _BoundedSafeLoader(yaml.SafeLoader):
 
 def load_yaml_text(text: str, where: str, error: type[GbmwError] = SpecError) -> Any:
     """YAML text → Python data with SafeLoader and the bounds above; any problem is one `error` naming `where`."""
-    loader = _BoundedSafeLoader(text)
+    loader = None
     try:
+        loader = _BoundedSafeLoader(text)  # the reader refuses control characters here
         return loader.get_single_data()
     except _InputLimit as problem:
         raise error(f"{where}: {problem}") from None
@@ -136,7 +137,8 @@ def load_yaml_text(text: str, where: str, error: type[GbmwError] = SpecError) ->
     except (ValueError, TypeError, OverflowError) as problem:  # a constructor refusing a scalar (a bad timestamp)
         raise error(f"{where}: not valid YAML: {shown(str(problem), 120)}") from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
 
 
 def read_yaml(path: str | Path, what: str = "file", error: type[GbmwError] = SpecError) -> dict[str, Any]:

@@ -44,10 +44,6 @@ def train(job_reference: str, plan_path: str, settings: TrainSettings) -> list[f
     torch.distributed and agree: a problem any rank found stops every rank with the same error (rank 0 prints it,
     all exit with status 2), instead of the others reporting a dead process. The process group is torn down together
     after a run, and at once after a failure (gbmw.adapters.runtime.launch.finish_distributed)."""
-    import torch.distributed as dist
-
-    from .launch import agree, finish_distributed, init_distributed
-
     problem, inputs = None, None
     try:
         inputs = _read_inputs(job_reference, plan_path, settings)
@@ -55,6 +51,10 @@ def train(job_reference: str, plan_path: str, settings: TrainSettings) -> list[f
         if int(os.environ.get("WORLD_SIZE", "1") or 1) == 1:
             raise  # one process: nothing to agree with, and no reason to start torch first
         problem = str(error)
+    import torch.distributed as dist
+
+    from .launch import agree, finish_distributed, init_distributed
+
     context = init_distributed(timeout_s=settings.timeout_s, local_rank=settings.local_rank)
     completed = False
     try:
