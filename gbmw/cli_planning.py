@@ -111,6 +111,7 @@ def _run_estimate(args: argparse.Namespace) -> int:
     job = load_job(args.job, memory_budget=args.memory)
     if args.plan:
         plan = Plan.load(args.plan)
+        plan.check_against(job.model, job.cluster.num_devices, job.precision)
         if job.global_batch is not None and plan.global_batch != job.global_batch:
             print(
                 f"note: the plan's global batch ({plan.global_batch}) differs from the job's ({job.global_batch}); "

@@ -157,15 +157,15 @@ class Plan:
                 result.append((index, 1, strategy))
         return result
 
-    def check_against(self, model: ModelSpec, num_devices: int | None = None) -> None:
-        """Raise PlanError if the plan does not fit this model (and device count)."""
+    def check_against(self, model: ModelSpec, num_devices: int | None = None, precision: str | None = None) -> None:
+        """Raise PlanError if the plan does not fit this model (and device count, and the job's precision)."""
         if len(self.strategies) != model.num_layers:
             raise PlanError(
                 f"plan has {len(self.strategies)} layer strategies but model {model.name} has {model.num_layers} layers"
             )
-        if self.precision != model.precision:
+        if precision is not None and self.precision != precision:
             raise PlanError(
-                f"plan is for precision {self.precision} but the job trains {model.name} in {model.precision}; "
+                f"plan is for precision {self.precision} but the job trains {model.name} in {precision}; "
                 f"plan again (gbmw plan) or set the job's precision to {self.precision}"
             )
         if num_devices is not None and num_devices != self.num_devices:

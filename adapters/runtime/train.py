@@ -84,7 +84,7 @@ def _read_inputs(job_reference: str, plan_path: str, settings: TrainSettings):
     if plan.model != job.model.name:
         raise PlanError(f"{plan_path}: field `model`: value {plan.model!r} — the job trains {job.model.name}; "
                         f"plan it with `gbmw plan {job_reference} -o plan.yaml`")
-    plan.check_against(job.model)
+    plan.check_against(job.model, precision=job.precision)
     architecture = job.model.require_architecture("gbmw train")
     if settings.save and Path(settings.save).exists():
         raise GbmwError(f"--save {settings.save}: exists; gbmw never replaces a checkpoint — choose a new folder")
