@@ -13,8 +13,8 @@ from gbmw.files import MAX_STRING_CHARS, shown
 
 # Bounds on what an input may ask for: far beyond any real model or cluster, small enough that nothing a user
 # writes makes the planner hang or run out of memory. Each is a pydantic Field constraint where it is read.
-MAX_LAYERS = 4096
-"""Layers of one model (GPT-3 175B has 96 blocks)."""
+MAX_LAYERS = 1024
+"""Layers of one model (GPT-3 175B has 96 blocks; the search time grows with the layers)."""
 MAX_GLOBAL_BATCH = 2**20
 """Samples in one iteration (a million: 4 billion tokens at sequence length 4096)."""
 MAX_DEVICES = 2**18
