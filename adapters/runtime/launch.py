@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime
 import os
 from dataclasses import dataclass
+from typing import Callable, TypeVar
 
 from gbmw.errors import DistributedError, GbmwError
 
@@ -80,6 +81,31 @@ def finish_distributed(completed: bool) -> None:
     if completed:
         dist.barrier()
     dist.destroy_process_group()
+
+
+T = TypeVar("T")
+
+
+def start_after_checking(read: Callable[[], T], timeout_s: float = 300.0,
+                         local_rank: int | None = None) -> tuple[T, ProcessContext]:
+    """Run `read()` (which reads and checks a command's inputs), start torch.distributed, and agree: a GbmwError
+    that any rank's `read` raised is raised on every rank (`agree`), so a rank that finds a problem the others do not
+    stops them with it rather than leaving them to wait for it at the start. One process raises at once, without
+    starting torch. Returns what `read` returned and the process context."""
+    problem, value = None, None
+    try:
+        value = read()
+    except GbmwError as error:
+        if int(os.environ.get("WORLD_SIZE", "1") or 1) == 1:
+            raise
+        problem = str(error)
+    context = init_distributed(timeout_s=timeout_s, local_rank=local_rank)
+    try:
+        agree(problem)
+    except GbmwError:
+        finish_distributed(True)  # every rank raises here together
+        raise
+    return value, context
 
 
 def agree(problem: str | None, error: type[GbmwError] = GbmwError) -> None:

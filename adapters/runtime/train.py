@@ -12,7 +12,6 @@ message instead of waiting forever.
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,22 +43,14 @@ def train(job_reference: str, plan_path: str, settings: TrainSettings) -> list[f
     torch.distributed and agree: a problem any rank found stops every rank with the same error (rank 0 prints it,
     all exit with status 2), instead of the others reporting a dead process. The process group is torn down together
     after a run, and at once after a failure (gbmw.adapters.runtime.launch.finish_distributed)."""
-    problem, inputs = None, None
-    try:
-        inputs = _read_inputs(job_reference, plan_path, settings)
-    except GbmwError as error:
-        if int(os.environ.get("WORLD_SIZE", "1") or 1) == 1:
-            raise  # one process: nothing to agree with, and no reason to start torch first
-        problem = str(error)
+    from .launch import agree, finish_distributed, start_after_checking
+
+    (plan, architecture), context = start_after_checking(lambda: _read_inputs(job_reference, plan_path, settings),
+                                                         settings.timeout_s, settings.local_rank)
     import torch.distributed as dist
 
-    from .launch import agree, finish_distributed, init_distributed
-
-    context = init_distributed(timeout_s=settings.timeout_s, local_rank=settings.local_rank)
     completed = False
     try:
-        agree(problem)
-        plan, architecture = inputs
         if context.world_size != plan.num_devices:
             agree(f"{plan_path} is a plan for num_devices={plan.num_devices} but {context.world_size} process(es) "
                   f"were launched; start it with: {launch_hint(plan.num_devices, job_reference, plan_path)}", PlanError)
