@@ -16,7 +16,7 @@ from pydantic import Field, TypeAdapter, ValidationError, model_validator
 from gbmw.errors import SpecError
 from gbmw.files import shown
 from gbmw.schema import (
-    MAX_LAYERS, MAX_SEQUENCE, MAX_WIDTH, Frozen, Items, describe_validation_error,
+    MAX_LAYERS, MAX_SEQUENCE, MAX_WIDTH, Frozen, Items, check_kind, describe_validation_error,
 )
 
 
@@ -165,6 +165,7 @@ def parse_architecture(data: dict[str, Any], where: str) -> Any:
     """Validate an architecture mapping (needs `family`) with field-level errors."""
     family = data.get("family")
     if family not in FAMILIES:
+        check_kind(data, "model", where)
         raise SpecError(f"{where}: field `family`: value {shown(family)} — must be one of {list(FAMILIES)}")
     try:
         return _ARCHITECTURE.validate_python(data, strict=True)

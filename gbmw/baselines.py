@@ -19,7 +19,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from gbmw.errors import PlanError
+from gbmw.errors import GbmwError, PlanError
 from gbmw.files import shown
 from gbmw.schema import MAX_DEVICES, MAX_GLOBAL_BATCH
 from gbmw.plan import Plan
@@ -71,7 +71,10 @@ class UniformConfig:
                 raise PlanError(f"--uniform: {key} is given twice ({key}={values[key]} and {shown(item)}); give it once")
             value = value.strip()
             if key == "target":
-                values[key] = get_target(value).name
+                try:
+                    values[key] = get_target(value).name
+                except GbmwError as error:
+                    raise PlanError(f"--uniform target={shown(value)}: {str(error).split('; ', 1)[-1]}") from None
                 continue
             if key == "ckpt":
                 if value not in ("full", "none"):

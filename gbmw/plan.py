@@ -17,7 +17,7 @@ import yaml
 
 from gbmw.errors import GbmwError, PlanError
 from gbmw.files import load_yaml_text, read_text, shown, write_new_file
-from gbmw.schema import MAX_DEVICES, MAX_GLOBAL_BATCH, MAX_LAYERS
+from gbmw.schema import MAX_DEVICES, MAX_GLOBAL_BATCH, MAX_LAYERS, check_kind
 from gbmw.model_spec import PRECISIONS, ModelSpec
 from gbmw.pipeline_schedules import SCHEDULES
 from gbmw.space import Strategy
@@ -217,6 +217,7 @@ class Plan:
         known = {item.name for item in fields(cls)} | {"format"}
         unknown = sorted(set(data) - known)
         if unknown:
+            check_kind(data, "plan", where, PlanError)
             raise PlanError(f"{where}: unknown field(s) {unknown}; fields are {sorted(known)}")
         required = ["model", "cluster", "num_devices", "precision", "global_batch", "micro_batch",
                     "num_micro_batches", "pp", "partition", "strategies"]

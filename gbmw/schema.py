@@ -76,11 +76,39 @@ def _what_works(item: dict, message: str) -> str:
 
 
 def validate_as(schema: type[BaseModel], data: dict[str, Any], where: str | Path) -> Any:
-    """Build `schema` from `data`, turning pydantic's errors into one SpecError naming `where`."""
+    """Build `schema` from `data`, turning pydantic's errors into one SpecError naming `where` (or saying which kind
+    of file it is when it is another kind's)."""
     try:
         return schema.model_validate(data, strict=True)
     except ValidationError as error:
+        check_kind(data, _KIND_OF_SCHEMA.get(schema.__name__, ""), str(where))
         raise SpecError(describe_validation_error(error, str(where))) from None
+
+
+_SIGNATURES = {
+    "job": (("model", "cluster", "precision"), ("strategies", "num_devices")),
+    "plan": (("strategies", "partition"), ()),
+    "cluster": (("devices_per_node", "links"), ()),
+    "model": (("family",), ()),
+    "checkpoint manifest": (("saved_under",), ()),
+    "hand-tuned configuration": (("applies_to", "config"), ()),
+    "DeepSpeed config": (("train_batch_size",), ()),
+}
+"""(fields only that kind of gbmw input has, fields it never has): how a file given in the wrong place is
+recognised."""
+_KIND_OF_SCHEMA = {"JobFile": "job", "ClusterSpec": "cluster", "ModelSpec": "model", "Manifest": "checkpoint manifest",
+                   "HandTunedConfig": "hand-tuned configuration"}
+
+
+def check_kind(data: Any, expected: str, where: str, error: type[Exception] = SpecError) -> None:
+    """Raise one `error` saying so when `data` is plainly another kind of gbmw input than `expected` (a plan given as
+    a job, a model recipe as a cluster), instead of listing every field it lacks."""
+    if not isinstance(data, dict) or not expected:
+        return
+    for kind, (keys, never) in _SIGNATURES.items():
+        if kind != expected and all(key in data for key in keys) and not any(key in data for key in never):
+            raise error(f"{where}: this is a {kind} (it has {', '.join(keys)}), not a {expected}; give a {expected} "
+                        "here")
 
 
 _BYTE_SIZE = TypeAdapter(ByteSize)

@@ -297,8 +297,19 @@ CASES = [
     ("ds-missing", TUNE, "ds.json: no such DeepSpeed config file", {}),
     ("ds-no-batch", TUNE, "sets neither train_batch_size nor train_micro_batch_size_per_gpu", {"ds.json": "{}"}),
     ("ds-deep", TUNE, "nested", {"ds.json": '{"a": ' + "[" * 5000 + "]" * 5000 + "}"}),
+    # ---- a file of one kind given where another kind goes
+    ("plan-as-job", ["estimate", "{d}/plan.yaml", "--uniform", "micro=1"], "this is a plan (it has strategies, "
+     "partition), not a job", {"plan.yaml": plan_with()}),
+    ("job-as-plan", PLAN_FILE, "this is a job (it has model, cluster, precision), not a plan",
+     {"plan.yaml": JOB}),
+    ("cluster-as-model", ESTIMATE, "this is a cluster (it has devices_per_node, links), not a model",
+     {"c.yaml": CLUSTER, "job.yaml": job_with(model="c.yaml")}),
+    ("model-as-cluster", ESTIMATE, "this is a model (it has family), not a cluster",
+     {"m.yaml": MODEL, "job.yaml": job_with(cluster="m.yaml")}),
+    ("uniform-target", ["estimate", "gpt-tiny_cpu-x4", "--uniform", "target=nope"], "--uniform target='nope'", {}),
     # ---- hand-tuned configurations (compare --handtuned)
-    ("handtuned-missing", ["compare", "gpt-tiny_cpu-x4", "--handtuned", "{d}/h.yaml"], "no such file", {}),
+    ("handtuned-missing", ["compare", "gpt-tiny_cpu-x4", "--handtuned", "{d}/h.yaml"],
+     "hand-tuned configuration '", {}),
     ("handtuned-duplicate", ["compare", "gpt-tiny_cpu-x4", "--handtuned", "{d}/h.yaml"], "appears twice",
      {"h.yaml": "name: h\nname: i\n"}),
 ]
