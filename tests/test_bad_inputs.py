@@ -368,41 +368,37 @@ json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats
                                                                                       max_size=4), max_leaves=12)
 
 
+def assert_refused(factory, capsys, files: dict, argv: list[str], expected: str) -> None:
+    """`files` written into a new folder, then `argv`: one line with `expected` ("{d}" is the folder), status 2."""
+    folder = factory.mktemp("case")
+    write_files(folder, files)
+    status, _, err, _ = run_bad(folder, argv, capsys)
+    assert_one_line(status, err, expected.replace("{d}", str(folder)))
+
+
 @PROPERTY
 @given(text=st.text(max_size=200))
 def test_any_text_as_a_job_file(text, tmp_path_factory, capsys):
-    folder = tmp_path_factory.mktemp("job")
-    (folder / "job.yaml").write_text(text)
-    status, _, err, _ = run_bad(folder, ESTIMATE, capsys)
-    assert_one_line(status, err, str(folder / "job.yaml"))
+    assert_refused(tmp_path_factory, capsys, {"job.yaml": text}, ESTIMATE, "{d}/job.yaml")
 
 
 @PROPERTY
 @given(data=st.binary(max_size=200))
 def test_any_bytes_as_a_plan_file(data, tmp_path_factory, capsys):
-    folder = tmp_path_factory.mktemp("plan")
-    (folder / "plan.yaml").write_bytes(data)
-    status, _, err, _ = run_bad(folder, PLAN_FILE, capsys)
-    assert_one_line(status, err, str(folder / "plan.yaml"))
+    assert_refused(tmp_path_factory, capsys, {"plan.yaml": data}, PLAN_FILE, "{d}/plan.yaml")
 
 
 @PROPERTY
 @given(text=st.text(max_size=200))
 def test_any_text_as_a_ds_config(text, tmp_path_factory, capsys):
-    folder = tmp_path_factory.mktemp("ds")
-    (folder / "ds.json").write_text(text)
-    status, _, err, _ = run_bad(folder, TUNE, capsys)
-    assert_one_line(status, err, "")
+    assert_refused(tmp_path_factory, capsys, {"ds.json": text}, TUNE, "")
 
 
 @PROPERTY
 @given(config=st.dictionaries(st.sampled_from(["zero_optimization", "optimizer", "fp16", "bf16", "bfloat16",
                                                 "activation_checkpointing", "gradient_clipping"]), json_values))
 def test_random_ds_config_sections_without_a_batch(config, tmp_path_factory, capsys):
-    folder = tmp_path_factory.mktemp("ds")
-    (folder / "ds.json").write_text(json.dumps(config))
-    status, _, err, _ = run_bad(folder, TUNE, capsys)
-    assert_one_line(status, err, "ds.json")
+    assert_refused(tmp_path_factory, capsys, {"ds.json": json.dumps(config)}, TUNE, "{d}/ds.json")
 
 
 bad_integers = (st.booleans() | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=6)
@@ -410,37 +406,29 @@ bad_integers = (st.booleans() | st.floats(allow_nan=True, allow_infinity=True) |
                 | st.dictionaries(st.text(max_size=3), st.integers(), min_size=1, max_size=2))
 
 
+def yaml_with(text: str, field: str, value) -> str:
+    data = yaml.safe_load(text)
+    data[field] = value
+    return yaml.safe_dump(data)
+
+
 @PROPERTY
 @given(field=st.sampled_from(["global_batch", "max_global_batch"]), value=bad_integers)
 def test_random_bad_values_of_a_job_field(field, value, tmp_path_factory, capsys):
-    folder = tmp_path_factory.mktemp("job")
-    data = yaml.safe_load(JOB)
-    data[field] = value
-    (folder / "job.yaml").write_text(yaml.safe_dump(data))
-    status, _, err, _ = run_bad(folder, ESTIMATE, capsys)
-    assert_one_line(status, err, f"field `{field}`")
+    assert_refused(tmp_path_factory, capsys, {"job.yaml": yaml_with(JOB, field, value)}, ESTIMATE, f"field `{field}`")
 
 
 @PROPERTY
 @given(field=st.sampled_from(["num_devices", "global_batch", "micro_batch", "num_micro_batches", "pp"]),
        value=bad_integers)
 def test_random_bad_values_of_a_plan_field(field, value, tmp_path_factory, capsys):
-    folder = tmp_path_factory.mktemp("plan")
-    (folder / "plan.yaml").write_text(plan_with(**{field: value}))
-    status, _, err, _ = run_bad(folder, PLAN_FILE, capsys)
-    assert_one_line(status, err, field)
+    assert_refused(tmp_path_factory, capsys, {"plan.yaml": plan_with(**{field: value})}, PLAN_FILE, field)
 
 
 @PROPERTY
-@given(field=st.sampled_from(["num_layers", "hidden_size", "num_heads", "vocab_size"]),
-       value=bad_integers)
+@given(field=st.sampled_from(["num_layers", "hidden_size", "num_heads", "vocab_size"]), value=bad_integers)
 def test_random_bad_values_of_a_model_field(field, value, tmp_path_factory, capsys):
-    folder = tmp_path_factory.mktemp("model")
-    data = yaml.safe_load(MODEL)
-    data[field] = value
-    write_files(folder, model_job(yaml.safe_dump(data)))
-    status, _, err, _ = run_bad(folder, ESTIMATE, capsys)
-    assert_one_line(status, err, "m.yaml")
+    assert_refused(tmp_path_factory, capsys, model_job(yaml_with(MODEL, field, value)), ESTIMATE, "{d}/m.yaml")
 
 
 def test_no_case_runs_a_yaml_tag(tmp_path, capsys):
