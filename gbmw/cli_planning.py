@@ -106,12 +106,14 @@ def _run_estimate(args: argparse.Namespace) -> int:
     from gbmw.estimate import estimate_plan
     from gbmw.plan import Plan
     from gbmw.report import estimate_to_json, print_estimate
+    from gbmw.targets import get_target
     from gbmw.jobs import load_job
 
     job = load_job(args.job, memory_budget=args.memory)
     if args.plan:
         plan = Plan.load(args.plan)
         plan.check_against(job.model, job.cluster.num_devices, job.precision)
+        get_target(plan.target).check(plan, job.model)  # a hand-edited `target` must be able to run the plan
         if job.global_batch is not None and plan.global_batch != job.global_batch:
             print(
                 f"note: the plan's global batch ({plan.global_batch}) differs from the job's ({job.global_batch}); "
