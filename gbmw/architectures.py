@@ -61,6 +61,13 @@ class GPTArchitecture(_Architecture):
     def _head_pairs(self) -> list[tuple[int, int]]:
         return [(self.hidden_size, self.num_heads)]
 
+    @model_validator(mode="after")
+    def _kv_heads_divide(self) -> "GPTArchitecture":
+        if self.num_kv_heads is not None and self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}: "
+                             "grouped-query attention shares each key/value head among equal groups")
+        return self
+
 
 class BERTArchitecture(_Architecture):
     """Encoder-only masked language model with an MLM head and a pooler."""
@@ -77,6 +84,13 @@ class BERTArchitecture(_Architecture):
 
     def _head_pairs(self) -> list[tuple[int, int]]:
         return [(self.hidden_size, self.num_heads)]
+
+    @model_validator(mode="after")
+    def _positions_cover_the_sequence(self) -> "BERTArchitecture":
+        if self.max_position_embeddings is not None and self.seq_length > self.max_position_embeddings:
+            raise ValueError(f"seq_length {self.seq_length} exceeds max_position_embeddings "
+                             f"{self.max_position_embeddings}: the position table has no row for the later tokens")
+        return self
 
 
 class T5Architecture(_Architecture):
