@@ -48,6 +48,8 @@ def read_text(path: str | Path, what: str = "file", error: type[GbmwError] = Spe
     naming the file."""
     path = Path(path)
     try:
+        if path.exists() and not path.is_file() and not path.is_dir():  # a FIFO or a device would block or never end
+            raise error(f"{path}: not a regular file; give the {what} itself")
         with open(path, "rb") as stream:
             data = stream.read(MAX_INPUT_BYTES + 1)
     except FileNotFoundError:

@@ -437,6 +437,12 @@ def test_random_bad_values_of_a_model_field(field, value, tmp_path_factory, caps
     assert_refused(tmp_path_factory, capsys, model_job(yaml_with(MODEL, field, value)), ESTIMATE, "{d}/m.yaml")
 
 
+def test_a_fifo_as_a_plan_does_not_hang(tmp_path, capsys):
+    os.mkfifo(tmp_path / "plan.yaml")
+    status, _, err, _ = run_bad(tmp_path, PLAN_FILE, capsys)
+    assert_one_line(status, err, "plan.yaml: not a regular file")
+
+
 def test_no_case_runs_a_yaml_tag(tmp_path, capsys):
     """The python tag of the corpus would create `pwned` if it ran."""
     write_files(tmp_path, {"job.yaml": 'model: !!python/object/apply:os.system ["touch pwned"]\n'})
