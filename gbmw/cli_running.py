@@ -32,7 +32,7 @@ def add_running_commands(commands) -> None:
                           help="also profile the job's model in the same rounds as the plans' steps, write it to "
                                "this new file and predict from it (judges the estimator on measurements of the "
                                "same seconds)")
-    validate.add_argument("--warmup", type=integer(0, 10_000), default=2, help="untimed steps first (default 2)")
+    validate.add_argument("--warmup", type=integer(1, 10_000), default=2, help="untimed steps first (default 2)")
     validate.add_argument("--json", type=new_path, help="also write the results to this new JSON file")
     validate.set_defaults(run=_run_validate)
 

@@ -90,7 +90,7 @@ PARTIAL_PREFIX = ".{name}.partial-"
 """The temporary name of a checkpoint being written next to its final name."""
 
 
-def remove_interrupted_saves(path: Path, say=None) -> list[Path]:
+def remove_interrupted_saves(path: Path) -> list[Path]:
     """Remove the `.NAME.partial-*` folders a save of `path` killed midway left behind, saying so on stderr (a save
     removes its own folder when it fails; only a killed process leaves one)."""
     found = sorted(path.parent.glob(PARTIAL_PREFIX.format(name=glob.escape(path.name)) + "*"))
