@@ -139,7 +139,7 @@ CASES = [
     ("tune-output-not-empty", TUNE + ["-o", "{d}"], "the folder exists and is not empty", {"ds.json": ds_with()}),
     ("tune-memory-0", TUNE + ["--memory", "0"], "--memory: value '0'", {"ds.json": ds_with()}),
     ("profile-precision", ["profile", "model", "gpt-tiny", "-o", "{d}/p.yaml", "--precision", "fp8"],
-     "invalid choice: 'fp8'", {}),
+     "--precision: invalid choice: 'fp8' (choose from 'fp32', 'bf16')", {}),
     ("profile-repeats-0", ["profile", "model", "gpt-tiny", "-o", "{d}/p.yaml", "--repeats", "0"], "--repeats: value 0",
      {}),
     ("profile-output-exists", ["profile", "model", "gpt-tiny", "-o", "{d}/exists.yaml"], "exists", EXISTING),
