@@ -10,6 +10,7 @@ through YAML (`Plan.to_yaml` / `Plan.from_yaml`).
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
+from numbers import Integral
 from pathlib import Path
 from typing import Any
 
@@ -83,7 +84,7 @@ class Plan:
                                                ("micro_batch", self.micro_batch, MAX_GLOBAL_BATCH),
                                                ("num_micro_batches", self.num_micro_batches, MAX_GLOBAL_BATCH),
                                                ("pp", self.pp, MAX_DEVICES), ("virtual_stages", self.virtual_stages, 64))
-                    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= bound]
+                    if isinstance(value, bool) or not isinstance(value, Integral) or not 1 <= value <= bound]
         if problems:
             raise PlanError("invalid plan: " + "; ".join(problems))
         if self.precision not in PRECISIONS:
