@@ -10,6 +10,7 @@ import argparse
 import math
 import os
 import sys
+from pathlib import Path
 from typing import Callable
 
 from gbmw.files import shown
@@ -97,7 +98,19 @@ def new_path(text: str) -> str:
     if os.path.lexists(text):
         raise argparse.ArgumentTypeError(f"{text} exists; gbmw does not overwrite files — choose a new name or remove "
                                          "it first")
+    _check_writable_folder(Path(text).absolute().parent, text)
     return text
+
+
+def _check_writable_folder(folder: Path, text: str) -> None:
+    """The nearest existing folder above a new path must be a folder gbmw may write in (checked before a search
+    that may take minutes, not after)."""
+    while not folder.exists():
+        folder = folder.parent
+    if not folder.is_dir():
+        raise argparse.ArgumentTypeError(f"{text}: cannot write there ({folder} is a file, not a folder)")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise argparse.ArgumentTypeError(f"{text}: cannot write there (no permission to write in {folder})")
 
 
 def new_or_empty_folder(text: str) -> str:

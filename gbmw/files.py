@@ -211,8 +211,12 @@ def write_new_file_bytes(path: str | Path, data: bytes) -> Path:
     path = Path(path)
     if path.exists():
         raise GbmwError(f"{path} exists; gbmw does not overwrite files — choose a new name or remove it first")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as error:
+        raise GbmwError(f"{path}: cannot write there ({error.strerror or error}); choose a folder you can write "
+                        "to") from None
     try:
         with os.fdopen(handle, "wb") as stream:
             stream.write(data)
@@ -221,6 +225,8 @@ def write_new_file_bytes(path: str | Path, data: bytes) -> Path:
         os.link(temporary, path)  # fails if `path` appeared meanwhile: no overwrite even in a race
     except FileExistsError:
         raise GbmwError(f"{path} exists; gbmw does not overwrite files") from None
+    except OSError as error:
+        raise GbmwError(f"{path}: cannot write it ({error.strerror or error})") from None
     finally:
         os.unlink(temporary)
     return path
