@@ -441,6 +441,63 @@ def test_random_bad_values_of_a_model_field(field, value, tmp_path_factory, caps
     assert_refused(tmp_path_factory, capsys, model_job(yaml_with(MODEL, field, value)), ESTIMATE, "{d}/m.yaml")
 
 
+def _not_a_whole_number(text: str) -> bool:
+    try:
+        int(text, 10)
+    except ValueError:
+        return True
+    return False
+
+
+bad_flag_numbers = (st.integers(max_value=0).map(str) | st.integers(min_value=2**60).map(str)
+                    | st.sampled_from(["nan", "inf", "-inf", "1e3", "", " ", "0x10", "½", "1,000"])
+                    | st.text(max_size=12).filter(_not_a_whole_number))
+FLAG_COMMANDS = {
+    "--batch": ["plan", "gpt-tiny_cpu-x4"],
+    "--max-pp": ["plan", "gpt-tiny_cpu-x4"],
+    "--devices": ["space"],
+    "--steps": ["train", "gpt-tiny_cpu-x4", "--plan", "p.yaml"],
+    "--seed": ["train", "gpt-tiny_cpu-x4", "--plan", "p.yaml"],
+    "--current-tp": ["tune", "--ds-config", "d.json", "--model", "gpt-tiny", "--cluster", "cpu-x4"],
+}
+
+
+@PROPERTY
+@given(flag=st.sampled_from(sorted(FLAG_COMMANDS)), value=bad_flag_numbers)
+def test_random_bad_values_of_whole_number_flags(flag, value, tmp_path_factory, capsys):
+    if flag == "--steps" and value.strip() == "0" or flag == "--seed" and value.strip().lstrip("+-0") == "":
+        return  # 0 steps and seed 0 are valid
+    assert_refused(tmp_path_factory, capsys, {}, FLAG_COMMANDS[flag] + [f"{flag}={value}"], f"argument {flag}")
+
+
+@PROPERTY
+@given(flag=st.sampled_from(["--lr", "--clip-grad", "--timeout"]),
+       value=st.sampled_from(["nan", "inf", "-inf", "-1", "1e400", "", "x", "1e9"]) | st.text(max_size=8))
+def test_random_bad_values_of_number_flags(flag, value, tmp_path_factory, capsys):
+    try:
+        number = float(value)
+    except ValueError:
+        number = None
+    if number is not None and (flag == "--lr" and 0 < number <= 10 or flag == "--clip-grad" and 0 <= number <= 1e6
+                               or flag == "--timeout" and 1 <= number <= 7 * 86_400):
+        return  # a valid value
+    assert_refused(tmp_path_factory, capsys, {}, ["train", "gpt-tiny_cpu-x4", "--plan", "p.yaml", f"{flag}={value}"],
+                   f"argument {flag}")
+
+
+@PROPERTY
+@given(value=st.text(max_size=12) | st.integers(max_value=0).map(str) | st.sampled_from(["-1GiB", "0B", "nan", "9EiB"]))
+def test_random_bad_memory_flags(value, tmp_path_factory, capsys):
+    from gbmw.schema import parse_bytes
+
+    try:
+        parse_bytes(value, "x")
+        return  # a valid size
+    except Exception:  # noqa: BLE001 - any refusal: the flag must refuse it too
+        pass
+    assert_refused(tmp_path_factory, capsys, {}, ["plan", "gpt-tiny_cpu-x4", f"--memory={value}"], "argument --memory")
+
+
 def test_a_fifo_as_a_plan_does_not_hang(tmp_path, capsys):
     os.mkfifo(tmp_path / "plan.yaml")
     status, _, err, _ = run_bad(tmp_path, PLAN_FILE, capsys)
