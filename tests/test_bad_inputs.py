@@ -281,6 +281,8 @@ CASES = [
     ("plan-target-cannot-run", PLAN_FILE, "megatron-core cannot run this plan",
      {"plan.yaml": plan_with(target="megatron-core", strategies=[{"strategy": "dp4", "layers": 3},
                                                                  {"strategy": "sdp4", "layers": 3}])}),
+    ("plan-train-gpipe", TRAIN, "schedule gpipe with virtual_stages 1 — gbmw's runtime runs the plain 1F1B",
+     {"plan.yaml": plan_with(schedule="gpipe")}),
     ("plan-list", PLAN_FILE, "expected a mapping, got list", {"plan.yaml": "- 1\n"}),
     ("plan-not-utf8", PLAN_FILE, "not UTF-8 text", {"plan.yaml": b"\x80model: x\n"}),
     ("plan-alias-bomb", PLAN_FILE, "once its aliases are expanded", {"plan.yaml": ALIAS_BOMB}),

@@ -76,6 +76,9 @@ def _read_inputs(job_reference: str, plan_path: str, settings: TrainSettings):
         raise PlanError(f"{plan_path}: field `model`: value {plan.model!r} — the job trains {job.model.name}; "
                         f"plan it with `gbmw plan {job_reference} -o plan.yaml`")
     plan.check_against(job.model, precision=job.precision)
+    if plan.schedule != "1f1b" or plan.virtual_stages != 1:
+        raise PlanError(f"{plan_path}: schedule {plan.schedule} with virtual_stages {plan.virtual_stages} — gbmw's runtime "
+                        "runs the plain 1F1B pipeline (schedule 1f1b, virtual_stages 1); plan again for --target runtime")
     architecture = job.model.require_architecture("gbmw train")
     if settings.save and Path(settings.save).exists():
         raise GbmwError(f"--save {settings.save}: exists; gbmw never replaces a checkpoint — choose a new folder")
