@@ -82,6 +82,9 @@ def _read_inputs(job_reference: str, plan_path: str, settings: TrainSettings):
     architecture = job.model.require_architecture("gbmw train")
     if settings.save and Path(settings.save).exists():
         raise GbmwError(f"--save {settings.save}: exists; gbmw never replaces a checkpoint — choose a new folder")
+    from .model import check_runtime_supports  # imports torch: after the checks that need none
+
+    check_runtime_supports(architecture)
     return plan, architecture
 
 
