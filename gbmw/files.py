@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from yaml.nodes import MappingNode, ScalarNode, SequenceNode
+from yaml.nodes import ScalarNode, SequenceNode
 
 from gbmw.errors import GbmwError, SpecError
 

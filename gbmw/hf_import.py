@@ -8,7 +8,7 @@ from typing import Any
 
 from gbmw.architectures import parse_architecture
 from gbmw.errors import SpecError
-from gbmw.files import read_json, shown
+from gbmw.files import read_json
 
 
 def import_hf_config(path: str | Path) -> Any:
