@@ -18,7 +18,7 @@ from gbmw.bundled import resolve_recipe
 from gbmw.cluster_spec import load_cluster
 from gbmw.estimate import estimate_plan
 from gbmw.errors import GbmwError
-from gbmw.files import write_new_file
+from gbmw.files import shown, write_new_file
 from gbmw.jobs import JobSpec
 from gbmw.models import load_model
 from gbmw.plan import Plan, replace_estimate
@@ -67,7 +67,7 @@ def tune(ds_config_path: str, model: str, cluster: str, target: str = "deepspeed
                         "gbmw's per-layer plans; tune for deepspeed, megatron-deepspeed or megatron-core, or plan and "
                         "run with gbmw's runtime: `gbmw plan JOB -o plan.yaml` then `gbmw train JOB --plan plan.yaml`")
     if target not in STOCK_TARGETS:
-        raise GbmwError(f"--target {target!r} is unknown; targets: {', '.join(STOCK_TARGETS)}")
+        raise GbmwError(f"--target {shown(target)} is unknown; targets: {', '.join(STOCK_TARGETS)}")
     if output is not None and Path(output).exists() and any(Path(output).iterdir()):
         raise GbmwError(f"-o {output}: the folder exists and is not empty; gbmw writes only new files — choose a new folder")
     user = ds.load_user_config(ds_config_path)

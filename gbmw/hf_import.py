@@ -8,7 +8,7 @@ from typing import Any
 
 from gbmw.architectures import parse_architecture
 from gbmw.errors import SpecError
-from gbmw.files import read_json
+from gbmw.files import read_json, shown
 
 
 def import_hf_config(path: str | Path) -> Any:
@@ -26,7 +26,7 @@ def import_hf_config(path: str | Path) -> Any:
         for key in keys:
             if key in config:
                 return config[key]
-        raise SpecError(f"{where}: field `{keys[0]}` is required for model_type {model_type!r}")
+        raise SpecError(f"{where}: field `{keys[0]}` is required for model_type {shown(model_type)}")
 
     if model_type == "gpt2":
         data = dict(
@@ -70,7 +70,7 @@ def import_hf_config(path: str | Path) -> Any:
         )
     else:
         raise SpecError(
-            f"{where}: field `model_type`: value {model_type!r} — supported: gpt2, llama, mistral, qwen2, "
+            f"{where}: field `model_type`: value {shown(model_type)} — supported: gpt2, llama, mistral, qwen2, "
             "bert, roberta, t5, mt5, vit; or write a model recipe YAML (see recipes/models/)"
         )
     data = {key: value for key, value in data.items() if value is not None}
