@@ -443,6 +443,18 @@ def test_random_bad_values_of_a_model_field(field, value, tmp_path_factory, caps
     assert_refused(tmp_path_factory, capsys, model_job(yaml_with(MODEL, field, value)), ESTIMATE, "{d}/m.yaml")
 
 
+bad_numbers = (st.booleans() | st.floats(max_value=0.99) | st.floats(min_value=11, allow_infinity=True)
+               | st.just(float("nan")) | st.text(max_size=6) | st.lists(st.floats(), max_size=2))
+
+
+@PROPERTY
+@given(field=st.sampled_from(["nodes", "devices_per_node", "overlap_slowdown"]), value=bad_integers | bad_numbers)
+def test_random_bad_values_of_a_cluster_field(field, value, tmp_path_factory, capsys):
+    if field == "overlap_slowdown" and isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 10:
+        return  # a valid slowdown
+    assert_refused(tmp_path_factory, capsys, cluster_job(yaml_with(CLUSTER, field, value)), ESTIMATE, "{d}/c.yaml")
+
+
 def _not_a_whole_number(text: str) -> bool:
     try:
         int(text, 10)
