@@ -85,6 +85,12 @@ def tune(ds_config_path: str, model: str, cluster: str, target: str = "deepspeed
                   precision=precision, optimizer=_optimizer_of(user), global_batch=global_batch,
                   memory_budget_bytes=budget)
 
+    if not _has_auto_values(user):  # HF Trainer fills "auto" values before DeepSpeed reads the config
+        try:  # DeepSpeed's own schema on the user's config as it runs today: refused before a search, not after
+            ds.validate_with_deepspeed(user, world, current_tp, current_pp)
+        except GbmwError as error:
+            raise GbmwError(f"{ds_config_path}: {error}") from None
+
     current, problem = None, ""
     zero = int((user.get("zero_optimization") or {}).get("stage", 0) or 0)
     ckpt = current_ckpt or ("full" if user.get("activation_checkpointing") else "none")
@@ -121,6 +127,14 @@ def tune(ds_config_path: str, model: str, cluster: str, target: str = "deepspeed
         for name, text in files.items():
             result.written.append(write_new_file(folder / name, text))
     return result
+
+
+def _has_auto_values(config) -> bool:
+    if isinstance(config, dict):
+        return any(_has_auto_values(value) for value in config.values())
+    if isinstance(config, list):
+        return any(_has_auto_values(value) for value in config)
+    return config == "auto"
 
 
 def _optimizer_of(config: dict) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -118,6 +119,15 @@ def check_user_config(config: dict[str, Any], where: str = "ds_config") -> None:
     optimizer = config.get("optimizer")
     if optimizer is not None and not isinstance(optimizer.get("type", ""), str):
         refuse("optimizer.type", optimizer.get("type"), 'must be a name, e.g. "Adam" or "AdamW"')
+    params = (optimizer or {}).get("params", {})
+    if not isinstance(params, dict):
+        refuse("optimizer.params", params, 'must be an object, e.g. {"lr": 1e-4}')
+    for key in ("lr", "weight_decay", "eps"):
+        if key in params and params[key] != "auto" and not _finite_at_least(params[key], 0):
+            refuse(f"optimizer.params.{key}", params[key], 'must be a number ≥ 0, or "auto"')
+    if "gradient_clipping" in config and config["gradient_clipping"] != "auto" and not _finite_at_least(
+            config["gradient_clipping"], 0):
+        refuse("gradient_clipping", config["gradient_clipping"], 'must be a number ≥ 0 (0 = off), or "auto"')
     enabled = []
     for key in PRECISION_SECTIONS:
         value = config.get(key, {}).get("enabled", False)
@@ -130,6 +140,11 @@ def check_user_config(config: dict[str, Any], where: str = "ds_config") -> None:
     if len(enabled) > 1:
         raise GbmwError(f"{where}: {' and '.join(enabled)} are both enabled; DeepSpeed trains in one 16-bit "
                         "precision — enable one")
+
+
+def _finite_at_least(value: Any, low: float) -> bool:
+    return (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+            and value >= low)
 
 
 MAX_BATCH = 2**20
