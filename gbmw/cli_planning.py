@@ -8,6 +8,7 @@ import sys
 
 from gbmw.cli_types import integer, memory_size, memory_sizes, new_path, power_of_two
 from gbmw.errors import GbmwError
+from gbmw.files import shown
 from gbmw.schema import MAX_DEVICES, MAX_GLOBAL_BATCH
 
 
@@ -114,6 +115,9 @@ def _run_estimate(args: argparse.Namespace) -> int:
         plan = Plan.load(args.plan)
         plan.check_against(job.model, job.cluster.num_devices, job.precision)
         get_target(plan.target).check(plan, job.model)  # a hand-edited `target` must be able to run the plan
+        if plan.model != job.model.name:
+            print(f"note: the plan was made for model {shown(plan.model)}; costing it for the job's {job.model.name} "
+                  f"(both have {job.model.num_layers} layers)", file=sys.stderr)
         if job.global_batch is not None and plan.global_batch != job.global_batch:
             print(
                 f"note: the plan's global batch ({plan.global_batch}) differs from the job's ({job.global_batch}); "
