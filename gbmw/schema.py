@@ -31,8 +31,6 @@ MAX_QUANTITY = 1e30
 T = TypeVar("T")
 Items = Annotated[tuple[T, ...], BeforeValidator(lambda value: tuple(value) if isinstance(value, list) else value)]
 """A tuple field that reads a YAML list (strict validation takes tuples only)."""
-Quantity = Annotated[float, Field(ge=0, le=MAX_QUANTITY)]
-Count = Annotated[int, Field(ge=0, le=MAX_COUNT)]
 
 
 class Frozen(BaseModel):
@@ -53,7 +51,7 @@ def describe_validation_error(error: ValidationError, where: str) -> str:
         if item["type"] == "missing":
             lines.append(f"{where}: field `{field}` is required")
         elif item["type"] == "extra_forbidden":
-            lines.append(f"{where}: unknown field `{field}` (value {item['input']!r}); check its spelling")
+            lines.append(f"{where}: unknown field `{field}` (value {shown(item['input'])}); check its spelling")
         else:
             lines.append(f"{where}: field `{field}`: value {shown(item.get('input'))} — {_what_works(item, message)}")
     return "; ".join(lines[:3]) + (f"; and {len(lines) - 3} more" if len(lines) > 3 else "")
