@@ -27,7 +27,7 @@ from typing import Sequence
 from gbmw.cli_planning import add_planning_commands
 from gbmw.cli_running import add_running_commands
 from gbmw.cli_types import OneLineParser, integer
-from gbmw.errors import GbmwError
+from gbmw.errors import GbmwError, error_line
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -39,10 +39,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.run(args)
     except GbmwError as error:
-        # Under a launcher an error every rank raised together (gbmw.adapters.runtime.launch.agree) is printed by
-        # rank 0 alone; every rank exits with status 2.
-        if os.environ.get("RANK", "0") == "0" or not getattr(error, "all_ranks", False):
-            print(f"gbmw: error: {error}", file=sys.stderr, flush=True)
+        # Under a launcher an error every rank raised together (gbmw.adapters.runtime.launch.agree) was printed by
+        # rank 0 alone, before the ranks parted; every rank exits with status 2.
+        if not getattr(error, "all_ranks", False):
+            print(error_line(error), file=sys.stderr, flush=True)
+        elif int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
+            # Every rank leaves now, together: a launcher that sees one rank exit terminates the others, and the
+            # interpreter's own shutdown (torch loaded) is long enough for that to turn their status into SIGTERM's.
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(2)
         return 2
     except KeyboardInterrupt:
         print("gbmw: interrupted", file=sys.stderr)

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import datetime
 import os
+import signal
+import sys
 from dataclasses import dataclass
 from typing import Callable, TypeVar
 
-from gbmw.errors import DistributedError, GbmwError
+from gbmw.errors import DistributedError, GbmwError, error_line
 
 
 @dataclass(frozen=True)
@@ -111,8 +113,9 @@ def start_after_checking(read: Callable[[], T], timeout_s: float = 300.0,
 def agree(problem: str | None, error: type[GbmwError] = GbmwError) -> None:
     """Every rank raises the same `error` when any rank has a problem — the first such rank's message, naming that
     rank where it is another — so no rank waits in a collective for a peer that stopped, and every rank exits with
-    the same status. The error is marked `all_ranks` (gbmw.cli prints it on rank 0 only). A peer that died meanwhile
-    is a DistributedError."""
+    the same status. Rank 0 prints it at once, before any rank leaves (so a launcher cannot stop rank 0 before it has
+    said why), and the error is marked `all_ranks` (gbmw.cli prints nothing more). A peer that died meanwhile is a
+    DistributedError."""
     import torch.distributed as dist
 
     if not dist.is_initialized() or dist.get_world_size() == 1:
@@ -126,8 +129,21 @@ def agree(problem: str | None, error: type[GbmwError] = GbmwError) -> None:
     for rank, message in enumerate(problems):
         if message is not None:
             raised = error(message if rank == 0 else f"{message} (reported by rank {rank})")
-            raised.all_ranks = True
+            raised.all_ranks = True  # printed here, on rank 0: gbmw.cli prints nothing more
+            if len(problems) > 1:
+                _stop_with_user_error_status()
+            if not dist.is_initialized() or dist.get_rank() == 0:
+                print(error_line(raised), file=sys.stderr, flush=True)  # before any rank leaves (the teardown meets)
             raise raised
+
+
+def _stop_with_user_error_status() -> None:
+    """Every rank stops with status 2 now; a launcher that sees one rank exit first terminates the others (torchrun
+    sends SIGTERM), and that must not turn their status into a signal's."""
+    try:
+        signal.signal(signal.SIGTERM, lambda signum, frame: os._exit(2))
+    except ValueError:  # not the main thread: leave the handler as it is
+        pass
 
 
 def lost_contact(failure: BaseException, when: str) -> DistributedError:
