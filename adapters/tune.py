@@ -18,7 +18,7 @@ from gbmw.bundled import resolve_recipe
 from gbmw.cluster_spec import load_cluster
 from gbmw.estimate import estimate_plan
 from gbmw.errors import GbmwError
-from gbmw.files import write_new_file
+from gbmw.files import shown, write_new_file
 from gbmw.jobs import JobSpec
 from gbmw.models import load_model
 from gbmw.plan import Plan, replace_estimate
@@ -54,7 +54,7 @@ def precision_of(config: dict) -> str:
     """bf16 / fp16 / fp32 from a ds_config's precision sections."""
     for key, name in (("bf16", "bf16"), ("bfloat16", "bf16"), ("fp16", "fp16")):
         section = config.get(key)
-        if isinstance(section, dict) and section.get("enabled") in (True, "true", "auto"):
+        if isinstance(section, dict) and section.get("enabled") in (True, "auto"):
             return name
     return "fp32"
 
@@ -67,7 +67,7 @@ def tune(ds_config_path: str, model: str, cluster: str, target: str = "deepspeed
                         "gbmw's per-layer plans; tune for deepspeed, megatron-deepspeed or megatron-core, or plan and "
                         "run with gbmw's runtime: `gbmw plan JOB -o plan.yaml` then `gbmw train JOB --plan plan.yaml`")
     if target not in STOCK_TARGETS:
-        raise GbmwError(f"--target {target!r} is unknown; targets: {', '.join(STOCK_TARGETS)}")
+        raise GbmwError(f"--target {shown(target)} is unknown; targets: {', '.join(STOCK_TARGETS)}")
     if output is not None and Path(output).exists() and any(Path(output).iterdir()):
         raise GbmwError(f"-o {output}: the folder exists and is not empty; gbmw writes only new files — choose a new folder")
     user = ds.load_user_config(ds_config_path)
@@ -75,7 +75,7 @@ def tune(ds_config_path: str, model: str, cluster: str, target: str = "deepspeed
     world = cluster_spec.num_devices
     if current_tp < 1 or current_pp < 1 or world % (current_tp * current_pp):
         raise GbmwError(f"--current-tp {current_tp} × --current-pp {current_pp} must divide the cluster's {world} devices")
-    ds.check_batch_consistency(user, world, current_tp * current_pp)
+    ds.check_batch_consistency(user, world, current_tp * current_pp, where=ds_config_path)
     data_parallel = world // (current_tp * current_pp)
     global_batch, micro_per_gpu, accumulation = ds.resolve_batch(user, data_parallel)
     precision = precision_of(user)
@@ -84,6 +84,12 @@ def tune(ds_config_path: str, model: str, cluster: str, target: str = "deepspeed
     job = JobSpec(name=f"{model_spec.name}_{cluster_spec.name}", model=model_spec, cluster=cluster_spec,
                   precision=precision, optimizer=_optimizer_of(user), global_batch=global_batch,
                   memory_budget_bytes=budget)
+
+    if not _has_auto_values(user):  # HF Trainer fills "auto" values before DeepSpeed reads the config
+        try:  # DeepSpeed's own schema on the user's config as it runs today: refused before a search, not after
+            ds.validate_with_deepspeed(user, world, current_tp, current_pp)
+        except GbmwError as error:
+            raise GbmwError(f"{ds_config_path}: {error}") from None
 
     current, problem = None, ""
     zero = int((user.get("zero_optimization") or {}).get("stage", 0) or 0)
@@ -121,6 +127,14 @@ def tune(ds_config_path: str, model: str, cluster: str, target: str = "deepspeed
         for name, text in files.items():
             result.written.append(write_new_file(folder / name, text))
     return result
+
+
+def _has_auto_values(config) -> bool:
+    if isinstance(config, dict):
+        return any(_has_auto_values(value) for value in config.values())
+    if isinstance(config, list):
+        return any(_has_auto_values(value) for value in config)
+    return config == "auto"
 
 
 def _optimizer_of(config: dict) -> str:

@@ -14,7 +14,10 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import Field, TypeAdapter, ValidationError, model_validator
 
 from gbmw.errors import SpecError
-from gbmw.schema import Frozen, describe_validation_error
+from gbmw.files import shown
+from gbmw.schema import (
+    MAX_LAYERS, MAX_SEQUENCE, MAX_WIDTH, Frozen, Items, check_kind, describe_validation_error,
+)
 
 
 class _Architecture(Frozen):
@@ -40,15 +43,15 @@ class GPTArchitecture(_Architecture):
     """Decoder-only language model (GPT-2/3; LLaMA with `gated_mlp`, `norm: rms`, `bias: false`)."""
 
     family: Literal["gpt"]
-    num_layers: int = Field(ge=1)
-    hidden_size: int = Field(ge=1)
-    num_heads: int = Field(ge=1)
-    num_kv_heads: int | None = Field(default=None, ge=1)
+    num_layers: int = Field(ge=1, le=MAX_LAYERS)
+    hidden_size: int = Field(ge=1, le=MAX_WIDTH)
+    num_heads: int = Field(ge=1, le=MAX_WIDTH)
+    num_kv_heads: int | None = Field(default=None, ge=1, le=MAX_WIDTH)
     """Grouped-query attention; None means as many as `num_heads`."""
-    ffn_hidden_size: int | None = Field(default=None, ge=1)
+    ffn_hidden_size: int | None = Field(default=None, ge=1, le=MAX_WIDTH)
     """None means 4 × hidden_size."""
-    seq_length: int = Field(ge=1)
-    vocab_size: int = Field(ge=1)
+    seq_length: int = Field(ge=1, le=MAX_SEQUENCE)
+    vocab_size: int = Field(ge=1, le=MAX_WIDTH)
     gated_mlp: bool = False
     bias: bool = True
     norm: Literal["layer", "rms"] = "layer"
@@ -58,38 +61,52 @@ class GPTArchitecture(_Architecture):
     def _head_pairs(self) -> list[tuple[int, int]]:
         return [(self.hidden_size, self.num_heads)]
 
+    @model_validator(mode="after")
+    def _kv_heads_divide(self) -> "GPTArchitecture":
+        if self.num_kv_heads is not None and self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}: "
+                             "grouped-query attention shares each key/value head among equal groups")
+        return self
+
 
 class BERTArchitecture(_Architecture):
     """Encoder-only masked language model with an MLM head and a pooler."""
 
     family: Literal["bert"]
-    num_layers: int = Field(ge=1)
-    hidden_size: int = Field(ge=1)
-    num_heads: int = Field(ge=1)
-    ffn_hidden_size: int | None = Field(default=None, ge=1)
-    seq_length: int = Field(ge=1)
-    vocab_size: int = Field(ge=1)
-    max_position_embeddings: int | None = Field(default=None, ge=1)
-    type_vocab_size: int = Field(default=2, ge=0)
+    num_layers: int = Field(ge=1, le=MAX_LAYERS)
+    hidden_size: int = Field(ge=1, le=MAX_WIDTH)
+    num_heads: int = Field(ge=1, le=MAX_WIDTH)
+    ffn_hidden_size: int | None = Field(default=None, ge=1, le=MAX_WIDTH)
+    seq_length: int = Field(ge=1, le=MAX_SEQUENCE)
+    vocab_size: int = Field(ge=1, le=MAX_WIDTH)
+    max_position_embeddings: int | None = Field(default=None, ge=1, le=MAX_SEQUENCE)
+    type_vocab_size: int = Field(default=2, ge=0, le=MAX_WIDTH)
 
     def _head_pairs(self) -> list[tuple[int, int]]:
         return [(self.hidden_size, self.num_heads)]
+
+    @model_validator(mode="after")
+    def _positions_cover_the_sequence(self) -> "BERTArchitecture":
+        if self.max_position_embeddings is not None and self.seq_length > self.max_position_embeddings:
+            raise ValueError(f"seq_length {self.seq_length} exceeds max_position_embeddings "
+                             f"{self.max_position_embeddings}: the position table has no row for the later tokens")
+        return self
 
 
 class T5Architecture(_Architecture):
     """Encoder-decoder; the encoder and decoder sequence lengths may differ (T5-512/4)."""
 
     family: Literal["t5"]
-    num_encoder_layers: int = Field(ge=1)
-    num_decoder_layers: int = Field(ge=1)
-    hidden_size: int = Field(ge=1)
-    num_heads: int = Field(ge=1)
-    head_dim: int | None = Field(default=None, ge=1)
+    num_encoder_layers: int = Field(ge=1, le=MAX_LAYERS // 2)
+    num_decoder_layers: int = Field(ge=1, le=MAX_LAYERS // 2)
+    hidden_size: int = Field(ge=1, le=MAX_WIDTH)
+    num_heads: int = Field(ge=1, le=MAX_WIDTH)
+    head_dim: int | None = Field(default=None, ge=1, le=MAX_WIDTH)
     """T5's d_kv; None means hidden_size / num_heads."""
-    ffn_hidden_size: int = Field(ge=1)
-    encoder_seq_length: int = Field(ge=1)
-    decoder_seq_length: int = Field(ge=1)
-    vocab_size: int = Field(ge=1)
+    ffn_hidden_size: int = Field(ge=1, le=MAX_WIDTH)
+    encoder_seq_length: int = Field(ge=1, le=MAX_SEQUENCE)
+    decoder_seq_length: int = Field(ge=1, le=MAX_SEQUENCE)
+    vocab_size: int = Field(ge=1, le=MAX_WIDTH)
     gated_mlp: bool = False
     tie_embeddings: bool = True
 
@@ -101,14 +118,14 @@ class ViTArchitecture(_Architecture):
     """Vision Transformer: patch embedding, a class token, encoder blocks, a classifier head."""
 
     family: Literal["vit"]
-    num_layers: int = Field(ge=1)
-    hidden_size: int = Field(ge=1)
-    num_heads: int = Field(ge=1)
-    ffn_hidden_size: int | None = Field(default=None, ge=1)
-    image_size: int = Field(ge=1)
-    patch_size: int = Field(ge=1)
-    num_channels: int = Field(default=3, ge=1)
-    num_classes: int = Field(default=1000, ge=1)
+    num_layers: int = Field(ge=1, le=MAX_LAYERS)
+    hidden_size: int = Field(ge=1, le=MAX_WIDTH)
+    num_heads: int = Field(ge=1, le=MAX_WIDTH)
+    ffn_hidden_size: int | None = Field(default=None, ge=1, le=MAX_WIDTH)
+    image_size: int = Field(ge=1, le=MAX_SEQUENCE)
+    patch_size: int = Field(ge=1, le=MAX_SEQUENCE)
+    num_channels: int = Field(default=3, ge=1, le=MAX_WIDTH)
+    num_classes: int = Field(default=1000, ge=1, le=MAX_WIDTH)
 
     def _head_pairs(self) -> list[tuple[int, int]]:
         return [(self.hidden_size, self.num_heads)]
@@ -124,15 +141,15 @@ class SwinArchitecture(_Architecture):
     """Swin Transformer: stages of windowed-attention blocks at halving resolution and doubling width."""
 
     family: Literal["swin"]
-    embed_dim: int = Field(ge=1)
-    depths: tuple[int, ...] = Field(min_length=1)
-    num_heads: tuple[int, ...] = Field(min_length=1)
-    window_size: int = Field(default=7, ge=1)
-    image_size: int = Field(default=224, ge=1)
-    patch_size: int = Field(default=4, ge=1)
-    num_channels: int = Field(default=3, ge=1)
-    mlp_ratio: float = Field(default=4.0, gt=0)
-    num_classes: int = Field(default=1000, ge=1)
+    embed_dim: int = Field(ge=1, le=MAX_WIDTH)
+    depths: Items[Annotated[int, Field(ge=1, le=MAX_LAYERS // 16)]] = Field(min_length=1, max_length=16)
+    num_heads: Items[Annotated[int, Field(ge=1, le=MAX_WIDTH)]] = Field(min_length=1, max_length=16)
+    window_size: int = Field(default=7, ge=1, le=MAX_SEQUENCE)
+    image_size: int = Field(default=224, ge=1, le=MAX_SEQUENCE)
+    patch_size: int = Field(default=4, ge=1, le=MAX_SEQUENCE)
+    num_channels: int = Field(default=3, ge=1, le=MAX_WIDTH)
+    mlp_ratio: float = Field(default=4.0, gt=0, le=64)
+    num_classes: int = Field(default=1000, ge=1, le=MAX_WIDTH)
 
     def _head_pairs(self) -> list[tuple[int, int]]:
         return [(self.embed_dim * 2**stage, heads) for stage, heads in enumerate(self.num_heads)]
@@ -162,9 +179,10 @@ def parse_architecture(data: dict[str, Any], where: str) -> Any:
     """Validate an architecture mapping (needs `family`) with field-level errors."""
     family = data.get("family")
     if family not in FAMILIES:
-        raise SpecError(f"{where}: field `family`: value {family!r} — must be one of {list(FAMILIES)}")
+        check_kind(data, "model", where)
+        raise SpecError(f"{where}: field `family`: value {shown(family)} — must be one of {list(FAMILIES)}")
     try:
-        return _ARCHITECTURE.validate_python(data)
+        return _ARCHITECTURE.validate_python(data, strict=True)
     except ValidationError as error:
         # pydantic prefixes the discriminator value to each location; drop it.
         message = describe_validation_error(error, where).replace(f"`{family}.", "`")

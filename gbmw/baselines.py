@@ -19,7 +19,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from gbmw.errors import PlanError
+from gbmw.errors import GbmwError, PlanError
+from gbmw.files import shown
+from gbmw.schema import MAX_DEVICES, MAX_GLOBAL_BATCH
 from gbmw.plan import Plan
 from gbmw.stock_partitions import megatron_partition
 from gbmw.targets import AXIS_OF_ZERO_STAGE, get_target
@@ -54,20 +56,30 @@ class UniformConfig:
     @classmethod
     def parse(cls, text: str) -> "UniformConfig":
         values: dict[str, object] = {}
-        for item in filter(None, (part.strip() for part in text.split(","))):
+        known = ", ".join(f"{k} ({v})" for k, v in UNIFORM_KEYS.items())
+        items = [part.strip() for part in text.split(",") if part.strip()]
+        if not items:
+            raise PlanError(f"--uniform {shown(text)}: empty; write key=value pairs joined by ',', e.g. "
+                            f"tp=8,pp=2,zero=1,ckpt=full,micro=1 (keys: {known})")
+        for item in items:
             key, sep, value = item.partition("=")
             key = key.strip()
             if not sep or key not in UNIFORM_KEYS:
-                known = ", ".join(f"{k} ({v})" for k, v in UNIFORM_KEYS.items())
-                raise PlanError(f"--uniform: cannot read {item!r}; write key=value pairs joined by ',' with keys: {known}")
+                raise PlanError(f"--uniform: cannot read {shown(item)}; write key=value pairs joined by ',' with keys: "
+                                f"{known}")
+            if key in values:
+                raise PlanError(f"--uniform: {key} is given twice ({key}={values[key]} and {shown(item)}); give it once")
             value = value.strip()
             if key == "target":
-                values[key] = get_target(value).name
+                try:
+                    values[key] = get_target(value).name
+                except GbmwError as error:
+                    raise PlanError(f"--uniform target={shown(value)}: {str(error).split('; ', 1)[-1]}") from None
                 continue
             if key == "ckpt":
                 if value not in ("full", "none"):
                     raise PlanError(
-                        f"--uniform ckpt={value!r}: only full (every Transformer block recomputed) or none is "
+                        f"--uniform ckpt={shown(value)}: only full (every Transformer block recomputed) or none is "
                         "modelled; selective recomputation is not"
                     )
                 values[key] = value
@@ -75,9 +87,11 @@ class UniformConfig:
             try:
                 number = int(value)
             except ValueError:
-                raise PlanError(f"--uniform {key}={value!r}: must be an integer ({UNIFORM_KEYS[key]})") from None
+                raise PlanError(f"--uniform {key}={shown(value)}: must be an integer ({UNIFORM_KEYS[key]})") from None
             if number < (0 if key == "zero" else 1):
                 raise PlanError(f"--uniform {key}={number}: must be positive ({UNIFORM_KEYS[key]})")
+            if number > (MAX_GLOBAL_BATCH if key in ("micro", "batch") else MAX_DEVICES):
+                raise PlanError(f"--uniform {key}={number}: too large ({UNIFORM_KEYS[key]})")
             if key == "zero" and number > 3:
                 raise PlanError(f"--uniform zero={number}: ZeRO stages are 0, 1, 2 and 3")
             values[key] = number

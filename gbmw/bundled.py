@@ -11,9 +11,13 @@ from importlib.resources import files
 from pathlib import Path
 
 from gbmw.errors import SpecError
+from gbmw.files import shown
 
 RECIPES_DIR = Path(str(files("gbmw.recipes")))
 """recipes/ of the installed package: models/, clusters/, jobs/, handtuned/, gpt3/."""
+
+
+_KIND_NAMES = {"models": "model", "clusters": "cluster", "jobs": "job", "handtuned": "hand-tuned configuration"}
 
 
 def bundled_names(kind: str) -> list[str]:
@@ -35,6 +39,6 @@ def resolve_recipe(reference: str, kind: str, relative_to: Path | None = None) -
         if candidate.is_file():
             return candidate
     raise SpecError(
-        f"{kind[:-1]} {reference!r}: no such file or bundled recipe; bundled {kind}: "
+        f"{_KIND_NAMES.get(kind, kind)} {shown(reference)}: no such file or bundled recipe; bundled {kind}: "
         f"{', '.join(bundled_names(kind)) or 'none'}"
     )

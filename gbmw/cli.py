@@ -20,21 +20,35 @@ line naming the file, field and value (exit status 2), never a traceback.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Sequence
 
 from gbmw.cli_planning import add_planning_commands
 from gbmw.cli_running import add_running_commands
-from gbmw.errors import GbmwError
+from gbmw.cli_types import OneLineParser, integer
+from gbmw.errors import GbmwError, error_line
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as stop:  # a bad flag (one line already printed) or --help: the status, not an exception
+        return stop.code if isinstance(stop.code, int) else 2
     try:
         return args.run(args)
     except GbmwError as error:
-        print(f"gbmw: error: {error}", file=sys.stderr)
+        # Under a launcher an error every rank raised together (gbmw.adapters.runtime.launch.agree) was printed by
+        # rank 0 alone, before the ranks parted; every rank exits with status 2.
+        if not getattr(error, "all_ranks", False):
+            print(error_line(error), file=sys.stderr, flush=True)
+        elif int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
+            # Every rank leaves now, together: a launcher that sees one rank exit terminates the others, and the
+            # interpreter's own shutdown (torch loaded) is long enough for that to turn their status into SIGTERM's.
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(2)
         return 2
     except KeyboardInterrupt:
         print("gbmw: interrupted", file=sys.stderr)
@@ -42,11 +56,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="gbmw",
         description="Galvatron-BMW automatic hybrid parallelism for Transformer training.",
     )
-    parser.add_argument("--local_rank", "--local-rank", type=int, dest="local_rank", default=None,
+    parser.add_argument("--local_rank", "--local-rank", type=integer(0, 4096), dest="local_rank", default=None,
                         help=argparse.SUPPRESS)  # the deepspeed launcher passes --local_rank=N before the command
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     add_planning_commands(commands)

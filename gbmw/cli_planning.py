@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 
+from gbmw.cli_types import integer, memory_size, memory_sizes, new_path, power_of_two
 from gbmw.errors import GbmwError
+from gbmw.files import shown
+from gbmw.schema import MAX_DEVICES, MAX_GLOBAL_BATCH
 
 
 def add_planning_commands(commands) -> None:
     """`space`, `estimate`, `plan` and `compare` on the command line's subparsers."""
     space = commands.add_parser("space", help="list the per-layer strategy candidates for N devices")
-    space.add_argument("--devices", type=int, required=True, help="number of devices (a power of two)")
+    space.add_argument("--devices", type=integer(1, 4096), required=True, help="number of devices (a power of two)")
     space.add_argument("--no-prune", action="store_true", help="keep DP+SDP trees (Takeaway #3 off)")
     space.add_argument("--json", action="store_true", help="print JSON")
     space.set_defaults(run=_run_space)
@@ -27,39 +29,39 @@ def add_planning_commands(commands) -> None:
         metavar="SPEC",
         help="a hand-tuned uniform config, e.g. tp=8,pp=2,zero=1,ckpt=full,micro=1[,batch=512]",
     )
-    estimate.add_argument("--memory", help="per-device memory budget, e.g. 16GiB (default: the job's)")
+    estimate.add_argument("--memory", type=memory_size, help="per-device memory budget, e.g. 16GiB (default: the job's)")
     estimate.add_argument("--json", action="store_true", help="print JSON")
     estimate.set_defaults(run=_run_estimate)
 
     plan = commands.add_parser("plan", help="search the fastest plan that fits")
     plan.add_argument("job", help="job YAML or bundled job recipe name")
-    _search_options(plan)
+    _search_options(plan, memory_size)
     plan.add_argument("--variant", default="gbmw",
                       help="search variant: gbmw (default: BMW with ZeRO-1/2 too), bmw, base, 1f1b+bi-obj, galvatron, "
                            "dp+pp, dp+tp, or a baseline (ddp, megatron-tp, gpipe, fsdp, deepspeed-3d)")
     plan.add_argument("--target", default="runtime",
                       help="what will run it: runtime (default), deepspeed, megatron-deepspeed, megatron-core")
-    plan.add_argument("--max-pp", type=int, help="largest pipeline degree to try")
-    plan.add_argument("--granularity", help="memory grid of the DP, e.g. 1MiB (default: the budget in 4096 cells)")
+    plan.add_argument("--max-pp", type=power_of_two(MAX_DEVICES), help="largest pipeline degree to try")
+    plan.add_argument("--granularity", type=memory_size, help="memory grid of the DP, e.g. 1MiB (default: the budget in 4096 cells)")
     plan.add_argument("--exact", action="store_true", help="exact Pareto-frontier DP instead of the grid (slower)")
-    plan.add_argument("-o", "--output", help="write the plan to this new YAML file")
-    plan.add_argument("--figure", help="draw stage memory/time bars and the strategy of every layer to this PNG")
+    plan.add_argument("-o", "--output", type=new_path, help="write the plan to this new YAML file")
+    plan.add_argument("--figure", type=new_path, help="draw stage memory/time bars and the strategy of every layer to this PNG")
     plan.add_argument("--json", action="store_true", help="print the plan with its estimate as JSON")
     plan.set_defaults(run=_run_plan)
 
     compare = commands.add_parser("compare", help="the paper's comparison: baselines and variants side by side")
     compare.add_argument("job", help="job YAML or bundled job recipe name")
-    _search_options(compare)
+    _search_options(compare, memory_sizes)
     compare.add_argument("--handtuned", help="a published configuration (recipes/handtuned/NAME.yaml or a path): "
                                              "cost it beside gbmw's best plan for every target")
     compare.add_argument("--json", action="store_true", help="print JSON")
     compare.set_defaults(run=_run_compare)
 
 
-def _search_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--memory", help="per-device memory budget, e.g. 16GiB (compare: a comma list)")
+def _search_options(parser: argparse.ArgumentParser, memory_type) -> None:
+    parser.add_argument("--memory", type=memory_type, help="per-device memory budget, e.g. 16GiB (compare: a comma list)")
     batch = parser.add_mutually_exclusive_group()
-    batch.add_argument("--batch", type=int, help="fixed global batch (default: the job's, else a sweep)")
+    batch.add_argument("--batch", type=integer(1, MAX_GLOBAL_BATCH), help="fixed global batch (default: the job's, else a sweep)")
     batch.add_argument("--sweep", action="store_true", help="sweep the global batch up to the job's max_global_batch")
 
 
@@ -105,11 +107,17 @@ def _run_estimate(args: argparse.Namespace) -> int:
     from gbmw.estimate import estimate_plan
     from gbmw.plan import Plan
     from gbmw.report import estimate_to_json, print_estimate
+    from gbmw.targets import get_target
     from gbmw.jobs import load_job
 
     job = load_job(args.job, memory_budget=args.memory)
     if args.plan:
         plan = Plan.load(args.plan)
+        plan.check_against(job.model, job.cluster.num_devices, job.precision)
+        get_target(plan.target).check(plan, job.model)  # a hand-edited `target` must be able to run the plan
+        if plan.model != job.model.name:
+            print(f"note: the plan was made for model {shown(plan.model)}; costing it for the job's {job.model.name} "
+                  f"(both have {job.model.num_layers} layers)", file=sys.stderr)
         if job.global_batch is not None and plan.global_batch != job.global_batch:
             print(
                 f"note: the plan's global batch ({plan.global_batch}) differs from the job's ({job.global_batch}); "
@@ -134,11 +142,6 @@ def _run_plan(args: argparse.Namespace) -> int:
 
     job = load_job(args.job, memory_budget=args.memory)
     granularity = parse_bytes(args.granularity, "--granularity") if args.granularity else None
-    if args.batch is not None and args.batch < 1:
-        raise GbmwError(f"--batch {args.batch}: must be a positive number of samples")
-    for path in (args.output, args.figure):
-        if path and os.path.exists(path):
-            raise GbmwError(f"{path} exists; gbmw does not overwrite files — choose a new name or remove it first")
     progress, update = _progress("searching")
     planner = Planner(job, variant=args.variant, batch=args.batch, sweep=args.sweep, granularity_bytes=granularity,
                       exact=args.exact, max_pp=args.max_pp, target=args.target, progress=update)

@@ -7,7 +7,10 @@ import argparse
 import json
 import os
 
+from gbmw.cli_types import integer, memory_size, new_or_empty_folder, new_path, number
 from gbmw.errors import GbmwError
+from gbmw.files import shown
+from gbmw.schema import MAX_DEVICES
 
 
 def add_running_commands(commands) -> None:
@@ -19,18 +22,18 @@ def add_running_commands(commands) -> None:
                                                     "iteration time and memory (under torchrun / deepspeed)")
     validate.add_argument("job", help="job YAML or bundled job recipe name (its model may be a profile)")
     validate.add_argument("--plans", nargs="+", required=True, help="plan YAMLs for the launched device count")
-    validate.add_argument("--steps", type=int, default=8,
+    validate.add_argument("--steps", type=integer(1, 100_000), default=8,
                           help="timed steps per plan, at least (the fastest quarter's mean is compared; default 8)")
-    validate.add_argument("--min-seconds", type=float, default=0.0,
+    validate.add_argument("--min-seconds", type=number(0, 86_400), default=0.0,
                           help="keep timing for at least this long, the plans' steps interleaved (default 0)")
     validate.add_argument("--one-at-a-time", action="store_true",
                           help="build and time one plan after another (plans that do not fit in memory together)")
-    validate.add_argument("--profile-alongside", metavar="PROFILE_YAML",
+    validate.add_argument("--profile-alongside", metavar="PROFILE_YAML", type=new_path,
                           help="also profile the job's model in the same rounds as the plans' steps, write it to "
                                "this new file and predict from it (judges the estimator on measurements of the "
                                "same seconds)")
-    validate.add_argument("--warmup", type=int, default=2, help="untimed steps first (default 2)")
-    validate.add_argument("--json", help="also write the results to this new JSON file")
+    validate.add_argument("--warmup", type=integer(1, 10_000), default=2, help="untimed steps first (default 2)")
+    validate.add_argument("--json", type=new_path, help="also write the results to this new JSON file")
     validate.set_defaults(run=_run_validate)
 
 
@@ -40,8 +43,6 @@ def _run_validate(args: argparse.Namespace) -> int:
     from gbmw.adapters.profile.validate import print_validation, run_validate
 
     rank = int(os.environ.get("RANK", "0"))
-    if args.json and os.path.exists(args.json):
-        raise GbmwError(f"--json {args.json}: exists; gbmw never overwrites a file — choose a new name")
     results = run_validate(args.job, args.plans, args.steps, args.warmup,
                            say=lambda text: print(text, flush=True) if rank == 0 else None,
                            min_seconds=args.min_seconds, one_at_a_time=args.one_at_a_time,
@@ -61,22 +62,22 @@ def _profile_parser(commands) -> None:
     what = profile.add_subparsers(dest="what", required=True, metavar="WHAT")
     model = what.add_parser("model", help="per-layer time and stashed activations on this device → a model YAML")
     model.add_argument("model", help="model recipe name, model YAML or HF config.json (family gpt or bert)")
-    model.add_argument("--precision", default="fp32", help="fp32 (default) or bf16")
+    model.add_argument("--precision", default="fp32", choices=("fp32", "bf16"), help="fp32 (default) or bf16")
     model.add_argument("--batches", default="2,8", help="the two batch sizes measured (default 2,8)")
-    model.add_argument("--repeats", type=int, default=15,
+    model.add_argument("--repeats", type=integer(1, 10_000), default=15,
                        help="whole-model passes of each kind, at least (the fastest quarter is kept; default 15)")
-    model.add_argument("--min-seconds", type=float, default=None,
+    model.add_argument("--min-seconds", type=number(0, 86_400), default=None,
                        help="keep repeating the interleaved passes for at least this long (default 20: "
                             "spans the slow and fast phases of a shared machine)")
-    model.add_argument("-o", "--output", required=True, help="the new model YAML to write")
+    model.add_argument("-o", "--output", type=new_path, required=True, help="the new model YAML to write")
     model.set_defaults(run=_run_profile_model)
     cluster = what.add_parser("cluster", help="collective bandwidth/latency and overlap slowdown among the launched "
                                               "processes → a cluster YAML (run under torchrun or deepspeed)")
-    cluster.add_argument("-o", "--output", required=True, help="the new cluster YAML to write")
+    cluster.add_argument("-o", "--output", type=new_path, required=True, help="the new cluster YAML to write")
     cluster.add_argument("--name", help="the cluster's name (default: the output file's stem)")
     cluster.add_argument("--links", help="link levels innermost first as name=devices, e.g. intra_node=8,inter_node=32 "
                                          "(default: one level per machine, from LOCAL_WORLD_SIZE)")
-    cluster.add_argument("--repeats", type=int, default=10, help="timed repetitions per message size (the fastest quarter's mean is kept)")
+    cluster.add_argument("--repeats", type=integer(1, 10_000), default=10, help="timed repetitions per message size (the fastest quarter's mean is kept)")
     cluster.set_defaults(run=_run_profile_cluster)
 
 
@@ -105,11 +106,9 @@ def _run_profile_model(args: argparse.Namespace) -> int:
     try:
         small, large = (int(part) for part in args.batches.split(","))
     except ValueError:
-        raise GbmwError(f"--batches {args.batches!r}: give two batch sizes, e.g. 2,8") from None
-    if args.repeats < 1:
-        raise GbmwError(f"--repeats {args.repeats}: must be at least 1")
-    if args.min_seconds is not None and args.min_seconds < 0:
-        raise GbmwError(f"--min-seconds {args.min_seconds}: must be 0 or more")
+        raise GbmwError(f"--batches {shown(args.batches)}: give two batch sizes, e.g. 2,8") from None
+    if not 1 <= small < large <= 4096:
+        raise GbmwError(f"--batches {args.batches}: give two batch sizes, the smaller first, from 1 to 4096, e.g. 2,8")
     extra = {} if args.min_seconds is None else {"min_seconds": args.min_seconds}
     run_profile_model(args.model, args.precision, args.output, (small, large), args.repeats,
                       say=lambda text: print(text, flush=True), **extra)
@@ -120,15 +119,15 @@ def _train_parser(commands) -> None:
     train = commands.add_parser("train", help="run a plan with gbmw's hybrid runtime (one process, torchrun or deepspeed)")
     train.add_argument("job", help="job YAML or bundled job recipe name")
     train.add_argument("--plan", required=True, help="plan YAML (from gbmw plan -o, for this job's model)")
-    train.add_argument("--steps", type=int, default=10, help="training steps to run (default 10)")
-    train.add_argument("--lr", type=float, default=1e-4, help="Adam learning rate (default 1e-4)")
-    train.add_argument("--clip-grad", type=float, default=1.0,
+    train.add_argument("--steps", type=integer(0, 1_000_000), default=10, help="training steps to run (default 10)")
+    train.add_argument("--lr", type=number(0, 10, low_open=True), default=1e-4, help="Adam learning rate (default 1e-4)")
+    train.add_argument("--clip-grad", type=number(0, 1e6), default=1.0,
                        help="clip the global gradient norm to this; 0 turns clipping off (default 1.0, as Megatron and "
                             "DeepSpeed)")
-    train.add_argument("--seed", type=int, default=0, help="seed of the initial weights and the synthetic data")
-    train.add_argument("--save", help="write a plan-independent checkpoint to this new folder at the end")
+    train.add_argument("--seed", type=integer(0, 2**32 - 1), default=0, help="seed of the initial weights and the synthetic data")
+    train.add_argument("--save", type=new_path, help="write a plan-independent checkpoint to this new folder at the end")
     train.add_argument("--load", help="resume from a checkpoint folder (saved under any plan or device count)")
-    train.add_argument("--timeout", type=float, default=300.0,
+    train.add_argument("--timeout", type=number(1, 7 * 86_400), default=300.0,
                        help="seconds a collective may wait for a peer before the job stops (default 300)")
     train.set_defaults(run=_run_train)
 
@@ -136,10 +135,6 @@ def _train_parser(commands) -> None:
 def _run_train(args: argparse.Namespace) -> int:
     from gbmw.adapters.runtime.train import TrainSettings, train
 
-    if args.steps < 0:
-        raise GbmwError(f"--steps {args.steps}: must be 0 or more")
-    if args.clip_grad < 0:
-        raise GbmwError(f"--clip-grad {args.clip_grad}: must be 0 (off) or positive")
     settings = TrainSettings(steps=args.steps, learning_rate=args.lr, max_grad_norm=args.clip_grad or None, seed=args.seed, save=args.save, load=args.load,
                              timeout_s=args.timeout, local_rank=args.local_rank)
     train(args.job, args.plan, settings)
@@ -152,14 +147,14 @@ def _tune_parser(commands) -> None:
     tune.add_argument("--model", required=True, help="model recipe name, model YAML, or HF config.json")
     tune.add_argument("--cluster", required=True, help="cluster recipe name or YAML")
     tune.add_argument("--target", default="deepspeed", help="deepspeed (default), megatron-deepspeed, megatron-core")
-    tune.add_argument("--memory", help="per-device memory budget (default: the cluster's usable memory)")
-    tune.add_argument("--current-tp", type=int, default=1, help="the job's current tensor-parallel size (default 1)")
-    tune.add_argument("--current-pp", type=int, default=1, help="the job's current pipeline-parallel size (default 1)")
+    tune.add_argument("--memory", type=memory_size, help="per-device memory budget (default: the cluster's usable memory)")
+    tune.add_argument("--current-tp", type=integer(1, MAX_DEVICES), default=1, help="the job's current tensor-parallel size (default 1)")
+    tune.add_argument("--current-pp", type=integer(1, MAX_DEVICES), default=1, help="the job's current pipeline-parallel size (default 1)")
     tune.add_argument("--current-ckpt", choices=("full", "none"),
                       help="the job's current recomputation (Megatron's --recompute-granularity full; default: whether "
                            "the ds_config has an activation_checkpointing section)")
     tune.add_argument("--script", default="pretrain_gpt.py", help="training script for the launch line")
-    tune.add_argument("-o", "--output", help="a new folder for ds_config.json, plan.yaml, megatron_args.txt, launch.sh")
+    tune.add_argument("-o", "--output", type=new_or_empty_folder, help="a new folder for ds_config.json, plan.yaml, megatron_args.txt, launch.sh")
     tune.set_defaults(run=_run_tune)
 
 

@@ -9,35 +9,37 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
+from typing import Annotated
+
 from pydantic import ByteSize, Field, model_validator
 
 from gbmw.errors import SpecError
 from gbmw.files import read_yaml
 from gbmw.model_spec import PRECISIONS
-from gbmw.schema import Frozen, validate_as
+from gbmw.schema import MAX_DEVICES, MAX_MEMORY_BYTES, Frozen, Items, MemorySize, validate_as
 
 
 class FlopsPerPrecision(Frozen):
     """Dense FLOP/s of one device per precision, in TFLOP/s (1e12); absent = not supported."""
 
-    fp32: float = Field(gt=0)
-    tf32: float | None = Field(default=None, gt=0)
-    fp16: float | None = Field(default=None, gt=0)
-    bf16: float | None = Field(default=None, gt=0)
+    fp32: float = Field(gt=0, le=1e9)
+    tf32: float | None = Field(default=None, gt=0, le=1e9)
+    fp16: float | None = Field(default=None, gt=0, le=1e9)
+    bf16: float | None = Field(default=None, gt=0, le=1e9)
 
 
 class AttentionFlops(Frozen):
     """Measured fused-attention TFLOP/s per precision; a precision left out runs attention at the matmul rate."""
 
-    fp32: float | None = Field(default=None, gt=0)
-    tf32: float | None = Field(default=None, gt=0)
-    fp16: float | None = Field(default=None, gt=0)
-    bf16: float | None = Field(default=None, gt=0)
+    fp32: float | None = Field(default=None, gt=0, le=1e9)
+    tf32: float | None = Field(default=None, gt=0, le=1e9)
+    fp16: float | None = Field(default=None, gt=0, le=1e9)
+    bf16: float | None = Field(default=None, gt=0, le=1e9)
 
 
 class DeviceSpec(Frozen):
     name: str
-    memory: ByteSize
+    memory: MemorySize
     """Device memory, e.g. `80GiB`."""
     peak_tflops: FlopsPerPrecision
     """Datasheet dense peak per precision."""
@@ -47,10 +49,10 @@ class DeviceSpec(Frozen):
     attention_tflops: AttentionFlops | None = None
     """Measured forward + backward rate of fused (flash) attention kernels per precision; absent: they run at
     `sustained_tflops` (the recipe says which)."""
-    multiprocessors: int | None = Field(default=None, ge=1)
+    multiprocessors: int | None = Field(default=None, ge=1, le=2**16)
     """Streaming multiprocessors (datasheet): a matmul runs its output tiles in waves of one per multiprocessor
     (gbmw.matmul_waves); None: every matmul at `sustained_tflops`, whatever its shape (CPUs)."""
-    memory_bandwidth_gb_per_s: float = Field(gt=0)
+    memory_bandwidth_gb_per_s: float = Field(gt=0, le=1e9)
     """Measured device-memory bandwidth of memory-bound kernels (a STREAM copy), in GB/s (1e9 bytes/s): the
     rate of norms, activations, dropout, residual adds and the optimizer step."""
 
@@ -73,12 +75,12 @@ class LinkLevel(Frozen):
 
     name: str
     """`intra_node`, `inter_node`, or a finer level such as `pcie_switch`."""
-    devices: int = Field(ge=1)
+    devices: int = Field(ge=1, le=MAX_DEVICES)
     """Devices in one island at this level; the outermost level's island is the whole cluster."""
-    bandwidth_gb_per_s: float = Field(gt=0)
+    bandwidth_gb_per_s: float = Field(gt=0, le=1e9)
     """Achieved all-reduce bus bandwidth (nccl-tests convention) of a collective spanning one whole
     island of this level with all its devices taking part, in GB/s (1e9 bytes/s)."""
-    latency_us: float = Field(default=0.0, ge=0)
+    latency_us: float = Field(default=0.0, ge=0, le=1e9)
     """Per-step latency of a collective at this level, in microseconds."""
 
 
@@ -86,16 +88,16 @@ class ClusterSpec(Frozen):
     """Nodes × devices per node, the device, and the bandwidth of each link level."""
 
     name: str
-    nodes: int = Field(ge=1)
-    devices_per_node: int = Field(ge=1)
+    nodes: int = Field(ge=1, le=MAX_DEVICES)
+    devices_per_node: int = Field(ge=1, le=1024)
     device: DeviceSpec
-    links: tuple[LinkLevel, ...] = Field(min_length=1)
-    reserved_memory: ByteSize = ByteSize(0)
+    links: Items[LinkLevel] = Field(min_length=1, max_length=8)
+    reserved_memory: Annotated[ByteSize, Field(ge=0, le=MAX_MEMORY_BYTES)] = ByteSize(0)
     """Device memory the model cannot use (CUDA context, communication buffers, fragmentation)."""
-    overlap_slowdown: float = Field(default=1.3, ge=1.0)
+    overlap_slowdown: float = Field(default=1.3, ge=1.0, le=10.0)
     """Slowdown of both compute and communication while they overlap (paper Sec. 5: 1.3)."""
     provenance: Literal["datasheet", "calibrated", "profiled"] = "datasheet"
-    sources: tuple[str, ...] = ()
+    sources: Items[str] = Field(default=(), max_length=100)
 
     @model_validator(mode="after")
     def _links_nest(self) -> "ClusterSpec":
@@ -107,6 +109,12 @@ class ClusterSpec(Frozen):
                     f"({previous}): levels go from the innermost island outwards"
                 )
             previous = level.devices
+        if self.num_devices > MAX_DEVICES:
+            raise ValueError(f"nodes({self.nodes}) * devices_per_node({self.devices_per_node}) = {self.num_devices} "
+                             f"devices; gbmw plans for at most {MAX_DEVICES}")
+        if self.usable_memory_bytes <= 0:
+            raise ValueError(f"reserved_memory ({int(self.reserved_memory)} bytes) leaves no usable memory of the "
+                             f"device's {int(self.device.memory)} bytes")
         if previous != self.num_devices:
             raise ValueError(
                 f"the outermost link level spans {previous} devices but the cluster has "

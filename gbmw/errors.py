@@ -25,3 +25,8 @@ class CheckpointError(GbmwError):
 
 class DistributedError(GbmwError):
     """A process of a distributed job died or could not be reached; the survivors stop with this."""
+
+
+def error_line(error: BaseException) -> str:
+    """The one line a user sees for a GbmwError (gbmw.cli prints it on stderr)."""
+    return f"gbmw: error: {error}"

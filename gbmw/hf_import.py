@@ -3,23 +3,18 @@ architecture types, from the file alone (no transformers import, nothing downloa
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from gbmw.architectures import parse_architecture
 from gbmw.errors import SpecError
+from gbmw.files import read_json, shown
 
 
 def import_hf_config(path: str | Path) -> Any:
     """An architecture from a Hugging Face config.json (GPT-2, LLaMA-style, BERT/RoBERTa, T5, ViT)."""
     path = Path(path)
-    try:
-        config = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise SpecError(f"{path}: no such file") from None
-    except json.JSONDecodeError as error:
-        raise SpecError(f"{path}: not valid JSON at line {error.lineno}, column {error.colno}: {error.msg}") from None
+    config = read_json(path, "Hugging Face config.json")
     if not isinstance(config, dict):
         raise SpecError(f"{path}: expected a JSON object, got {type(config).__name__}")
     model_type = config.get("model_type")
@@ -31,7 +26,7 @@ def import_hf_config(path: str | Path) -> Any:
         for key in keys:
             if key in config:
                 return config[key]
-        raise SpecError(f"{where}: field `{keys[0]}` is required for model_type {model_type!r}")
+        raise SpecError(f"{where}: field `{keys[0]}` is required for model_type {shown(model_type)}")
 
     if model_type == "gpt2":
         data = dict(
@@ -75,7 +70,7 @@ def import_hf_config(path: str | Path) -> Any:
         )
     else:
         raise SpecError(
-            f"{where}: field `model_type`: value {model_type!r} — supported: gpt2, llama, mistral, qwen2, "
+            f"{where}: field `model_type`: value {shown(model_type)} — supported: gpt2, llama, mistral, qwen2, "
             "bert, roberta, t5, mt5, vit; or write a model recipe YAML (see recipes/models/)"
         )
     data = {key: value for key, value in data.items() if value is not None}

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import ByteSize, Field
+from pydantic import Field
 
 from gbmw.bundled import resolve_recipe
 from gbmw.cluster_spec import ClusterSpec, load_cluster
@@ -17,7 +17,7 @@ from gbmw.errors import SpecError
 from gbmw.files import read_yaml
 from gbmw.model_spec import ModelSpec, Precision
 from gbmw.models import load_model
-from gbmw.schema import Frozen, parse_bytes, validate_as
+from gbmw.schema import MAX_GLOBAL_BATCH, Frozen, MemorySize, parse_bytes, validate_as
 
 
 class JobSpec(Frozen):
@@ -28,9 +28,9 @@ class JobSpec(Frozen):
     cluster: ClusterSpec
     precision: Precision
     optimizer: Literal["adam", "sgd"] = "adam"
-    global_batch: int | None = Field(default=None, ge=1)
+    global_batch: int | None = Field(default=None, ge=1, le=MAX_GLOBAL_BATCH)
     """Fixed global batch (samples per iteration); None lets the planner sweep."""
-    max_global_batch: int = Field(default=4096, ge=1)
+    max_global_batch: int = Field(default=4096, ge=1, le=MAX_GLOBAL_BATCH)
     """Upper end of the planner's batch sweep."""
     memory_budget_bytes: int = Field(gt=0)
     """Memory the plan may use per device (the cluster's usable memory unless the job overrides it)."""
@@ -41,7 +41,7 @@ class JobSpec(Frozen):
 class JobFile(Frozen):
     """The YAML of a job: which model and cluster (recipe names or paths relative to the job file)."""
 
-    name: str | None = None
+    name: str | None = Field(default=None, min_length=1, max_length=200)
     description: str = ""
     model: str
     """A model recipe name (recipes/models/NAME.yaml), a model YAML path, or an HF config.json path."""
@@ -49,9 +49,9 @@ class JobFile(Frozen):
     """A cluster recipe name (recipes/clusters/NAME.yaml) or a cluster YAML path."""
     precision: Precision
     optimizer: Literal["adam", "sgd"] = "adam"
-    global_batch: int | None = Field(default=None, ge=1)
-    max_global_batch: int = Field(default=4096, ge=1)
-    memory_budget: ByteSize | None = None
+    global_batch: int | None = Field(default=None, ge=1, le=MAX_GLOBAL_BATCH)
+    max_global_batch: int = Field(default=4096, ge=1, le=MAX_GLOBAL_BATCH)
+    memory_budget: MemorySize | None = None
     """Per-device memory the plan may use; default: the device memory less `reserved_memory`."""
 
 

@@ -17,7 +17,7 @@ from pydantic import Field, model_validator
 
 from gbmw.architectures import Architecture
 from gbmw.errors import SpecError
-from gbmw.schema import Frozen
+from gbmw.schema import MAX_COUNT, MAX_GLOBAL_BATCH, MAX_LAYERS, MAX_QUANTITY, MAX_SEQUENCE, MAX_WIDTH, Frozen, Items
 
 Precision = Literal["fp32", "fp16", "bf16"]
 PRECISIONS: tuple[str, ...] = ("fp32", "fp16", "bf16")
@@ -33,29 +33,29 @@ pipeline split counts blocks only."""
 class LayerTimings(Frozen):
     """What `gbmw profile model` measured of one layer on one device (times in seconds)."""
 
-    forward_time_per_sample_s: float = Field(ge=0)
+    forward_time_per_sample_s: float = Field(ge=0, le=MAX_QUANTITY)
     """Forward time per sample; without timings, time is `forward_flops_per_sample` over sustained FLOP/s."""
-    backward_time_per_sample_s: float | None = Field(default=None, ge=0)
+    backward_time_per_sample_s: float | None = Field(default=None, ge=0, le=MAX_QUANTITY)
     """Backward time per sample; None: 2 × the forward time."""
-    forward_overhead_s: float = Field(default=0.0, ge=0)
+    forward_overhead_s: float = Field(default=0.0, ge=0, le=MAX_QUANTITY)
     """Time of one forward call that does not grow with the samples (kernel launches, Python): the
     intercept of time against batch size."""
-    backward_overhead_s: float = Field(default=0.0, ge=0)
+    backward_overhead_s: float = Field(default=0.0, ge=0, le=MAX_QUANTITY)
     """The same for one backward call."""
-    profiled_batch: int | None = Field(default=None, ge=1)
+    profiled_batch: int | None = Field(default=None, ge=1, le=MAX_GLOBAL_BATCH)
     """Samples of the calls `tp2_time_s`, `sdp2_time_s` and `ckpt_time_s` timed."""
-    tp2_time_s: float | None = Field(default=None, ge=0)
+    tp2_time_s: float | None = Field(default=None, ge=0, le=MAX_QUANTITY)
     """Forward + backward of the layer on `profiled_batch` samples with TP 2 (the runtime's megatron-core
     layers), inside whole-model passes where every layer is TP 2. What the estimator does not explain of it
     (compute / 2, its TP all-reduces) is charged as a per-call overhead to every TP layer — framework costs
     the paper's estimator leaves out."""
-    tp2_forward_time_s: float | None = Field(default=None, ge=0)
+    tp2_forward_time_s: float | None = Field(default=None, ge=0, le=MAX_QUANTITY)
     """The forward part of `tp2_time_s`: a checkpointed TP layer repeats it (with its framework cost) in
     backward."""
-    sdp2_time_s: float | None = Field(default=None, ge=0)
+    sdp2_time_s: float | None = Field(default=None, ge=0, le=MAX_QUANTITY)
     """The same with every layer sharded 2 ways by FSDP2; the unexplained part (beyond compute, the two
     all-gathers and the reduce-scatter) is charged per call to every SDP layer."""
-    ckpt_time_s: float | None = Field(default=None, ge=0)
+    ckpt_time_s: float | None = Field(default=None, ge=0, le=MAX_QUANTITY)
     """Forward + backward of the layer on `profiled_batch` samples on one device with activation
     checkpointing (torch's checkpoint_wrapper), inside whole-model passes where every layer is checkpointed;
     what is not explained by forward + backward + the recomputed forward is charged per call to every
@@ -66,10 +66,10 @@ class Matmul(Frozen):
     """One linear layer's matmul in the forward pass: an input of `rows_per_sample` rows per sample times an
     `in_features` × `out_features` weight (gbmw.matmul_waves prices its shape)."""
 
-    rows_per_sample: int = Field(ge=1)
+    rows_per_sample: int = Field(ge=1, le=MAX_SEQUENCE)
     """Input rows per sample (tokens; 1 for a pooled classifier)."""
-    out_features: int = Field(ge=1)
-    in_features: int = Field(ge=1)
+    out_features: int = Field(ge=1, le=MAX_WIDTH)
+    in_features: int = Field(ge=1, le=MAX_WIDTH)
     tp_split: Literal["out", "in"]
     """Which dimension TP divides: `out` for a column-parallel (or vocabulary-parallel) linear, `in` for a
     row-parallel one."""
@@ -82,51 +82,51 @@ class LayerSpec(Frozen):
     """Unique name, e.g. `decoder.17`; used in plans, tables and the runtime's parameter names."""
     kind: str
     """What the layer is: `embedding`, `encoder`, `decoder`, `cross_decoder`, `patch_merging`, `head`…"""
-    parameter_count: int = Field(ge=0)
+    parameter_count: int = Field(ge=0, le=MAX_COUNT)
     """All parameters of the layer (a tied copy included: see `tied_to`)."""
-    tp_split_parameter_count: int = Field(ge=0)
+    tp_split_parameter_count: int = Field(ge=0, le=MAX_COUNT)
     """The part of `parameter_count` that tensor parallelism divides (weights of column/row-parallel
     linears, vocabulary-parallel embeddings); the rest (norms, some biases) is replicated."""
-    forward_flops_per_sample: float = Field(ge=0)
+    forward_flops_per_sample: float = Field(ge=0, le=MAX_QUANTITY)
     """Floating-point operations of one forward pass for one sample."""
-    boundary_activation_bytes_per_sample: float = Field(ge=0)
+    boundary_activation_bytes_per_sample: float = Field(ge=0, le=MAX_QUANTITY)
     """The layer's input, stashed for backward and sent between pipeline stages (Sec. 3.1 `bnd`).
     Replicated across the ranks of a TP group."""
-    intermediate_activation_bytes_per_sample: float = Field(ge=0)
+    intermediate_activation_bytes_per_sample: float = Field(ge=0, le=MAX_QUANTITY)
     """Activations stashed inside the layer that TP does not divide (norm inputs, dropout masks of
     the residual stream)."""
-    intermediate_tp_split_activation_bytes_per_sample: float = Field(ge=0)
+    intermediate_tp_split_activation_bytes_per_sample: float = Field(ge=0, le=MAX_QUANTITY)
     """Activations stashed inside the layer that TP divides (attention scores, MLP hidden)."""
-    side_input_bytes_per_sample: float = Field(default=0.0, ge=0)
+    side_input_bytes_per_sample: float = Field(default=0.0, ge=0, le=MAX_QUANTITY)
     """A second input carried alongside the boundary, e.g. the encoder output every T5 decoder layer
     reads. Stashed once per pipeline stage and sent between stages with the boundary."""
-    forward_flash_attention_flops_per_sample: float = Field(default=0.0, ge=0)
+    forward_flash_attention_flops_per_sample: float = Field(default=0.0, ge=0, le=MAX_QUANTITY)
     """The part of `forward_flops_per_sample` a fused (flash) attention kernel runs — scores QKᵀ and scores × V —
     at the device's attention rate rather than its matmul rate; 0 without flash attention."""
-    forward_memory_traffic_bytes_per_sample: float = Field(default=0.0, ge=0)
+    forward_memory_traffic_bytes_per_sample: float = Field(default=0.0, ge=0, le=MAX_QUANTITY)
     """Bytes the forward pass's memory-bound kernels (norms, dropout, residual adds) read and write for one sample
     outside the TP-split regions; they run at the device's memory bandwidth. 0: time from the matmuls alone."""
-    forward_tp_split_memory_traffic_bytes_per_sample: float = Field(default=0.0, ge=0)
+    forward_tp_split_memory_traffic_bytes_per_sample: float = Field(default=0.0, ge=0, le=MAX_QUANTITY)
     """The same inside the TP-split regions (attention core, MLP activation, the vocabulary's logits): TP divides it."""
-    backward_workspace_tp_split_bytes_per_sample: float = Field(default=0.0, ge=0)
+    backward_workspace_tp_split_bytes_per_sample: float = Field(default=0.0, ge=0, le=MAX_QUANTITY)
     """The widest activation gradient the layer's backward holds beside its stash, per sample (the MLP's
     up-projection gradient, a head's logits gradient); TP divides it. 0: not modelled."""
-    largest_weight_gradient_tp_split_bytes: float = Field(default=0.0, ge=0)
+    largest_weight_gradient_tp_split_bytes: float = Field(default=0.0, ge=0, le=MAX_QUANTITY)
     """The gradient of the layer's largest weight matrix in the dtype backward computes it in, whole before it is
     added to the parameter's gradient (bytes; TP divides it). 0: not modelled."""
-    matmuls: tuple[Matmul, ...] = ()
+    matmuls: Items[Matmul] = Field(default=(), max_length=16)
     """The layer's linear matmuls, whose FLOPs are part of `forward_flops_per_sample`, for their shape-dependent
     rate (gbmw.matmul_waves); empty: every FLOP at the sustained rate."""
-    tp_allreduce_bytes_per_sample: float = Field(default=0.0, ge=0)
+    tp_allreduce_bytes_per_sample: float = Field(default=0.0, ge=0, le=MAX_QUANTITY)
     """Bytes all-reduced within the TP group per sample in the forward pass (the backward pass
     all-reduces as many); 0 for layers TP cannot split."""
-    attention_heads: int = Field(default=0, ge=0)
+    attention_heads: int = Field(default=0, ge=0, le=MAX_WIDTH)
     """Query heads of the layer's attention (0: no attention); TP must divide it."""
-    kv_heads: int = Field(default=0, ge=0)
+    kv_heads: int = Field(default=0, ge=0, le=MAX_WIDTH)
     """Key/value heads (grouped-query attention; 0: as many as attention_heads); TP must divide it."""
     tied_to: str | None = None
     """Name of a layer whose parameters this one shares (an output head tied to the embedding)."""
-    tied_parameter_count: int = Field(default=0, ge=0)
+    tied_parameter_count: int = Field(default=0, ge=0, le=MAX_COUNT)
     """The part of `parameter_count` shared with `tied_to` (TP divides it): not counted again in the
     model's parameter total, nor in a stage that holds both layers."""
     timings: LayerTimings | None = None
@@ -167,19 +167,19 @@ class ModelTimings(Frozen):
     """What `gbmw profile model` measured of the model as a whole (the optimizer step) and, on the profiling
     pair of processes, of one runtime call between layers (Slice-Gather) and between stages (p2p)."""
 
-    optimizer_step_s_per_parameter: float | None = Field(default=None, ge=0)
+    optimizer_step_s_per_parameter: float | None = Field(default=None, ge=0, le=MAX_QUANTITY)
     """Optimizer step time per parameter on the profiled device; the estimator adds the slowest stage's
     step to each iteration."""
-    slice_gather_time_s: float | None = Field(default=None, ge=0)
+    slice_gather_time_s: float | None = Field(default=None, ge=0, le=MAX_QUANTITY)
     """One Slice-Gather of the runtime (forward and backward) between a layout sliced in two and a replicated
     one, on a micro-batch's hidden state of `slice_gather_bytes`. What the exchange model does not explain of
     it is charged to every transition R."""
-    slice_gather_bytes: float | None = Field(default=None, ge=0)
+    slice_gather_bytes: float | None = Field(default=None, ge=0, le=MAX_QUANTITY)
     """The full micro-batch's boundary activation in that measurement (bytes)."""
-    p2p_time_s: float | None = Field(default=None, ge=0)
+    p2p_time_s: float | None = Field(default=None, ge=0, le=MAX_QUANTITY)
     """One pipeline transfer of the runtime (paired isend/irecv, waited) of `p2p_bytes`; what the cluster's
     p2p model does not explain of it is charged to every stage-to-stage transfer."""
-    p2p_bytes: float | None = Field(default=None, ge=0)
+    p2p_bytes: float | None = Field(default=None, ge=0, le=MAX_QUANTITY)
     """The message of that measurement (bytes)."""
 
 
@@ -191,11 +191,11 @@ class ModelSpec(Frozen):
     """`gpt`, `bert`, `t5`, `vit`, `swin`, `profiled`, …"""
     precision: Precision
     """Training precision the activation bytes assume (16-bit activations for fp16/bf16)."""
-    sequence_length: int = Field(ge=1)
+    sequence_length: int = Field(ge=1, le=MAX_SEQUENCE)
     """Tokens per sample of the main stack (encoder length for T5; patches for vision models)."""
-    hidden_size: int = Field(ge=1)
+    hidden_size: int = Field(ge=1, le=MAX_WIDTH)
     """Width of the main stack (the widest stage for Swin); used by Megatron-style formulas."""
-    layers: tuple[LayerSpec, ...] = Field(min_length=1)
+    layers: Items[LayerSpec] = Field(min_length=1, max_length=MAX_LAYERS + 16)
     source: str = ""
     """Where the shape comes from (paper, HF config, profile)."""
     architecture: Architecture | None = None

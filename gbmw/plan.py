@@ -10,14 +10,16 @@ through YAML (`Plan.to_yaml` / `Plan.from_yaml`).
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
+from numbers import Integral
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from gbmw.errors import GbmwError, PlanError
-from gbmw.files import write_new_file
-from gbmw.model_spec import ModelSpec
+from gbmw.files import load_yaml_text, read_text, shown, write_new_file
+from gbmw.schema import MAX_DEVICES, MAX_GLOBAL_BATCH, MAX_LAYERS, check_kind
+from gbmw.model_spec import PRECISIONS, ModelSpec
 from gbmw.pipeline_schedules import SCHEDULES
 from gbmw.space import Strategy
 from gbmw.targets import TARGETS
@@ -76,19 +78,29 @@ class Plan:
     """gbmw version, search settings and seconds, or how a hand-written plan was made."""
 
     def __post_init__(self) -> None:
-        problems = []
+        problems = [f"{name} {value!r}: must be a whole number from 1 to {bound}"
+                    for name, value, bound in (("num_devices", self.num_devices, MAX_DEVICES),
+                                               ("global_batch", self.global_batch, MAX_GLOBAL_BATCH),
+                                               ("micro_batch", self.micro_batch, MAX_GLOBAL_BATCH),
+                                               ("num_micro_batches", self.num_micro_batches, MAX_GLOBAL_BATCH),
+                                               ("pp", self.pp, MAX_DEVICES), ("virtual_stages", self.virtual_stages, 64))
+                    if isinstance(value, bool) or not isinstance(value, Integral) or not 1 <= value <= bound]
+        if problems:
+            raise PlanError("invalid plan: " + "; ".join(problems))
+        if self.precision not in PRECISIONS:
+            problems.append(f"precision {shown(self.precision)} is not one of {list(PRECISIONS)}")
+        if len(self.strategies) > MAX_LAYERS + 16:
+            problems.append(f"{len(self.strategies)} layers: gbmw plans at most {MAX_LAYERS + 16}")
         if self.target not in TARGETS:
             problems.append(f"target {self.target!r} is not one of {list(TARGETS)}")
         if self.schedule not in SCHEDULES:
             problems.append(f"schedule {self.schedule!r} is not one of {list(SCHEDULES)}")
-        if self.virtual_stages < 1:
-            problems.append(f"virtual_stages {self.virtual_stages}: must be at least 1 (1 = plain 1F1B)")
-        elif self.virtual_stages > 1 and (self.schedule != "1f1b" or self.pp < 2):
+        if self.virtual_stages > 1 and (self.schedule != "1f1b" or self.pp < 2):
             problems.append(f"virtual_stages {self.virtual_stages} interleaves a 1F1B pipeline; it needs schedule "
                             f"1f1b and pp ≥ 2 (schedule {self.schedule}, pp {self.pp})")
-        if self.pp < 1 or self.num_devices % self.pp != 0:
+        if self.num_devices % self.pp != 0:
             problems.append(f"num_devices({self.num_devices}) % pp({self.pp}) != 0: stages need equal device groups")
-        if len(self.partition) != self.pp:
+        if len(self.partition) != self.pp:  # pp ≤ num_devices: the partition is short
             problems.append(f"partition has {len(self.partition)} stages but pp = {self.pp}")
         if any(count < 1 for count in self.partition):
             problems.append(f"partition {list(self.partition)}: every stage needs at least one layer")
@@ -146,11 +158,16 @@ class Plan:
                 result.append((index, 1, strategy))
         return result
 
-    def check_against(self, model: ModelSpec, num_devices: int | None = None) -> None:
-        """Raise PlanError if the plan does not fit this model (and device count)."""
+    def check_against(self, model: ModelSpec, num_devices: int | None = None, precision: str | None = None) -> None:
+        """Raise PlanError if the plan does not fit this model (and device count, and the job's precision)."""
         if len(self.strategies) != model.num_layers:
             raise PlanError(
                 f"plan has {len(self.strategies)} layer strategies but model {model.name} has {model.num_layers} layers"
+            )
+        if precision is not None and self.precision != precision:
+            raise PlanError(
+                f"plan is for precision {self.precision} but the job trains {model.name} in {precision}; "
+                f"plan again (gbmw plan) or set the job's precision to {self.precision}"
             )
         if num_devices is not None and num_devices != self.num_devices:
             raise PlanError(
@@ -201,6 +218,7 @@ class Plan:
         known = {item.name for item in fields(cls)} | {"format"}
         unknown = sorted(set(data) - known)
         if unknown:
+            check_kind(data, "plan", where, PlanError)
             raise PlanError(f"{where}: unknown field(s) {unknown}; fields are {sorted(known)}")
         required = ["model", "cluster", "num_devices", "precision", "global_batch", "micro_batch",
                     "num_micro_batches", "pp", "partition", "strategies"]
@@ -208,32 +226,44 @@ class Plan:
         if missing:
             raise PlanError(f"{where}: field(s) {missing} are required")
         try:
+            if not isinstance(data["strategies"], list):
+                raise PlanError(f"{where}: field `strategies`: value {shown(data['strategies'])} — write a list of "
+                                "{strategy: NAME, layers: COUNT}")
             strategies: list[Strategy] = []
             for index, run in enumerate(data["strategies"]):
                 if not isinstance(run, dict) or set(run) != {"strategy", "layers"}:
                     raise PlanError(
-                        f"{where}: field `strategies[{index}]`: value {run!r} — write "
+                        f"{where}: field `strategies[{index}]`: value {shown(run)} — write "
                         "{strategy: NAME, layers: COUNT}"
                     )
-                strategies += [Strategy.parse(str(run["strategy"]))] * int(run["layers"])
+                count = _integer(run["layers"], f"strategies[{index}].layers", where)
+                if not 1 <= count <= MAX_LAYERS + 16 - len(strategies):
+                    raise PlanError(f"{where}: field `strategies[{index}].layers`: value {count} — must be at least 1, "
+                                    f"and all runs together at most {MAX_LAYERS + 16} layers")
+                strategies += [Strategy.parse(_text(run["strategy"], f"strategies[{index}].strategy", where))] * count
             estimate = data.get("estimate")
             if estimate is not None:
-                estimate = Estimate(**{
-                    key: tuple(value) if isinstance(value, list) else value for key, value in estimate.items()
-                })
+                estimate = _estimate(estimate, where)
             integers = {name: _integer(data[name], name, where) for name in
                         ("num_devices", "global_batch", "micro_batch", "num_micro_batches", "pp")}
             integers["virtual_stages"] = _integer(data.get("virtual_stages", 1), "virtual_stages", where)
+            partition = data["partition"]
+            if not isinstance(partition, list) or len(partition) > MAX_DEVICES:
+                raise PlanError(f"{where}: field `partition`: value {shown(partition)} — write the layers of each "
+                                "stage as a list, e.g. [3, 3]")
+            provenance = data.get("provenance") or {}
+            if not isinstance(provenance, dict):
+                raise PlanError(f"{where}: field `provenance`: value {shown(provenance)} — must be a mapping")
             return cls(
-                model=str(data["model"]),
-                cluster=str(data["cluster"]),
-                precision=str(data["precision"]),
-                partition=tuple(_integer(v, "partition", where) for v in data["partition"]),
+                model=_text(data["model"], "model", where),
+                cluster=_text(data["cluster"], "cluster", where, least=0),
+                precision=_text(data["precision"], "precision", where),
+                partition=tuple(_integer(v, "partition", where) for v in partition),
                 strategies=tuple(strategies),
-                target=str(data.get("target", "runtime")),
-                schedule=str(data.get("schedule", "1f1b")),
+                target=_text(data.get("target", "runtime"), "target", where),
+                schedule=_text(data.get("schedule", "1f1b"), "schedule", where),
                 estimate=estimate,
-                provenance=dict(data.get("provenance") or {}),
+                provenance=dict(provenance),
                 **integers,
             )
         except GbmwError as error:
@@ -244,22 +274,11 @@ class Plan:
 
     @classmethod
     def from_yaml(cls, text: str, where: str = "plan") -> "Plan":
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as error:
-            mark = getattr(error, "problem_mark", None)
-            at = f" at line {mark.line + 1}" if mark is not None else ""
-            raise PlanError(f"{where}: not valid YAML{at}: {getattr(error, 'problem', error)}") from None
-        return cls.from_dict(data, where)
+        return cls.from_dict(load_yaml_text(text, where, PlanError), where)
 
     @classmethod
     def load(cls, path: str | Path) -> "Plan":
-        path = Path(path)
-        try:
-            text = path.read_text()
-        except OSError as error:
-            raise PlanError(f"{path}: cannot read the plan ({error.strerror})") from None
-        return cls.from_yaml(text, str(path))
+        return cls.from_yaml(read_text(path, "plan", PlanError), str(path))
 
     def save(self, path: str | Path) -> Path:
         """Write the plan atomically to a new file (temp file + rename); never overwrites."""
@@ -275,8 +294,38 @@ def replace_estimate(plan: Plan, estimate: Estimate) -> Plan:
 
 def _integer(value: Any, name: str, where: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise PlanError(f"{where}: field `{name}`: value {value!r} — must be an integer")
+        raise PlanError(f"{where}: field `{name}`: value {shown(value)} — must be a whole number")
     return value
+
+
+def _text(value: Any, name: str, where: str, least: int = 1) -> str:
+    if not isinstance(value, str) or not least <= len(value) <= 200:
+        raise PlanError(f"{where}: field `{name}`: value {shown(value)} — must be a name (text of {least} to 200 "
+                        "characters)")
+    return value
+
+
+def _estimate(data: Any, where: str) -> Estimate:
+    """The `estimate` section of a plan file: every field, numbers finite and not negative (`fits` a bool)."""
+    names = [item.name for item in fields(Estimate)]
+    if not isinstance(data, dict) or set(data) != set(names):
+        raise PlanError(f"{where}: field `estimate`: value {shown(data)} — write gbmw's estimate (fields "
+                        f"{', '.join(names)}) or leave it out; `gbmw estimate` recomputes it")
+    values = {}
+    for name in names:
+        value = data[name]
+        if name == "fits":
+            ok = isinstance(value, bool)
+        else:
+            items = value if isinstance(value, list) else [value]
+            ok = (isinstance(value, list) == name.startswith("stage_") and len(items) <= MAX_DEVICES and all(
+                isinstance(item, (int, float)) and not isinstance(item, bool) and 0 <= item < float("inf")
+                for item in items))
+        if not ok:
+            raise PlanError(f"{where}: field `estimate.{name}`: value {shown(value)} — must be "
+                            f"{'true or false' if name == 'fits' else 'a finite number ≥ 0 (a list per stage for stage_*)'}")
+        values[name] = tuple(value) if isinstance(value, list) else value
+    return Estimate(**values)
 
 
 def _plain(value: Any) -> Any:

@@ -27,6 +27,7 @@ import numpy as np
 
 from gbmw.cluster_spec import ClusterSpec
 from gbmw.errors import GbmwError
+from gbmw.files import shown
 from gbmw.model_spec import ModelSpec
 from gbmw.space import SEARCH_AXES, Strategy, enumerate_strategies, pipeline_degrees
 from gbmw.targets import Target, get_target
@@ -148,5 +149,5 @@ def search_space(variant: str = DEFAULT_VARIANT, target: str = "runtime") -> Sea
     if variant in BASELINES:
         return BASELINES[variant]
     raise GbmwError(
-        f"variant {variant!r} is unknown; variants: {', '.join(VARIANTS)}; baselines: {', '.join(BASELINES)}"
+        f"variant {shown(variant)} is unknown; variants: {', '.join(VARIANTS)}; baselines: {', '.join(BASELINES)}"
     )

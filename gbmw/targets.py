@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
 from gbmw.errors import GbmwError, PlanError
+from gbmw.files import shown
 from gbmw.model_spec import ModelSpec
 from gbmw.space import AXES, Strategy
 from gbmw.stock_partitions import PARTITION_RULES, RULE_DESCRIPTIONS, is_first_last_split
@@ -210,5 +211,5 @@ def get_target(name: str) -> Target:
     """The target `name` (or an alias of one); one GbmwError naming the known targets otherwise."""
     name = ALIASES.get(name, name)
     if name not in TARGETS:
-        raise GbmwError(f"--target {name!r} is unknown; targets: {', '.join(TARGETS)}")
+        raise GbmwError(f"--target {shown(name)} is unknown; targets: {', '.join(TARGETS)}")
     return TARGETS[name]

@@ -54,7 +54,7 @@ def test_estimate_table_and_plan_file(tmp_path, capsys):
         (["estimate", "no-such-job", "--uniform", "tp=1"], "job 'no-such-job': no such file or bundled recipe"),
         (["estimate", "gpt3-15b_a100-80g-x32", "--uniform", "tp=16"], "not divisible by tp=16"),
         (["estimate", "gpt3-15b_a100-80g-x32", "--uniform", "tp=8", "--memory", "lots"], "--memory: value 'lots'"),
-        (["estimate", "gpt3-15b_a100-80g-x32", "--plan", "/nonexistent/plan.yaml"], "cannot read the plan"),
+        (["estimate", "gpt3-15b_a100-80g-x32", "--plan", "/nonexistent/plan.yaml"], "/nonexistent/plan.yaml: no such plan"),
         (["space", "--devices", "6"], "6 devices: the search space needs a power-of-two device count"),
     ],
 )
@@ -118,7 +118,7 @@ def test_compare_prints_every_baseline_and_variant(capsys):
          "nothing fits: gpt3-65b on 32 × NVIDIA A100-SXM4-80GB with global batch 1792"),
         (["plan", "bert-huge-32_rtx-titan-x8", "--variant", "nope"], "variant 'nope' is unknown"),
         (["plan", "bert-huge-32_rtx-titan-x8", "--target", "horovod"], "--target 'horovod' is unknown"),
-        (["plan", "bert-huge-32_rtx-titan-x8", "--batch", "0"], "--batch 0: must be a positive number"),
+        (["plan", "bert-huge-32_rtx-titan-x8", "--batch", "0"], "argument --batch: value 0 — must be from 1 to"),
     ],
 )
 def test_plan_errors_are_one_line(args, message):

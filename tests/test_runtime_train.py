@@ -94,7 +94,7 @@ def test_save_never_replaces(one_device_checkpoint, capsys):
     folder, plan = one_device_checkpoint
     before = sorted(path.name for path in (folder / "checkpoint" / "layers").iterdir())
     status, _, err = run_cli(capsys, "train", JOB, "--plan", plan, "--save", str(folder / "checkpoint"))
-    assert status == 2 and "never replaces a checkpoint" in err
+    assert status == 2 and "exists; gbmw does not overwrite" in err
     assert sorted(path.name for path in (folder / "checkpoint" / "layers").iterdir()) == before
 
 

@@ -65,6 +65,8 @@ def run(*args):
         (json.dumps({**USER_CONFIG, "train_batch_size": 1000}), [], "inconsistent batch sizes: train_batch_size(1000)"),
         (json.dumps(USER_CONFIG), ["--target", "runtime"], "gbmw train JOB --plan plan.yaml"),
         (json.dumps(USER_CONFIG), ["--model", "no-such-model"], "model 'no-such-model': no such file"),
+        (json.dumps({**USER_CONFIG, "zero_optimization": {"stage": 1, "offload_optimizer": "cpu"}}), [],
+         "ds_config.json: DeepSpeed refuses the config: zero_optimization.offload_optimizer"),
     ],
 )
 def test_tune_bad_input_is_one_clear_error(tmp_path, config_text, extra, message):

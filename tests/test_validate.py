@@ -118,7 +118,7 @@ def test_validate_bad_input_is_one_error(tmp_path, capsys, monkeypatch):
     (tmp_path / "taken.json").write_text("{}")
     assert main(["validate", str(job_path), "--plans", str(tmp_path / "dp2.yaml"), "--json",
                  str(tmp_path / "taken.json")]) == 2
-    assert "never overwrites" in capsys.readouterr().err
+    assert "exists; gbmw does not overwrite" in capsys.readouterr().err
     assert (tmp_path / "taken.json").read_text() == "{}"
 
 
@@ -163,7 +163,7 @@ def test_profile_alongside_bad_input(tmp_path, capsys, monkeypatch):
     (tmp_path / "taken.yaml").write_text("keep")
     assert main(["validate", str(job_path), "--plans", str(plan_path), "--profile-alongside",
                  str(tmp_path / "taken.yaml")]) == 2
-    assert "never overwrites" in capsys.readouterr().err and (tmp_path / "taken.yaml").read_text() == "keep"
+    assert "exists; gbmw does not overwrite" in capsys.readouterr().err and (tmp_path / "taken.yaml").read_text() == "keep"
     assert main(["validate", str(job_path), "--plans", str(plan_path), "--profile-alongside",
                  str(tmp_path / "new.yaml"), "--one-at-a-time"]) == 2
     assert "cannot run --one-at-a-time" in capsys.readouterr().err

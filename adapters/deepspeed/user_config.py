@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 from pathlib import Path
 from typing import Any
 
 from gbmw.errors import GbmwError
-from gbmw.files import write_new_file
+from gbmw.files import check_bounds, read_text, shown, write_new_file
 
 
 BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
@@ -65,15 +66,9 @@ def load_user_config(path: str | Path) -> dict[str, Any]:
     configs with hjson, so a file with comments is accepted when hjson is installed; it is written
     back as plain JSON (comments are not kept)."""
     path = Path(path)
+    text = read_text(path, "DeepSpeed config file", GbmwError)
     try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise GbmwError(f"{path}: no such DeepSpeed config file") from None
-    except (OSError, UnicodeDecodeError) as error:
-        reason = getattr(error, "strerror", None) or error
-        raise GbmwError(f"{path}: cannot read the DeepSpeed config ({reason})") from None
-    try:
-        data = json.loads(text, object_pairs_hook=_refuse_duplicate_keys)
+        data = json.loads(text, object_pairs_hook=_refuse_duplicate_keys, parse_constant=_refuse_constant)
     except json.JSONDecodeError as error:
         data = _hjson_or_none(text)
         if data is None:
@@ -81,12 +76,80 @@ def load_user_config(path: str | Path) -> dict[str, Any]:
                 f"{path}: not valid JSON at line {error.lineno}, column {error.colno}: {error.msg}"
             ) from None
     except _DuplicateKey as error:
-        raise GbmwError(f"{path}: key {error.args[0]!r} appears twice in one object; DeepSpeed refuses that") from None
+        raise GbmwError(f"{path}: key {shown(error.args[0])} appears twice in one object; DeepSpeed refuses that") from None
+    except ValueError as error:  # NaN / Infinity
+        raise GbmwError(f"{path}: {error}") from None
+    except RecursionError:
+        raise GbmwError(f"{path}: nested too deeply to be a DeepSpeed config") from None
     if not isinstance(data, dict):
         raise GbmwError(
             f"{path}: a DeepSpeed config is a JSON object ({{...}}), this file holds a {type(data).__name__}"
         )
+    check_bounds(data, str(path), GbmwError)
+    check_user_config(data, str(path))
     return data
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number DeepSpeed accepts; write a finite number")
+
+
+def check_user_config(config: dict[str, Any], where: str = "ds_config") -> None:
+    """Refuse, with one GbmwError naming the key, the value and what DeepSpeed accepts, every key gbmw reads whose
+    value DeepSpeed would refuse or that would be read wrongly (DeepSpeed's own DeepSpeedConfig runs on the merged
+    config later; these are the keys the costing of the current configuration depends on)."""
+
+    def refuse(key: str, value: Any, allowed: str) -> None:
+        raise GbmwError(f"{where}: key `{key}`: value {shown(value)} — {allowed}")
+
+    for key in BATCH_KEYS:
+        value = config.get(key)
+        if value is not None and value != "auto" and (
+                isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_BATCH):
+            refuse(key, value, f"must be an integer from 1 to {MAX_BATCH}, or \"auto\"")
+    for key in ("zero_optimization", "optimizer", "scheduler", "activation_checkpointing", "pipeline",
+                *PRECISION_SECTIONS):
+        if key in config and not isinstance(config[key], dict):
+            example = {"zero_optimization": '{"stage": 1}', "optimizer": '{"type": "Adam", "params": {…}}',
+                       "scheduler": '{"type": "WarmupLR", "params": {…}}'}.get(key, '{"enabled": true}')
+            refuse(key, config[key], f"must be an object, e.g. \"{key}\": {example}")
+    stage = (config.get("zero_optimization") or {}).get("stage", 0)
+    if isinstance(stage, bool) or stage not in (0, 1, 2, 3):
+        refuse("zero_optimization.stage", stage, "ZeRO stages are the integers 0, 1, 2 and 3")
+    optimizer = config.get("optimizer")
+    if optimizer is not None and not isinstance(optimizer.get("type", ""), str):
+        refuse("optimizer.type", optimizer.get("type"), 'must be a name, e.g. "Adam" or "AdamW"')
+    params = (optimizer or {}).get("params", {})
+    if not isinstance(params, dict):
+        refuse("optimizer.params", params, 'must be an object, e.g. {"lr": 1e-4}')
+    for key in ("lr", "weight_decay", "eps"):
+        if key in params and params[key] != "auto" and not _finite_at_least(params[key], 0):
+            refuse(f"optimizer.params.{key}", params[key], 'must be a number ≥ 0, or "auto"')
+    if "gradient_clipping" in config and config["gradient_clipping"] != "auto" and not _finite_at_least(
+            config["gradient_clipping"], 0):
+        refuse("gradient_clipping", config["gradient_clipping"], 'must be a number ≥ 0 (0 = off), or "auto"')
+    enabled = []
+    for key in PRECISION_SECTIONS:
+        value = config.get(key, {}).get("enabled", False)
+        if value not in (True, False, "auto"):
+            refuse(f"{key}.enabled", value, 'must be true, false or "auto"')
+        if value is not False:
+            enabled.append(key)
+    if "bf16" in config and "bfloat16" in config:
+        raise GbmwError(f"{where}: both `bf16` and `bfloat16` (its old name) are present; keep `bf16` only")
+    if len(enabled) > 1:
+        raise GbmwError(f"{where}: {' and '.join(enabled)} are both enabled; DeepSpeed trains in one 16-bit "
+                        "precision — enable one")
+
+
+def _finite_at_least(value: Any, low: float) -> bool:
+    return (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+            and value >= low)
+
+
+MAX_BATCH = 2**20
+"""Largest batch value read from a ds_config (gbmw.schema.MAX_GLOBAL_BATCH)."""
+PRECISION_SECTIONS = ("fp16", "bf16", "bfloat16")
 
 
 class _DuplicateKey(Exception):

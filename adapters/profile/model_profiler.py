@@ -197,17 +197,20 @@ def run_profile_model(model_reference: str, precision: str, output: str, batches
     from gbmw.files import write_new_file
     from gbmw.bundled import resolve_recipe
 
-    from ..runtime.launch import finish_distributed, init_distributed
+    from ..runtime.launch import finish_distributed, start_after_checking
     from ..runtime.model import check_runtime_supports
 
-    if Path(output).exists():
-        raise SpecError(f"-o {output}: exists; gbmw never overwrites a file — choose a new name")
-    if batches[0] < 1 or batches[1] <= batches[0]:
-        raise SpecError(f"--batches {batches[0]},{batches[1]}: give two batch sizes, the second larger, e.g. 2,8")
-    architecture = load_architecture(resolve_recipe(model_reference, "models"))
-    check_runtime_supports(architecture)
+    def read_inputs():
+        if Path(output).exists():
+            raise SpecError(f"-o {output}: exists; gbmw never overwrites a file — choose a new name")
+        if batches[0] < 1 or batches[1] <= batches[0]:
+            raise SpecError(f"--batches {batches[0]},{batches[1]}: give two batch sizes, the second larger, e.g. 2,8")
+        architecture = load_architecture(resolve_recipe(model_reference, "models"))
+        check_runtime_supports(architecture)
+        return architecture
+
     launched = "RANK" in os.environ and "WORLD_SIZE" in os.environ
-    context = init_distributed() if launched else None
+    architecture, context = start_after_checking(read_inputs) if launched else (read_inputs(), None)
     completed = False
     try:
         device = torch.device(context.device if context else ("cuda" if torch.cuda.is_available() else "cpu"))

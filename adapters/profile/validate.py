@@ -198,29 +198,33 @@ def run_validate(job_reference: str, plan_paths: list[str], steps: int, warmup: 
     from gbmw.jobs import load_job
     from gbmw.plan import Plan
 
-    from ..runtime.launch import finish_distributed, init_distributed
+    from ..runtime.launch import finish_distributed, start_after_checking
 
-    if not plan_paths:
-        raise GbmwError("--plans: give at least one plan YAML")
-    if steps < 1 or warmup < 1:
-        raise GbmwError(f"--steps {steps} / --warmup {warmup}: need at least 1 each (warm-up creates Adam's states)")
-    if min_seconds < 0:
-        raise GbmwError(f"--min-seconds {min_seconds}: must be 0 or more")
-    if profile_alongside and one_at_a_time:
-        raise GbmwError("--profile-alongside profiles once alongside all plans; it cannot run --one-at-a-time")
-    if profile_alongside and Path(profile_alongside).exists():
-        raise GbmwError(f"--profile-alongside {profile_alongside}: exists; gbmw never overwrites a file — "
-                        "choose a new name")
-    job = load_job(job_reference)
-    architecture = job.model.require_architecture("gbmw validate")
-    plans = [(path, Plan.load(path)) for path in plan_paths]
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    for path, plan in plans:
-        plan.check_against(job.model, job.cluster.num_devices)
-        if plan.num_devices != world:
-            raise PlanError(f"{path}: a plan for num_devices={plan.num_devices}, but {world} process(es) were "
-                            f"launched; validate the plans of one device count per launch")
-    context = init_distributed()
+    def read_inputs():
+        if not plan_paths:
+            raise GbmwError("--plans: give at least one plan YAML")
+        if steps < 1 or warmup < 1:
+            raise GbmwError(f"--steps {steps} / --warmup {warmup}: need at least 1 each (warm-up creates Adam's "
+                            "states)")
+        if min_seconds < 0:
+            raise GbmwError(f"--min-seconds {min_seconds}: must be 0 or more")
+        if profile_alongside and one_at_a_time:
+            raise GbmwError("--profile-alongside profiles once alongside all plans; it cannot run --one-at-a-time")
+        if profile_alongside and Path(profile_alongside).exists():
+            raise GbmwError(f"--profile-alongside {profile_alongside}: exists; gbmw never overwrites a file — "
+                            "choose a new name")
+        job = load_job(job_reference)
+        architecture = job.model.require_architecture("gbmw validate")
+        plans = [(path, Plan.load(path)) for path in plan_paths]
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        for path, plan in plans:
+            plan.check_against(job.model, job.cluster.num_devices, job.precision)
+            if plan.num_devices != world:
+                raise PlanError(f"{path}: a plan for num_devices={plan.num_devices}, but {world} process(es) were "
+                                f"launched; validate the plans of one device count per launch")
+        return job, architecture, plans
+
+    (job, architecture, plans), context = start_after_checking(read_inputs)
     results = []
     completed = False
     try:

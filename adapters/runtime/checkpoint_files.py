@@ -16,18 +16,25 @@ instead of some waiting forever in a collective.
 
 from __future__ import annotations
 
+import glob
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
+from typing import Annotated
 
 import torch
 import torch.distributed as dist
 import yaml
+from pydantic import Field
 
 from gbmw.errors import CheckpointError, GbmwError
+from gbmw.files import read_yaml, shown
+from gbmw.schema import MAX_DEVICES, MAX_LAYERS, Frozen, Items, validate_as
 
 from .engine import HybridEngine
+from .launch import agree
 from .model import layer_names
 
 CHECKPOINT_FORMAT = 1
@@ -35,47 +42,104 @@ MANIFEST = "checkpoint.yaml"
 
 
 def save_checkpoint(engine: HybridEngine, path: str | Path) -> Path:
-    """Write a new checkpoint folder at `path` (collective: every rank calls it)."""
+    """Write a new checkpoint folder at `path` (collective: every rank calls it). It is written under a temporary
+    name (`.NAME.partial-*`) and renamed when complete; a save that fails removes it, and one killed midway leaves
+    it for the next save or load into the same folder to report and remove (`remove_interrupted_saves`)."""
     path = Path(path)
     _agree(None if not path.exists() else
            f"{path} exists; gbmw never replaces a checkpoint — choose a new folder for --save")
     layers = engine.full_state()  # collective inside each stage
-    temporary = [None]
+    temporary, problem = [None], None
     if engine.rank == 0:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        temporary[0] = tempfile.mkdtemp(prefix=f".{path.name}.partial-", dir=path.parent)
+        remove_interrupted_saves(path)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            temporary[0] = tempfile.mkdtemp(prefix=f"{PARTIAL_PREFIX.format(name=path.name)}", dir=path.parent)
+        except OSError as error:
+            temporary[0] = ""
+            problem = f"cannot create the checkpoint folder {path}: {error.strerror}"
     dist.broadcast_object_list(temporary, src=0)
+    if not temporary[0]:
+        _agree(problem if engine.rank == 0 else None)
     folder = Path(temporary[0])
-    problem = None
-    if engine.local_rank == 0:
-        try:
-            (folder / "layers").mkdir(exist_ok=True)
-            for name, tensors in layers.items():
-                torch.save(tensors, folder / "layers" / f"{name}.pt")
-        except OSError as error:
-            problem = f"cannot write {folder}: {error.strerror}"
-    _agree(problem)
-    if engine.rank == 0:
-        try:
-            manifest = {
-                "format": CHECKPOINT_FORMAT,
-                "model": engine.architecture.name,
-                "step": engine.step,
-                "seed": engine.seed,
-                "layers": layer_names(engine.architecture),
-                "adam": {"learning_rate": engine.adam.learning_rate, "betas": list(engine.adam.betas),
-                         "eps": engine.adam.eps},
-                "saved_under": {"num_devices": engine.plan.num_devices, "pp": engine.plan.pp,
-                                "partition": list(engine.plan.partition),
-                                "strategies": [strategy.name for strategy in engine.plan.strategies]},
-            }
-            (folder / MANIFEST).write_text(yaml.safe_dump(manifest, sort_keys=False))
-            os.rename(folder, path)  # atomic; fails rather than replace a folder that appeared meanwhile
-        except OSError as error:
+    completed = False
+    try:
+        if engine.local_rank == 0:
+            try:
+                (folder / "layers").mkdir(exist_ok=True)
+                for name, tensors in layers.items():
+                    torch.save(tensors, folder / "layers" / f"{name}.pt")
+            except OSError as error:
+                problem = f"cannot write {folder}: {error.strerror}"
+        _agree(problem)
+        if engine.rank == 0:
+            try:
+                (folder / MANIFEST).write_text(yaml.safe_dump(_manifest(engine), sort_keys=False))
+                os.rename(folder, path)  # atomic; fails rather than replace a folder that appeared meanwhile
+            except OSError as error:
+                problem = f"cannot complete the checkpoint at {path}: {error.strerror}"
+        _agree(problem)
+        completed = True
+    finally:
+        if not completed and engine.rank == 0:
             shutil.rmtree(folder, ignore_errors=True)
-            problem = f"cannot complete the checkpoint at {path}: {error.strerror}"
-    _agree(problem)
     return path
+
+
+PARTIAL_PREFIX = ".{name}.partial-"
+"""The temporary name of a checkpoint being written next to its final name."""
+
+
+def remove_interrupted_saves(path: Path) -> list[Path]:
+    """Remove the `.NAME.partial-*` folders a save of `path` killed midway left behind, saying so on stderr (a save
+    removes its own folder when it fails; only a killed process leaves one)."""
+    found = sorted(path.parent.glob(PARTIAL_PREFIX.format(name=glob.escape(path.name)) + "*"))
+    for folder in found:
+        shutil.rmtree(folder, ignore_errors=True)
+        print(f"gbmw: note: removed {folder}, an incomplete checkpoint left by an interrupted save of {path}",
+              file=sys.stderr, flush=True)
+    return found
+
+
+def _manifest(engine: HybridEngine) -> dict:
+    return {
+        "format": CHECKPOINT_FORMAT,
+        "model": engine.architecture.name,
+        "step": engine.step,
+        "seed": engine.seed,
+        "layers": layer_names(engine.architecture),
+        "adam": {"learning_rate": engine.adam.learning_rate, "betas": list(engine.adam.betas),
+                 "eps": engine.adam.eps},
+        "saved_under": {"num_devices": engine.plan.num_devices, "pp": engine.plan.pp,
+                        "partition": list(engine.plan.partition),
+                        "strategies": [strategy.name for strategy in engine.plan.strategies]},
+    }
+
+
+class _Adam(Frozen):
+    learning_rate: float = Field(gt=0, le=10)
+    betas: Items[Annotated[float, Field(ge=0, lt=1)]] = Field(min_length=2, max_length=2)
+    eps: float = Field(gt=0, le=1)
+
+
+class _SavedUnder(Frozen):
+    num_devices: int = Field(ge=1, le=MAX_DEVICES)
+    pp: int = Field(ge=1, le=MAX_DEVICES)
+    partition: Items[Annotated[int, Field(ge=1, le=MAX_LAYERS + 16)]] = Field(max_length=MAX_DEVICES)
+    strategies: Items[Annotated[str, Field(max_length=200)]] = Field(max_length=MAX_LAYERS + 16)
+
+
+class Manifest(Frozen):
+    """checkpoint.yaml: what `save_checkpoint` writes, every field checked on load."""
+
+    format: int
+    model: str = Field(min_length=1, max_length=200)
+    step: int = Field(ge=0, le=2**53)
+    """Optimizer steps taken before the save."""
+    seed: int = Field(ge=0, le=2**32 - 1)
+    layers: Items[Annotated[str, Field(max_length=200)]] = Field(min_length=1, max_length=MAX_LAYERS + 16)
+    adam: _Adam
+    saved_under: _SavedUnder
 
 
 def read_manifest(path: str | Path) -> dict:
@@ -84,22 +148,22 @@ def read_manifest(path: str | Path) -> dict:
     if not manifest_path.is_file():
         raise CheckpointError(f"{path}: no checkpoint there (expected {manifest_path}); give a folder written by "
                               "`gbmw train --save`")
+    manifest = read_yaml(manifest_path, "checkpoint manifest", CheckpointError)
+    if manifest.get("format") != CHECKPOINT_FORMAT:
+        raise CheckpointError(f"{manifest_path}: field `format`: value {shown(manifest.get('format'))} — this gbmw "
+                              f"reads format {CHECKPOINT_FORMAT}")
     try:
-        manifest = yaml.safe_load(manifest_path.read_text())
-    except yaml.YAMLError as error:
-        raise CheckpointError(f"{manifest_path}: not valid YAML ({error.__class__.__name__}); the checkpoint "
-                              "is corrupt") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != CHECKPOINT_FORMAT:
-        found = manifest.get("format") if isinstance(manifest, dict) else manifest
-        raise CheckpointError(f"{manifest_path}: field `format`: value {found!r} — this gbmw reads format "
-                              f"{CHECKPOINT_FORMAT}")
-    return manifest
+        return validate_as(Manifest, manifest, manifest_path).model_dump(mode="json")
+    except GbmwError as error:
+        raise CheckpointError(f"{error}; the checkpoint is corrupt or was edited") from None
 
 
 def load_checkpoint(engine: HybridEngine, path: str | Path) -> dict:
     """Load a checkpoint saved under any plan into `engine` (collective: every rank calls it)."""
     path = Path(path)
     problem, manifest, layers = None, None, {}
+    if engine.rank == 0:
+        remove_interrupted_saves(path)
     try:
         manifest = read_manifest(path)
         expected = layer_names(engine.architecture)
@@ -137,10 +201,5 @@ def _read_layer(file: Path) -> dict[str, torch.Tensor]:
 
 
 def _agree(problem: str | None) -> None:
-    """Raise the same CheckpointError on every rank if any rank has a problem (first rank's message)."""
-    problems = [None] * dist.get_world_size()
-    dist.all_gather_object(problems, problem)
-    for rank, message in enumerate(problems):
-        if message is not None:
-            suffix = "" if rank == dist.get_rank() else f" (reported by rank {rank})"
-            raise CheckpointError(message + suffix)
+    """Raise the same CheckpointError on every rank if any rank has a problem (gbmw.adapters.runtime.launch.agree)."""
+    agree(problem, CheckpointError)

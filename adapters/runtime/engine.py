@@ -310,9 +310,10 @@ class HybridEngine:
             for key, parameter in layer.parameters.items():
                 dim = layer.split_dims[key]
                 moments = {}
+                name = self.tied.source_name(f"{layer.name}.{key}")
+                full_shape = _lookup(layers, name, None).shape  # checked against the model by _set_weights
                 for moment in ("exp_avg", "exp_avg_sq"):
-                    name = self.tied.source_name(f"{layer.name}.{key}")
-                    full = _lookup(layers, f"{name}#{moment}", None)
+                    full = _lookup(layers, f"{name}#{moment}", full_shape)
                     # clone: tied copies must not share one moment tensor (Adam updates it in place)
                     moments[moment] = shard_like(shard_for_rank(full, dim, layer.tp), parameter).detach().clone()
                 self.optimizer.state[parameter] = {"step": torch.tensor(float(step)), **moments}
@@ -324,6 +325,9 @@ def _lookup(layers: dict[str, dict[str, torch.Tensor]], full_name: str, shape) -
     if key not in layers[layer_name]:
         raise PlanError(f"checkpoint layer {layer_name} has no tensor {key!r}: the checkpoint is of another model")
     tensor = layers[layer_name][key]
+    if not tensor.is_floating_point():
+        raise PlanError(f"checkpoint tensor {full_name} holds {tensor.dtype} values, not floating point: the checkpoint "
+                        "is corrupt")
     if shape is not None and tensor.shape != shape:
         raise PlanError(f"checkpoint tensor {full_name} has shape {tuple(tensor.shape)}, the model needs "
                         f"{tuple(shape)}: the checkpoint is of another model")

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import datetime
 import os
+import signal
+import sys
 from dataclasses import dataclass
+from typing import Callable, TypeVar
 
-from gbmw.errors import GbmwError
+from gbmw.errors import DistributedError, GbmwError, error_line
 
 
 @dataclass(frozen=True)
@@ -80,3 +83,83 @@ def finish_distributed(completed: bool) -> None:
     if completed:
         dist.barrier()
     dist.destroy_process_group()
+
+
+T = TypeVar("T")
+
+
+def start_after_checking(read: Callable[[], T], timeout_s: float = 300.0,
+                         local_rank: int | None = None) -> tuple[T, ProcessContext]:
+    """Run `read()` (which reads and checks a command's inputs), start torch.distributed, and agree: a GbmwError
+    that any rank's `read` raised is raised on every rank (`agree`), so a rank that finds a problem the others do not
+    stops them with it rather than leaving them to wait for it at the start. One process raises at once, without
+    starting torch. Returns what `read` returned and the process context."""
+    problem, value = None, None
+    try:
+        value = read()
+    except GbmwError as error:
+        if int(os.environ.get("WORLD_SIZE", "1") or 1) == 1:
+            raise
+        problem = str(error)
+    context = init_distributed(timeout_s=timeout_s, local_rank=local_rank)
+    try:
+        agree(problem)
+    except GbmwError:
+        finish_distributed(True)  # every rank raises here together
+        raise
+    return value, context
+
+
+def agree(problem: str | None, error: type[GbmwError] = GbmwError) -> None:
+    """Every rank raises the same `error` when any rank has a problem — the first such rank's message, naming that
+    rank where it is another — so no rank waits in a collective for a peer that stopped, and every rank exits with
+    the same status. Rank 0 prints it at once, before any rank leaves (so a launcher cannot stop rank 0 before it has
+    said why), and the error is marked `all_ranks` (gbmw.cli prints nothing more). A peer that died meanwhile is a
+    DistributedError."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        problems = [problem]
+    else:
+        problems = [None] * dist.get_world_size()
+        try:
+            dist.all_gather_object(problems, problem)
+        except RuntimeError as failure:
+            raise lost_contact(failure, "while the processes compared their inputs") from None
+    for rank, message in enumerate(problems):
+        if message is not None:
+            raised = error(message if rank == 0 else f"{message} (reported by rank {rank})")
+            raised.all_ranks = True  # printed here, on rank 0: gbmw.cli prints nothing more
+            if len(problems) > 1:
+                _stop_with_user_error_status()
+            if not dist.is_initialized() or dist.get_rank() == 0:
+                print(error_line(raised), file=sys.stderr, flush=True)  # before any rank leaves (the teardown meets)
+            raise raised
+
+
+def _stop_with_user_error_status() -> None:
+    """Every rank stops with status 2 now; a launcher that sees one rank exit first terminates the others (torchrun
+    sends SIGTERM), and that must not turn their status into a signal's."""
+    try:
+        signal.signal(signal.SIGTERM, lambda signum, frame: os._exit(2))
+    except ValueError:  # not the main thread: leave the handler as it is
+        pass
+
+
+def lost_contact(failure: BaseException, when: str) -> DistributedError:
+    """The one message of a rank whose peer died (torch.distributed reports it as a RuntimeError)."""
+    import torch.distributed as dist
+
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    return DistributedError(f"rank {rank}: lost contact with another process {when} "
+                            f"({str(failure).splitlines()[0][:160] if str(failure) else type(failure).__name__}); "
+                            "a process died or was killed — stopping")
+
+
+def is_communication_failure(error: BaseException) -> bool:
+    """Whether `error` is torch.distributed reporting a dead or unreachable peer."""
+    import torch.distributed as dist
+
+    text = str(error).lower()
+    return isinstance(error, getattr(dist, "DistBackendError", ())) or (isinstance(error, RuntimeError) and any(
+        marker in text for marker in ("connection", "gloo", "nccl", "timed out", "peer")))

@@ -37,7 +37,36 @@ def launch_hint(num_devices: int, job: str, plan: str) -> str:
 
 
 def train(job_reference: str, plan_path: str, settings: TrainSettings) -> list[float]:
-    """Train for `settings.steps` steps; returns the losses (on every rank)."""
+    """Train for `settings.steps` steps; returns the losses (on every rank).
+
+    Every rank reads and checks the job, the plan and the --save/--load folders, then the ranks start
+    torch.distributed and agree: a problem any rank found stops every rank with the same error (rank 0 prints it,
+    all exit with status 2), instead of the others reporting a dead process. The process group is torn down together
+    after a run, and at once after a failure (gbmw.adapters.runtime.launch.finish_distributed)."""
+    from .launch import agree, finish_distributed, start_after_checking
+
+    (plan, architecture), context = start_after_checking(lambda: _read_inputs(job_reference, plan_path, settings),
+                                                         settings.timeout_s, settings.local_rank)
+    import torch.distributed as dist
+
+    completed = False
+    try:
+        if context.world_size != plan.num_devices:
+            agree(f"{plan_path} is a plan for num_devices={plan.num_devices} but {context.world_size} process(es) "
+                  f"were launched; start it with: {launch_hint(plan.num_devices, job_reference, plan_path)}", PlanError)
+        losses = _run(plan, architecture, settings, context)
+        completed = True
+        return losses
+    except GbmwError as error:
+        completed = getattr(error, "all_ranks", False)  # every rank stops here together: meet before tearing down
+        raise
+    finally:
+        if dist.is_initialized():
+            finish_distributed(completed)
+
+
+def _read_inputs(job_reference: str, plan_path: str, settings: TrainSettings):
+    """The plan and the architecture the runtime builds, checked against the job and the --save folder."""
     from gbmw.jobs import load_job
     from gbmw.plan import Plan
 
@@ -46,35 +75,40 @@ def train(job_reference: str, plan_path: str, settings: TrainSettings) -> list[f
     if plan.model != job.model.name:
         raise PlanError(f"{plan_path}: field `model`: value {plan.model!r} — the job trains {job.model.name}; "
                         f"plan it with `gbmw plan {job_reference} -o plan.yaml`")
+    plan.check_against(job.model, precision=job.precision)
+    if plan.schedule != "1f1b" or plan.virtual_stages != 1:
+        raise PlanError(f"{plan_path}: schedule {plan.schedule} with virtual_stages {plan.virtual_stages} — gbmw's runtime "
+                        "runs the plain 1F1B pipeline (schedule 1f1b, virtual_stages 1); plan again for --target runtime")
     architecture = job.model.require_architecture("gbmw train")
     if settings.save and Path(settings.save).exists():
         raise GbmwError(f"--save {settings.save}: exists; gbmw never replaces a checkpoint — choose a new folder")
+    from .model import check_runtime_supports  # imports torch: after the checks that need none
 
-    import torch.distributed as dist
-
-    from .launch import init_distributed
-
-    context = init_distributed(timeout_s=settings.timeout_s, local_rank=settings.local_rank)
-    try:
-        if context.world_size != plan.num_devices:
-            raise PlanError(f"{plan_path} is a plan for num_devices={plan.num_devices} but {context.world_size} "
-                            f"process(es) were launched; start it with: "
-                            f"{launch_hint(plan.num_devices, job_reference, plan_path)}")
-        return _run(job_reference, plan, architecture, settings, context)
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+    check_runtime_supports(architecture)
+    return plan, architecture
 
 
-def _run(job_reference, plan, architecture, settings: TrainSettings, context) -> list[float]:
-    from .checkpoint_files import load_checkpoint, save_checkpoint
-    from .engine import AdamSettings, HybridEngine
-    from .groups import GroupPool
-    from .model import synthetic_batch
+def _run(plan, architecture, settings: TrainSettings, context) -> list[float]:
+    from .launch import is_communication_failure, lost_contact
 
     def say(text: str) -> None:
         if context.rank == 0:
             print(text, flush=True)
+
+    try:
+        return _steps(plan, architecture, settings, context, say)
+    except RuntimeError as error:  # torch.distributed reports a dead peer as a RuntimeError subclass
+        if not is_communication_failure(error):
+            raise
+        raise lost_contact(error, "outside a training step (building the stages, loading or saving)") from None
+
+
+def _steps(plan, architecture, settings: TrainSettings, context, say) -> list[float]:
+    from .checkpoint_files import load_checkpoint, save_checkpoint
+    from .engine import AdamSettings, HybridEngine
+    from .groups import GroupPool
+    from .launch import is_communication_failure
+    from .model import synthetic_batch
 
     pool = GroupPool(plan)
     engine = HybridEngine(plan, architecture, pool, context.device, seed=settings.seed,
@@ -94,7 +128,7 @@ def _run(job_reference, plan, architecture, settings: TrainSettings, context) ->
         try:
             loss = engine.train_step(batch)
         except RuntimeError as error:  # torch.distributed reports a dead peer as a RuntimeError subclass
-            if not _is_communication_failure(error):
+            if not is_communication_failure(error):
                 raise
             raise DistributedError(
                 f"rank {context.rank}: lost contact with another process during step {engine.step + 1} "
@@ -110,15 +144,6 @@ def _run(job_reference, plan, architecture, settings: TrainSettings, context) ->
         save_checkpoint(engine, settings.save)
         say(f"saved {settings.save} (step {engine.step}; loads under any plan)")
     return losses
-
-
-def _is_communication_failure(error: RuntimeError) -> bool:
-    import torch.distributed as dist
-
-    text = str(error).lower()
-    return isinstance(error, getattr(dist, "DistBackendError", ())) or any(
-        marker in text for marker in ("connection", "gloo", "nccl", "timed out", "peer")
-    )
 
 
 def _summary(plan) -> str:

@@ -1,0 +1,141 @@
+"""Issue 15, the checkpoint part of the bad-input corpus (tests/test_bad_inputs.py has the rest): a damaged or edited
+checkpoint given to `gbmw train --load` ends in one line and exit status 2 before any step, and a save killed midway
+is reported and removed by the next save or load."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import shutil
+
+import pytest
+import yaml
+
+torch = pytest.importorskip("torch")
+
+from gbmw.cli import main  # noqa: E402
+from runtime_reference import make_plan  # noqa: E402
+from test_bad_inputs import assert_one_line  # noqa: E402
+
+pytestmark = pytest.mark.torch
+
+JOB = "gpt-tiny_cpu-x4"
+
+
+class _RunsCode:
+    def __reduce__(self):
+        return (os.system, ("touch pwned",))
+
+
+def _edit_manifest(change):
+    def edit(folder):
+        data = yaml.safe_load((folder / "checkpoint.yaml").read_text())
+        change(data)
+        (folder / "checkpoint.yaml").write_text(yaml.safe_dump(data))
+    return edit
+
+
+def _write_manifest(text: bytes):
+    def edit(folder):
+        (folder / "checkpoint.yaml").write_bytes(text)
+    return edit
+
+
+def _edit_layer(change):
+    def edit(folder):
+        file = folder / "layers" / "decoder.0.pt"
+        tensors = torch.load(file, weights_only=True)
+        change(tensors)
+        file.unlink()
+        torch.save(tensors, file)
+    return edit
+
+
+def _moment_of_wrong_shape(tensors):
+    name = next(key for key in tensors if key.endswith("#exp_avg"))
+    tensors[name] = torch.zeros(3, 5)
+
+
+def _integer_weights(tensors):
+    name = next(key for key in tensors if "#" not in key)
+    tensors[name] = torch.zeros(tensors[name].shape, dtype=torch.int64)
+
+
+def _pickle_that_runs_code(folder):
+    (folder / "layers" / "decoder.0.pt").write_bytes(pickle.dumps({"w": _RunsCode()}))
+
+
+CHECKPOINT_CASES = [
+    ("no-step", _edit_manifest(lambda data: data.pop("step")), "field `step` is required"),
+    ("negative-step", _edit_manifest(lambda data: data.update(step=-5)), "field `step`: value -5"),
+    ("text-step", _edit_manifest(lambda data: data.update(step="ten")), "field `step`: value 'ten'"),
+    ("format-2", _edit_manifest(lambda data: data.update(format=2)), "field `format`: value 2"),
+    ("betas", _edit_manifest(lambda data: data["adam"].update(betas=[0.9])), "field `adam.betas`"),
+    ("unknown-field", _edit_manifest(lambda data: data.update(extra=1)), "unknown field `extra`"),
+    ("not-utf8", _write_manifest(b"format: 1\nmodel: \xff\n"), "not UTF-8 text"),
+    ("alias-bomb", _write_manifest(b'a: &a ["x","x","x","x","x","x","x","x","x"]\n' + b"".join(
+        f"{n}: &{n} [{','.join(['*' + p] * 9)}]\n".encode() for p, n in zip("abcdefgh", "bcdefghi"))),
+     "once its aliases are expanded"),
+    ("list", _write_manifest(b"- 1\n"), "expected a mapping"),
+    ("moment-shape", _edit_layer(_moment_of_wrong_shape), "has shape (3, 5), the model needs"),
+    ("integer-weights", _edit_layer(_integer_weights), "not floating point"),
+    ("pickle-runs-code", _pickle_that_runs_code, "cannot be read"),
+    ("missing-layer", lambda folder: (folder / "layers" / "decoder.0.pt").unlink(), "missing; the checkpoint is incomplete"),
+]
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("saved")
+    plan = make_plan("gpt-tiny", 1, ["single"] * 6, [6], 16, 2)
+    (folder / "plan.yaml").write_text(plan.to_yaml())
+    assert main(["train", JOB, "--plan", str(folder / "plan.yaml"), "--steps", "1", "--save",
+                 str(folder / "checkpoint")]) == 0
+    return folder
+
+
+@pytest.mark.parametrize("name, damage, expected", CHECKPOINT_CASES, ids=[case[0] for case in CHECKPOINT_CASES])
+def test_damaged_checkpoint_is_one_line(saved, tmp_path, capsys, monkeypatch, name, damage, expected):
+    broken = tmp_path / "broken"
+    shutil.copytree(saved / "checkpoint", broken)
+    damage(broken)
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()
+    status = main(["train", JOB, "--plan", str(saved / "plan.yaml"), "--steps", "1", "--load", str(broken)])
+    captured = capsys.readouterr()
+    assert_one_line(status, captured.err, expected)
+    assert "step" not in captured.out.replace("gbmw train", "")  # stopped before any step
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_load_of_a_file_is_one_line(saved, tmp_path, capsys):
+    (tmp_path / "file").write_text("x")
+    status = main(["train", JOB, "--plan", str(saved / "plan.yaml"), "--load", str(tmp_path / "file")])
+    assert_one_line(status, capsys.readouterr().err, "no checkpoint there")
+
+
+def test_an_interrupted_save_is_reported_and_removed(saved, tmp_path, capsys):
+    """A save killed midway leaves `.NAME.partial-*`; the next save into that name says so and removes it."""
+    leftover = tmp_path / ".checkpoint.partial-x1y2"
+    (leftover / "layers").mkdir(parents=True)
+    (leftover / "layers" / "embedding.pt").write_bytes(b"half")
+    status = main(["train", JOB, "--plan", str(saved / "plan.yaml"), "--steps", "1", "--save",
+                   str(tmp_path / "checkpoint")])
+    err = capsys.readouterr().err
+    assert status == 0 and f"removed {leftover}" in err and "interrupted save" in err
+    assert not leftover.exists() and (tmp_path / "checkpoint" / "checkpoint.yaml").is_file()
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["checkpoint"]
+
+
+def test_a_failed_save_removes_its_partial_folder(saved, tmp_path, capsys, monkeypatch):
+    """A save that fails while writing (here: the manifest cannot be written) leaves nothing behind."""
+    from gbmw.adapters.runtime import checkpoint_files
+
+    def fail(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(checkpoint_files.yaml, "safe_dump", fail)
+    status = main(["train", JOB, "--plan", str(saved / "plan.yaml"), "--steps", "1", "--save",
+                   str(tmp_path / "checkpoint")])
+    assert_one_line(status, capsys.readouterr().err, "cannot complete the checkpoint")
+    assert list(tmp_path.iterdir()) == []

@@ -1,0 +1,91 @@
+"""Issue 15 under a launcher: a user error is printed once, by rank 0, and every rank exits with status 2; an error
+only some ranks find stops all of them with that error (not "a process died"); a rank that dies while the others
+wait in gbmw's agreement gives them one clear line, not a gloo traceback."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from dist_fixture import free_port, run_distributed  # noqa: E402
+from runtime_reference import make_plan  # noqa: E402
+
+pytestmark = pytest.mark.dist
+
+BIN = Path(sys.executable).parent
+JOB = "gpt-tiny_cpu-x4"
+
+
+def _agree_on_rank_one_problem(rank: int, world_size: int) -> str:
+    from gbmw.adapters.runtime.launch import agree
+    from gbmw.errors import GbmwError
+
+    try:
+        agree("the plan says fp8" if rank == 1 else None)
+    except GbmwError as error:
+        assert error.all_ranks
+        return str(error)
+    return "no error"
+
+
+def test_a_problem_of_one_rank_stops_every_rank_with_it():
+    assert run_distributed(2, _agree_on_rank_one_problem) == ["the plan says fp8 (reported by rank 1)"] * 2
+
+
+@pytest.mark.parametrize("launcher", ["torchrun", "deepspeed"])
+def test_a_user_error_is_one_line_from_rank_zero(tmp_path, launcher):
+    if launcher == "deepspeed":
+        pytest.importorskip("deepspeed")
+    text = make_plan("gpt-tiny", 2, ["dp2"] * 6, [6], 16, 2).to_yaml()
+    (tmp_path / "plan.yaml").write_text(text.replace("num_micro_batches: 2", "num_micro_batches: -2"))
+    command = ([str(BIN / "torchrun"), "--standalone", "--nproc_per_node", "2", "-m", "gbmw"] if launcher == "torchrun"
+               else [str(BIN / "deepspeed"), "--num_gpus", "2", "--master_port", str(free_port()), "--module", "gbmw"])
+    environment = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}", OMP_NUM_THREADS="1")
+    done = subprocess.run(command + ["train", JOB, "--plan", "plan.yaml", "--steps", "1"], cwd=tmp_path,
+                          env=environment, capture_output=True, text=True, timeout=180)
+    output = done.stdout + done.stderr
+    assert done.returncode != 0
+    errors = [line for line in output.splitlines() if "gbmw: error:" in line]
+    assert errors == ["gbmw: error: plan.yaml: invalid plan: num_micro_batches -2: must be a whole number from 1 to "
+                      "1048576"], output[-3000:]
+    if launcher == "torchrun":  # torchrun's own failure summary lists each rank's exit status
+        assert output.count("exitcode  : 2") == 2, output[-3000:]
+    else:
+        assert "exits with return code = 2" in output, output[-3000:]
+
+
+def test_a_rank_dying_during_agreement_is_one_line(tmp_path):
+    """Rank 1 exits right after start-up (as a rank killed during --load or --save would); rank 0, waiting in gbmw's
+    agreement, stops with one DistributedError line well before its collective timeout."""
+    script = textwrap.dedent("""
+        import os, sys
+        from gbmw.adapters.runtime.launch import agree, init_distributed
+        from gbmw.errors import GbmwError
+        context = init_distributed(timeout_s=120)
+        if context.rank == 1:
+            os._exit(0)
+        try:
+            agree(None)
+        except GbmwError as error:
+            print(type(error).__name__, error, flush=True)
+            sys.exit(2)
+    """)
+    port = free_port()
+    processes = []
+    for rank in range(2):
+        environment = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+                           MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+        processes.append(subprocess.Popen([sys.executable, "-c", script], env=environment, stdout=subprocess.PIPE,
+                                          stderr=subprocess.PIPE, text=True))
+    out, err = processes[0].communicate(timeout=90)
+    processes[1].communicate(timeout=30)
+    assert processes[0].returncode == 2, out + err
+    assert out.startswith("DistributedError rank 0: lost contact with another process"), out + err
+    assert "Traceback" not in err
