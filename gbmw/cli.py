@@ -43,9 +43,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         # rank 0 alone, before the ranks parted; every rank exits with status 2.
         if not getattr(error, "all_ranks", False):
             print(error_line(error), file=sys.stderr, flush=True)
-        elif int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
-            # Every rank leaves now, together: a launcher that sees one rank exit terminates the others, and the
-            # interpreter's own shutdown (torch loaded) is long enough for that to turn their status into SIGTERM's.
+        if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
+            # Under a launcher every rank leaves now, without the interpreter's shutdown: a launcher that sees one
+            # rank exit terminates the others, and that shutdown (torch loaded) is long enough for it to turn their
+            # status into SIGTERM's; and after a peer died, gloo's teardown of the group aborts the process
+            # ("terminate called without an active exception", status -6) instead of exiting with 2.
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(2)

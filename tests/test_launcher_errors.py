@@ -5,6 +5,7 @@ wait in gbmw's agreement gives them one clear line, not a gloo traceback."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -86,6 +87,9 @@ def test_a_rank_dying_during_agreement_is_one_line(tmp_path):
                                           stderr=subprocess.PIPE, text=True))
     out, err = processes[0].communicate(timeout=90)
     processes[1].communicate(timeout=30)
-    assert processes[0].returncode == 2, out + err
+    # Status 2 — or, in about 1 run in 10 here, SIGABRT after the line is out: gloo's own thread aborts the process
+    # ("terminate called without an active exception") once its peer's connection is reset, even when the rank
+    # leaves through os._exit at once. The line the user reads is there either way.
+    assert processes[0].returncode in (2, -signal.SIGABRT), out + err
     assert out.startswith("DistributedError rank 0: lost contact with another process"), out + err
     assert "Traceback" not in err
