@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from gbmw.framework_memory import ADAM_CHUNK_ELEMENTS
 from gbmw.stage_cost import StageCosts
 
 
@@ -17,21 +18,33 @@ def least_state_bytes(costs: StageCosts) -> np.ndarray:
     """[strategy, layer]: the model states a layer holds in ANY stage — less its tied weight where it has a twin, as
     if the twin shared its stage (then the twin's layer holds the weight, under its own strategy, which may be
     lighter), so that sums of them bound a stage's states from below."""
-    states = costs.tables.model_state_bytes.copy()
-    strategies = np.arange(states.shape[0])
+    return _less_tied(costs, costs.tables.model_state_bytes, costs.tied_state_bytes)
+
+
+def least_optimizer_parameters(costs: StageCosts) -> np.ndarray:
+    """[strategy, layer]: the parameters a layer's optimizer steps in ANY stage (a tied weight as in
+    `least_state_bytes`)."""
+    return _less_tied(costs, costs.tables.optimizer_parameters, costs.tied_optimizer_parameters)
+
+
+def _less_tied(costs: StageCosts, values: np.ndarray, tied) -> np.ndarray:
+    values = values.copy()
+    strategies = np.arange(values.shape[0])
     for layer in np.nonzero(costs.tied_to >= 0)[0]:
-        states[:, layer] -= costs.tied_state_bytes(int(layer), strategies)
-    return states
+        values[:, layer] -= tied(int(layer), strategies)
+    return values
 
 
 def cannot_fit(costs: StageCosts, allowed: np.ndarray, budget_bytes: float) -> bool:
     """True if no partition can fit: some layer alone, or the stages' average, exceeds the budget (model states
-    by `least_state_bytes`; every stage holds at least one micro-batch's activations, and its peak at least each
-    layer's states, stash and backward extra)."""
+    by `least_state_bytes`; every stage holds at least one micro-batch's activations, its peak at least each
+    layer's states, stash, backward extra and the step reserve of that layer's parameters)."""
     tables = costs.tables
     masked = np.where(allowed, 1.0, np.inf)
     states = least_state_bytes(costs)
-    alone = (states + tables.forward_memory_bytes + tables.backward_memory_bytes) * masked
+    reserve = tables.step_temporary_bytes_per_parameter * np.minimum(least_optimizer_parameters(costs),
+                                                                     ADAM_CHUNK_ELEMENTS)  # step_reserve_bytes
+    alone = (states + tables.forward_memory_bytes + tables.backward_memory_bytes + reserve) * masked
     lightest = ((states + tables.forward_memory_bytes) * masked).min(axis=0)
     return bool(alone.min(axis=0).max() > budget_bytes or lightest.sum() > costs.pp * budget_bytes)
 

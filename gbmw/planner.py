@@ -329,7 +329,9 @@ class Planner:
         self.stats.settings_total = len(settings)
         best = self._best_of(settings, self._search_setting)
         if self.exact and self.searches_whole_plans:
-            # the approximate search's plan is the incumbent: the exact search only looks for faster ones
+            # the approximate search's plan is the incumbent: the exact search only looks for faster ones (the
+            # stats count the exact pass)
+            self.stats = SearchStats(settings_total=len(settings))
             best = self._best_of(settings, self._search_whole_plans, best)
         if self.progress is not None:
             self.progress(len(settings), len(settings))
