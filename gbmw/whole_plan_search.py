@@ -12,13 +12,14 @@ U_i: its optimizer step), and it fits when every stage's peak (gbmw.stage_cost.s
 T never falls when one stage's N, S or U falls, so the search has two exact levels:
 
 1. **Stages** (the stage DP of Eq. (4), Algorithm 3, without a memory grid). For every stage position (index i,
-   first layer, layer count) the fitting stage options no other matches or beats in all of (N, S, U). The DP walks
-   the stage's layers and keeps, per activation layout of the last layer (R of Eq. (4) depends on layouts), the
-   partial plans no other matches or beats in all of
+   first layer, layer count) the fitting stage options no other matches or beats in N, S and U (`time_columns`).
+   The DP walks the stage's layers and keeps, per activation layout of the last layer (R of Eq. (4) depends on
+   layouts), the partial plans no other matches or beats in all of
 
        stash  Σ (O_ms + k · O_f)          k in-flight micro-batches (1F1B: min(P − i, m))
        E      stash + backward excess     the peak of Eq. (2) so far (gbmw.pareto explains the excess)
-       N, S   no-sync time and synchronisation extra so far
+       N, N + S  no-sync time, and with the synchronisation extra, so far (`time_columns`; one stage alone:
+              m · N + S, its Eq. (9) time less the optimizer step)
        p      parameters the stage's optimizer steps (U = p · step time; the step reserve of
               gbmw.framework_memory is 4 bytes × min(p, one chunk): both grow with p)
 
@@ -27,7 +28,8 @@ T never falls when one stage's N, S or U falls, so the search has two exact leve
    previous stage sends to it, the stage-local side input and tied weight), so stage positions that share a
    prefix — all middle stages of a homogeneous model — share its DP.
 2. **Partitions**: a DP over the stages in order that keeps, per stage boundary, the partial plans no other
-   matches or beats in all of (max N, Σ N, max S, max U) — Eq. (9) exactly, for any stage being the slowest.
+   matches or beats in max N, Σ N, max S and max U (`time_columns`) — Eq. (9) exactly, for any stage being the
+   slowest.
 
 Memory is exact, not rounded to units: every memory term of the tables is put on a grid of 2^-q bytes fine enough
 that no sum of them can round (`MemoryGrid`), so the DP's sums are the very numbers stage_estimate computes, and a
@@ -164,6 +166,20 @@ def nondominated(columns: np.ndarray, group: np.ndarray | None = None) -> np.nda
     return np.nonzero(_nondominated(np.ascontiguousarray(columns), group, order))[0]
 
 
+def time_columns(no_sync: np.ndarray, sync: np.ndarray, optimizer: np.ndarray) -> np.ndarray:
+    """Columns under which a stage (or a partial partition) that no other matches or beats is kept, given its N
+    (or Σ N), S (or max S) and U (or max U): (N, N + S, N + U, N + S + U).
+
+    Completing two alternatives A and B the same way (the same later layers and stages, so the same additions to
+    N and S, and the same other stages: a = their max N, c their max S, d their max U), Eq. (9) gives
+        T_A − T_B = (m − 1)·(max(N_A, a) − max(N_B, a)) + (N_A − N_B) + (max(S_A, c) − max(S_B, c))
+                    + (max(U_A, d) − max(U_B, d))
+                  ≤ (N_A − N_B) + max(0, S_A − S_B) + max(0, U_A − U_B)      when N_A ≤ N_B,
+    as max is monotone and 1-Lipschitz: so A is never slower when it is no worse in all four columns. That keeps
+    fewer alternatives than (N, S, U), where A must also have no more S and U."""
+    return np.stack([no_sync, no_sync + sync, no_sync + optimizer, no_sync + sync + optimizer], axis=1)
+
+
 # ---------------------------------------------------------------------------------------------------- stages
 
 
@@ -197,7 +213,7 @@ class _Node:
 
 @dataclass
 class StageOptions:
-    """The fitting options of one stage position no other matches or beats in (N, S, U)."""
+    """The fitting options of one stage position no other matches or beats in N, S and U (`time_columns`)."""
 
     no_sync_s: np.ndarray
     sync_s: np.ndarray
@@ -314,7 +330,12 @@ class WholePlanSearch:
             self.reserve_per_parameter, float(ADAM_CHUNK_ELEMENTS), float(self.m), self.step_s, rest_s,
             self.limit_s * (1 + INCUMBENT_SLACK))
         n_stash, n_excess, n_no_sync, n_sync, n_params, n_layout, n_option, n_parent = columns
-        keep = nondominated(np.stack([n_stash, n_stash + n_excess, n_no_sync, n_sync, n_params], axis=1), n_layout)
+        memory = [n_stash, n_stash + n_excess, n_params]
+        if self.pp == 1:  # one stage: T = m · N + S + U exactly, and U grows with the parameters
+            times = [self.m * n_no_sync + n_sync]
+        else:  # see `time_columns`
+            times = [n_no_sync, n_no_sync + n_sync]
+        keep = nondominated(np.stack(memory + times, axis=1), n_layout)
         return _Node(n_stash[keep], n_excess[keep], n_no_sync[keep], n_sync[keep], n_params[keep], n_layout[keep],
                      strategy[n_option[keep]], n_parent[keep], node, node.depth + 1)
 
@@ -362,7 +383,7 @@ class WholePlanSearch:
         index = np.nonzero(useful)[0]
         if index.shape[0] == 0:
             return None
-        keep = index[nondominated(np.stack([no_sync[index], node.sync[index], optimizer[index]], axis=1))]
+        keep = index[nondominated(time_columns(no_sync[index], node.sync[index], optimizer[index]))]
         return StageOptions(no_sync[keep], node.sync[keep], optimizer[keep], node, keep)
 
     # ------------------------------------------------------------------ partitions (Eq. (9))
@@ -401,7 +422,8 @@ class WholePlanSearch:
             frontier = {}
             for end, (parts, back) in grown.items():
                 rows = np.concatenate(parts)
-                keep = nondominated(rows)
+                keep = nondominated(np.concatenate([rows[:, :1], time_columns(rows[:, 1], rows[:, 2], rows[:, 3])],
+                                                   axis=1))
                 frontier[end] = (rows[keep], [back[k] for k in keep])
             # keep the back-pointers of every stage to rebuild the plan
             setattr(self, f"_back_{stage_index}", {end: back for end, (_, back) in frontier.items()})
