@@ -88,8 +88,13 @@ class MemoryGrid:
 @njit(cache=True)
 def _extend_candidates(stash, excess, no_sync, sync, params, layout,
                        o_no_sync, o_sync, o_stash, o_forward, o_backward, o_params, o_layout,
-                       transition, budget, reserve_per_parameter, chunk, m, step_s, rest_s, limit_s):
-    """Every kept partial plan × every option of the next layer that can still fit and still beat the incumbent."""
+                       transition, budget, reserve_per_parameter, chunk, m, step_s, rest_s, limit_s,
+                       rest_stash, rest_carry, rest_params):
+    """Every kept partial plan × every option of the next layer that can still fit and still beat the incumbent.
+    `rest_s` bounds from below what the layers outside the partial plan add to Eq. (9); `rest_stash`, `rest_carry`
+    and `rest_params` what later layers of the same stage surely add to its stash, to E (each adds at least
+    O_ms + (k − 1) · O_f: its forward memory can lower the excess by at most O_f) and to its parameters (0 when the
+    stage may end here)."""
     points, options = stash.shape[0], o_no_sync.shape[0]
     capacity = points * options
     n_stash = np.empty(capacity)
@@ -108,11 +113,12 @@ def _extend_candidates(stash, excess, no_sync, sync, params, layout,
             if x < o_backward[o]:
                 x = o_backward[o]
             q = params[p] + o_params[o]
-            if s + x + reserve_per_parameter * min(q, chunk) > budget:
+            least = max(s + x + rest_carry, s + rest_stash)
+            if least + reserve_per_parameter * min(q + rest_params, chunk) > budget:
                 continue
             t = no_sync[p] + o_no_sync[o] + transition[layout[p], o_layout[o]]
             y = sync[p] + o_sync[o]
-            if m * t + y + step_s * q + rest_s > limit_s:
+            if m * t + y + step_s * (q + rest_params) + rest_s > limit_s:
                 continue
             n_stash[count], n_excess[count], n_no_sync[count], n_sync[count] = s, x, t, y
             n_params[count], n_layout[count], n_option[count], n_parent[count] = q, o_layout[o], o, p
@@ -124,21 +130,33 @@ def _extend_candidates(stash, excess, no_sync, sync, params, layout,
 @njit(cache=True)
 def _nondominated(columns: np.ndarray, group: np.ndarray, order: np.ndarray) -> np.ndarray:
     """Mask of the rows no other row of the same group matches or beats (≤) in every column (of equal rows the
-    first in `order` is kept); `order` sorts the rows lexicographically by (group, columns…), so a row can only be
-    matched or beaten by one before it."""
+    first in `order` is kept); `order` sorts the rows by group, first column and the sum of their columns, so a row
+    can only be matched or beaten by one before it (float addition is monotone: a row no greater in every column has no
+    greater sum). The last row found to beat one is tried first: neighbours in the order are mostly beaten by the
+    same row."""
     rows, width = columns.shape
     keep = np.zeros(rows, np.bool_)
     kept = np.empty(rows, np.int64)
     kept_count = 0
     group_start = 0
     previous_group = -1
+    last = -1
     for position in range(rows):
         row = order[position]
         if group[row] != previous_group:
             previous_group = group[row]
             group_start = kept_count
+            last = -1
+        if last >= 0:
+            beaten = True
+            for c in range(width):
+                if columns[last, c] > columns[row, c]:
+                    beaten = False
+                    break
+            if beaten:
+                continue
         dominated = False
-        for k in range(group_start, kept_count):
+        for k in range(kept_count - 1, group_start - 1, -1):
             other = kept[k]
             beaten = True
             for c in range(width):
@@ -147,6 +165,7 @@ def _nondominated(columns: np.ndarray, group: np.ndarray, order: np.ndarray) -> 
                     break
             if beaten:
                 dominated = True
+                last = other
                 break
         if not dominated:
             keep[row] = True
@@ -162,7 +181,10 @@ def nondominated(columns: np.ndarray, group: np.ndarray | None = None) -> np.nda
     if rows <= 1:
         return np.arange(rows)
     group = np.zeros(rows, np.int64) if group is None else group.astype(np.int64)
-    order = np.lexsort(tuple(columns[:, c] for c in range(columns.shape[1] - 1, -1, -1)) + (group,))
+    total = columns[:, 0].copy()
+    for c in range(1, columns.shape[1]):
+        total += columns[:, c]
+    order = np.lexsort((total, columns[:, 0], group))
     return np.nonzero(_nondominated(np.ascontiguousarray(columns), group, order))[0]
 
 
@@ -279,6 +301,22 @@ class WholePlanSearch:
         least = np.where(allowed, tables.time_no_grad_sync_s, np.inf).min(axis=0)
         self.least_no_sync_s = least
         self.least_prefix_s = np.concatenate(([0.0], np.cumsum(least)))
+        # the last stage's later layers, each at its least (ties as if the twin shared the stage)
+        in_flight = costs.in_flight[-1]
+        ties = costs.tied_to >= 0
+        states = self.states - np.where(ties[None, :], self.tied_states, 0.0)
+        params = self.params - np.where(ties[None, :], self.tied_params, 0.0)
+        sync = tables.time_s - tables.time_no_grad_sync_s
+
+        def suffix(values: np.ndarray) -> np.ndarray:
+            least_values = np.where(allowed, values, np.inf).min(axis=0)
+            return np.concatenate((np.cumsum(least_values[::-1])[::-1], [0.0]))
+
+        self.least_suffix_s = suffix(tables.time_no_grad_sync_s)
+        self.least_sync_suffix_s = suffix(sync)
+        self.least_stash_suffix = suffix(states + in_flight * self.forward)
+        self.least_carry_suffix = suffix(states + (in_flight - 1) * self.forward)
+        self.least_params_suffix = suffix(params)
         self._nodes: dict[tuple, _Node] = {}
         self._options: dict[tuple, tuple] = {}
         self._stages: dict[tuple[int, int], list[StageOptions | None]] = {}
@@ -321,14 +359,15 @@ class WholePlanSearch:
 
     # ------------------------------------------------------------------ stage DP
 
-    def _extend(self, node: _Node, options, transition: np.ndarray, rest_s: float) -> _Node:
+    def _extend(self, node: _Node, options, transition: np.ndarray, rest_s: float,
+                rest: tuple[float, float, float] = (0.0, 0.0, 0.0)) -> _Node:
         strategy, no_sync, sync, stash, forward, backward, params, layout = options
         budget = self.budget
         columns = _extend_candidates(
             node.stash, node.excess, node.no_sync, node.sync, node.params, node.layout,
             no_sync, sync, stash, forward, backward, params, layout, transition, budget,
             self.reserve_per_parameter, float(ADAM_CHUNK_ELEMENTS), float(self.m), self.step_s, rest_s,
-            self.limit_s * (1 + INCUMBENT_SLACK))
+            self.limit_s * (1 + INCUMBENT_SLACK), *rest)
         n_stash, n_excess, n_no_sync, n_sync, n_params, n_layout, n_option, n_parent = columns
         memory = [n_stash, n_stash + n_excess, n_params]
         if self.pp == 1:  # one stage: T = m · N + S + U exactly, and U grows with the parameters
@@ -347,7 +386,10 @@ class WholePlanSearch:
         costs = self.costs
         last_end = self.layers - (self.pp - 1 - stage_index)
         ends = [self.layers] if stage_index == self.pp - 1 else range(first + 1, last_end + 1)
-        node_key: tuple = ("root", costs.in_flight[stage_index], stage_index > 0)
+        last = stage_index == self.pp - 1
+        # The last stage holds every layer from `first` on: its DP is not shared with other first layers, and the
+        # layers still to come bound it (their least time, m-fold, and their least memory).
+        node_key: tuple = ("root", costs.in_flight[stage_index], stage_index > 0) + (("last", first) if last else ())
         node = self._nodes.setdefault(node_key, _Node.root())
         seen_side = False
         found: list[StageOptions | None] = [None] * (last_end - first)
@@ -363,8 +405,14 @@ class WholePlanSearch:
                 options = self._layer_options(layer, stage_index, first, side_first)
                 transition = self._zero_transition if layer == first else costs.transition_s(layer)
                 # the layers outside this stage prefix take at least their least no-sync time, on any stage
-                rest_s = self.least_prefix_s[-1] - inside_s
-                child = self._nodes[node_key] = self._extend(node, options, transition, max(rest_s, 0.0))
+                if last:
+                    rest_s = (self.least_prefix_s[first] + self.m * self.least_suffix_s[layer + 1]
+                              + self.least_sync_suffix_s[layer + 1])
+                    rest = (self.least_stash_suffix[layer + 1], self.least_carry_suffix[layer + 1],
+                            self.least_params_suffix[layer + 1])
+                else:
+                    rest_s, rest = max(self.least_prefix_s[-1] - inside_s, 0.0), (0.0, 0.0, 0.0)
+                child = self._nodes[node_key] = self._extend(node, options, transition, rest_s, rest)
             node = child
             if len(node) == 0:
                 break
