@@ -89,12 +89,14 @@ class MemoryGrid:
 def _extend_candidates(stash, excess, no_sync, sync, params, layout,
                        o_no_sync, o_sync, o_stash, o_forward, o_backward, o_params, o_layout,
                        transition, budget, reserve_per_parameter, chunk, m, step_s, rest_s, limit_s,
-                       rest_stash, rest_carry, rest_params):
+                       rest_stash, rest_carry, rest_params, later_s, sharing_stages):
     """Every kept partial plan × every option of the next layer that can still fit and still beat the incumbent.
     `rest_s` bounds from below what the layers outside the partial plan add to Eq. (9); `rest_stash`, `rest_carry`
     and `rest_params` what later layers of the same stage surely add to its stash, to E (each adds at least
     O_ms + (k − 1) · O_f: its forward memory can lower the excess by at most O_f) and to its parameters (0 when the
-    stage may end here)."""
+    stage may end here). For the first stage, `later_s` bounds the no-sync time of the layers after the partial plan,
+    which this stage and the `sharing_stages` − 1 later ones share: the slowest of them takes at least the
+    average, (N + later_s) / sharing_stages (0: not used)."""
     points, options = stash.shape[0], o_no_sync.shape[0]
     capacity = points * options
     n_stash = np.empty(capacity)
@@ -120,6 +122,10 @@ def _extend_candidates(stash, excess, no_sync, sync, params, layout,
             y = sync[p] + o_sync[o]
             if m * t + y + step_s * (q + rest_params) + rest_s > limit_s:
                 continue
+            if sharing_stages > 0:
+                slowest = max(t, (t + later_s) / sharing_stages)
+                if (m - 1) * slowest + t + later_s + y + step_s * q > limit_s:
+                    continue
             n_stash[count], n_excess[count], n_no_sync[count], n_sync[count] = s, x, t, y
             n_params[count], n_layout[count], n_option[count], n_parent[count] = q, o_layout[o], o, p
             count += 1
@@ -360,7 +366,7 @@ class WholePlanSearch:
     # ------------------------------------------------------------------ stage DP
 
     def _extend(self, node: _Node, options, transition: np.ndarray, rest_s: float,
-                rest: tuple[float, float, float] = (0.0, 0.0, 0.0)) -> _Node:
+                rest: tuple = (0.0, 0.0, 0.0, 0.0, 0)) -> _Node:
         strategy, no_sync, sync, stash, forward, backward, params, layout = options
         budget = self.budget
         columns = _extend_candidates(
@@ -409,9 +415,12 @@ class WholePlanSearch:
                     rest_s = (self.least_prefix_s[first] + self.m * self.least_suffix_s[layer + 1]
                               + self.least_sync_suffix_s[layer + 1])
                     rest = (self.least_stash_suffix[layer + 1], self.least_carry_suffix[layer + 1],
-                            self.least_params_suffix[layer + 1])
+                            self.least_params_suffix[layer + 1], 0.0, 0)
+                elif stage_index == 0:  # starts at layer 0: its DP is not shared either
+                    rest_s = self.least_suffix_s[layer + 1]
+                    rest = (0.0, 0.0, 0.0, self.least_suffix_s[layer + 1], self.pp)
                 else:
-                    rest_s, rest = max(self.least_prefix_s[-1] - inside_s, 0.0), (0.0, 0.0, 0.0)
+                    rest_s, rest = max(self.least_prefix_s[-1] - inside_s, 0.0), (0.0, 0.0, 0.0, 0.0, 0)
                 child = self._nodes[node_key] = self._extend(node, options, transition, rest_s, rest)
             node = child
             if len(node) == 0:
