@@ -1,4 +1,5 @@
-"""The stage DP without a memory grid: exact Pareto frontiers (the checking engine, `--exact`).
+"""The stage DP without a memory grid: Pareto frontiers over memory units (`--exact` for the uniform spaces, whose
+partitions are fixed rules; the per-layer variants' exact mode is gbmw.whole_plan_search).
 
 gbmw.grid_frontier solves the stage problem on a memory grid as the paper does. This engine solves the same
 problem without cells. The paper's DP keeps C(l, E_fwd) — the least time of the first l layers whose forward

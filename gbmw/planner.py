@@ -5,19 +5,32 @@ stage DP (gbmw.stage_search) for every stage; Galvatron-BMW (Algorithm 2) adds t
 adjustment (gbmw.balance). The result is the fitting plan with the highest samples/s; its estimate comes from
 the stage cost model (gbmw.stage_cost) the search priced it with.
 
-Settings are visited best-first with a bound, so the search is exact but skips most of the space:
+Two modes:
+
+* The default is APPROXIMATE: the paper's partitions only (time-balanced, and the bi-objective adjustment), each
+  stage solved on a memory grid for its own (m − 1)·N + C, which is Eq. (9) only for the slowest stage. Its plan
+  is in the space, fits the budget (stage_estimate checks every stage) and is never faster than the brute force's
+  (tests/test_search_exact.py); it can be slower, or find nothing where a plan fits
+  (benchmarks/search_vs_brute_force.py counts how often).
+* `exact=True` (`--exact`) returns the estimator's optimum over the space for the per-layer variants whose
+  partitioning is free (gbmw.whole_plan_search: every partition, memory compared exactly, Eq. (9) exactly), with
+  the default mode's plan as the incumbent; tests/test_search_exact.py checks it against a brute force over whole
+  plans. It can be much slower on large models (benchmarks/search_speed.py). Uniform spaces (the stock targets,
+  fixed baselines) keep their own partition rules in both modes.
+
+Settings are visited best-first with a bound, in both modes:
 
 * A setting is (pp, micro-batch size b, micro-batch count m); the global batch is B = b · m.
   Its throughput cannot exceed B / T_lower, where T_lower is Eq. (9) with every layer at its
-  fastest strategy and no transitions or memory limit, and the stages perfectly balanced (gbmw.bounds).
-  Settings are searched in decreasing order of that bound, and the search stops when the bound falls to
-  the best plan found.
+  fastest strategy and no transitions, under a relaxed memory limit, and the stages perfectly balanced
+  (gbmw.bounds, a tied weight counted once). Settings are searched in decreasing order of that bound, and the
+  search stops when the bound falls to the best plan found.
 * With 1F1B, once m ≥ P the memory no longer grows with m while B / T grows (Eq. (9):
   d/dm [m·b / ((m-1)·a + c)] > 0 as c = Σ C_i ≥ a = max C_no_sync), so a batch sweep only needs
   m < P and the largest m the batch limit allows. GPipe keeps all m micro-batches, so its sweep
   tries every power of two.
-* A micro-batch size whose lightest possible stage exceeds the budget ends the sweep for that PP
-  degree: memory only grows with b.
+* A micro-batch size whose lightest possible stage exceeds the budget is skipped (not the sizes after it: a
+  larger size can allow strategies with more data-parallel ways, which can be lighter).
 """
 
 from __future__ import annotations
@@ -147,7 +160,8 @@ class Planner:
     granularity_bytes: int | None = None
     """Memory grid of the stage DP; None: the budget in search.GRID_CELLS cells."""
     exact: bool = False
-    """Use the exact Pareto-frontier DP (gbmw.pareto) instead of the grid."""
+    """The estimator's optimum over whole plans (gbmw.whole_plan_search) instead of the approximate default (the
+    paper's partitions, stage DPs on a memory grid); see the module docstring."""
     max_pp: int | None = None
     accumulate: bool = True
     """Run several micro-batches without a pipeline (gradient accumulation). The paper's Table 3 does not: its
