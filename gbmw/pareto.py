@@ -209,11 +209,15 @@ class Frontier:
         return int(np.argmin(np.where(feasible, total, np.inf)))
 
     def backtrack(self, index: int) -> list[int]:
-        """Strategy indices of the plan at `index`, first layer first."""
-        chosen: list[int] = []
-        frontier: Frontier | None = self
-        while frontier is not None and frontier.depth > 0:
-            chosen.append(int(frontier.strategy[index]))
-            index = int(frontier.parent[index])
-            frontier = frontier.previous
-        return chosen[::-1]
+        return backtrack(self, index)
+
+
+def backtrack(frontier, index: int) -> list[int]:
+    """Strategy indices of the plan at `index` of a frontier whose nodes hold, per plan, its last `strategy` and
+    its `parent` index in the `previous` node (`depth` layers deep), first layer first."""
+    chosen: list[int] = []
+    while frontier is not None and frontier.depth > 0:
+        chosen.append(int(frontier.strategy[index]))
+        index = int(frontier.parent[index])
+        frontier = frontier.previous
+    return chosen[::-1]

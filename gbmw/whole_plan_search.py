@@ -53,6 +53,7 @@ import numpy as np
 from numba import njit
 
 from gbmw.framework_memory import ADAM_CHUNK_ELEMENTS
+from gbmw.pareto import backtrack
 from gbmw.stage_cost import StageCosts
 from gbmw.stage_search import cost_classes
 
@@ -134,6 +135,15 @@ def _extend_candidates(stash, excess, no_sync, sync, params, layout,
 
 
 @njit(cache=True)
+def _no_worse(columns: np.ndarray, row: int, other: int, width: int) -> bool:
+    """Row `row` is no greater than row `other` in every column."""
+    for c in range(width):
+        if columns[row, c] > columns[other, c]:
+            return False
+    return True
+
+
+@njit(cache=True)
 def _nondominated(columns: np.ndarray, group: np.ndarray, order: np.ndarray) -> np.ndarray:
     """Mask of the rows no other row of the same group matches or beats (≤) in every column (of equal rows the
     first in `order` is kept); `order` sorts the rows by group, first column and the sum of their columns, so a row
@@ -153,25 +163,13 @@ def _nondominated(columns: np.ndarray, group: np.ndarray, order: np.ndarray) -> 
             previous_group = group[row]
             group_start = kept_count
             last = -1
-        if last >= 0:
-            beaten = True
-            for c in range(width):
-                if columns[last, c] > columns[row, c]:
-                    beaten = False
-                    break
-            if beaten:
-                continue
+        if last >= 0 and _no_worse(columns, last, row, width):
+            continue
         dominated = False
         for k in range(kept_count - 1, group_start - 1, -1):
-            other = kept[k]
-            beaten = True
-            for c in range(width):
-                if columns[other, c] > columns[row, c]:
-                    beaten = False
-                    break
-            if beaten:
+            if _no_worse(columns, kept[k], row, width):
                 dominated = True
-                last = other
+                last = kept[k]
                 break
         if not dominated:
             keep[row] = True
@@ -230,13 +228,7 @@ class _Node:
         return self.stash.shape[0]
 
     def backtrack(self, index: int) -> list[int]:
-        chosen: list[int] = []
-        node: _Node | None = self
-        while node is not None and node.depth > 0:
-            chosen.append(int(node.strategy[index]))
-            index = int(node.parent[index])
-            node = node.previous
-        return chosen[::-1]
+        return backtrack(self, index)
 
 
 @dataclass
