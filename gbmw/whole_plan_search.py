@@ -95,9 +95,10 @@ def _extend_candidates(stash, excess, no_sync, sync, params, layout,
     `rest_s` bounds from below what the layers outside the partial plan add to Eq. (9); `rest_stash`, `rest_carry`
     and `rest_params` what later layers of the same stage surely add to its stash, to E (each adds at least
     O_ms + (k − 1) · O_f: its forward memory can lower the excess by at most O_f) and to its parameters (0 when the
-    stage may end here). For the first stage, `later_s` bounds the no-sync time of the layers after the partial plan,
-    which this stage and the `sharing_stages` − 1 later ones share: the slowest of them takes at least the
-    average, (N + later_s) / sharing_stages (0: not used)."""
+    stage may end here). `later_s` bounds the no-sync time of layers outside the partial plan that `sharing_stages`
+    stages, this one included, share with it (the first stage: the layers after it, over this and the later
+    stages; a middle stage: every other layer, over all P): the slowest of them takes at least the average,
+    (N + later_s) / sharing_stages (0: not used)."""
     points, options = stash.shape[0], o_no_sync.shape[0]
     capacity = points * options
     n_stash = np.empty(capacity)
@@ -411,8 +412,9 @@ class WholePlanSearch:
                 elif stage_index == 0:  # starts at layer 0: its DP is not shared either
                     rest_s = self.least_suffix_s[layer + 1]
                     rest = (0.0, 0.0, 0.0, self.least_suffix_s[layer + 1], self.pp)
-                else:
-                    rest_s, rest = max(self.least_prefix_s[-1] - inside_s, 0.0), (0.0, 0.0, 0.0, 0.0, 0)
+                else:  # shared by every first layer: all P stages share the layers outside the prefix
+                    rest_s = max(self.least_prefix_s[-1] - inside_s, 0.0)
+                    rest = (0.0, 0.0, 0.0, rest_s, self.pp)
                 child = self._nodes[node_key] = self._extend(node, options, transition, rest_s, rest)
             node = child
             if len(node) == 0:
