@@ -229,9 +229,14 @@ class Planner:
                 if not allowed.any(axis=0).all():
                     continue
                 if cannot_fit(self._costs(tables, pp, 1), allowed, self.budget):
-                    # not `break`: a larger micro-batch can allow strategies this one does not (more data-parallel
-                    # ways dividing it), and those can be lighter
                     self.exclusions[f"memory:{pp}:{micro_batch}"] = None
+                    # Every strategy's memory grows with the micro-batch size, but a larger size can allow strategies
+                    # this one does not (more data-parallel ways dividing it): the sweep ends only if nothing fits
+                    # even with every strategy of the degree.
+                    if len(usable) == len(strategies) or cannot_fit(
+                            self._costs(strategy_tables(model, strategies, micro_batch, self.settings, self.comm), pp,
+                                        1), heads_ok, self.budget):
+                        break
                     continue
                 for count in self._micro_batch_counts(micro_batch, pp):
                     bound = self._throughput_bound(tables, allowed, pp, micro_batch, count)
