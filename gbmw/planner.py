@@ -29,8 +29,10 @@ Settings are visited best-first with a bound, in both modes:
   d/dm [m·b / ((m-1)·a + c)] > 0 as c = Σ C_i ≥ a = max C_no_sync), so a batch sweep only needs
   m < P and the largest m the batch limit allows. GPipe keeps all m micro-batches, so its sweep
   tries every power of two.
-* A micro-batch size whose lightest possible stage exceeds the budget is skipped (not the sizes after it: a
-  larger size can allow strategies with more data-parallel ways, which can be lighter).
+* A micro-batch size whose lightest possible stage exceeds the budget is skipped, and ends the sweep for that
+  PP degree only if that holds with every strategy of the degree, usable at this size or not: memory only grows
+  with the micro-batch size, but a larger size can allow strategies with more data-parallel ways, which can be
+  lighter.
 """
 
 from __future__ import annotations
