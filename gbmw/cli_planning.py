@@ -43,7 +43,10 @@ def add_planning_commands(commands) -> None:
                       help="what will run it: runtime (default), deepspeed, megatron-deepspeed, megatron-core")
     plan.add_argument("--max-pp", type=power_of_two(MAX_DEVICES), help="largest pipeline degree to try")
     plan.add_argument("--granularity", type=memory_size, help="memory grid of the DP, e.g. 1MiB (default: the budget in 4096 cells)")
-    plan.add_argument("--exact", action="store_true", help="exact Pareto-frontier DP instead of the grid (slower)")
+    plan.add_argument("--exact", action="store_true",
+                      help="the estimator's optimum over every partition and per-layer strategy (exact against brute "
+                           "force on whole plans; can be much slower on large models). Without it the search is "
+                           "approximate: the paper's partitions on a memory grid, a plan that fits but may be slower")
     plan.add_argument("-o", "--output", type=new_path, help="write the plan to this new YAML file")
     plan.add_argument("--figure", type=new_path, help="draw stage memory/time bars and the strategy of every layer to this PNG")
     plan.add_argument("--json", action="store_true", help="print the plan with its estimate as JSON")

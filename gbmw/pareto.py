@@ -1,4 +1,5 @@
-"""The stage DP without a memory grid: exact Pareto frontiers (the checking engine, `--exact`).
+"""The stage DP without a memory grid: Pareto frontiers over memory units (`--exact` for the uniform spaces, whose
+partitions are fixed rules; the per-layer variants' exact mode is gbmw.whole_plan_search).
 
 gbmw.grid_frontier solves the stage problem on a memory grid as the paper does. This engine solves the same
 problem without cells. The paper's DP keeps C(l, E_fwd) — the least time of the first l layers whose forward
@@ -208,11 +209,15 @@ class Frontier:
         return int(np.argmin(np.where(feasible, total, np.inf)))
 
     def backtrack(self, index: int) -> list[int]:
-        """Strategy indices of the plan at `index`, first layer first."""
-        chosen: list[int] = []
-        frontier: Frontier | None = self
-        while frontier is not None and frontier.depth > 0:
-            chosen.append(int(frontier.strategy[index]))
-            index = int(frontier.parent[index])
-            frontier = frontier.previous
-        return chosen[::-1]
+        return backtrack(self, index)
+
+
+def backtrack(frontier, index: int) -> list[int]:
+    """Strategy indices of the plan at `index` of a frontier whose nodes hold, per plan, its last `strategy` and
+    its `parent` index in the `previous` node (`depth` layers deep), first layer first."""
+    chosen: list[int] = []
+    while frontier is not None and frontier.depth > 0:
+        chosen.append(int(frontier.strategy[index]))
+        index = int(frontier.parent[index])
+        frontier = frontier.previous
+    return chosen[::-1]

@@ -5,19 +5,34 @@ stage DP (gbmw.stage_search) for every stage; Galvatron-BMW (Algorithm 2) adds t
 adjustment (gbmw.balance). The result is the fitting plan with the highest samples/s; its estimate comes from
 the stage cost model (gbmw.stage_cost) the search priced it with.
 
-Settings are visited best-first with a bound, so the search is exact but skips most of the space:
+Two modes:
+
+* The default is APPROXIMATE: the paper's partitions only (time-balanced, and the bi-objective adjustment), each
+  stage solved on a memory grid for its own (m − 1)·N + C, which is Eq. (9) only for the slowest stage. Its plan
+  is in the space, fits the budget (stage_estimate checks every stage) and is never faster than the brute force's
+  (tests/test_search_exact.py); it can be slower, or find nothing where a plan fits
+  (benchmarks/search_vs_brute_force.py counts how often).
+* `exact=True` (`--exact`) returns the estimator's optimum over the space for the per-layer variants whose
+  partitioning is free (gbmw.whole_plan_search: every partition, memory compared exactly, Eq. (9) exactly), with
+  the default mode's plan as the incumbent; tests/test_search_exact.py checks it against a brute force over whole
+  plans. It can be much slower on large models (benchmarks/search_speed.py). Uniform spaces (the stock targets,
+  fixed baselines) keep their own partition rules in both modes.
+
+Settings are visited best-first with a bound, in both modes:
 
 * A setting is (pp, micro-batch size b, micro-batch count m); the global batch is B = b · m.
   Its throughput cannot exceed B / T_lower, where T_lower is Eq. (9) with every layer at its
-  fastest strategy and no transitions or memory limit, and the stages perfectly balanced (gbmw.bounds).
-  Settings are searched in decreasing order of that bound, and the search stops when the bound falls to
-  the best plan found.
+  fastest strategy and no transitions, under a relaxed memory limit, and the stages perfectly balanced
+  (gbmw.bounds, a tied weight counted once). Settings are searched in decreasing order of that bound, and the
+  search stops when the bound falls to the best plan found.
 * With 1F1B, once m ≥ P the memory no longer grows with m while B / T grows (Eq. (9):
   d/dm [m·b / ((m-1)·a + c)] > 0 as c = Σ C_i ≥ a = max C_no_sync), so a batch sweep only needs
   m < P and the largest m the batch limit allows. GPipe keeps all m micro-batches, so its sweep
   tries every power of two.
-* A micro-batch size whose lightest possible stage exceeds the budget ends the sweep for that PP
-  degree: memory only grows with b.
+* A micro-batch size whose lightest possible stage exceeds the budget is skipped, and ends the sweep for that
+  PP degree only if that holds with every strategy of the degree, usable at this size or not: memory only grows
+  with the micro-batch size, but a larger size can allow strategies with more data-parallel ways, which can be
+  lighter.
 """
 
 from __future__ import annotations
@@ -46,6 +61,7 @@ from gbmw.stage_cost import StageCosts, StrategyTables, stage_estimate, strategy
 from gbmw.stage_search import StageSearch
 from gbmw.stock_partitions import PARTITION_RULES
 from gbmw.targets import get_target
+from gbmw.whole_plan_search import WholePlanSearch
 from gbmw.version import __version__
 
 __all__ = ["NothingFitsError", "Planner", "plan_job"]
@@ -87,7 +103,10 @@ class StepReserveSearch:
     parameters the stage steps, one chunk at most) kept free. Where every choice of strategies for the stage's
     layers steps at most a chunk, the reserve is a per-layer term, priced exactly as held memory; where every
     choice steps at least a chunk, it is the chunk's, a constant taken off the budget. Between the two (a stage
-    whose choices straddle a chunk) the chunk's is taken off: safe, and possibly missing a plan."""
+    whose choices straddle a chunk) both are solved and the faster answer kept: each over-counts the reserve only
+    where it is wrong (the per-layer term where the stage steps more than a chunk, the chunk where it steps less),
+    so either answer fits, and the plan is the faster of two safe ones (the exact mode, gbmw.whole_plan_search,
+    counts the reserve exactly)."""
 
     def __init__(self, costs: StageCosts, budget_bytes: float, granularity_bytes, allowed: np.ndarray, exact: bool):
         self.costs, self.budget, self.granularity, self.allowed, self.exact = (
@@ -113,12 +132,20 @@ class StepReserveSearch:
                                       if budget > 0 else None)
         return self._searches[regime]
 
+    def regimes(self, first: int, end: int) -> tuple[str, ...]:
+        """The reserve's regimes solved for layers [first, end) (see the class)."""
+        if self.per_parameter == 0:
+            return ("constant",)
+        if self.most[first:end].sum() <= ADAM_CHUNK_ELEMENTS:
+            return ("per-layer",)
+        least = np.where(self.allowed, self.costs.tables.optimizer_parameters, np.inf).min(axis=0)
+        return ("constant",) if least[first:end].sum() >= ADAM_CHUNK_ELEMENTS else ("per-layer", "constant")
+
     def solve(self, index: int, first: int, end: int):
-        if self.per_parameter == 0 or self.most[first:end].sum() <= ADAM_CHUNK_ELEMENTS:
-            search = self._search("per-layer" if self.per_parameter else "constant")
-        else:
-            search = self._search("constant")
-        return None if search is None else search.solve(index, first, end)
+        solutions = [search.solve(index, first, end) for search in map(self._search, self.regimes(first, end))
+                     if search is not None]
+        solutions = [solution for solution in solutions if solution is not None]
+        return min(solutions, key=lambda solution: solution.objective_s, default=None)
 
 
 @dataclass
@@ -135,7 +162,8 @@ class Planner:
     granularity_bytes: int | None = None
     """Memory grid of the stage DP; None: the budget in search.GRID_CELLS cells."""
     exact: bool = False
-    """Use the exact Pareto-frontier DP (gbmw.pareto) instead of the grid."""
+    """The estimator's optimum over whole plans (gbmw.whole_plan_search) instead of the approximate default (the
+    paper's partitions, stage DPs on a memory grid); see the module docstring."""
     max_pp: int | None = None
     accumulate: bool = True
     """Run several micro-batches without a pipeline (gradient accumulation). The paper's Table 3 does not: its
@@ -202,9 +230,16 @@ class Planner:
                 allowed = _tp_allowed(model, usable)
                 if not allowed.any(axis=0).all():
                     continue
-                if cannot_fit(tables, allowed, pp, self.budget):
+                if cannot_fit(self._costs(tables, pp, 1), allowed, self.budget):
                     self.exclusions[f"memory:{pp}:{micro_batch}"] = None
-                    break  # memory only grows with the micro-batch size
+                    # Every strategy's memory grows with the micro-batch size, but a larger size can allow strategies
+                    # this one does not (more data-parallel ways dividing it): the sweep ends only if nothing fits
+                    # even with every strategy of the degree.
+                    if len(usable) == len(strategies) or cannot_fit(
+                            self._costs(strategy_tables(model, strategies, micro_batch, self.settings, self.comm), pp,
+                                        1), heads_ok, self.budget):
+                        break
+                    continue
                 for count in self._micro_batch_counts(micro_batch, pp):
                     bound = self._throughput_bound(tables, allowed, pp, micro_batch, count)
                     result.append(_Setting(pp, micro_batch, count, tables, allowed, bound))
@@ -212,7 +247,11 @@ class Planner:
 
     def _throughput_bound(self, tables: StrategyTables, allowed: np.ndarray, pp: int, micro_batch: int,
                           count: int) -> float:
-        return throughput_upper_bound(tables, allowed, pp, micro_batch, count, self.spec.schedule, self.budget)
+        return throughput_upper_bound(self._costs(tables, pp, count), allowed, self.budget)
+
+    def _costs(self, tables: StrategyTables, pp: int, count: int) -> StageCosts:
+        return StageCosts(self.job.model, tables, pp, count, self.spec.schedule, self.comm,
+                          scatter_gather=get_target(self.spec.target).pipeline_scatter_gather)
 
     # ------------------------------------------------------------------ one setting
 
@@ -233,14 +272,15 @@ class Planner:
     def _search_group(self, setting: _Setting, allowed: np.ndarray) -> list[_Candidate]:
         model, pp, m = self.job.model, setting.pp, setting.num_micro_batches
         tables = setting.tables
-        costs = StageCosts(model, tables, pp, m, self.spec.schedule, self.comm,
-                           scatter_gather=get_target(self.spec.target).pipeline_scatter_gather)
+        costs = self._costs(tables, pp, m)
         fixed = allowed.sum(axis=0) == 1
         stage_search = None
         if fixed.all():  # every layer has one choice: no DP, just check the memory
             fixed_choice = allowed.argmax(axis=0)
         else:
-            stage_search = StepReserveSearch(costs, self.budget, self.granularity_bytes, allowed, self.exact)
+            # with whole plans to search exactly, this pass only finds the incumbent: the grid is enough
+            pareto = self.exact and not self.searches_whole_plans
+            stage_search = StepReserveSearch(costs, self.budget, self.granularity_bytes, allowed, pareto)
         candidates: list[_Candidate] = []
         searched: dict[tuple[int, ...], StageOutcome] = {}
         stage_cache: dict[tuple, object] = {}
@@ -308,22 +348,61 @@ class Planner:
         started = clock.perf_counter()
         settings = sorted(self._settings(), key=lambda s: -s.throughput_bound)
         self.stats.settings_total = len(settings)
-        best: _Candidate | None = None
-        for done, setting in enumerate(settings):
-            if self.progress is not None:
-                self.progress(done, len(settings))
-            if best is not None and setting.throughput_bound <= best.samples_per_s:
-                break
-            self.stats.settings_searched += 1
-            for candidate in self._search_setting(setting, best.samples_per_s if best else 0.0):
-                if best is None or candidate.samples_per_s > best.samples_per_s:
-                    best = candidate
+        best = self._best_of(settings, self._search_setting)
+        if self.exact and self.searches_whole_plans:
+            # the approximate search's plan is the incumbent: the exact search only looks for faster ones (the
+            # stats count the exact pass)
+            self.stats = SearchStats(settings_total=len(settings))
+            best = self._best_of(settings, self._search_whole_plans, best)
         if self.progress is not None:
             self.progress(len(settings), len(settings))
         self.stats.search_s = clock.perf_counter() - started
         if best is None:
             raise NothingFitsError(self._nothing_fits_message(bool(settings)) if self.explain_failure else "nothing fits")
         return self._plan_from(best)
+
+    @property
+    def searches_whole_plans(self) -> bool:
+        """Whether the exact mode searches whole plans (gbmw.whole_plan_search): per-layer variants whose
+        partitioning is free (time-balanced and bi-objective). Uniform spaces and stock partition rules keep the
+        stage DP on their own partitions (gbmw.pareto's frontier with `exact`)."""
+        return not self.spec.uniform and set(self.spec.partitioning) <= {"time", "bi-objective"}
+
+    def _best_of(self, settings: list[_Setting], search, best: _Candidate | None = None) -> _Candidate | None:
+        """The fastest candidate `search(setting, best samples/s)` finds, settings visited best-first until their
+        throughput bound falls to the best found (or to `best`, an incumbent)."""
+        for done, setting in enumerate(settings):
+            if self.progress is not None:
+                self.progress(done, len(settings))
+            if best is not None and setting.throughput_bound <= best.samples_per_s:
+                break
+            self.stats.settings_searched += 1
+            for candidate in search(setting, best.samples_per_s if best else 0.0):
+                if best is None or candidate.samples_per_s > best.samples_per_s:
+                    best = candidate
+        return best
+
+    def _search_whole_plans(self, setting: _Setting, best_samples_per_s: float) -> list[_Candidate]:
+        """The exact search of one setting (gbmw.whole_plan_search) for plans faster than `best_samples_per_s`."""
+        model, tables, m = self.job.model, setting.tables, setting.num_micro_batches
+        costs = self._costs(tables, setting.pp, m)
+        limit_s = setting.global_batch / best_samples_per_s if best_samples_per_s > 0 else np.inf
+        found = WholePlanSearch(costs, self.budget, setting.allowed).solve(limit_s)
+        if found is None:
+            return []
+        _, partition, chosen = found
+        self.stats.partitions_searched += 1
+        stages, first = [], 0
+        for index, count in enumerate(partition):
+            stages.append(stage_estimate(costs, index, first, chosen[first:first + count]))
+            first += count
+        peaks = [stage.peak_memory_bytes for stage in stages]
+        if max(peaks) > self.budget:
+            raise GbmwError(f"internal: the exact search's plan needs {max(peaks):.0f} B on a stage, over the "
+                            f"{self.budget:.0f} B budget (stage peaks {peaks})")
+        iteration = pipeline_time_s(stages, m)
+        return [_Candidate(setting.global_batch / iteration, iteration, setting, partition,
+                           tuple(tables.strategies[i] for i in chosen))]
 
     def _plan_from(self, best: _Candidate) -> Plan:
         setting = best.setting
@@ -365,8 +444,9 @@ class Planner:
 
     def _fits_with(self, budget_bytes: float) -> bool:
         job = self.job.model_copy(update={"memory_budget_bytes": int(budget_bytes)})
-        planner = Planner(job, variant=self.variant, batch=self.batch, sweep=self.sweep, max_pp=self.max_pp,
-                          target=self.target, explain_failure=False)
+        planner = Planner(job, variant=self.variant, batch=self.batch, sweep=self.sweep,
+                          granularity_bytes=self.granularity_bytes, exact=self.exact, max_pp=self.max_pp,
+                          accumulate=self.accumulate, target=self.target, explain_failure=False)
         try:
             planner.run()
             return True

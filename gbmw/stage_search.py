@@ -37,8 +37,8 @@ class StageSearch:
     to it, and the stage-local facts (the first layer reading a side input, a tied weight whose
     twin is in the stage). Partitions that share a stage prefix — the bi-objective adjustment's
     neighbours, stages of equal length in a homogeneous model — reuse it instead of recomputing.
-    `exact=True` uses gbmw.pareto's frontier instead of the grid.
-    """
+    `exact=True` uses gbmw.pareto's frontier (memory in units, rounded up) instead of the grid; the planner's
+    exact mode for per-layer variants is gbmw.whole_plan_search instead."""
 
     def __init__(self, costs: StageCosts, budget_bytes: float, granularity_bytes: int | None = None,
                  allowed: np.ndarray | None = None, exact: bool = False):

@@ -178,6 +178,34 @@ def test_nothing_fits_names_the_smallest_memory_that_would():
     assert Planner(fits, "bmw").run().estimate.fits
 
 
+def test_nothing_fits_hint_comes_from_the_search_that_failed(monkeypatch):
+    """The smallest-budget bisection runs the failing search's own mode (exact, accumulation, granularity), so the
+    budget it names is one that mode fits."""
+    job = load_job("gpt-tiny_cpu-x4", memory_budget="1MiB")
+    probes = []
+    original = Planner.run
+
+    def recording_run(self):
+        if not self.explain_failure:
+            probes.append((self.exact, self.accumulate, self.granularity_bytes))
+        return original(self)
+
+    monkeypatch.setattr(Planner, "run", recording_run)
+    with pytest.raises(NothingFitsError, match="the smallest per-device memory that fits is about"):
+        Planner(job, exact=True, accumulate=False, granularity_bytes=2**18).run()
+    assert probes and set(probes) == {(True, False, 2**18)}
+
+
+def test_exact_search_finds_a_plan_for_the_cpu_demo_and_is_never_slower_than_the_default():
+    """`gbmw plan gpt-tiny_cpu-x4 --exact` found nothing before issue 13 (memory in 1 MiB units on a MiB budget)."""
+    job = load_job("gpt-tiny_cpu-x4")
+    exact = Planner(job, exact=True, explain_failure=False).run()
+    default = Planner(job, explain_failure=False).run()
+    assert exact.estimate.fits and exact.provenance["exact"]
+    # the exact mode starts from the default mode's plan and replaces it only by a strictly faster one
+    assert exact.estimate.samples_per_s >= default.estimate.samples_per_s
+
+
 def test_nothing_fits_names_the_tp_constraint():
     job = load_job("gpt3-15b_a100-80g-x32")
     with pytest.raises(NothingFitsError, match=r"tp32\) has a TP degree dividing every layer's heads"):

@@ -68,14 +68,6 @@ def test_stagewise_oracle_equals_estimate_plan_on_every_whole_plan(data):
         assert (best and best.samples_per_s) == (expected and expected.samples_per_s)
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "at this commit `Planner(exact=True)` is gbmw.pareto's stage DP on the paper's partitions, and misses the "
-    "brute force's plan (benchmarks/search_vs_brute_force.py: 86 of 200 agree): memory rounded up to whole units of "
-    "at least 1 MiB (grid_frontier.default_granularity_bytes; the unit count capped at pareto.MAX_MEMORY_UNITS); "
-    "bounds.cannot_fit counting a tied weight in both of its layers, after which Planner._settings stops the "
-    "micro-batch sweep; only the time-balanced and bi-objective partitions; each stage minimising its own "
-    "(m − 1)·N + C (stage_search.StageSearch.objective), which is not Eq. (9) for a stage that is not the slowest; "
-    "StepReserveSearch reserving a whole optimizer chunk for stages whose choices straddle one"))
 @settings(max_examples=200, **CASES)
 @given(st.data())
 def test_exact_search_equals_brute_force_over_whole_plans(data):
@@ -122,13 +114,9 @@ def test_exact_peak_budgets_are_the_boundaries_of_the_answer():
     assert kinds == {"hand-made"}
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "besides the causes above, the whole-plan search in progress (gbmw.whole_plan_search, not committed yet) "
-    "keeps plans up to BUDGET_TOLERANCE (a relative 1e-9) over the budget, at least a byte "
-    "on budgets of a GiB or more; such a plan, one byte over, dominates the fitting (slower) plan in (N, S, U) and "
-    "evicts it from the stage and partition frontiers, then the planner's estimate_plan check rejects it and nothing "
-    "is left (benchmarks/search_vs_brute_force.py --first-seed 200 --cases 1000: seeds 706, 763, 1154)"))
 def test_exact_search_one_byte_under_the_fastest_plans_peak_on_a_gib_budget():
+    """A plan one byte over the budget must not evict the fitting, slower one (memory is compared exactly, never
+    within a tolerance): the case where a relative 1e-9 slack lost the fitting plan."""
     import random
 
     case = random_case(random.Random(1154))
@@ -137,3 +125,18 @@ def test_exact_search_one_byte_under_the_fastest_plans_peak_on_a_gib_budget():
     case.budget_bytes, case.budget_kind = int(fastest.peak_bytes) - 1, "one byte under the fastest plan's peak"
     verdict = check_planner(case, exact=True)
     assert verdict.kind == AGREE and verdict.oracle.samples_per_s == fitting.samples_per_s, case.summary
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_exact_search_on_every_boundary_budget(seed):
+    """On every budget where the brute-force answer changes — each frontier plan's exact peak, and one byte under
+    it — the exact mode gives the brute force's samples/s (or nothing, where nothing fits)."""
+    import random
+
+    from whole_plan_oracle import Case
+
+    tiny = random_tiny_job(random.Random(1000 + seed), "gbmw", work_cap=4000)
+    oracle = WholePlanOracle(tiny.job, "gbmw")
+    for budget in exact_peak_budgets(tiny.job, "gbmw", oracle):
+        verdict = check_planner(Case(tiny, "gbmw", budget, "boundary", oracle), exact=True)
+        assert verdict.kind == AGREE, f"{verdict.kind}: {tiny.summary}, budget {budget} B"
