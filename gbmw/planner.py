@@ -46,7 +46,6 @@ from gbmw.balance import StageOutcome, bi_objective_adjustment, memory_balanced_
 from gbmw.bounds import cannot_fit, throughput_upper_bound
 from gbmw.comm import CommModel
 from gbmw.errors import GbmwError
-from gbmw.framework_memory import ADAM_CHUNK_ELEMENTS
 from gbmw.estimate import estimate_plan
 from gbmw.grid_frontier import default_granularity_bytes
 from gbmw.jobs import JobSpec
@@ -58,94 +57,14 @@ from gbmw.space import Strategy
 from gbmw.spaces import DEFAULT_VARIANT, SearchSpace, search_space
 from gbmw.pipeline_schedules import pipeline_time_s
 from gbmw.stage_cost import StageCosts, StrategyTables, stage_estimate, strategy_tables
-from gbmw.stage_search import StageSearch
+from gbmw.search_units import Candidate, SearchStats, Setting, tp_allowed
+from gbmw.step_reserve_search import StepReserveSearch
 from gbmw.stock_partitions import PARTITION_RULES
 from gbmw.targets import get_target
 from gbmw.whole_plan_search import WholePlanSearch
 from gbmw.version import __version__
 
 __all__ = ["NothingFitsError", "Planner", "plan_job"]
-
-
-@dataclass
-class SearchStats:
-    settings_total: int = 0
-    settings_searched: int = 0
-    partitions_searched: int = 0
-    search_s: float = 0.0
-
-
-@dataclass
-class _Setting:
-    pp: int
-    micro_batch: int
-    num_micro_batches: int
-    tables: StrategyTables
-    allowed: np.ndarray
-    throughput_bound: float
-
-    @property
-    def global_batch(self) -> int:
-        return self.micro_batch * self.num_micro_batches
-
-
-@dataclass
-class _Candidate:
-    samples_per_s: float
-    iteration_s: float
-    setting: _Setting
-    partition: tuple[int, ...]
-    strategies: tuple[Strategy, ...]
-
-
-class StepReserveSearch:
-    """The stage DP with the optimizer step's reserve (gbmw.framework_memory.step_reserve_bytes: 4 bytes × the
-    parameters the stage steps, one chunk at most) kept free. Where every choice of strategies for the stage's
-    layers steps at most a chunk, the reserve is a per-layer term, priced exactly as held memory; where every
-    choice steps at least a chunk, it is the chunk's, a constant taken off the budget. Between the two (a stage
-    whose choices straddle a chunk) both are solved and the faster answer kept: each over-counts the reserve only
-    where it is wrong (the per-layer term where the stage steps more than a chunk, the chunk where it steps less),
-    so either answer fits, and the plan is the faster of two safe ones (the exact mode, gbmw.whole_plan_search,
-    counts the reserve exactly)."""
-
-    def __init__(self, costs: StageCosts, budget_bytes: float, granularity_bytes, allowed: np.ndarray, exact: bool):
-        self.costs, self.budget, self.granularity, self.allowed, self.exact = (
-            costs, budget_bytes, granularity_bytes, allowed, exact)
-        tables = costs.tables
-        self.per_parameter = tables.step_temporary_bytes_per_parameter
-        self.most = np.where(allowed, tables.optimizer_parameters, 0.0).max(axis=0)
-        self._searches: dict[str, StageSearch | None] = {}
-
-    def _search(self, regime: str) -> StageSearch | None:
-        if regime not in self._searches:
-            tables, costs = self.costs.tables, self.costs
-            budget, searched = self.budget, tables
-            if regime == "per-layer":
-                searched = replace(
-                    tables, model_state_bytes=tables.model_state_bytes + self.per_parameter * tables.optimizer_parameters,
-                    state_bytes_per_parameter=tables.state_bytes_per_parameter + self.per_parameter / tables.optimizer_shards)
-            else:
-                budget -= self.per_parameter * ADAM_CHUNK_ELEMENTS
-            search_costs = StageCosts(costs.model, searched, costs.pp, costs.num_micro_batches, costs.schedule,
-                                      costs.comm, costs.virtual_stages, costs.scatter_gather)
-            self._searches[regime] = (StageSearch(search_costs, budget, self.granularity, self.allowed, self.exact)
-                                      if budget > 0 else None)
-        return self._searches[regime]
-
-    def regimes(self, first: int, end: int) -> tuple[str, ...]:
-        """The reserve's regimes solved for layers [first, end) (see the class)."""
-        if self.per_parameter == 0:
-            return ("constant",)
-        if self.most[first:end].sum() <= ADAM_CHUNK_ELEMENTS:
-            return ("per-layer",)
-        least = np.where(self.allowed, self.costs.tables.optimizer_parameters, np.inf).min(axis=0)
-        return ("constant",) if least[first:end].sum() >= ADAM_CHUNK_ELEMENTS else ("per-layer", "constant")
-
-    def solve(self, index: int, first: int, end: int):
-        solutions = [search.solve(index, first, end) for search in map(self._search, self.regimes(first, end))
-                     if search is not None]
-        solutions = [solution for solution in solutions if solution is not None]
-        return min(solutions, key=lambda solution: solution.objective_s, default=None)
 
 
 @dataclass
@@ -208,7 +127,7 @@ class Planner:
             counts = {m for m in counts if m < pp} | {largest}
         return sorted(counts)
 
-    def _settings(self) -> list[_Setting]:
+    def _settings(self) -> list[Setting]:
         model, cluster = self.job.model, self.job.cluster
         result = []
         self.exclusions: dict[str, None] = {}
@@ -217,7 +136,7 @@ class Planner:
                 self.exclusions[f"pp={pp} exceeds the model's {model.num_layers} layers"] = None
                 break
             strategies = self.spec.strategies(cluster, pp)
-            heads_ok = _tp_allowed(model, strategies)
+            heads_ok = tp_allowed(model, strategies)
             if strategies and not heads_ok.any(axis=0).all():
                 names = ", ".join(dict.fromkeys(s.name.removesuffix("+ckpt") for s in strategies))
                 self.exclusions[f"pp={pp}: no candidate ({names}) has a TP degree dividing every layer's heads"] = None
@@ -227,7 +146,7 @@ class Planner:
                 if not usable:
                     continue
                 tables = strategy_tables(model, usable, micro_batch, self.settings, self.comm)
-                allowed = _tp_allowed(model, usable)
+                allowed = tp_allowed(model, usable)
                 if not allowed.any(axis=0).all():
                     continue
                 if cannot_fit(self._costs(tables, pp, 1), allowed, self.budget):
@@ -242,7 +161,7 @@ class Planner:
                     continue
                 for count in self._micro_batch_counts(micro_batch, pp):
                     bound = self._throughput_bound(tables, allowed, pp, micro_batch, count)
-                    result.append(_Setting(pp, micro_batch, count, tables, allowed, bound))
+                    result.append(Setting(pp, micro_batch, count, tables, allowed, bound))
         return result
 
     def _throughput_bound(self, tables: StrategyTables, allowed: np.ndarray, pp: int, micro_batch: int,
@@ -255,8 +174,8 @@ class Planner:
 
     # ------------------------------------------------------------------ one setting
 
-    def _search_setting(self, setting: _Setting, best_samples_per_s: float) -> list[_Candidate]:
-        candidates: list[_Candidate] = []
+    def _search_setting(self, setting: Setting, best_samples_per_s: float) -> list[Candidate]:
+        candidates: list[Candidate] = []
         for group in self.spec.groups(list(setting.tables.strategies), self.job.model):
             allowed = setting.allowed & group
             if not allowed.any(axis=0).all():
@@ -269,7 +188,7 @@ class Planner:
             candidates += self._search_group(setting, allowed)
         return candidates
 
-    def _search_group(self, setting: _Setting, allowed: np.ndarray) -> list[_Candidate]:
+    def _search_group(self, setting: Setting, allowed: np.ndarray) -> list[Candidate]:
         model, pp, m = self.job.model, setting.pp, setting.num_micro_batches
         tables = setting.tables
         costs = self._costs(tables, pp, m)
@@ -281,7 +200,7 @@ class Planner:
             # with whole plans to search exactly, this pass only finds the incumbent: the grid is enough
             pareto = self.exact and not self.searches_whole_plans
             stage_search = StepReserveSearch(costs, self.budget, self.granularity_bytes, allowed, pareto)
-        candidates: list[_Candidate] = []
+        candidates: list[Candidate] = []
         searched: dict[tuple[int, ...], StageOutcome] = {}
         stage_cache: dict[tuple, object] = {}
 
@@ -313,7 +232,7 @@ class Planner:
                 searched[partition] = StageOutcome(partition, None, None)
                 return searched[partition]
             iteration = pipeline_time_s(stages, m)
-            candidates.append(_Candidate(setting.global_batch / iteration, iteration, setting, partition, tuple(strategies)))
+            candidates.append(Candidate(setting.global_batch / iteration, iteration, setting, partition, tuple(strategies)))
             searched[partition] = StageOutcome(
                 partition,
                 tuple(stage.time_no_grad_sync_s for stage in stages),
@@ -368,7 +287,7 @@ class Planner:
         stage DP on their own partitions (gbmw.pareto's frontier with `exact`)."""
         return not self.spec.uniform and set(self.spec.partitioning) <= {"time", "bi-objective"}
 
-    def _best_of(self, settings: list[_Setting], search, best: _Candidate | None = None) -> _Candidate | None:
+    def _best_of(self, settings: list[Setting], search, best: Candidate | None = None) -> Candidate | None:
         """The fastest candidate `search(setting, best samples/s)` finds, settings visited best-first until their
         throughput bound falls to the best found (or to `best`, an incumbent)."""
         for done, setting in enumerate(settings):
@@ -382,7 +301,7 @@ class Planner:
                     best = candidate
         return best
 
-    def _search_whole_plans(self, setting: _Setting, best_samples_per_s: float) -> list[_Candidate]:
+    def _search_whole_plans(self, setting: Setting, best_samples_per_s: float) -> list[Candidate]:
         """The exact search of one setting (gbmw.whole_plan_search) for plans faster than `best_samples_per_s`."""
         model, tables, m = self.job.model, setting.tables, setting.num_micro_batches
         costs = self._costs(tables, setting.pp, m)
@@ -401,10 +320,10 @@ class Planner:
             raise GbmwError(f"internal: the exact search's plan needs {max(peaks):.0f} B on a stage, over the "
                             f"{self.budget:.0f} B budget (stage peaks {peaks})")
         iteration = pipeline_time_s(stages, m)
-        return [_Candidate(setting.global_batch / iteration, iteration, setting, partition,
+        return [Candidate(setting.global_batch / iteration, iteration, setting, partition,
                            tuple(tables.strategies[i] for i in chosen))]
 
-    def _plan_from(self, best: _Candidate) -> Plan:
+    def _plan_from(self, best: Candidate) -> Plan:
         setting = best.setting
         plan = Plan(
             model=self.job.model.name,
@@ -452,16 +371,6 @@ class Planner:
             return True
         except NothingFitsError:
             return False
-
-
-def _tp_allowed(model, strategies: list[Strategy]) -> np.ndarray:
-    """[strategy, layer]: TP degree divides the layer's attention (and key/value) heads."""
-    tp = np.array([strategy.tp for strategy in strategies])[:, None]
-    allowed = np.ones((len(strategies), model.num_layers), bool)
-    for heads in (np.array([layer.attention_heads for layer in model.layers]),
-                  np.array([layer.kv_heads for layer in model.layers])):
-        allowed &= (heads[None, :] == 0) | (heads[None, :] % tp == 0)
-    return allowed
 
 
 def plan_job(job: JobSpec, variant: str = DEFAULT_VARIANT, batch: int | None = None, **options) -> Plan:

@@ -10,9 +10,10 @@ from hypothesis import given, settings, strategies as st
 
 from conftest import make_cluster, make_job, make_layer, make_model
 from gbmw.bounds import cannot_fit, least_state_bytes
-from gbmw.planner import Planner, StepReserveSearch
+from gbmw.planner import Planner
+from gbmw.step_reserve_search import StepReserveSearch
 from gbmw.stage_cost import stage_estimate
-from gbmw.whole_plan_search import MemoryGrid
+from gbmw.whole_plan_frontier import MemoryGrid
 from whole_plan_oracle import Choices, Setting, WholePlanOracle, random_tiny_job, with_budget
 
 pytestmark = pytest.mark.unit
