@@ -1,5 +1,11 @@
 """The fake-tensor trace of the runtime's train step allocates what the real step allocates: on gloo processes,
-torch's MemTracker sees the same peak with real tensors as under fake tensors, for plans of every kind."""
+torch's MemTracker sees the same peak with real tensors as under fake tensors, for plans of every kind — to the
+byte where no layer of the rank's stage is sharded, and otherwise up to one in-flight collective buffer more in the
+real step. An FSDP2 collective's work holds its buffer until gloo's thread finishes it, so whether a buffer is still
+alive at the next allocation depends on timing (under fake tensors every collective finishes at once): the real
+peak may exceed the fake one by at most the largest sharded layer's unsharded weights or gradients (fp32), and
+never falls below it. That still catches any difference of a stashed activation or a whole extra buffer beside
+it; the plans without sharding must agree exactly."""
 
 import pytest
 
@@ -23,17 +29,24 @@ def _peaks(rank, world_size, strategies, partition, micro_batches):
     from gbmw.plan import plan_from_strategy_names
     import torch.distributed as dist
 
+    from gbmw.layer_cost import tp_local_parameters
+
     job = load_job("gpt-tiny_cpu-x4")
     plan = plan_from_strategy_names(job.model, world_size, strategies, partition, 8 * micro_batches, micro_batches)
     real = step_peak(plan, job.model.architecture, GroupPool(plan), AdamSettings(max_grad_norm=1.0), fake=False)
     dist.barrier()
     dist.destroy_process_group()  # track_rank brings up the fake backend as this rank (and takes it down)
     fake = track_rank(job, plan, rank)
-    return real.peak_bytes, fake.peak_bytes
+    stage = rank // (world_size // plan.pp)
+    first = sum(plan.partition[:stage])
+    in_flight = [tp_local_parameters(job.model, strategy.tp)[layer] * 4
+                 for layer, strategy in enumerate(plan.strategies[first:first + plan.partition[stage]], start=first)
+                 if any(strategy.degree(axis) > 1 for axis in ("sdp", "z1dp", "z2dp"))]
+    return real.peak_bytes, fake.peak_bytes, float(max(in_flight, default=0))
 
 
 @pytest.mark.parametrize("processes, strategies, partition, micro_batches", PLANS)
 def test_the_fake_trace_allocates_what_the_real_step_allocates(processes, strategies, partition, micro_batches):
-    for rank, (real, fake) in enumerate(run_distributed(processes, _peaks, strategies, partition, micro_batches,
-                                                        timeout_s=240)):
-        assert fake == real, (rank, real, fake)
+    for rank, (real, fake, in_flight) in enumerate(run_distributed(processes, _peaks, strategies, partition,
+                                                                   micro_batches, timeout_s=240)):
+        assert 0 <= real - fake <= in_flight, (rank, real, fake, in_flight)
