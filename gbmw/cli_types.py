@@ -23,9 +23,12 @@ class OneLineParser(argparse.ArgumentParser):
     other bad input of gbmw."""
 
     def error(self, message: str):
+        """Print the line and exit 2. Under a launcher every rank parses the same command line and fails alike, so only
+        rank 0 prints it."""
         command = self.prog.removeprefix("gbmw").strip()
-        print(f"gbmw: error: {command + ': ' if command else ''}{message} (see `gbmw {command + ' ' if command else ''}"
-              "--help`)", file=sys.stderr)
+        if os.environ.get("RANK", "0") == "0":
+            print(f"gbmw: error: {command + ': ' if command else ''}{message} (see `gbmw "
+                  f"{command + ' ' if command else ''}--help`)", file=sys.stderr)
         raise SystemExit(2)
 
 

@@ -62,6 +62,22 @@ def test_a_user_error_is_one_line_from_rank_zero(tmp_path, launcher):
         assert "exits with return code = 2" in output, output[-3000:]
 
 
+def test_a_bad_flag_under_torchrun_is_one_line_from_rank_zero(tmp_path):
+    """Every rank parses the same command line and fails alike, before any agreement: rank 0 alone prints it."""
+    command = [str(BIN / "torchrun"), "--standalone", "--nproc_per_node", "2", "-m", "gbmw", "train", JOB,
+               "--steps", "1"]
+    environment = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}", OMP_NUM_THREADS="1")
+    done = subprocess.run(command, cwd=tmp_path, env=environment, capture_output=True, text=True, timeout=180)
+    output = done.stdout + done.stderr
+    errors = [line for line in output.splitlines() if "gbmw: error:" in line]
+    assert errors == ["gbmw: error: train: the following arguments are required: --plan (see `gbmw train --help`)"], (
+        output[-3000:])
+    # Rank 0 exits 2; the other rank exits 2 too unless torchrun, having seen rank 0 leave, terminates it first
+    # (-15, SIGTERM) — no agreement runs before a bad flag, so nothing holds the ranks together here.
+    codes = [line.split(":")[1].split()[0] for line in output.splitlines() if line.strip().startswith("exitcode")]
+    assert "2" in codes and set(codes) <= {"2", "-15"}, output[-3000:]
+
+
 def test_a_rank_dying_during_agreement_is_one_line(tmp_path):
     """Rank 1 exits right after start-up (as a rank killed during --load or --save would); rank 0, waiting in gbmw's
     agreement, stops with one DistributedError line well before its collective timeout."""
