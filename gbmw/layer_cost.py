@@ -185,7 +185,7 @@ def layer_costs(
                                 2.0 * forward_compute)
     forward_wave_loss, backward_wave_loss = matmul_wave_loss_s(model, settings, samples, tp)
     forward_compute = forward_compute + forward_wave_loss
-    backward_compute = backward_compute + np.where(arrays.has_measured_backward, 0.0, backward_wave_loss)
+    backward_compute = backward_compute + backward_wave_loss  # 0 for profiled layers
 
     # Tensor-parallel all-reduces (blocking, not overlapped).
     tp_stride = strategy.stride("tp") if tp > 1 else 1
