@@ -148,7 +148,11 @@ def test_baselines_use_their_fixed_strategies():
                 "deepspeed-3d": ("tp2-z1dp2", 2)}
     for baseline, (name, pp) in expected.items():
         plan = Planner(job, baseline, explain_failure=False).run()
-        assert {s.name for s in plan.strategies} == {name} and plan.pp == pp
+        assert {s.name.removesuffix("+ckpt") for s in plan.strategies} == {name} and plan.pp == pp
+        # PyTorch's Pipe checkpoints by default (checkpoint='except_last'): every block recomputes, nothing else
+        recomputing = [s.ckpt for s in plan.strategies]
+        blocks = list(job.model.is_block)
+        assert recomputing == (blocks if baseline == "gpipe" else [False] * len(blocks)), baseline
 
 
 def test_without_accumulation_a_pipeline_free_plan_runs_its_batch_as_one_micro_batch():
