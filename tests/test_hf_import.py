@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from gbmw.errors import SpecError
+from gbmw.errors import GbmwError, SpecError
 from gbmw.hf_import import import_hf_config
 from gbmw.jobs import load_job
 from gbmw.models import load_model
@@ -170,3 +170,46 @@ def test_cli_seq_length_and_flash_attention(tmp_path):
     result = run("plan", str(job), "--seq-length", "2000000")
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert result.stderr.count("\n") == 1 and "field `max_position_embeddings`: value 1024000" in result.stderr
+
+
+def _hf_job(tmp_path: Path, name: str, seq_length: int):
+    shutil.copy(CONFIGS / f"{name}.json", tmp_path / "config.json")
+    job_path = tmp_path / "job.yaml"
+    job_path.write_text(f"model: config.json\ncluster: a100-80g-x32\nprecision: bf16\nseq_length: {seq_length}\n")
+    return load_job(job_path)
+
+
+@pytest.mark.parametrize("target", ["megatron-core", "megatron-deepspeed"])
+def test_megatron_arguments_say_what_the_hf_config_says(tmp_path, target):
+    import dataclasses
+
+    from gbmw import uniform_plan
+    from gbmw.adapters.megatron import megatron_args_to_plan, plan_target, plan_to_megatron_args
+
+    def arguments(name: str, seq_length: int = 4096, tp: int = 4) -> tuple[list[str], object, object]:
+        folder = tmp_path / f"{name}-{seq_length}"
+        folder.mkdir()
+        job = _hf_job(folder, name, seq_length)
+        plan = uniform_plan(job, f"tp={tp},pp=1,zero=1,ckpt=full,micro=1,batch=256")
+        return plan_to_megatron_args(plan, job, target), plan, job
+
+    def value(args: list[str], flag: str) -> str | None:
+        return args[args.index(flag) + 1] if flag in args else None
+
+    args, plan, job = arguments("Mistral-Nemo-Base-2407")
+    assert value(args, "--kv-channels") == "128"  # 32 heads × 128 on a hidden size of 5120
+    again = megatron_args_to_plan(args, job, target)
+    assert again == dataclasses.replace(plan, estimate=None, target=plan_target(target))
+    args, _, _ = arguments("Meta-Llama-3-8B")
+    flag = "--rotary-base" if target == "megatron-core" else "--rotary-position-embeddings-theta"
+    assert value(args, flag) == "500000" and "--kv-channels" not in args
+    if target == "megatron-core":
+        args, _, _ = arguments("Qwen2-7B")
+        assert "--add-qkv-bias" in args and "--disable-bias-linear" in args
+    else:
+        with pytest.raises(GbmwError, match="Megatron-DeepSpeed has no flag for biases on q/k/v alone"):
+            arguments("Qwen2-7B")
+    with pytest.raises(GbmwError, match=r"sliding-window attention \(4096 tokens\) at a sequence of 8192"):
+        arguments("Mistral-7B-v0.1", 8192)
+    args, _, _ = arguments("gpt2-xl", 512, tp=1)  # 25 heads
+    assert value(args, "--seq-length") == "512" and value(args, "--max-position-embeddings") == "1024"
