@@ -281,6 +281,8 @@ def test_merge_keeps_the_users_bucket_size_and_fills_auto_ones():
     merged, changes = ds.merge_into_user_config(user, generated)
     assert merged["zero_optimization"]["reduce_bucket_size"] == 5e8
     assert not any(line.startswith("zero_optimization.reduce_bucket_size") for line in changes)
+    assert "note: zero_optimization.reduce_bucket_size kept from your config; the estimate counts gbmw's " \
+        f"{job(GPT).model.hidden_size ** 2}" in changes
     merged, changes = ds.merge_into_user_config({"zero_optimization": {"reduce_bucket_size": "auto"}}, generated)
     hidden = job(GPT).model.hidden_size
     assert merged["zero_optimization"]["reduce_bucket_size"] == hidden * hidden  # HF's "auto" rule

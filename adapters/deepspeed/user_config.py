@@ -258,7 +258,12 @@ def merge_into_user_config(user: dict[str, Any], generated: dict[str, Any]) -> t
             changes.append(f"{section}: removed (the plan recomputes no layer)")
     added_sections: set[str] = set()
     for owned in OWNED_KEYS:
-        if not _has(generated, owned) or (owned in USER_TUNED_KEYS and user_tuned(user, owned, OWNED_KEY_ALIASES)):
+        if not _has(generated, owned):
+            continue
+        if owned in USER_TUNED_KEYS and user_tuned(user, owned, OWNED_KEY_ALIASES):
+            if not (_has(user, owned) and _get(user, owned) == _get(generated, owned)):
+                changes.append(f"note: {owned} kept from your config; the estimate counts gbmw's "
+                               f"{_show(_get(generated, owned))}")
             continue
         new = _get(generated, owned)
         path = in_users_spelling(owned, user)
