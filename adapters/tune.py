@@ -106,7 +106,7 @@ def tune(ds_config_path: str, model: str, cluster: str, target: str = "deepspeed
         tp, pp, _ = ds.plan_layout(plan, job.model)
         ds.validate_with_deepspeed(merged, world, tp, pp)
         result.ds_config, result.changes = merged, changes
-        if hf_auto.auto_paths(user):
+        if target == "deepspeed" and hf_auto.auto_paths(user):  # an HF Trainer script; Megatron's take flags
             result.trainer_arguments = hf_auto.trainer_arguments(merged, precision)
     if target in ("megatron-deepspeed", "megatron-core"):
         result.megatron_args = megatron.plan_to_megatron_args(plan, job, target)

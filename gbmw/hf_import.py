@@ -112,8 +112,7 @@ def import_hf_config(path: str | Path, seq_length: int | None = None, flash_atte
             "max_position_embeddings")
         notes.append(f"{where}: trained at {seq_length} tokens per sample, the config's `{positions_field}` (no "
                      "sequence length given); set yours with --seq-length or the job's `seq_length`")
-    elif seq_length is not None and data.get("max_position_embeddings") not in (None,) and \
-            seq_length > data["max_position_embeddings"]:
+    elif seq_length is not None and seq_length > data.get("max_position_embeddings", seq_length):
         raise SpecError(
             f"{where}: field `{positions_field}`: value {data['max_position_embeddings']} — the model takes at most "
             f"{data['max_position_embeddings']} tokens per sample, but a sequence length of {seq_length} was asked "
