@@ -147,13 +147,16 @@ def _batch_of(user: dict, world: int, tp: int, pp: int, batch: int | None, where
                             "so the config does not say the global batch; give it with --batch")
         return batch, micro
     problems = ds.batch_consistency_problems(user, world, tp * pp)
-    if not problems:
-        try:  # DeepSpeed's own schema on the user's config as it runs today: refused before a search, not after
-            ds.validate_with_deepspeed(user, world, tp, pp)
+    written_for = None if not problems else _data_parallel_written_for(user)
+    if not problems or written_for is not None:
+        try:  # DeepSpeed's own schema on the user's config as it runs today (on the devices it was written for):
+            # refused before a search, not after
+            ds.validate_with_deepspeed(user, (written_for or world // (tp * pp)) * tp * pp, tp, pp)
         except GbmwError as error:
             raise GbmwError(f"{where}: {error}") from None
+    if not problems:
         global_batch, micro, _ = ds.resolve_batch(user, world // (tp * pp))
-    elif (written_for := _data_parallel_written_for(user)) is not None:
+    elif written_for is not None:
         global_batch = user["train_batch_size"]
         notes.append(f"{where}: its batch keys add up for a data-parallel size of {written_for} ({written_for * tp * pp} "
                      f"devices with TP {tp} × PP {pp}), not on this cluster's {world}: written for another cluster "
