@@ -74,8 +74,8 @@ def tune(ds_config_path: str, model: str, cluster: str, target: str = "deepspeed
     world = cluster_spec.num_devices
     if current_tp < 1 or current_pp < 1 or world % (current_tp * current_pp):
         raise GbmwError(f"--current-tp {current_tp} × --current-pp {current_pp} must divide the cluster's {world} devices")
-    global_batch, micro_per_gpu = _batch_of(user, world, current_tp, current_pp, batch, ds_config_path, notes)
     precision = hf_auto.precision_of(user, precision, notes, ds_config_path)
+    global_batch, micro_per_gpu = _batch_of(user, world, current_tp, current_pp, batch, ds_config_path, notes)
     # The model file is read as a file (an HF config's `_name_or_path` names it, it does not locate it).
     model_spec = load_model(resolve_recipe(model, "models"), precision, seq_length, flash_attention, notes)
     budget = parse_bytes(memory, "--memory") if memory else cluster_spec.usable_memory_bytes
