@@ -3,7 +3,8 @@ over gloo — the pipeline engine (deepspeed.pipe.PipelineModule) where the conf
 training step. DeepSpeedConfig accepting a config is weaker than this: the engine refuses mixes the config schema
 passes (bf16 weights with fp32 gradient accumulation under ZeRO-0, say).
 
-The configs: the golden ones (tests/golden/deepspeed/) and `gbmw tune` outputs for real user configs (a
+The configs: the golden ones (tests/golden/deepspeed/), the GPT-3 recipes' (recipes/gpt3/*/ds_config.json,
+Megatron-DeepSpeed pipelines) and `gbmw tune` outputs for real user configs (a
 Megatron-DeepSpeed universal-checkpointing config, an HF-Trainer config with "auto" values, a DeepSpeedExamples-style
 one), tuned for a 2-device cluster so that the processes started here are exactly the config's data-parallel ×
 pipeline world.
@@ -32,6 +33,7 @@ pytestmark = pytest.mark.dist
 
 HERE = Path(__file__).parent
 GOLDEN = HERE / "golden" / "deepspeed"
+RECIPES = HERE.parent / "recipes" / "gpt3"
 HF_DEFAULTS = {"lr": 5e-5, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.0, "warmup_min_lr": 0,
                "warmup_max_lr": 5e-5, "warmup_num_steps": 10, "total_num_steps": 100, "gradient_clipping": 1.0}
 """TrainingArguments' defaults, for the "auto" values HF Trainer fills (transformers' HfTrainerDeepSpeedConfig);
@@ -152,10 +154,10 @@ def _start_engines(rank: int, world_size: int, cases: list[tuple[str, dict, int]
 def _cases(tmp_path: Path) -> list[tuple[str, dict, int, int]]:
     """(name, stand-in config, data-parallel size, pipeline stages) for every golden and tuned config."""
     cases = []
-    for path in sorted(GOLDEN.glob("*.json")):
+    for path in [*sorted(GOLDEN.glob("*.json")), *sorted(RECIPES.glob("*/ds_config.json"))]:
         config = json.loads(path.read_text())
         pp = 2 if "pipeline" in config else 1
-        cases.append((path.stem, *_stand_in(config, pp)))
+        cases.append((path.stem if path.parent == GOLDEN else f"recipe:{path.parent.name}", *_stand_in(config, pp)))
     for name, user, extra, devices in (
             # On one device the plan has no data parallelism, so ZeRO-0: the case deepspeed.initialize refused
             # (bf16 with fp32 accumulation); the config, written for 2 devices, is re-planned at its batch.
@@ -198,7 +200,7 @@ def test_every_emitted_config_starts_a_deepspeed_engine(tmp_path):
     for (world, _), group in sorted(by_world.items()):
         started += run_distributed(world, _start_engines, group, timeout_s=600)[0]
     assert started == [name for key in sorted(by_world) for name, _, _ in by_world[key]]
-    assert len(started) == 8
+    assert len(started) == 11
 
 
 def test_the_universal_checkpointing_case_is_the_zero0_one(tmp_path):
