@@ -4,17 +4,18 @@ training step. DeepSpeedConfig accepting a config is weaker than this: the engin
 passes (bf16 weights with fp32 gradient accumulation under ZeRO-0, say).
 
 The configs: the golden ones (tests/golden/deepspeed/), the GPT-3 recipes' (recipes/gpt3/*/ds_config.json,
-Megatron-DeepSpeed pipelines) and `gbmw tune` outputs for real user configs (a
-Megatron-DeepSpeed universal-checkpointing config, an HF-Trainer config with "auto" values, a DeepSpeedExamples-style
-one), tuned for a 2-device cluster so that the processes started here are exactly the config's data-parallel ×
-pipeline world.
+Megatron-DeepSpeed pipelines) and `gbmw tune` outputs for real user configs (a Megatron-DeepSpeed
+universal-checkpointing config, an HF-Trainer config with "auto" values, a DeepSpeedExamples-style one), tuned for
+a 1- or 2-device cluster so that the processes started here are exactly the config's data-parallel × pipeline
+world.
 
 The stand-in world: TP is not started (DeepSpeed's batch identity counts data-parallel ranks only, and the model
-is a stand-in); pipeline stages and data-parallel ranks are real processes. A golden config written for more
-devices than two (32 GPUs: DP 2 × PP 2 × TP 8, or DP 32) is started at DP 1 (PP 2) or DP 2 (PP 1), its
-`train_batch_size` restated for that DP — the one key changed, and only there. What HF Trainer fills from
-TrainingArguments ("auto" optimizer and scheduler settings) is filled with TrainingArguments' defaults; DeepSpeed's
-own Adam is asked for as torch's (its fused CPU Adam would be compiled first, minutes on these machines).
+is a stand-in); pipeline stages and data-parallel ranks are real processes, at most two. A config written for
+more devices (the goldens and recipes: 32 GPUs) is started with 2 pipeline stages at DP 1 where it pipelines, else
+at DP 2, its `train_batch_size` restated for that DP. What HF Trainer fills from TrainingArguments ("auto"
+optimizer and scheduler settings, clipping) is filled with TrainingArguments' defaults, and an `optimizer` section
+gets `"torch_adam": true` (DeepSpeed's fused CPU Adam would be compiled first, minutes on these machines); nothing
+else is changed.
 """
 
 from __future__ import annotations
