@@ -71,6 +71,7 @@ def _profile_parser(commands) -> None:
                        help="keep repeating the interleaved passes for at least this long (default 20: "
                             "spans the slow and fast phases of a shared machine)")
     model.add_argument("-o", "--output", type=new_path, required=True, help="the new model YAML to write")
+    add_model_settings(model)
     model.set_defaults(run=_run_profile_model)
     cluster = what.add_parser("cluster", help="collective bandwidth/latency and overlap slowdown among the launched "
                                               "processes → a cluster YAML (run under torchrun or deepspeed)")
@@ -112,7 +113,8 @@ def _run_profile_model(args: argparse.Namespace) -> int:
         raise GbmwError(f"--batches {args.batches}: give two batch sizes, the smaller first, from 1 to 4096, e.g. 2,8")
     extra = {} if args.min_seconds is None else {"min_seconds": args.min_seconds}
     run_profile_model(args.model, args.precision, args.output, (small, large), args.repeats,
-                      say=lambda text: print(text, flush=True), **extra)
+                      say=lambda text: print(text, flush=True), seq_length=args.seq_length,
+                      flash_attention=args.flash_attention, **extra)
     return 0
 
 

@@ -213,3 +213,17 @@ def test_megatron_arguments_say_what_the_hf_config_says(tmp_path, target):
         arguments("Mistral-7B-v0.1", 8192)
     args, _, _ = arguments("gpt2-xl", 512, tp=1)  # 25 heads
     assert value(args, "--seq-length") == "512" and value(args, "--max-position-embeddings") == "1024"
+
+
+@pytest.mark.torch
+def test_profile_model_at_the_sequence_length_asked(tmp_path):
+    from gbmw.cli import main
+
+    output = tmp_path / "profile.yaml"
+    assert main(["profile", "model", "gpt-tiny", "--seq-length", "16", "--repeats", "1", "--min-seconds", "0",
+                 "-o", str(output)]) == 0
+    assert "sequence_length: 16\n" in output.read_text()
+    job = tmp_path / "job.yaml"
+    job.write_text(f"model: {output}\ncluster: cpu-x4\nprecision: fp32\nglobal_batch: 16\nseq_length: 32\n")
+    with pytest.raises(SpecError, match="measured at that length, not the 32 asked for"):
+        load_job(job)
