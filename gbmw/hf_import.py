@@ -69,7 +69,7 @@ def import_hf_config(path: str | Path, seq_length: int | None = None, flash_atte
             gated_mlp=True, norm="rms", position_embedding="rotary",
             tie_embeddings=config.get("tie_word_embeddings", False), dropout=False,
             rope_theta=config.get("rope_theta", 10000.0), **_llama_biases(config, model_type, where),
-            sliding_window=_sliding_window(config, model_type),
+            sliding_window=_sliding_window(config, model_type, where),
         )
         if isinstance(data["rope_theta"], int) and not isinstance(data["rope_theta"], bool):
             data["rope_theta"] = float(data["rope_theta"])
@@ -169,9 +169,27 @@ def _llama_biases(config: dict[str, Any], model_type: str, where: str) -> dict[s
     return {"bias": attention}
 
 
-def _sliding_window(config: dict[str, Any], model_type: str) -> int | None:
-    """The attention window, where the model uses one (Qwen2 only with `use_sliding_window`)."""
+def _sliding_window(config: dict[str, Any], model_type: str, where: str) -> int | None:
+    """The attention window of every block, or None where no block has one. Qwen2 windows only with
+    `use_sliding_window`, and then only the blocks from `max_window_layers` on; a config's `layer_types` names each
+    block's attention. A model whose blocks differ is refused: gbmw gives every block the same attention."""
+    window = config.get("sliding_window")
+    if not isinstance(window, int) or isinstance(window, bool) or window <= 0:
+        return None
     if model_type == "qwen2" and not config.get("use_sliding_window", False):
         return None
-    window = config.get("sliding_window")
-    return window if isinstance(window, int) and not isinstance(window, bool) and window > 0 else None
+    layers = config.get("num_hidden_layers")
+    types = config.get("layer_types")
+    if isinstance(types, list):
+        windowed = sum(kind == "sliding_attention" for kind in types)
+    elif model_type == "qwen2" and isinstance(layers, int):
+        windowed = max(0, layers - int(config.get("max_window_layers", 28)))
+    else:
+        windowed = layers
+    if windowed == 0:
+        return None
+    if windowed != layers:
+        raise SpecError(f"{where}: field `sliding_window`: value {window} — {windowed} of {layers} blocks attend "
+                        "through the window and the others to the whole sequence; gbmw gives every block the same "
+                        "attention, so this model cannot be costed as it is")
+    return window

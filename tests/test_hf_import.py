@@ -227,3 +227,14 @@ def test_profile_model_at_the_sequence_length_asked(tmp_path):
     job.write_text(f"model: {output}\ncluster: cpu-x4\nprecision: fp32\nglobal_batch: 16\nseq_length: 32\n")
     with pytest.raises(SpecError, match="measured at that length, not the 32 asked for"):
         load_job(job)
+
+
+def test_qwen2_sliding_window_only_where_its_blocks_use_it(tmp_path):
+    config = json.loads((CONFIGS / "Qwen2-7B.json").read_text())
+    path = tmp_path / "config.json"
+    for use, first, expected in ((True, 28, None), (True, 0, 131072), (False, 0, None)):
+        path.write_text(json.dumps({**config, "use_sliding_window": use, "max_window_layers": first}))
+        assert import_hf_config(path, 4096).sliding_window == expected
+    path.write_text(json.dumps({**config, "use_sliding_window": True, "max_window_layers": 20}))
+    with pytest.raises(SpecError, match=r"`sliding_window`: value 131072 — 8 of 28 blocks attend through the window"):
+        import_hf_config(path, 4096)
