@@ -55,6 +55,15 @@ HF_TRAINER = {  # transformers' tests/deepspeed/ds_config_zero2.json, bf16 inste
     "gradient_accumulation_steps": "auto", "gradient_clipping": "auto", "steps_per_print": 2000,
     "train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto", "wall_clock_breakdown": False,
 }
+HF_TRAINER_ZERO3 = {  # transformers' tests/deepspeed/ds_config_zero3.json: stage-3 "auto" keys HF fills only at ZeRO-3
+    **HF_TRAINER,
+    "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "none", "pin_memory": True},
+                          "offload_param": {"device": "none", "pin_memory": True}, "overlap_comm": True,
+                          "contiguous_gradients": True, "sub_group_size": 1e9, "reduce_bucket_size": "auto",
+                          "stage3_prefetch_bucket_size": "auto", "stage3_param_persistence_threshold": "auto",
+                          "stage3_max_live_parameters": 1e9, "stage3_max_reuse_distance": 1e9,
+                          "stage3_gather_16bit_weights_on_model_save": True},
+}
 DEEPSPEED_EXAMPLES = {  # DeepSpeedExamples training/bing_bert-style: explicit batch, Adam, ZeRO-2, bfloat16 spelling
     "train_batch_size": 64, "train_micro_batch_size_per_gpu": 32, "steps_per_print": 1000,
     "optimizer": {"type": "Adam", "params": {"lr": 1e-4, "weight_decay": 0.01}},
@@ -165,6 +174,7 @@ def _cases(tmp_path: Path) -> list[tuple[str, dict, int, int]]:
             ("universal-checkpointing-1-device", UNIVERSAL_CHECKPOINTING, [], 1),
             ("universal-checkpointing-megatron", UNIVERSAL_CHECKPOINTING, ["--target", "megatron-deepspeed"], 2),
             ("hf-trainer", HF_TRAINER, ["--batch", "16"], 2),
+            ("hf-trainer-zero3", HF_TRAINER_ZERO3, ["--batch", "16"], 2),
             ("deepspeed-examples", DEEPSPEED_EXAMPLES, [], 2)):
         config, pp = _tuned(tmp_path, name, user, *extra, devices=devices)
         cases.append((f"tune:{name}", *_stand_in(config, pp)))
@@ -201,7 +211,7 @@ def test_every_emitted_config_starts_a_deepspeed_engine(tmp_path):
     for (world, _), group in sorted(by_world.items()):
         started += run_distributed(world, _start_engines, group, timeout_s=600)[0]
     assert started == [name for key in sorted(by_world) for name, _, _ in by_world[key]]
-    assert len(started) == 11
+    assert len(started) == 12
 
 
 def test_the_universal_checkpointing_case_is_the_zero0_one(tmp_path):
