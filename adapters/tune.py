@@ -10,6 +10,7 @@ speed-up, both costed by the same estimator.
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,6 +29,7 @@ from gbmw.targets import STOCK_TARGETS
 
 from . import deepspeed as ds
 from . import megatron
+from .deepspeed import hf_auto
 
 
 @dataclass
@@ -42,6 +44,10 @@ class TuneResult:
     megatron_args: list[str] = field(default_factory=list)
     launch: str = ""
     written: list[Path] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    """What tune assumed or re-planned that the user should hear (printed before the result)."""
+    trainer_arguments: list[str] = field(default_factory=list)
+    """For an HF-Trainer config: the TrainingArguments that must match the plan's batch numbers."""
 
     @property
     def speedup(self) -> float | None:
@@ -50,18 +56,10 @@ class TuneResult:
         return self.plan.estimate.samples_per_s / self.current.estimate.samples_per_s
 
 
-def precision_of(config: dict) -> str:
-    """bf16 / fp16 / fp32 from a ds_config's precision sections."""
-    for key, name in (("bf16", "bf16"), ("bfloat16", "bf16"), ("fp16", "fp16")):
-        section = config.get(key)
-        if isinstance(section, dict) and section.get("enabled") in (True, "auto"):
-            return name
-    return "fp32"
-
-
 def tune(ds_config_path: str, model: str, cluster: str, target: str = "deepspeed", output: str | None = None,
          memory: str | None = None, current_tp: int = 1, current_pp: int = 1, current_ckpt: str | None = None,
-         script: str = "pretrain_gpt.py") -> TuneResult:
+         script: str = "pretrain_gpt.py", *, batch: int | None = None, seq_length: int | None = None,
+         flash_attention: bool | None = None, precision: str | None = None) -> TuneResult:
     if target == "runtime":
         raise GbmwError("--target runtime: tune rewrites an existing DeepSpeed job's config, which cannot express "
                         "gbmw's per-layer plans; tune for deepspeed, megatron-deepspeed or megatron-core, or plan and "
@@ -70,31 +68,27 @@ def tune(ds_config_path: str, model: str, cluster: str, target: str = "deepspeed
         raise GbmwError(f"--target {shown(target)} is unknown; targets: {', '.join(STOCK_TARGETS)}")
     if output is not None and Path(output).exists() and any(Path(output).iterdir()):
         raise GbmwError(f"-o {output}: the folder exists and is not empty; gbmw writes only new files — choose a new folder")
+    notes: list[str] = []
     user = ds.load_user_config(ds_config_path)
     cluster_spec = load_cluster(resolve_recipe(cluster, "clusters"))
     world = cluster_spec.num_devices
     if current_tp < 1 or current_pp < 1 or world % (current_tp * current_pp):
         raise GbmwError(f"--current-tp {current_tp} × --current-pp {current_pp} must divide the cluster's {world} devices")
-    ds.check_batch_consistency(user, world, current_tp * current_pp, where=ds_config_path)
-    data_parallel = world // (current_tp * current_pp)
-    global_batch, micro_per_gpu, accumulation = ds.resolve_batch(user, data_parallel)
-    precision = precision_of(user)
-    model_spec = load_model(resolve_recipe(model, "models"), precision)
+    precision = hf_auto.precision_of(user, precision, notes, ds_config_path)
+    global_batch, micro_per_gpu = _batch_of(user, world, current_tp, current_pp, batch, ds_config_path, notes)
+    # The model file is read as a file (an HF config's `_name_or_path` names it, it does not locate it).
+    model_spec = load_model(resolve_recipe(model, "models"), precision, seq_length, flash_attention, notes)
     budget = parse_bytes(memory, "--memory") if memory else cluster_spec.usable_memory_bytes
     job = JobSpec(name=f"{model_spec.name}_{cluster_spec.name}", model=model_spec, cluster=cluster_spec,
                   precision=precision, optimizer=_optimizer_of(user), global_batch=global_batch,
-                  memory_budget_bytes=budget)
-
-    if not _has_auto_values(user):  # HF Trainer fills "auto" values before DeepSpeed reads the config
-        try:  # DeepSpeed's own schema on the user's config as it runs today: refused before a search, not after
-            ds.validate_with_deepspeed(user, world, current_tp, current_pp)
-        except GbmwError as error:
-            raise GbmwError(f"{ds_config_path}: {error}") from None
+                  memory_budget_bytes=budget, notes=tuple(notes))
 
     current, problem = None, ""
     zero = int((user.get("zero_optimization") or {}).get("stage", 0) or 0)
     ckpt = current_ckpt or ("full" if user.get("activation_checkpointing") else "none")
     try:
+        if micro_per_gpu is None:
+            raise GbmwError("train_micro_batch_size_per_gpu is \"auto\" (HF Trainer's per_device_train_batch_size)")
         uniform = UniformConfig(tp=current_tp, pp=current_pp, zero=zero, ckpt=ckpt, micro=micro_per_gpu, target=target,
                                 batch=global_batch)
         current = uniform.to_plan(job)
@@ -103,38 +97,87 @@ def tune(ds_config_path: str, model: str, cluster: str, target: str = "deepspeed
         problem = str(error)
 
     plan = Planner(job, batch=global_batch, target=target).run()
-    result = TuneResult(job, current, problem, plan, None, [])
+    result = TuneResult(job, current, problem, plan, None, [], notes=notes)
+    config_path = "ds_config.json"
     if target in ds.DEEPSPEED_TARGETS:
         generated = ds.plan_to_ds_config(plan, job, target)
         merged, changes = ds.merge_into_user_config(user, generated)
+        changes += hf_auto.fill_precision_switches(merged, precision)
         tp, pp, _ = ds.plan_layout(plan, job.model)
         ds.validate_with_deepspeed(merged, world, tp, pp)
         result.ds_config, result.changes = merged, changes
+        if target == "deepspeed" and hf_auto.auto_paths(user):  # an HF Trainer script; Megatron's take flags
+            result.trainer_arguments = hf_auto.trainer_arguments(merged, precision)
     if target in ("megatron-deepspeed", "megatron-core"):
         result.megatron_args = megatron.plan_to_megatron_args(plan, job, target)
         result.launch = megatron.launch_line(plan, job, script, target)
-    elif target == "deepspeed":
-        result.launch = _deepspeed_launch(job, script)
+        script_line = megatron.launch_line(plan, job, script, target, deepspeed_config=f"$HERE/{config_path}")
+    else:
+        trainer = result.trainer_arguments
+        result.launch = _deepspeed_launch(job, script, config_path, trainer)
+        script_line = _deepspeed_launch(job, script, f"$HERE/{config_path}", trainer)
     if output is not None:
         folder = Path(output)
         files = {"plan.yaml": plan.to_yaml()}
         if result.ds_config is not None:
-            files["ds_config.json"] = ds.dumps_config(result.ds_config)
+            files[config_path] = ds.dumps_config(result.ds_config)
         if result.megatron_args:
             files["megatron_args.txt"] = "\n".join(result.megatron_args) + "\n"
-        if result.launch:
-            files["launch.sh"] = "#!/usr/bin/env bash\n" + result.launch + "\n"
+        # The files gbmw wrote are found next to the script, wherever it is run from; the training script and a
+        # hostfile are the user's, relative to the folder it is run in.
+        files["launch.sh"] = ("#!/usr/bin/env bash\n# Written by gbmw tune: run it from your training folder.\n"
+                              'HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"\n' + script_line + "\n")
         for name, text in files.items():
             result.written.append(write_new_file(folder / name, text))
     return result
 
 
-def _has_auto_values(config) -> bool:
-    if isinstance(config, dict):
-        return any(_has_auto_values(value) for value in config.values())
-    if isinstance(config, list):
-        return any(_has_auto_values(value) for value in config)
-    return config == "auto"
+def _batch_of(user: dict, world: int, tp: int, pp: int, batch: int | None, where: str,
+              notes: list[str]) -> tuple[int, int | None]:
+    """(global batch, the config's micro-batch per GPU or None when "auto") to plan at.
+
+    `--batch` wins; an HF-Trainer config whose batch is "auto" needs it. A config whose batch keys do not add up
+    on this cluster was written for another cluster size: re-planned at its `train_batch_size`, with a note."""
+    micro = user.get("train_micro_batch_size_per_gpu")
+    micro = None if micro == "auto" else micro
+    if hf_auto.has_auto_batch(user):
+        if batch is None:
+            auto = [key for key in ds.BATCH_KEYS if user.get(key) == "auto"]
+            raise GbmwError(f"{where}: key `{auto[0]}`: value \"auto\" — HF Trainer fills it from TrainingArguments, "
+                            "so the config does not say the global batch; give it with --batch")
+        return batch, micro
+    problems = ds.batch_consistency_problems(user, world, tp * pp)
+    written_for = None if not problems else _data_parallel_written_for(user)
+    if not problems or written_for is not None:
+        try:  # DeepSpeed's own schema on the user's config as it runs today (on the devices it was written for):
+            # refused before a search, not after
+            ds.validate_with_deepspeed(user, (written_for or world // (tp * pp)) * tp * pp, tp, pp)
+        except GbmwError as error:
+            raise GbmwError(f"{where}: {error}") from None
+    if not problems:
+        global_batch, micro, _ = ds.resolve_batch(user, world // (tp * pp))
+    elif written_for is not None:
+        global_batch = user["train_batch_size"]
+        notes.append(f"{where}: its batch keys add up for a data-parallel size of {written_for} ({written_for * tp * pp} "
+                     f"devices with TP {tp} × PP {pp}), not on this cluster's {world}: written for another cluster "
+                     f"size; re-planned at its global batch {global_batch} on {world} devices")
+    else:
+        ds.check_batch_consistency(user, world, tp * pp, where=where)
+    if batch is not None and batch != global_batch:
+        notes.append(f"{where}: planned at --batch {batch}, not the config's global batch {global_batch}")
+        return batch, micro
+    return global_batch, micro
+
+
+def _data_parallel_written_for(user: dict) -> int | None:
+    """The data-parallel size a config's three batch keys add up for (train = micro × accumulation × DP), or None
+    when they add up for none (a config inconsistent on every cluster) or do not fix it."""
+    train, micro, accumulation = (user.get(key) for key in ds.BATCH_KEYS)
+    if not all(isinstance(value, int) and not isinstance(value, bool) and value > 0
+               for value in (train, micro, accumulation)):
+        return None
+    data_parallel, remainder = divmod(train, micro * accumulation)
+    return data_parallel if remainder == 0 and data_parallel > 0 else None
 
 
 def _optimizer_of(config: dict) -> str:
@@ -142,9 +185,12 @@ def _optimizer_of(config: dict) -> str:
     return "sgd" if kind == "sgd" else "adam"
 
 
-def _deepspeed_launch(job: JobSpec, script: str) -> str:
+def _deepspeed_launch(job: JobSpec, script: str, config_path: str, trainer_arguments: list[str]) -> str:
+    """DeepSpeed's launcher on the job's cluster; an HF Trainer script takes the config as `--deepspeed FILE` and the
+    TrainingArguments that must match it, a DeepSpeed script `--deepspeed --deepspeed_config FILE`."""
     cluster = job.cluster
-    if cluster.nodes == 1:
-        return f"deepspeed --num_gpus {cluster.devices_per_node} {script} --deepspeed --deepspeed_config ds_config.json"
-    return (f"deepspeed --hostfile hostfile --num_nodes {cluster.nodes} --num_gpus {cluster.devices_per_node} "
-            f"{script} --deepspeed --deepspeed_config ds_config.json")
+    config = f'"{config_path}"' if "$" in config_path else shlex.quote(config_path)
+    nodes = "" if cluster.nodes == 1 else f"--hostfile hostfile --num_nodes {cluster.nodes} "
+    arguments = (f"--deepspeed {config} " + " ".join(trainer_arguments) if trainer_arguments
+                 else f"--deepspeed --deepspeed_config {config}")
+    return f"deepspeed {nodes}--num_gpus {cluster.devices_per_node} {shlex.quote(script)} {arguments}"

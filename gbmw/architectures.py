@@ -49,24 +49,55 @@ class GPTArchitecture(_Architecture):
     num_heads: int = Field(ge=1, le=MAX_WIDTH)
     num_kv_heads: int | None = Field(default=None, ge=1, le=MAX_WIDTH)
     """Grouped-query attention; None means as many as `num_heads`."""
+    head_dim: int | None = Field(default=None, ge=1, le=MAX_WIDTH)
+    """Width of one attention head; None means hidden_size / num_heads (Mistral-Nemo: 128 with 32 heads on a
+    hidden size of 5120, so the attention is 4096 wide)."""
     ffn_hidden_size: int | None = Field(default=None, ge=1, le=MAX_WIDTH)
     """None means 4 × hidden_size."""
     seq_length: int = Field(ge=1, le=MAX_SEQUENCE)
+    """Tokens per training sample."""
+    max_position_embeddings: int | None = Field(default=None, ge=1, le=MAX_SEQUENCE)
+    """The longest sequence the model takes (the rows of a learned position table); None means seq_length."""
     vocab_size: int = Field(ge=1, le=MAX_WIDTH)
     gated_mlp: bool = False
     bias: bool = True
+    """Biases on every linear layer (Q, K, V, the attention output projection, the MLP)."""
+    qkv_bias: bool | None = None
+    """Biases on the Q, K and V projections; None means as `bias` (Qwen2: true, with `bias` false)."""
     norm: Literal["layer", "rms"] = "layer"
     position_embedding: Literal["learned", "rotary"] = "learned"
+    rope_theta: float = Field(default=10000.0, gt=0, le=1e12)
+    """Rotary base frequency; no effect on costs (the model's runtime reads it)."""
+    sliding_window: int | None = Field(default=None, ge=1, le=MAX_SEQUENCE)
+    """Each query attends to at most this many keys (Mistral-7B v0.1: 4096); None: the whole causal prefix.
+    Only flash attention skips the keys outside the window; standard attention computes the whole score matrix
+    and masks it, so the window changes costs only with `attention: flash` and a sequence longer than it."""
     tie_embeddings: bool = True
 
     def _head_pairs(self) -> list[tuple[int, int]]:
-        return [(self.hidden_size, self.num_heads)]
+        return [] if self.head_dim is not None else [(self.hidden_size, self.num_heads)]
+
+    @property
+    def attention_head_dim(self) -> int:
+        """The width of one attention head."""
+        return self.head_dim or self.hidden_size // self.num_heads
+
+    @property
+    def attended_tokens(self) -> int:
+        """Keys per query whose scores are computed (gbmw.transformer_layers.BlockShape.attended_tokens)."""
+        if self.attention == "flash" and self.sliding_window is not None:
+            return min(self.seq_length, self.sliding_window)
+        return self.seq_length
 
     @model_validator(mode="after")
     def _kv_heads_divide(self) -> "GPTArchitecture":
         if self.num_kv_heads is not None and self.num_heads % self.num_kv_heads:
             raise ValueError(f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}: "
                              "grouped-query attention shares each key/value head among equal groups")
+        if self.max_position_embeddings is not None and self.seq_length > self.max_position_embeddings:
+            raise ValueError(f"seq_length {self.seq_length} exceeds max_position_embeddings "
+                             f"{self.max_position_embeddings}: the model takes at most "
+                             f"{self.max_position_embeddings} tokens per sample")
         return self
 
 
@@ -188,3 +219,23 @@ def parse_architecture(data: dict[str, Any], where: str) -> Any:
         # pydantic prefixes the discriminator value to each location; drop it.
         message = describe_validation_error(error, where).replace(f"`{family}.", "`")
         raise SpecError(message) from None
+
+
+def apply_training_settings(data: dict[str, Any], seq_length: int | None, flash_attention: bool | None,
+                            where: str) -> Any:
+    """Validate an architecture mapping trained at `seq_length` tokens per sample (None: as the mapping says) with
+    flash attention on or off (None: as the mapping says). A T5 model takes the length for its encoder and decoder;
+    an image model's sequence comes from its image and patch sizes and takes none."""
+    data = dict(data)
+    if seq_length is not None:
+        family = data.get("family")
+        if family in ("gpt", "bert"):
+            data["seq_length"] = seq_length
+        elif family == "t5":
+            data["encoder_seq_length"] = data["decoder_seq_length"] = seq_length
+        else:
+            raise SpecError(f"{where}: a sequence length ({seq_length}) was given, but a {family} model's tokens are "
+                            "its image patches (image_size / patch_size); drop --seq-length / `seq_length`")
+    if flash_attention is not None:
+        data["attention"] = "flash" if flash_attention else "standard"
+    return parse_architecture(data, where)

@@ -5,7 +5,8 @@
     gbmw plan JOB [--memory 16GiB] [--batch N | --sweep] [--target T] [--variant V] [-o plan.yaml] [--json]
                   [--figure plan.png]
     gbmw compare JOB [--memory 8GiB,16GiB] [--batch N | --sweep] [--handtuned NAME]
-    gbmw tune --ds-config ds_config.json --model MODEL --cluster CLUSTER [--target T] [-o DIR]
+    gbmw tune --ds-config ds_config.json --model MODEL --cluster CLUSTER [--target T] [--batch N] [--seq-length S]
+                  [--flash-attention] [--precision P] [-o DIR]
     gbmw train JOB --plan plan.yaml [--steps N] [--save DIR] [--load DIR]   (under torchrun / deepspeed for N > 1)
     gbmw profile model MODEL -o model.yaml [--precision fp32] [--batches 2,8] [--min-seconds 20]
                   (under torchrun with 2 processes: TP split, TP/FSDP2/Slice-Gather/p2p calls measured too)

@@ -9,7 +9,7 @@ import sys
 from gbmw.cli_types import integer, memory_size, memory_sizes, new_path, power_of_two
 from gbmw.errors import GbmwError
 from gbmw.files import shown
-from gbmw.schema import MAX_DEVICES, MAX_GLOBAL_BATCH
+from gbmw.schema import MAX_DEVICES, MAX_GLOBAL_BATCH, MAX_SEQUENCE
 
 
 def add_planning_commands(commands) -> None:
@@ -30,6 +30,7 @@ def add_planning_commands(commands) -> None:
         help="a hand-tuned uniform config, e.g. tp=8,pp=2,zero=1,ckpt=full,micro=1[,batch=512]",
     )
     estimate.add_argument("--memory", type=memory_size, help="per-device memory budget, e.g. 16GiB (default: the job's)")
+    add_model_settings(estimate)
     estimate.add_argument("--json", action="store_true", help="print JSON")
     estimate.set_defaults(run=_run_estimate)
 
@@ -61,7 +62,35 @@ def add_planning_commands(commands) -> None:
     compare.set_defaults(run=_run_compare)
 
 
+def add_model_settings(parser: argparse.ArgumentParser) -> None:
+    """`--seq-length` and `--flash-attention`: how the job trains its model, where the model file does not say (an
+    HF config.json) or says otherwise."""
+    parser.add_argument("--seq-length", type=integer(1, MAX_SEQUENCE),
+                        help="tokens per training sample (default: the job's `seq_length`, else the model file's; an "
+                             "HF config.json's max_position_embeddings, with a note)")
+    parser.add_argument("--flash-attention", action=argparse.BooleanOptionalAction, default=None,
+                        help="attention is fused (FlashAttention: no score matrix stored) or not (default: the job's "
+                             "`flash_attention`, else the model file's; standard for an HF config.json, with a note)")
+
+
+def load_job_of(args: argparse.Namespace, memory_budget: str | None = None):
+    """The job of a planning command with its --seq-length / --flash-attention, its notes printed on stderr."""
+    from gbmw.jobs import load_job
+
+    job = load_job(args.job, memory_budget=memory_budget, seq_length=args.seq_length,
+                   flash_attention=args.flash_attention)
+    print_notes(job.notes)
+    return job
+
+
+def print_notes(notes) -> None:
+    """Each note on its own line on stderr (stdout may be JSON)."""
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
+
+
 def _search_options(parser: argparse.ArgumentParser, memory_type) -> None:
+    add_model_settings(parser)
     parser.add_argument("--memory", type=memory_type, help="per-device memory budget, e.g. 16GiB (compare: a comma list)")
     batch = parser.add_mutually_exclusive_group()
     batch.add_argument("--batch", type=integer(1, MAX_GLOBAL_BATCH), help="fixed global batch (default: the job's, else a sweep)")
@@ -111,9 +140,8 @@ def _run_estimate(args: argparse.Namespace) -> int:
     from gbmw.plan import Plan
     from gbmw.report import estimate_to_json, print_estimate
     from gbmw.targets import get_target
-    from gbmw.jobs import load_job
 
-    job = load_job(args.job, memory_budget=args.memory)
+    job = load_job_of(args, args.memory)
     if args.plan:
         plan = Plan.load(args.plan)
         plan.check_against(job.model, job.cluster.num_devices, job.precision)
@@ -140,10 +168,9 @@ def _run_estimate(args: argparse.Namespace) -> int:
 def _run_plan(args: argparse.Namespace) -> int:
     from gbmw.planner import Planner
     from gbmw.report import plan_to_json, print_plan
-    from gbmw.jobs import load_job
     from gbmw.schema import parse_bytes
 
-    job = load_job(args.job, memory_budget=args.memory)
+    job = load_job_of(args, args.memory)
     granularity = parse_bytes(args.granularity, "--granularity") if args.granularity else None
     progress, update = _progress("searching")
     planner = Planner(job, variant=args.variant, batch=args.batch, sweep=args.sweep, granularity_bytes=granularity,
@@ -170,19 +197,19 @@ def _run_plan(args: argparse.Namespace) -> int:
 
 
 def _run_compare(args: argparse.Namespace) -> int:
-    from gbmw.compare import compare_job
+    from gbmw.compare import compare_jobs
+    from gbmw.jobs import load_job
     from gbmw.report import comparison_to_json, print_comparison
 
     if args.handtuned:
         from gbmw.baselines import load_handtuned
         from gbmw.compare import compare_handtuned
         from gbmw.report import handtuned_rows, print_handtuned
-        from gbmw.jobs import load_job
 
         if args.sweep or (args.memory and "," in args.memory):
             raise GbmwError("--handtuned compares at one budget and the configuration's batch; drop --sweep and "
                             "give one --memory")
-        job = load_job(args.job, memory_budget=args.memory)
+        job = load_job_of(args, args.memory)
         if args.batch is not None:
             job = job.model_copy(update={"global_batch": args.batch})
         comparison = compare_handtuned(job, load_handtuned(args.handtuned))
@@ -193,11 +220,14 @@ def _run_compare(args: argparse.Namespace) -> int:
         return 0
     budgets = [item.strip() for item in args.memory.split(",")] if args.memory else [None]
     progress, update = _progress("comparing")
+    jobs = [load_job_of(args, budget) if index == 0 else load_job(args.job, budget, args.seq_length,
+                                                                     args.flash_attention)
+            for index, budget in enumerate(budgets)]
     if progress is not None:
         with progress:
-            rows = compare_job(args.job, budgets, args.batch, args.sweep, update)
+            rows = compare_jobs(jobs, args.batch, args.sweep, update)
     else:
-        rows = compare_job(args.job, budgets, args.batch, args.sweep, None)
+        rows = compare_jobs(jobs, args.batch, args.sweep, None)
     if args.json:
         print(json.dumps(comparison_to_json(rows), indent=2))
     else:

@@ -7,10 +7,11 @@ import argparse
 import json
 import os
 
+from gbmw.cli_planning import add_model_settings, print_notes
 from gbmw.cli_types import integer, memory_size, new_or_empty_folder, new_path, number
 from gbmw.errors import GbmwError
 from gbmw.files import shown
-from gbmw.schema import MAX_DEVICES
+from gbmw.schema import MAX_DEVICES, MAX_GLOBAL_BATCH
 
 
 def add_running_commands(commands) -> None:
@@ -70,6 +71,7 @@ def _profile_parser(commands) -> None:
                        help="keep repeating the interleaved passes for at least this long (default 20: "
                             "spans the slow and fast phases of a shared machine)")
     model.add_argument("-o", "--output", type=new_path, required=True, help="the new model YAML to write")
+    add_model_settings(model)
     model.set_defaults(run=_run_profile_model)
     cluster = what.add_parser("cluster", help="collective bandwidth/latency and overlap slowdown among the launched "
                                               "processes → a cluster YAML (run under torchrun or deepspeed)")
@@ -111,7 +113,8 @@ def _run_profile_model(args: argparse.Namespace) -> int:
         raise GbmwError(f"--batches {args.batches}: give two batch sizes, the smaller first, from 1 to 4096, e.g. 2,8")
     extra = {} if args.min_seconds is None else {"min_seconds": args.min_seconds}
     run_profile_model(args.model, args.precision, args.output, (small, large), args.repeats,
-                      say=lambda text: print(text, flush=True), **extra)
+                      say=lambda text: print(text, flush=True), seq_length=args.seq_length,
+                      flash_attention=args.flash_attention, **extra)
     return 0
 
 
@@ -153,6 +156,13 @@ def _tune_parser(commands) -> None:
     tune.add_argument("--current-ckpt", choices=("full", "none"),
                       help="the job's current recomputation (Megatron's --recompute-granularity full; default: whether "
                            "the ds_config has an activation_checkpointing section)")
+    tune.add_argument("--batch", type=integer(1, MAX_GLOBAL_BATCH),
+                      help="global batch to plan at (default: the ds_config's train_batch_size; needed where it is "
+                           "\"auto\", an HF Trainer config)")
+    tune.add_argument("--precision", choices=("bf16", "fp16", "fp32"),
+                      help="training precision where the ds_config leaves it \"auto\" (default there: bf16, with a "
+                           "note)")
+    add_model_settings(tune)
     tune.add_argument("--script", default="pretrain_gpt.py", help="training script for the launch line")
     tune.add_argument("-o", "--output", type=new_or_empty_folder, help="a new folder for ds_config.json, plan.yaml, megatron_args.txt, launch.sh")
     tune.set_defaults(run=_run_tune)
@@ -163,6 +173,8 @@ def _run_tune(args: argparse.Namespace) -> int:
     from gbmw.adapters.tune import tune
 
     result = tune(args.ds_config, args.model, args.cluster, args.target, args.output, args.memory,
-                  args.current_tp, args.current_pp, args.current_ckpt, args.script)
+                  args.current_tp, args.current_pp, args.current_ckpt, args.script, batch=args.batch,
+                  seq_length=args.seq_length, flash_attention=args.flash_attention, precision=args.precision)
+    print_notes(result.notes)
     print_tune(result)
     return 0

@@ -13,7 +13,7 @@ from gbmw.planner import Planner
 from gbmw.plan import Plan
 from gbmw.spaces import BASELINES, DEFAULT_VARIANT, VARIANTS
 from gbmw.targets import STOCK_TARGETS
-from gbmw.jobs import load_job
+from gbmw.jobs import JobSpec, load_job
 
 ROWS: list[tuple[str, str, str]] = (
     [("baseline", name, "runtime") for name in BASELINES]
@@ -39,7 +39,13 @@ class ComparisonRow:
 
 def compare_job(job_reference: str, budgets: list[str | None], batch: int | None = None, sweep: bool = False,
                 progress=None) -> list[ComparisonRow]:
-    jobs = [load_job(job_reference, memory_budget=budget) for budget in budgets]
+    """Every row of the comparison for a job file at each memory budget (None: the job's)."""
+    return compare_jobs([load_job(job_reference, memory_budget=budget) for budget in budgets], batch, sweep, progress)
+
+
+def compare_jobs(jobs: list[JobSpec], batch: int | None = None, sweep: bool = False,
+                 progress=None) -> list[ComparisonRow]:
+    """Every row of the comparison for one job loaded at several memory budgets."""
     rows = []
     total = len(ROWS) * len(jobs)
     for index, (kind, variant, target) in enumerate(ROWS):

@@ -17,7 +17,7 @@ from gbmw.errors import SpecError
 from gbmw.files import read_yaml
 from gbmw.model_spec import ModelSpec, Precision
 from gbmw.models import load_model
-from gbmw.schema import MAX_GLOBAL_BATCH, Frozen, MemorySize, parse_bytes, validate_as
+from gbmw.schema import MAX_GLOBAL_BATCH, MAX_SEQUENCE, Frozen, MemorySize, parse_bytes, validate_as
 
 
 class JobSpec(Frozen):
@@ -36,6 +36,8 @@ class JobSpec(Frozen):
     """Memory the plan may use per device (the cluster's usable memory unless the job overrides it)."""
     source_path: str = ""
     """The job file it was loaded from ("" for a job built in memory)."""
+    notes: tuple[str, ...] = ()
+    """What loading assumed that the user should hear (an HF config's default sequence length, say)."""
 
 
 class JobFile(Frozen):
@@ -53,19 +55,26 @@ class JobFile(Frozen):
     max_global_batch: int = Field(default=4096, ge=1, le=MAX_GLOBAL_BATCH)
     memory_budget: MemorySize | None = None
     """Per-device memory the plan may use; default: the device memory less `reserved_memory`."""
+    seq_length: int | None = Field(default=None, ge=1, le=MAX_SEQUENCE)
+    """Tokens per training sample; default: the model file's (an HF config.json: its max_position_embeddings)."""
+    flash_attention: bool | None = None
+    """Attention is fused (FlashAttention: no score matrix stored); default: as the model file says (HF: no)."""
 
 
-def load_job(path: str | Path, memory_budget: str | int | None = None) -> JobSpec:
+def load_job(path: str | Path, memory_budget: str | int | None = None, seq_length: int | None = None,
+             flash_attention: bool | None = None) -> JobSpec:
     """Load a job file (or a bundled job recipe by name) with its model and cluster resolved.
 
-    `memory_budget` (e.g. "16GiB") overrides the job's per-device memory budget.
+    `memory_budget` (e.g. "16GiB"), `seq_length` and `flash_attention` override the job's.
     """
     path = resolve_recipe(str(path), "jobs")
     job = validate_as(JobFile, read_yaml(path), str(path))
     model_path = resolve_recipe(job.model, "models", path.parent)
     cluster_path = resolve_recipe(job.cluster, "clusters", path.parent)
     cluster = load_cluster(cluster_path)
-    model = load_model(model_path, job.precision)
+    notes: list[str] = []
+    model = load_model(model_path, job.precision, seq_length or job.seq_length,
+                       job.flash_attention if flash_attention is None else flash_attention, notes)
     cluster.sustained_flops(job.precision)  # fails early, naming the precisions the device supports
     if memory_budget is not None:
         budget = parse_bytes(memory_budget, "--memory")
@@ -85,4 +94,5 @@ def load_job(path: str | Path, memory_budget: str | int | None = None) -> JobSpe
         max_global_batch=job.max_global_batch,
         memory_budget_bytes=budget,
         source_path=str(path),
+        notes=tuple(notes),
     )

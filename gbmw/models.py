@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from gbmw.architectures import (
-    BERTArchitecture, GPTArchitecture, SwinArchitecture, T5Architecture, ViTArchitecture, parse_architecture,
+    BERTArchitecture, GPTArchitecture, SwinArchitecture, T5Architecture, ViTArchitecture, apply_training_settings,
 )
 from gbmw.errors import SpecError
 from gbmw.files import read_yaml
@@ -54,12 +54,13 @@ def model_as_run(model: ModelSpec, fused_attention: bool) -> ModelSpec:
 def _build_gpt(arch: GPTArchitecture, d: int) -> tuple[list[LayerSpec], int, int]:
     s, h = arch.seq_length, arch.hidden_size
     shape = BlockShape(
-        tokens=s, hidden=h, heads=arch.num_heads, head_dim=h // arch.num_heads,
-        kv_heads=arch.num_kv_heads or arch.num_heads, ffn=arch.ffn_hidden_size or 4 * h, attended_tokens=s,
-        gated_mlp=arch.gated_mlp, bias=arch.bias, norm=arch.norm,
+        tokens=s, hidden=h, heads=arch.num_heads, head_dim=arch.attention_head_dim,
+        kv_heads=arch.num_kv_heads or arch.num_heads, ffn=arch.ffn_hidden_size or 4 * h,
+        attended_tokens=arch.attended_tokens, gated_mlp=arch.gated_mlp, bias=arch.bias, qkv_bias=arch.qkv_bias,
+        norm=arch.norm,
     )
     flash, raw_scores = arch.attention == "flash", arch.attention == "standard-with-raw-scores"
-    positions = s if arch.position_embedding == "learned" else 0
+    positions = (arch.max_position_embeddings or s) if arch.position_embedding == "learned" else 0
     layers = [embedding_layer("embedding", s, h, arch.vocab_size, positions, 0, d, arch.dropout, norm=False)]
     layers += [block_layer(f"decoder.{i}", "decoder", shape, d, arch.dropout, flash, raw_scores)
                for i in range(arch.num_layers)]
@@ -205,11 +206,14 @@ def _build_swin(arch: SwinArchitecture, d: int) -> tuple[list[LayerSpec], int, i
     return layers, side * side, last_width
 
 
-def load_model(path: str | Path, precision: str) -> ModelSpec:
-    """A ModelSpec from a model recipe (architecture YAML), a profiled layer list, or an HF config.json."""
+def load_model(path: str | Path, precision: str, seq_length: int | None = None,
+               flash_attention: bool | None = None, notes: list[str] | None = None) -> ModelSpec:
+    """A ModelSpec from a model recipe (architecture YAML), a profiled layer list, or an HF config.json, trained at
+    `seq_length` tokens per sample and with flash attention or not (None: as the file says; an HF config's maximum
+    and standard attention, with a line appended to `notes`)."""
     path = Path(path)
     if path.suffix == ".json":
-        return build_model(import_hf_config(path), precision)
+        return build_model(import_hf_config(path, seq_length, flash_attention, notes), precision)
     data = read_yaml(path)
     if "layers" in data:  # a profiled or hand-written layer list
         _refuse_the_previous_profile_format(data, path)
@@ -219,8 +223,22 @@ def load_model(path: str | Path, precision: str) -> ModelSpec:
                 f"{path}: field `precision`: value {spec.precision!r} — its activation bytes were measured "
                 f"for {spec.precision}, but the job trains in {precision}; profile again in {precision}"
             )
+        _check_measured_settings(spec, path, seq_length, flash_attention)
         return spec
-    return build_model(parse_architecture(data, str(path)), precision)
+    return build_model(apply_training_settings(data, seq_length, flash_attention, str(path)), precision)
+
+
+def _check_measured_settings(spec: ModelSpec, path: Path, seq_length: int | None,
+                             flash_attention: bool | None) -> None:
+    """A layer list was measured (or written) at one sequence length and attention kind; asking for others is an
+    error, not a silent mismatch."""
+    if seq_length is not None and seq_length != spec.sequence_length:
+        raise SpecError(f"{path}: field `sequence_length`: value {spec.sequence_length} — its layers were measured at "
+                        f"that length, not the {seq_length} asked for; profile the model again at {seq_length} tokens")
+    attention = spec.architecture.attention if spec.architecture is not None else None
+    if flash_attention is not None and attention is not None and (attention == "flash") != flash_attention:
+        raise SpecError(f"{path}: its layers were measured with {attention} attention; drop --flash-attention / "
+                        "`flash_attention` or profile the model again")
 
 
 def _refuse_the_previous_profile_format(data: dict[str, Any], path: Path) -> None:
@@ -234,13 +252,13 @@ def _refuse_the_previous_profile_format(data: dict[str, Any], path: Path) -> Non
                         "as JSON text); profile the model again with `gbmw profile model`")
 
 
-def load_architecture(path: str | Path) -> Any:
+def load_architecture(path: str | Path, seq_length: int | None = None, flash_attention: bool | None = None) -> Any:
     """The architecture of a model recipe, model YAML or HF config.json (what the runtime builds modules from);
     a layer list (a profile) gives the architecture it was measured from."""
     path = Path(path)
     if path.suffix == ".json":
-        return import_hf_config(path)
+        return import_hf_config(path, seq_length, flash_attention)
     data = read_yaml(path)
     if "layers" in data:
         return validate_as(ModelSpec, data, str(path)).require_architecture("the runtime")
-    return parse_architecture(data, str(path))
+    return apply_training_settings(data, seq_length, flash_attention, str(path))

@@ -271,6 +271,9 @@ def print_tune(result) -> None:
         console.print("ds_config changes:")
         for line in result.changes:
             console.print(f"  {line}")
+    if result.trainer_arguments:
+        console.print("HF Trainer: the config's batch and precision are now the plan's, which HF checks against "
+                      "TrainingArguments; pass " + " ".join(result.trainer_arguments))
     if result.megatron_args:
         console.print("Megatron arguments: " + " ".join(result.megatron_args))
     if result.launch:

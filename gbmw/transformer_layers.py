@@ -38,6 +38,8 @@ class BlockShape:
     """Keys each query attends to: the sequence, or a window (Swin)."""
     gated_mlp: bool = False
     bias: bool = True
+    qkv_bias: bool | None = None
+    """Biases on Q, K and V; None means as `bias` (Qwen2 has them with no other linear bias)."""
     norm: str = "layer"
     cross_attention_tokens: int = 0
     """Encoder tokens read by a cross-attention sub-block (T5 decoder); 0 for none."""
@@ -68,7 +70,8 @@ def block_layer(name: str, kind: str, shape: BlockShape, dtype_bytes: int, dropo
 
     def attention(query_tokens: int, key_tokens: int, kv_input_tokens: int) -> dict[str, float]:
         weights = h * attention_width + 2 * h * kv_width + attention_width * h
-        column_biases = (attention_width + 2 * kv_width) if shape.bias else 0
+        qkv_bias = shape.bias if shape.qkv_bias is None else shape.qkv_bias
+        column_biases = (attention_width + 2 * kv_width) if qkv_bias else 0
         row_bias = h if shape.bias else 0
         flops = (
             2 * query_tokens * (h * attention_width + attention_width * h)

@@ -240,11 +240,11 @@ def test_merge_keeps_every_unowned_key_and_reports_changes():
     assert zero["stage"] == 1 and zero["overlap_comm"] is True
     assert merged["activation_checkpointing"]["profile"] is True
     assert merged["activation_checkpointing"]["partition_activations"] is False
-    assert "bfloat16" not in merged and merged["bf16"] == {"enabled": True, "immediate_grad_update": True}
+    assert "bf16" not in merged and merged["bfloat16"] == {"enabled": True, "immediate_grad_update": True}
     for line in ("train_micro_batch_size_per_gpu: 4 -> 1", "train_batch_size: 256 -> 1024",
                  'gradient_accumulation_steps: "auto" -> 512', "zero_optimization.stage: 3 -> 1",
                  "activation_checkpointing.partition_activations: true -> false", "pipeline: added",
-                 "bf16.enabled: false -> true", "bfloat16: renamed to bf16 (DeepSpeed's current name)",
+                 "bfloat16.enabled: false -> true",
                  "zero_optimization.overlap_comm: added (true)"):
         assert line in changes, (line, changes)
     assert any(line.startswith("note: zero_optimization.offload_optimizer kept") for line in changes)
@@ -258,13 +258,50 @@ def test_merge_adds_and_removes_owned_sections():
     assert "activation_checkpointing: added" in changes and "zero_optimization: added" in changes
     assert merged == {"optimizer": {"type": "Adam"}, **generated}
     alias, _ = ds.merge_into_user_config(USER_CONFIG, generated)
-    assert "prefetch_bucket_size" not in alias["zero_optimization"]  # DeepSpeed's other spelling, dropped
+    # The user's number under DeepSpeed's other spelling is the user's bucket size: kept, and not set again
+    assert alias["zero_optimization"]["prefetch_bucket_size"] == 1000
+    assert "stage3_prefetch_bucket_size" not in alias["zero_optimization"]
+    auto_alias = copy.deepcopy(USER_CONFIG)
+    auto_alias["zero_optimization"]["prefetch_bucket_size"] = "auto"
+    alias, _ = ds.merge_into_user_config(auto_alias, generated)
+    assert "prefetch_bucket_size" not in alias["zero_optimization"]  # "auto": gbmw's value, one spelling
+    assert alias["zero_optimization"]["stage3_prefetch_bucket_size"] == generated["zero_optimization"][
+        "stage3_prefetch_bucket_size"]
     no_ckpt = ds.plan_to_ds_config(gbmw.uniform_plan(job(GPT), "zero=2,micro=1"), job(GPT))
     merged, changes = ds.merge_into_user_config(USER_CONFIG, no_ckpt)
     assert "activation_checkpointing" not in merged
     assert "activation_checkpointing: removed (the plan recomputes no layer)" in changes
     same, changes = ds.merge_into_user_config(no_ckpt, no_ckpt)
     assert same == no_ckpt and changes == []
+
+
+def test_merge_keeps_the_users_bucket_size_and_fills_auto_ones():
+    generated, _ = golden_config(GOLDEN_CASES[0])  # ZeRO-1
+    user = {"zero_optimization": {"stage": 1, "reduce_bucket_size": 5e8}}
+    merged, changes = ds.merge_into_user_config(user, generated)
+    assert merged["zero_optimization"]["reduce_bucket_size"] == 5e8
+    assert not any(line.startswith("zero_optimization.reduce_bucket_size") for line in changes)
+    assert "note: zero_optimization.reduce_bucket_size kept from your config; the estimate counts gbmw's " \
+        f"{job(GPT).model.hidden_size ** 2}" in changes
+    merged, changes = ds.merge_into_user_config({"zero_optimization": {"reduce_bucket_size": "auto"}}, generated)
+    hidden = job(GPT).model.hidden_size
+    assert merged["zero_optimization"]["reduce_bucket_size"] == hidden * hidden  # HF's "auto" rule
+    assert f'zero_optimization.reduce_bucket_size: "auto" -> {hidden * hidden}' in changes
+
+
+def test_merge_makes_grad_accum_dtype_one_deepspeed_starts_with():
+    """Megatron-DeepSpeed's universal-checkpointing configs accumulate bf16 gradients in fp32, which DeepSpeed does
+    only with ZeRO ≥ 1: under a ZeRO-0 plan the accumulation follows the model's dtype."""
+    user = {"bf16": {"enabled": True}, "data_types": {"grad_accum_dtype": "fp32"}, "zero_optimization": {"stage": 1}}
+    zero0 = ds.plan_to_ds_config(gbmw.uniform_plan(job(GPT), "tp=8,pp=2,zero=0,micro=1"), job(GPT),
+                                 "megatron-deepspeed")
+    merged, changes = ds.merge_into_user_config(user, zero0)
+    assert merged["data_types"] == {"grad_accum_dtype": "bf16"}
+    assert any(line.startswith('data_types.grad_accum_dtype: "fp32" -> "bf16" (the plan uses ZeRO-0') for line in changes)
+    zero1, _ = golden_config(GOLDEN_CASES[0])
+    merged, changes = ds.merge_into_user_config(user, zero1)
+    assert merged["data_types"] == {"grad_accum_dtype": "fp32"}  # ZeRO-1 keeps it
+    assert not any("grad_accum_dtype" in line for line in changes)
 
 
 def test_write_ds_config_never_overwrites(tmp_path):

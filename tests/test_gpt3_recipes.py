@@ -35,4 +35,5 @@ def test_gpt3_recipes_agree_between_ds_config_and_megatron_arguments():
                                               * config["gradient_accumulation_steps"] * data_parallel)
         assert "optimizer" in config and "scheduler" in config  # the user's keys survive
         launch = (folder / "launch.sh").read_text()
-        assert "--deepspeed_config ds_config.json" in launch and "--num_nodes 4 --num_gpus 8" in launch
+        assert '--deepspeed_config "$HERE/ds_config.json"' in launch and "--num_nodes 4 --num_gpus 8" in launch
+        assert 'HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"' in launch  # runs from any folder

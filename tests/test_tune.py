@@ -1,8 +1,10 @@
 """`gbmw tune`: a drop-in ds_config and launch line for an existing job; the user's file is never touched."""
 
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -87,3 +89,97 @@ def test_tune_refuses_a_non_empty_output_folder(tmp_path):
     code, err = run("tune", "--ds-config", str(user), "--model", "gpt3-15b", "--cluster", "a100-80g-x32",
                     "--current-tp", "8", "--current-pp", "2", "-o", str(out))
     assert code == 2 and "not empty" in err and (out / "ds_config.json").read_text() == "{}"
+
+
+HF_CONFIGS = Path(__file__).parent / "hf_configs"
+
+HF_TRAINER_CONFIG = {  # the shape of transformers' tests/deepspeed/ds_config_zero2.json
+    "fp16": {"enabled": "auto", "loss_scale": 0, "loss_scale_window": 1000, "initial_scale_power": 16,
+             "hysteresis": 2, "min_loss_scale": 1},
+    "bf16": {"enabled": "auto"},
+    "optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"}},
+    "scheduler": {"type": "WarmupLR",
+                  "params": {"warmup_min_lr": "auto", "warmup_max_lr": "auto", "warmup_num_steps": "auto"}},
+    "zero_optimization": {"stage": 2, "allgather_partitions": True, "allgather_bucket_size": 2e8,
+                          "overlap_comm": True, "reduce_scatter": True, "reduce_bucket_size": "auto",
+                          "contiguous_gradients": True},
+    "gradient_accumulation_steps": "auto",
+    "gradient_clipping": "auto",
+    "steps_per_print": 2000,
+    "train_batch_size": "auto",
+    "train_micro_batch_size_per_gpu": "auto",
+    "wall_clock_breakdown": False,
+}
+
+
+@pytest.mark.torch
+def test_tune_resolves_hf_trainer_auto_values_from_the_plan(tmp_path, capsys):
+    user = write_user_config(tmp_path, HF_TRAINER_CONFIG)
+    out = tmp_path / "tuned"
+    assert main(["tune", "--ds-config", str(user), "--model", str(HF_CONFIGS / "Llama-2-7b-hf.json"),
+                 "--cluster", "a100-80g-x32", "--batch", "256", "--seq-length", "2048", "-o", str(out)]) == 0
+    captured = capsys.readouterr()
+    tuned = json.loads((out / "ds_config.json").read_text())
+    micro, accumulation = tuned["train_micro_batch_size_per_gpu"], tuned["gradient_accumulation_steps"]
+    assert tuned["train_batch_size"] == 256 == micro * accumulation * 32  # tp = pp = 1 for the deepspeed target
+    assert tuned["bf16"]["enabled"] is True and tuned["fp16"]["enabled"] is False
+    assert tuned["zero_optimization"]["reduce_bucket_size"] == 4096 * 4096  # HF's hidden² rule
+    for key in ("optimizer", "scheduler", "gradient_clipping"):  # HF fills these from TrainingArguments
+        assert tuned[key] == HF_TRAINER_CONFIG[key]
+    arguments = f"--per_device_train_batch_size {micro} --gradient_accumulation_steps {accumulation} --bf16"
+    assert arguments in " ".join(captured.out.split())
+    assert arguments in (out / "launch.sh").read_text()
+    assert 'planned for bf16' in captured.err and "global batch 256" in captured.out
+
+
+def test_tune_hf_trainer_config_needs_the_batch(tmp_path):
+    user = write_user_config(tmp_path, HF_TRAINER_CONFIG)
+    code, err = run("tune", "--ds-config", str(user), "--model", "gpt3-15b", "--cluster", "a100-80g-x32")
+    assert code == 2 and "Traceback" not in err and err.count("\n") == 1
+    assert 'key `train_batch_size`: value "auto" — HF Trainer fills it from TrainingArguments' in err
+    assert "--batch" in err
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("target", ["megatron-deepspeed", "megatron-core"])
+def test_tune_an_hf_config_for_megatron_targets(tmp_path, target):
+    """The config's `_name_or_path` (meta-llama/Llama-2-7b-hf) names the model; it is not looked up as a recipe."""
+    user = write_user_config(tmp_path, {"train_batch_size": 512, "train_micro_batch_size_per_gpu": 1,
+                                        "gradient_accumulation_steps": 16, "bf16": {"enabled": True}})
+    out = tmp_path / "tuned"
+    assert main(["tune", "--ds-config", str(user), "--model", str(HF_CONFIGS / "Llama-2-7b-hf.json"),
+                 "--cluster", "a100-80g-x32", "--target", target, "--seq-length", "4096", "-o", str(out)]) == 0
+    args = (out / "megatron_args.txt").read_text().split()
+    assert args[args.index("--seq-length") + 1] == "4096" and args[args.index("--num-layers") + 1] == "32"
+
+
+@pytest.mark.torch
+def test_tune_replans_a_config_written_for_another_cluster_size(tmp_path, capsys):
+    user = write_user_config(tmp_path)  # 1536 = 4 × 192 × DP 2: TP 8 × PP 2 on 32 devices
+    assert main(["tune", "--ds-config", str(user), "--model", "gpt3-15b", "--cluster", "a100-80g-x8",
+                 "--target", "megatron-deepspeed", "--current-tp", "8"]) == 0
+    captured = capsys.readouterr()
+    assert "global batch 1536" in captured.out
+    assert ("add up for a data-parallel size of 2 (16 devices with TP 8 × PP 1), not on this cluster's 8: written "
+            "for another cluster size; re-planned at its global batch 1536 on 8 devices") in captured.err
+
+
+@pytest.mark.torch
+def test_launch_script_runs_from_any_folder(tmp_path):
+    user = write_user_config(tmp_path)
+    out = tmp_path / "tuned"
+    assert main(["tune", "--ds-config", str(user), "--model", "gpt3-15b", "--cluster", "a100-80g-x32",
+                 "--target", "megatron-deepspeed", "--current-tp", "8", "--current-pp", "2", "-o", str(out)]) == 0
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "deepspeed").write_text('#!/usr/bin/env bash\nfor a in "$@"; do echo "$a"; done\n')
+    (fake / "deepspeed").chmod(0o755)
+    elsewhere = tmp_path / "somewhere" / "else"
+    elsewhere.mkdir(parents=True)
+    env = {**os.environ, "PATH": f"{fake}:{os.environ['PATH']}"}
+    result = subprocess.run(["bash", str(out / "launch.sh")], cwd=elsewhere, env=env, capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0, result.stderr
+    words = result.stdout.split("\n")
+    config = words[words.index("--deepspeed_config") + 1]
+    assert config == str(out / "ds_config.json") and json.loads(Path(config).read_text())["train_batch_size"] == 1536

@@ -25,8 +25,10 @@ DeepSpeed is imported only inside `validate_with_deepspeed` (the planner never i
 `import deepspeed.runtime.config` costs ~3 s on a 2-core CPU machine, ~2.5 s of it torch.
 
 Files: `ds_config.py` (Plan → ds_config and back, pipeline partition methods), `user_config.py`
-(a user's config: reading, batch sizes, the drop-in merge, writing), `validation.py` (DeepSpeed's
-own DeepSpeedConfig). Inside this package `import deepspeed` is absolute and names the library.
+(a user's config: reading, batch sizes, the drop-in merge, writing), `kept_settings.py` (what the merge
+keeps of the user's although gbmw sets it, and changes although gbmw does not own it), `hf_auto.py`
+(HF-Trainer "auto" values), `validation.py` (DeepSpeed's own DeepSpeedConfig). Inside this package
+`import deepspeed` is absolute and names the library.
 """
 
 from __future__ import annotations

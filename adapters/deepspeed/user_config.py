@@ -12,6 +12,8 @@ from typing import Any
 from gbmw.errors import GbmwError
 from gbmw.files import check_bounds, read_text, shown, write_new_file
 
+from .kept_settings import USER_TUNED_KEYS, grad_accum_dtype_change, in_users_spelling, user_tuned
+
 
 BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
 
@@ -133,7 +135,7 @@ def check_user_config(config: dict[str, Any], where: str = "ds_config") -> None:
         value = config.get(key, {}).get("enabled", False)
         if value not in (True, False, "auto"):
             refuse(f"{key}.enabled", value, 'must be true, false or "auto"')
-        if value is not False:
+        if value is True:  # "auto": HF Trainer's --bf16 / --fp16 decide, and enable at most one
             enabled.append(key)
     if "bf16" in config and "bfloat16" in config:
         raise GbmwError(f"{where}: both `bf16` and `bfloat16` (its old name) are present; keep `bf16` only")
@@ -241,26 +243,30 @@ def merge_into_user_config(user: dict[str, Any], generated: dict[str, Any]) -> t
     line per change ("zero_optimization.stage: 3 -> 1", "activation_checkpointing: added").
 
     Only `OWNED_KEYS` (and the presence of `OWNED_SECTIONS`) are taken from `generated`; every
-    other key of `user`, at any depth, is kept as it was. `user` is never modified. A user's
-    `bfloat16` section (DeepSpeed's old name) becomes `bf16`; a user's alternative spelling of an
-    owned ZeRO key is dropped. Notes flag kept settings the estimate does not model (offload).
+    other key of `user`, at any depth, is kept as it was. `user` is never modified. What the merge
+    keeps although gbmw owns it, and changes although gbmw does not, is gbmw.adapters.deepspeed.kept_settings:
+    bucket sizes the user set, the `bfloat16` spelling, `grad_accum_dtype` under ZeRO-0. A user's alternative
+    spelling of an owned ZeRO key is dropped. Notes flag kept settings the estimate does not model (offload).
     """
     if not isinstance(user, dict) or not isinstance(generated, dict):
         raise GbmwError("a DeepSpeed config is a JSON object; merge_into_user_config takes two dicts")
     result = copy.deepcopy(user)
     changes: list[str] = []
-    if "bfloat16" in result and "bf16" not in result and _has(generated, "bf16.enabled"):
-        result["bf16"] = result.pop("bfloat16")
-        changes.append("bfloat16: renamed to bf16 (DeepSpeed's current name)")
     for section in OWNED_SECTIONS:
         if section in result and section not in generated:
             del result[section]
             changes.append(f"{section}: removed (the plan recomputes no layer)")
     added_sections: set[str] = set()
-    for path in OWNED_KEYS:
-        if not _has(generated, path):
+    for owned in OWNED_KEYS:
+        if not _has(generated, owned):
             continue
-        new = _get(generated, path)
+        if owned in USER_TUNED_KEYS and user_tuned(user, owned, OWNED_KEY_ALIASES):
+            if not (_has(user, owned) and _get(user, owned) == _get(generated, owned)):
+                changes.append(f"note: {owned} kept from your config; the estimate counts gbmw's "
+                               f"{_show(_get(generated, owned))}")
+            continue
+        new = _get(generated, owned)
+        path = in_users_spelling(owned, user)
         section = path.split(".")[0]
         if "." in path and section not in added_sections:
             if section in result and not isinstance(result[section], dict):
@@ -275,15 +281,24 @@ def merge_into_user_config(user: dict[str, Any], generated: dict[str, Any]) -> t
         elif section not in added_sections:
             changes.append(f"{path}: added ({_show(new)})")
         _set(result, path, new)
-        alias = OWNED_KEY_ALIASES.get(path)
+        alias = OWNED_KEY_ALIASES.get(owned)
         if alias and _has(result, alias):
             changes.append(f"{alias}: removed ({_show(_get(result, alias))}); gbmw sets it as {path.split('.')[-1]}")
             _delete(result, alias)
+    precision = "bf16" if _enabled_in(generated, "bf16") else "fp16" if _enabled_in(generated, "fp16") else "fp32"
+    accumulation = grad_accum_dtype_change(result, precision, int(_get(generated, "zero_optimization.stage"))
+                                           if _has(generated, "zero_optimization.stage") else 0)
+    if accumulation:
+        changes.append(accumulation)
     for path, why in _NOT_MODELLED.items():
         setting = _get(result, path) if _has(result, path) else None
         if isinstance(setting, dict) and str(setting.get("device", "none")).lower() != "none":
             changes.append(f"note: {path} kept from your config; {why}, so memory use will be lower and steps slower")
     return result, _unique(changes)
+
+
+def _enabled_in(config: dict[str, Any], section: str) -> bool:
+    return _has(config, f"{section}.enabled") and _get(config, f"{section}.enabled") is True
 
 
 def _unique(lines: list[str]) -> list[str]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from gbmw.architectures import GPTArchitecture
-from gbmw.errors import PlanError
+from gbmw.errors import GbmwError, PlanError
 from gbmw.jobs import JobSpec
 from gbmw.plan import Plan
 
@@ -22,24 +22,34 @@ def _architecture_values(arch: GPTArchitecture, target: str) -> dict[str, Any]:
         "hidden_size": arch.hidden_size,
         "ffn_hidden_size": arch.ffn_hidden_size or 4 * arch.hidden_size,
         "num_attention_heads": arch.num_heads,
+        "kv_channels": arch.head_dim if arch.head_dim not in (None, arch.hidden_size // arch.num_heads) else None,
         "seq_length": arch.seq_length,
-        "max_position_embeddings": arch.seq_length,
+        # A learned position table has the model's rows, whatever the training length (GPT-2: n_positions)
+        "max_position_embeddings": (arch.max_position_embeddings or arch.seq_length)
+        if arch.position_embedding == "learned" else arch.seq_length,
         "swiglu": arch.gated_mlp,
         "disable_bias_linear": not arch.bias,
         "untie_embeddings_and_output_weights": not arch.tie_embeddings,
         "attention_dropout": None if arch.dropout else 0.0,
         "hidden_dropout": None if arch.dropout else 0.0,
     }
+    if deepspeed and arch.qkv_bias and not arch.bias:
+        raise GbmwError("Megatron-DeepSpeed has no flag for biases on q/k/v alone (Qwen2's layout: "
+                        "`--add-qkv-bias` is Megatron-LM's); tune for --target megatron-core or deepspeed")
+    rope_base = int(arch.rope_theta) if arch.position_embedding == "rotary" and arch.rope_theta != 10000 else None
     if deepspeed:
         values["num_key_value_heads"] = kv_heads
         values["normalization"] = "rmsnorm" if arch.norm == "rms" else None
         values["use_rotary_position_embeddings"] = arch.position_embedding == "rotary"
+        values["rotary_position_embeddings_theta"] = rope_base
         values["use_flash_attn_v2"] = arch.attention == "flash"
     else:
         values["group_query_attention"] = kv_heads is not None
         values["num_query_groups"] = kv_heads
         values["normalization"] = "RMSNorm" if arch.norm == "rms" else None
         values["position_embedding_type"] = "rope" if arch.position_embedding == "rotary" else None
+        values["rotary_base"] = rope_base
+        values["add_qkv_bias"] = bool(arch.qkv_bias) and not arch.bias
     return values
 
 

@@ -60,7 +60,7 @@ def _parser(target: str) -> _Parser:
     add("--pipeline-model-parallel-size", type=int, default=1)
     add("--micro-batch-size", type=int)
     add("--global-batch-size", type=int)
-    for dest in ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "seq_length",
+    for dest in ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "kv_channels", "seq_length",
                  "max_position_embeddings"):
         add(_flag(dest), type=int)
     for dest in ("swiglu", "disable_bias_linear", "untie_embeddings_and_output_weights", "bf16", "fp16"):
@@ -74,6 +74,7 @@ def _parser(target: str) -> _Parser:
         add("--num-key-value-heads", type=int)
         add("--normalization", choices=["layernorm", "rmsnorm"])
         add("--use-rotary-position-embeddings", action="store_true")
+        add("--rotary-position-embeddings-theta", type=int)
         add("--use-flash-attn-v2", action="store_true")
         add("--no-pipeline-parallel", action="store_true")
         add("--deepspeed-activation-checkpointing", action="store_true")
@@ -85,6 +86,8 @@ def _parser(target: str) -> _Parser:
         add("--num-query-groups", type=int)
         add("--normalization", choices=["LayerNorm", "RMSNorm"])
         add("--position-embedding-type", choices=["learned_absolute", "rope", "mrope", "relative", "none"])
+        add("--rotary-base", type=int)
+        add("--add-qkv-bias", action="store_true")
         add("--decoder-first-pipeline-num-layers", type=int)
         add("--decoder-last-pipeline-num-layers", type=int)
         add("--use-distributed-optimizer", action="store_true")

@@ -91,6 +91,8 @@ def plan_to_megatron_core_configs(plan: Plan, job: JobSpec) -> tuple[Any, Any]:
         num_query_groups=kv_heads,
         ffn_hidden_size=arch.ffn_hidden_size or 4 * arch.hidden_size,
         add_bias_linear=arch.bias,
+        add_qkv_bias=bool(arch.qkv_bias) and not arch.bias,
+        kv_channels=arch.head_dim,
         normalization="RMSNorm" if arch.norm == "rms" else "LayerNorm",
         num_layers_in_first_pipeline_stage=layout.first_stage_blocks,
         num_layers_in_last_pipeline_stage=layout.last_stage_blocks,

@@ -37,6 +37,11 @@ def gpt_architecture(job: JobSpec) -> GPTArchitecture:
             f"model {job.model.name} is a {architecture.family} model; Megatron's pretrain_gpt.py trains GPT-family "
             "models — use --target runtime"
         )
+    window = architecture.sliding_window
+    if window is not None and architecture.seq_length > window:
+        raise GbmwError(f"model {job.model.name}: sliding-window attention ({window} tokens) at a sequence of "
+                        f"{architecture.seq_length}: gbmw's Megatron arguments set no window, so Megatron would train "
+                        f"full attention; train at most {window} tokens (--seq-length) or use --target runtime")
     blocks = sum(layer.is_block for layer in job.model.layers)
     if architecture.num_layers != blocks:
         raise GbmwError(

@@ -186,9 +186,10 @@ def model_spec_yaml(spec: ModelSpec) -> str:
 
 
 def run_profile_model(model_reference: str, precision: str, output: str, batches: tuple[int, int], repeats: int,
-                      say: Callable[[str], None], min_seconds: float = MIN_PROFILE_SECONDS) -> ModelSpec:
+                      say: Callable[[str], None], min_seconds: float = MIN_PROFILE_SECONDS,
+                      seq_length: int | None = None, flash_attention: bool | None = None) -> ModelSpec:
     """`gbmw profile model`: on one process, or on every process of a torchrun/deepspeed launch (ranks 0 and 1
-    also measure the TP split; rank 0 writes the YAML)."""
+    also measure the TP split; rank 0 writes the YAML), at `seq_length` tokens per sample (None: the model file's)."""
     import os
     from pathlib import Path
 
@@ -205,7 +206,7 @@ def run_profile_model(model_reference: str, precision: str, output: str, batches
             raise SpecError(f"-o {output}: exists; gbmw never overwrites a file — choose a new name")
         if batches[0] < 1 or batches[1] <= batches[0]:
             raise SpecError(f"--batches {batches[0]},{batches[1]}: give two batch sizes, the second larger, e.g. 2,8")
-        architecture = load_architecture(resolve_recipe(model_reference, "models"))
+        architecture = load_architecture(resolve_recipe(model_reference, "models"), seq_length, flash_attention)
         check_runtime_supports(architecture)
         return architecture
 

@@ -41,8 +41,11 @@ def render(model: str) -> dict[str, str]:
         "plan.yaml": plan.to_yaml(),
         "ds_config.json": ds.dumps_config(merged),
         "megatron_args.txt": "\n".join(arguments) + "\n",
+        # ds_config.json is found next to the script wherever it is run from (your Megatron-DeepSpeed folder)
         "launch.sh": "#!/usr/bin/env bash\n# Add your data, tokenizer and vocabulary arguments at the end.\n"
-                     + megatron.launch_line(plan, job, "pretrain_gpt.py", TARGET) + "\n",
+                     'HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"\n'
+                     + megatron.launch_line(plan, job, "pretrain_gpt.py", TARGET,
+                                            deepspeed_config="$HERE/ds_config.json") + "\n",
     }
 
 
