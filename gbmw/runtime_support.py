@@ -1,0 +1,33 @@
+"""What gbmw's own runtime can train, decided without torch: `gbmw plan` says it when planning for
+`--target runtime` (the default), and `gbmw train` refuses with the same sentence.
+
+The runtime (gbmw.adapters.runtime.model) builds GPT-style decoders — GPT-2/3 (LayerNorm, learned positions,
+GELU MLP, biases) and LLaMA-style (RMSNorm, SwiGLU, rotary positions, grouped-query attention, no biases,
+tied or untied head) — and BERT encoders. It trains in fp32 or bf16 (fp16 would need loss scaling). T5's
+encoder-decoder, ViT's and Swin's image models are planned and emitted for DeepSpeed and Megatron, but the
+runtime has no modules for them yet.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+RUNTIME_FAMILIES = ("gpt", "bert")
+RUNTIME_PRECISIONS = ("fp32", "bf16")
+
+
+def runtime_refusal(architecture: Any, precision: str | None = None) -> str | None:
+    """Why gbmw's runtime cannot train this model (one sentence, naming the field), or None when it can.
+    `architecture` None is a model read from a layer list (costs only, no modules to build)."""
+    if architecture is None:
+        return ("the model is a layer list (costs only, no `family`), so gbmw's runtime has no modules to build; "
+                "plan from the model's recipe")
+    where = f"model {architecture.name}"
+    if architecture.family not in RUNTIME_FAMILIES:
+        return (f"{where}: `family: {architecture.family}` is planned but gbmw's runtime trains only "
+                f"{' and '.join(f'`family: {family}`' for family in RUNTIME_FAMILIES)} models; run this plan with "
+                "--target deepspeed, megatron-deepspeed or megatron-core")
+    if precision is not None and precision not in RUNTIME_PRECISIONS:
+        return (f"{where}: precision {precision}: gbmw's runtime trains in {' or '.join(RUNTIME_PRECISIONS)} "
+                "(fp16 would need loss scaling); plan the job with precision bf16 or fp32")
+    return None
