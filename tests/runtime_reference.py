@@ -28,7 +28,10 @@ that changes by δ, so the weights compare at a tolerance that still means somet
 
 
 def architecture(name: str):
-    return load_architecture(RECIPES / f"{name}.yaml")
+    """A bundled model recipe; `NAME+tied` is that model with its head tied to the token embedding."""
+    base, _, variant = name.partition("+")
+    arch = load_architecture(RECIPES / f"{base}.yaml")
+    return arch.model_copy(update={"tie_embeddings": True}) if variant == "tied" else arch
 
 
 def reference_training(model: str, global_batch: int, steps: int, seed: int = 0, max_grad_norm=None):
