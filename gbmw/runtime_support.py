@@ -24,10 +24,19 @@ def runtime_refusal(architecture: Any, precision: str | None = None) -> str | No
                 "plan from the model's recipe")
     where = f"model {architecture.name}"
     if architecture.family not in RUNTIME_FAMILIES:
-        return (f"{where}: `family: {architecture.family}` is planned but gbmw's runtime trains only "
-                f"{' and '.join(f'`family: {family}`' for family in RUNTIME_FAMILIES)} models; run this plan with "
-                "--target deepspeed, megatron-deepspeed or megatron-core")
+        return (f"{where}: `family: {architecture.family}` is planned but not trained by gbmw's runtime (it trains "
+                f"{' and '.join(f'`family: {family}`' for family in RUNTIME_FAMILIES)} models); plan it for --target "
+                "deepspeed, megatron-deepspeed or megatron-core and run it with that framework")
     if precision is not None and precision not in RUNTIME_PRECISIONS:
         return (f"{where}: precision {precision}: gbmw's runtime trains in {' or '.join(RUNTIME_PRECISIONS)} "
                 "(fp16 would need loss scaling); plan the job with precision bf16 or fp32")
     return None
+
+
+def runtime_warning(job, target: str) -> str | None:
+    """The line `gbmw plan` prints when the plan is for gbmw's runtime and the runtime cannot train the job's model
+    (None otherwise): the sentence `gbmw train` would refuse with."""
+    if target != "runtime":
+        return None
+    refusal = runtime_refusal(job.model.architecture, job.precision)
+    return None if refusal is None else f"warning: `gbmw train` cannot run this plan: {refusal}"

@@ -69,6 +69,7 @@ def _read_inputs(job_reference: str, plan_path: str, settings: TrainSettings):
     """The plan and the architecture the runtime builds, checked against the job and the --save folder."""
     from gbmw.jobs import load_job
     from gbmw.plan import Plan
+    from gbmw.runtime_support import runtime_refusal
 
     job = load_job(job_reference)
     plan = Plan.load(plan_path)
@@ -79,12 +80,12 @@ def _read_inputs(job_reference: str, plan_path: str, settings: TrainSettings):
     if plan.schedule != "1f1b" or plan.virtual_stages != 1:
         raise PlanError(f"{plan_path}: schedule {plan.schedule} with virtual_stages {plan.virtual_stages} — gbmw's runtime "
                         "runs the plain 1F1B pipeline (schedule 1f1b, virtual_stages 1); plan again for --target runtime")
+    refusal = runtime_refusal(job.model.architecture, plan.precision)  # what `gbmw plan` warned of
+    if refusal is not None:
+        raise PlanError(refusal)
     architecture = job.model.require_architecture("gbmw train")
     if settings.save and Path(settings.save).exists():
         raise GbmwError(f"--save {settings.save}: exists; gbmw never replaces a checkpoint — choose a new folder")
-    from .model import check_runtime_supports  # imports torch: after the checks that need none
-
-    check_runtime_supports(architecture)
     return plan, architecture
 
 
