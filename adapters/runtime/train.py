@@ -5,7 +5,9 @@
     deepspeed --num_gpus 2 --module gbmw train JOB --plan plan.yaml               # passes --local_rank=N
 
 Every rank reads the same job, plan and (optionally) checkpoint, builds its stage (engine), and trains on
-a reproducible synthetic batch per step (the same on every rank; each takes its slices). Rank 0 prints one
+the same global batch per step (each rank takes its slices): the next `global_batch` samples of `--data`
+(token_data: Megatron's indexed dataset or a .npy token array, from the checkpoint's consumed-samples count on),
+or a reproducible synthetic batch. Rank 0 prints one
 line per step: loss, seconds and samples per second. A rank that loses its peers (one died) stops with one
 message instead of waiting forever.
 """
@@ -29,6 +31,8 @@ class TrainSettings:
     load: str | None = None
     timeout_s: float = 300.0
     local_rank: int | None = None
+    data: str | None = None
+    """A tokenised dataset (token_data); None: synthetic tokens."""
 
 
 def launch_hint(num_devices: int, job: str, plan: str) -> str:
@@ -45,7 +49,7 @@ def train(job_reference: str, plan_path: str, settings: TrainSettings) -> list[f
     after a run, and at once after a failure (gbmw.adapters.runtime.launch.finish_distributed)."""
     from .launch import agree, finish_distributed, start_after_checking
 
-    (plan, architecture), context = start_after_checking(lambda: _read_inputs(job_reference, plan_path, settings),
+    (plan, architecture, data), context = start_after_checking(lambda: _read_inputs(job_reference, plan_path, settings),
                                                          settings.timeout_s, settings.local_rank)
     import torch.distributed as dist
 
@@ -54,7 +58,7 @@ def train(job_reference: str, plan_path: str, settings: TrainSettings) -> list[f
         if context.world_size != plan.num_devices:
             agree(f"{plan_path} is a plan for num_devices={plan.num_devices} but {context.world_size} process(es) "
                   f"were launched; start it with: {launch_hint(plan.num_devices, job_reference, plan_path)}", PlanError)
-        losses = _run(plan, architecture, settings, context)
+        losses = _run(plan, architecture, data, settings, context)
         completed = True
         return losses
     except GbmwError as error:
@@ -86,10 +90,22 @@ def _read_inputs(job_reference: str, plan_path: str, settings: TrainSettings):
     architecture = job.model.require_architecture("gbmw train")
     if settings.save and Path(settings.save).exists():
         raise GbmwError(f"--save {settings.save}: exists; gbmw never replaces a checkpoint — choose a new folder")
-    return plan, architecture
+    return plan, architecture, _open_data(settings, architecture)
 
 
-def _run(plan, architecture, settings: TrainSettings, context) -> list[float]:
+def _open_data(settings: TrainSettings, architecture):
+    """The dataset of --data, its files checked (token_data.DataError otherwise); None without --data."""
+    if settings.data is None:
+        return None
+    from .token_data import DataError, TokenData
+
+    if architecture.family != "gpt":
+        raise DataError(f"--data {settings.data}: model {architecture.name} is `family: {architecture.family}`; --data "
+                        "trains decoder language models (`family: gpt`), whose samples are plain token sequences")
+    return TokenData(settings.data, architecture.seq_length, architecture.vocab_size, settings.seed)
+
+
+def _run(plan, architecture, data, settings: TrainSettings, context) -> list[float]:
     from .launch import is_communication_failure, lost_contact
 
     def say(text: str) -> None:
@@ -97,19 +113,20 @@ def _run(plan, architecture, settings: TrainSettings, context) -> list[float]:
             print(text, flush=True)
 
     try:
-        return _steps(plan, architecture, settings, context, say)
+        return _steps(plan, architecture, data, settings, context, say)
     except RuntimeError as error:  # torch.distributed reports a dead peer as a RuntimeError subclass
         if not is_communication_failure(error):
             raise
         raise lost_contact(error, "outside a training step (building the stages, loading or saving)") from None
 
 
-def _steps(plan, architecture, settings: TrainSettings, context, say) -> list[float]:
+def _steps(plan, architecture, data, settings: TrainSettings, context, say) -> list[float]:
     from .checkpoint_files import load_checkpoint, save_checkpoint
     from .engine import AdamSettings, HybridEngine
     from .groups import GroupPool
-    from .launch import is_communication_failure
+    from .launch import agree, is_communication_failure
     from .model import synthetic_batch
+    from .token_data import DataError
 
     pool = GroupPool(plan)
     engine = HybridEngine(plan, architecture, pool, context.device, seed=settings.seed,
@@ -122,9 +139,18 @@ def _steps(plan, architecture, settings: TrainSettings, context, say) -> list[fl
         manifest = load_checkpoint(engine, settings.load)
         say(f"resumed from {settings.load} at step {manifest['step']} (saved under {manifest['saved_under']['num_devices']} "
             f"devices, pp={manifest['saved_under']['pp']})")
+    if data is not None:
+        say(f"data: {data.path} ({data.tokens} {data.dtype} tokens, {data.samples_per_epoch} samples of "
+            f"{architecture.seq_length + 1} tokens per epoch), from sample {engine.consumed_samples}")
     losses = []
     for _ in range(settings.steps):
-        batch = synthetic_batch(architecture, plan.global_batch, engine.step, settings.seed)
+        if data is None:
+            batch = synthetic_batch(architecture, plan.global_batch, engine.step, settings.seed)
+        else:
+            try:
+                batch = data.batch(engine.consumed_samples, plan.global_batch)
+            except DataError as error:  # every rank reads the same batch, finds the same problem and stops here
+                agree(str(error), DataError)
         started = time.perf_counter()
         try:
             loss = engine.train_step(batch)
