@@ -5,7 +5,9 @@ Eq. 6): FFN(x) = (Swish(x·W) ∘ x·V)·W₂, with Swish = SiLU(z) = z·σ(z).
 (as Megatron's fused bias-SwiGLU does): with the down projection keeping its own input, the MLP stashes three
 ffn-wide tensors per token — gate, up and their product — which is what the estimator charges for a gated MLP
 (gbmw.transformer_layers: `up_outputs + 1` tensors). torch's composite `F.silu(gate) * up` would also keep
-SiLU's output (a fourth). The product is formed in the inputs' dtype; σ and the derivatives in fp32 at least.
+SiLU's output (a fourth). Forward forms the product in fp32 at least and returns the inputs' dtype; backward
+computes in the inputs' dtype (as Megatron's bias-SwiGLU backward does), in place where it can, so its working set
+beside the two gradients it returns is one more ffn-wide tensor (σ) — not five fp32 ones.
 
 Backward: with s = σ(g), SiLU(g) = g·s and SiLU'(g) = s·(1 + g·(1 − s)):
   ∂L/∂g = dy ∘ up ∘ s·(1 + g·(1 − s)),   ∂L/∂up = dy ∘ g·s.
@@ -31,11 +33,11 @@ class _SwiGLU(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_output: torch.Tensor):
         gate, up = ctx.saved_tensors
-        gate32, grad32 = _computed(gate), _computed(grad_output)
-        sigmoid = torch.sigmoid(gate32)
-        grad_gate = grad32 * _computed(up) * sigmoid * (1 + gate32 * (1 - sigmoid))
-        grad_up = grad32 * gate32 * sigmoid
-        return grad_gate.to(gate.dtype), grad_up.to(up.dtype)
+        grad_output = grad_output.to(gate.dtype)
+        sigmoid = torch.sigmoid(gate)
+        grad_up = (gate * sigmoid).mul_(grad_output)
+        grad_gate = torch.sub(1, sigmoid).mul_(gate).add_(1).mul_(sigmoid).mul_(up).mul_(grad_output)
+        return grad_gate, grad_up.to(up.dtype)
 
 
 def _computed(tensor: torch.Tensor) -> torch.Tensor:

@@ -199,8 +199,14 @@ class TransformerBlock(nn.Module):
         return dropout(self.attention.proj(context), self.dropout, self.training)
 
     def _feed_forward(self, x: torch.Tensor) -> torch.Tensor:
-        hidden = swiglu(self.mlp.gate(x), self.mlp.fc1(x)) if self.gated_mlp else F.gelu(self.mlp.fc1(x))
-        return dropout(self.mlp.fc2(hidden), self.dropout, self.training)
+        if not self.gated_mlp:
+            return dropout(self.mlp.fc2(F.gelu(self.mlp.fc1(x))), self.dropout, self.training)
+        device = x.device.type
+        if torch.is_autocast_enabled(device) and isinstance(self.mlp.gate, nn.Linear):
+            # one 16-bit copy of the normalised input for both up-projections (autocast would cast it for each and
+            # `nn.Linear` keep both); megatron's TP linears keep the fp32 input they are given, shared by both
+            x = x.to(torch.get_autocast_dtype(device))
+        return dropout(self.mlp.fc2(swiglu(self.mlp.gate(x), self.mlp.fc1(x))), self.dropout, self.training)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.post_norm:  # BERT
