@@ -159,9 +159,10 @@ def test_train_a_llama_from_an_indexed_dataset_equals_single_process_training(tm
     assert len({strategy.name for strategy in plan.strategies}) > 1 and plan.num_devices == 4
     out = _gbmw([str(BIN / "torchrun"), "--standalone", "--nproc_per_node", "4", "-m", "gbmw", "train", JOB, "--plan",
                  "plan.yaml", "--data", "corpus", "--steps", "3", "--lr", "1e-3", "--save", "step3"], tmp_path)
+    # resumed on 1 process under another plan, with another --seed: the data order stays the checkpoint's
     resumed = _gbmw([str(BIN / "gbmw"), "train", JOB, "--plan", _one_device_plan(tmp_path), "--data", "corpus.idx",
-                     "--steps", "2", "--lr", "1e-3", "--load", "step3"], tmp_path)
-    assert "from sample 48" in resumed
+                     "--steps", "2", "--lr", "1e-3", "--load", "step3", "--seed", "7"], tmp_path)
+    assert "from sample 48" in resumed and "the checkpoint's --seed 0 (not 7)" in resumed
 
     def batches(step):
         rows = torch.from_numpy(expected_batch(stream, step * GLOBAL_BATCH, GLOBAL_BATCH))

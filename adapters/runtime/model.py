@@ -18,8 +18,8 @@ head_dim] rows (Megatron's layout), so a column split over TP ranks gives each r
 the TP degree a divisor of kv_heads). The gated MLP's two up-projections are separate column-parallel matrices
 (`mlp.gate`, `mlp.fc1`): a fused one would interleave gate and up rows per TP rank, and its full tensor would
 depend on the TP degree — checkpoints hold full tensors that every plan reads alike. The vocabulary is padded to a
-multiple of 128 as Megatron does
-(`--make-vocab-size-divisible-by`), in every plan alike, so any power-of-two TP degree up to 128 divides it.
+multiple of 128 as Megatron does (`--make-vocab-size-divisible-by`), in every plan alike, so any power-of-two TP
+degree up to 128 divides it.
 """
 
 from __future__ import annotations

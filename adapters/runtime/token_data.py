@@ -14,7 +14,8 @@ With n = ⌊(tokens − 1) / s⌋ samples per epoch, the global sample index g (
 before it) is sample permutation_e[g mod n] of epoch e = ⌊g / n⌋, where permutation_e =
 `numpy.random.default_rng([seed, e]).permutation(n)`. A global batch is the `global_batch` samples from
 `consumed_samples` on: nothing depends on the data-parallel or pipeline layout or on micro-batching, so a job
-resumed under another plan (the checkpoint records `consumed_samples`) reads the data it would have read.
+resumed under another plan (the checkpoint records `consumed_samples` and the seed) reads the data it would have
+read.
 
 Every problem with the files is one `DataError` line (gbmw.cli exits with status 2): a missing file, an index
 that is not Megatron's or does not match its .bin, a dtype that is not integer, too few tokens for one sample,
@@ -53,6 +54,12 @@ class TokenData:
             raise DataError(f"--data {self.path}: {self.tokens} tokens, fewer than one sample of seq_length + 1 = "
                             f"{seq_length + 1} tokens")
         self._permutations: dict[int, np.ndarray] = {}
+
+    def with_seed(self, seed: int) -> "TokenData":
+        """The same files with another sample order (a resumed job keeps the order its checkpoint was trained on)."""
+        copy = object.__new__(TokenData)
+        copy.__dict__.update(self.__dict__, seed=seed, _permutations={})
+        return copy
 
     def sample_index(self, global_sample: int) -> int:
         """Which sample of the epoch the job's `global_sample`-th sample is (the module docstring's rule)."""
@@ -148,7 +155,8 @@ def _check_index(index_path: Path) -> tuple[np.dtype, int, int]:
     (megatron-core's reader asserts the header but trusts the counts)."""
     from megatron.core.datasets.indexed_dataset import DType
 
-    data = index_path.read_bytes()[:INDEX_PREAMBLE_BYTES]
+    with index_path.open("rb") as stream:
+        data = stream.read(INDEX_PREAMBLE_BYTES)
     if len(data) < INDEX_PREAMBLE_BYTES or data[:9] != INDEX_HEADER:
         raise DataError(f"--data {index_path}: not a Megatron index (its first bytes are not {INDEX_HEADER!r})")
     version, code, sequences, documents = struct.unpack("<QBQQ", data[9:])

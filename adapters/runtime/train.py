@@ -135,10 +135,14 @@ def _steps(plan, architecture, data, settings: TrainSettings, context, say) -> l
     say(f"gbmw train: {plan.model} on {plan.num_devices} {context.device.split(':')[0]} process(es) ({context.backend}), "
         f"pp={plan.pp} partition={list(plan.partition)}, {plan.num_micro_batches} micro-batches of "
         f"{plan.micro_batch}, strategies {_summary(plan)}")
+    manifest = None
     if settings.load:
         manifest = load_checkpoint(engine, settings.load)
         say(f"resumed from {settings.load} at step {manifest['step']} (saved under {manifest['saved_under']['num_devices']} "
             f"devices, pp={manifest['saved_under']['pp']})")
+    if data is not None and settings.load and manifest["seed"] != data.seed:
+        data = data.with_seed(manifest["seed"])  # the order the job's earlier steps read, whatever --seed says now
+        say(f"data order: the checkpoint's --seed {manifest['seed']} (not {settings.seed}), as the saved job read it")
     if data is not None:
         say(f"data: {data.path} ({data.tokens} {data.dtype} tokens, {data.samples_per_epoch} samples of "
             f"{architecture.seq_length + 1} tokens per epoch), from sample {engine.consumed_samples}")
