@@ -176,3 +176,26 @@ def test_train_a_llama_from_an_indexed_dataset_equals_single_process_training(tm
     # here, from the start of the data by 4e-2), a sample read twice or skipped, or a micro-batch's share lost. ε = 1e-8 makes an update's sign
     # follow rounding noise where a gradient is ~0, but such elements move the loss by ~lr·|gradient| ≈ 0.
     assert _losses(out) + _losses(resumed) == pytest.approx(expected, rel=0, abs=5e-6)
+
+
+@pytest.mark.dist
+def test_a_bad_token_found_mid_run_stops_every_rank_with_one_line(tmp_path):
+    """The second global batch holds id 300 ≥ 128: every rank reads the same batch and finds it, rank 0 prints the
+    one line, and every rank exits with status 2 (torchrun's summary lists each one)."""
+    tokens = np.zeros(GLOBAL_BATCH * SEQ * 2 + 1, dtype=np.int32)
+    per_epoch = (len(tokens) - 1) // SEQ
+    second_batch = np.random.default_rng([0, 0]).permutation(per_epoch)[GLOBAL_BATCH:2 * GLOBAL_BATCH]
+    tokens[second_batch[0] * SEQ + 5] = 300
+    np.save(tmp_path / "tokens.npy", tokens)
+    (tmp_path / "plan.yaml").write_text(make_plan("llama-tiny", 2, ["tp2", "dp2", "sdp2", "tp2", "dp2", "tp2"], [6],
+                                                  GLOBAL_BATCH, 2).to_yaml())
+    environment = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}", OMP_NUM_THREADS="1")
+    done = subprocess.run([str(BIN / "torchrun"), "--standalone", "--nproc_per_node", "2", "-m", "gbmw", "train", JOB,
+                           "--plan", "plan.yaml", "--data", "tokens.npy", "--steps", "3"], cwd=tmp_path,
+                          env=environment, capture_output=True, text=True, timeout=240)
+    output = done.stdout + done.stderr
+    assert "step     1/3" in done.stdout and "step     2/3" not in done.stdout, output[-3000:]
+    errors = [line for line in output.splitlines() if "gbmw: error:" in line]
+    assert errors == ["gbmw: error: --data tokens.npy: token id 300 in samples 16–31 is outside the model's vocabulary "
+                      "[0, 128): the data was tokenised for another model"], output[-3000:]
+    assert output.count("exitcode  : 2") == 2, output[-3000:]
