@@ -116,3 +116,22 @@ def test_a_block_keeps_what_the_estimator_charges(model):
     # the block's output feeds `.sum()` here, which saves nothing; the estimator counts the second residual add's
     # input (the MLP norm's input) once as a saved tensor of the MLP sub-block
     assert saved == expected
+
+
+def test_a_head_width_of_its_own_sets_the_attention_width():
+    """An architecture's own head_dim (Mistral-Nemo: 128 with hidden 5120 and 32 heads) sizes Q, K, V and the output
+    projection's input: 8 heads of 12 on 4 key/value heads with hidden 64."""
+    import torch
+
+    from gbmw.adapters.runtime.model import TransformerBlock
+    from gbmw.adapters.runtime.tensor_parallel import TensorParallel
+
+    block = TransformerBlock(64, 8, 176, False, True, False, 0.0, TensorParallel.single(), torch.float32, kv_heads=4,
+                             head_dim=12, norm="rms", gated_mlp=True, rotary_base=10000.0)
+    assert block.attention.qkv.weight.shape == ((8 + 2 * 4) * 12, 64)
+    assert block.attention.proj.weight.shape == (64, 8 * 12)
+    for parameter in block.parameters():
+        torch.nn.init.normal_(parameter, std=0.02)
+    x = torch.randn(2, 5, 64, requires_grad=True)
+    block(x).sum().backward()
+    assert x.grad.shape == x.shape and torch.isfinite(x.grad).all()

@@ -84,6 +84,7 @@ def build_layer(architecture: Any, name: str, tp: TensorParallel, dtype: torch.d
         tp=tp,
         dtype=dtype,
         kv_heads=getattr(architecture, "num_kv_heads", None),
+        head_dim=getattr(architecture, "head_dim", None),
         norm=getattr(architecture, "norm", "layer"),
         gated_mlp=getattr(architecture, "gated_mlp", False),
         rotary_base=_rotary_base(architecture),
@@ -154,19 +155,21 @@ class TransformerBlock(nn.Module):
     """Self-attention + MLP with Megatron's TP split: QKV (gate and up) column-parallel, proj and fc2 row-parallel."""
 
     def __init__(self, hidden: int, heads: int, ffn: int, bias: bool, causal: bool, post_norm: bool, dropout: float,
-                 tp: TensorParallel, dtype: torch.dtype, *, kv_heads: int | None = None, norm: str = "layer",
-                 gated_mlp: bool = False, rotary_base: float | None = None):
+                 tp: TensorParallel, dtype: torch.dtype, *, kv_heads: int | None = None, head_dim: int | None = None,
+                 norm: str = "layer", gated_mlp: bool = False, rotary_base: float | None = None):
         super().__init__()
         kv_heads = kv_heads or heads
         if heads % tp.size or kv_heads % tp.size or ffn % tp.size:
             raise PlanError(f"TP degree {tp.size} must divide the heads ({heads}), the key/value heads ({kv_heads}) and "
                             f"the MLP width ({ffn})")
-        self.local_groups, self.group_heads, self.head_dim = kv_heads // tp.size, heads // kv_heads, hidden // heads
+        # head_dim: hidden / heads unless the architecture sets its own (Mistral-Nemo's 128 with hidden 5120, 32 heads)
+        self.local_groups, self.group_heads = kv_heads // tp.size, heads // kv_heads
+        self.head_dim = head_dim or hidden // heads
         self.causal, self.post_norm, self.dropout, self.rotary_base = causal, post_norm, dropout, rotary_base
         self.attention_norm = make_norm(norm, hidden, dtype)
         self.attention = nn.Module()
         self.attention.qkv = tp.column_linear(hidden, (heads + 2 * kv_heads) * self.head_dim, bias, dtype)
-        self.attention.proj = tp.row_linear(hidden, hidden, bias, dtype)
+        self.attention.proj = tp.row_linear(heads * self.head_dim, hidden, bias, dtype)
         self.mlp_norm = make_norm(norm, hidden, dtype)
         self.mlp = nn.Module()
         if gated_mlp:
