@@ -12,7 +12,17 @@ gbmw's estimated samples/s and the paper's measured samples/s over the rows both
 whether gbmw and the paper agree on OOM. Two diagnostics follow: the mean Spearman with each row left out (which
 rows the rank order disagrees on), and each model's activation memory per sample (gbmw's, stashed by every layer
 without TP or recomputation) beside the paper's Table 2 measurement.
-Targets (issue 12): mean per-column Spearman ≥ 0.9, OOM agreement ≥ 90 %.
+
+The models are costed as the paper's testbed ran them, not as gbmw's runtime would (which calls fused SDPA and
+keeps no s×s scores): standard attention that stashes the softmax output, the dropout mask and output, and the
+raw scores QKᵀ as well (`attention: standard-with-raw-scores`, gbmw.transformer_layers.block_layer). That last
+tensor is what the paper's Table 2 shows: per layer its activation sizes grow by gbmw's accounting plus exactly one
+score tensor per attention (the diagnostic line prints the totals). Table 2's "MB" are MiB (2^20 bytes), as torch
+reports memory; read as 10^6 bytes, ViT-Huge's per-layer growth would not match any whole set of tensors.
+Targets (issue 12): mean per-column Spearman ≥ 0.9 with every row searched at the batch the paper measured it at
+(the last lines; estimated and measured time of the same workload, as benchmarks/published_runs.py compares), OOM
+agreement ≥ 90 % over the batch sweep. The Spearman at gbmw's own best batch is printed too: there the rows may
+take batches up to MAX_GLOBAL_BATCH that the paper never measured.
 """
 
 from __future__ import annotations
@@ -32,7 +42,8 @@ from rich.table import Table
 from gbmw.bundled import resolve_recipe
 from gbmw.cluster_spec import load_cluster
 from gbmw.jobs import JobSpec
-from gbmw.models import load_model
+from gbmw.model_spec import ModelSpec
+from gbmw.models import build_model, load_model
 from gbmw.nothing_fits import NothingFitsError
 from gbmw.planner import Planner
 from gbmw.schema import parse_bytes
@@ -64,16 +75,24 @@ def spearman(a: list[float], b: list[float]) -> float:
     return float(np.corrcoef(average_ranks(np.asarray(a)), average_ranks(np.asarray(b)))[0, 1])
 
 
-def job_for(model_name: str, budget: str) -> JobSpec:
+def testbed_model(model_name: str) -> ModelSpec:
+    """The model as the paper's testbed ran it: standard attention that also stashes the raw scores."""
     model = load_model(resolve_recipe(model_name.lower(), "models"), "fp32")
+    return build_model(model.architecture.model_copy(update={"attention": "standard-with-raw-scores"}), "fp32")
+
+
+def job_for(model_name: str, budget: str) -> JobSpec:
+    model = testbed_model(model_name)
     cluster = load_cluster(resolve_recipe("rtx-titan-x8", "clusters"))
     return JobSpec(name=f"{model_name}@{budget}", model=model, cluster=cluster, precision="fp32", optimizer="adam",
                    max_global_batch=MAX_GLOBAL_BATCH, memory_budget_bytes=parse_bytes(budget, "budget"))
 
 
-def estimated_samples_per_s(job: JobSpec, variant: str) -> float | None:
+def estimated_samples_per_s(job: JobSpec, variant: str, batch: int | None = None) -> float | None:
+    """gbmw's samples/s for the row's best plan at its best batch, or at `batch` (None: nothing fits)."""
     try:
-        plan = Planner(job, variant, None, True, accumulate=False, explain_failure=False).run()
+        plan = Planner(job, variant, batch, batch is None, accumulate=False, explain_failure=False,
+                       attention_as_declared=True).run()
     except NothingFitsError:
         return None
     return plan.estimate.samples_per_s
@@ -90,13 +109,39 @@ def leave_one_row_out(pairs: dict, left_out: str) -> float:
 
 
 def activation_sizes(models: list[str], paper_mb: list[float]) -> list[tuple[str, float, float]]:
-    """(model, gbmw's stashed activations of one sample in MB, the paper's Table 2 figure in MB)."""
+    """(model, gbmw's stashed activations of one sample in MiB, the paper's Table 2 figure in MiB)."""
     sizes = []
     for model_name, paper in zip(models, paper_mb):
-        model = load_model(resolve_recipe(model_name.lower(), "models"), "fp32")
-        sizes.append((model_name, sum(layer.stashed_activation_bytes_per_sample for layer in model.layers) / 1e6,
+        model = testbed_model(model_name)
+        sizes.append((model_name, sum(layer.stashed_activation_bytes_per_sample for layer in model.layers) / 2**20,
                       paper))
     return sizes
+
+
+def at_paper_batch(data: dict, progress: Progress) -> tuple[float, dict[str, list[float]], list[str]]:
+    """Every row searched at the batch the paper measured it at: (the mean per-column Spearman over the rows that
+    fit, {row: estimated / measured samples/s per cell}, the cells where nothing fits at that batch). Unlike the
+    best-batch comparison, this compares time for the same workload, as benchmarks/published_runs.py does."""
+    correlations, ratios, too_big = [], {label: [] for label in ROW_VARIANTS}, []
+    task = progress.add_task("at the paper's batches", total=len(data["budgets"]) * len(data["models"]))
+    for budget, rows in data["budgets"].items():
+        for column, model in enumerate(data["models"]):
+            job, estimated, measured = job_for(model, budget), [], []
+            for label, variant in ROW_VARIANTS.items():
+                published = rows[label][column]
+                if published is None:
+                    continue
+                estimate = estimated_samples_per_s(job, variant, published[1])
+                if estimate is None:
+                    too_big.append(f"{model} {budget} {label} at batch {published[1]}")
+                    continue
+                estimated.append(estimate)
+                measured.append(published[0])
+                ratios[label].append(estimate / published[0])
+            if len(measured) >= 3:
+                correlations.append(spearman(estimated, measured))
+            progress.advance(task)
+    return statistics.mean(correlations), ratios, too_big
 
 
 def main() -> int:
@@ -152,9 +197,16 @@ def main() -> int:
     console.print("mean per-column Spearman without one row: " + ", ".join(
         f"{label} {leave_one_row_out(pairs, label):.3f}" for label in ROW_VARIANTS))
     console.print("activation memory per sample, gbmw vs the paper's Table 2: " + ", ".join(
-        f"{model} {gbmw_mb:.0f} vs {paper_mb:.0f} MB ({gbmw_mb / paper_mb - 1:+.1%})"
+        f"{model} {gbmw_mb:.0f} vs {paper_mb:.0f} MiB ({gbmw_mb / paper_mb - 1:+.1%})"
         for model, gbmw_mb, paper_mb in activation_sizes(models, data["activation_mb_per_sample"])))
-    return 0 if mean >= SPEARMAN_TARGET and agreement >= OOM_TARGET else 1
+    with Progress(console=console, transient=True) as progress:
+        same_batch_mean, ratios, too_big = at_paper_batch(data, progress)
+    console.print(f"at the paper's own batch per cell: mean per-column Spearman {same_batch_mean:.3f}; estimated / "
+                  "measured samples/s per row (geometric mean, min–max): " + ", ".join(
+                      f"{label} {statistics.geometric_mean(values):.2f} ({min(values):.2f}–{max(values):.2f})"
+                      for label, values in ratios.items() if values))
+    console.print(f"nothing fits at the paper's batch ({len(too_big)}): " + "; ".join(too_big))
+    return 0 if same_batch_mean >= SPEARMAN_TARGET and agreement >= OOM_TARGET else 1
 
 
 if __name__ == "__main__":

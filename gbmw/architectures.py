@@ -25,8 +25,9 @@ class _Architecture(Frozen):
     source: str = ""
     dropout: bool = True
     """Dropout layers stash 1-byte masks (Korthikanti et al.); modern LLMs train without."""
-    attention: Literal["standard", "flash"] = "standard"
-    """`flash` stashes no s×s attention scores (a log-sum-exp per row instead)."""
+    attention: Literal["standard", "flash", "standard-with-raw-scores"] = "standard"
+    """`flash` stashes no s×s attention scores (a log-sum-exp per row instead); `standard-with-raw-scores` also
+    stashes the raw scores QKᵀ before scaling and softmax, as the paper's testbed did (gbmw.transformer_layers)."""
 
     @model_validator(mode="after")
     def _heads_divide(self) -> "_Architecture":

@@ -58,10 +58,11 @@ def _build_gpt(arch: GPTArchitecture, d: int) -> tuple[list[LayerSpec], int, int
         kv_heads=arch.num_kv_heads or arch.num_heads, ffn=arch.ffn_hidden_size or 4 * h, attended_tokens=s,
         gated_mlp=arch.gated_mlp, bias=arch.bias, norm=arch.norm,
     )
-    flash = arch.attention == "flash"
+    flash, raw_scores = arch.attention == "flash", arch.attention == "standard-with-raw-scores"
     positions = s if arch.position_embedding == "learned" else 0
     layers = [embedding_layer("embedding", s, h, arch.vocab_size, positions, 0, d, arch.dropout, norm=False)]
-    layers += [block_layer(f"decoder.{i}", "decoder", shape, d, arch.dropout, flash) for i in range(arch.num_layers)]
+    layers += [block_layer(f"decoder.{i}", "decoder", shape, d, arch.dropout, flash, raw_scores)
+               for i in range(arch.num_layers)]
     norm_params = (2 if arch.norm == "layer" else 1) * h
     tied = "embedding" if arch.tie_embeddings else None
     layers.append(lm_head_layer("head", s, h, arch.vocab_size, d, tied, transform=False, norm_params=norm_params))
@@ -74,12 +75,13 @@ def _build_bert(arch: BERTArchitecture, d: int) -> tuple[list[LayerSpec], int, i
         tokens=s, hidden=h, heads=arch.num_heads, head_dim=h // arch.num_heads, kv_heads=arch.num_heads,
         ffn=arch.ffn_hidden_size or 4 * h, attended_tokens=s,
     )
-    flash = arch.attention == "flash"
+    flash, raw_scores = arch.attention == "flash", arch.attention == "standard-with-raw-scores"
     positions = arch.max_position_embeddings or s
     layers = [
         embedding_layer("embedding", s, h, arch.vocab_size, positions, arch.type_vocab_size, d, arch.dropout, norm=True)
     ]
-    layers += [block_layer(f"encoder.{i}", "encoder", shape, d, arch.dropout, flash) for i in range(arch.num_layers)]
+    layers += [block_layer(f"encoder.{i}", "encoder", shape, d, arch.dropout, flash, raw_scores)
+               for i in range(arch.num_layers)]
     head = lm_head_layer("head", s, h, arch.vocab_size, d, "embedding", transform=True, norm_params=0)
     # The pooler (dense h×h + bias) and next-sentence classifier (h×2 + bias) sit on the head too.
     pooler_params = h * h + h + 2 * h + 2
@@ -96,7 +98,7 @@ def _build_bert(arch: BERTArchitecture, d: int) -> tuple[list[LayerSpec], int, i
 def _build_t5(arch: T5Architecture, d: int) -> tuple[list[LayerSpec], int, int]:
     h = arch.hidden_size
     head_dim = arch.head_dim or h // arch.num_heads
-    flash = arch.attention == "flash"
+    flash, raw_scores = arch.attention == "flash", arch.attention == "standard-with-raw-scores"
     s_enc, s_dec = arch.encoder_seq_length, arch.decoder_seq_length
     relative_bias = 32 * arch.num_heads  # T5's relative-position buckets, in the first block of each stack
     common = dict(hidden=h, heads=arch.num_heads, head_dim=head_dim, kv_heads=arch.num_heads,
@@ -106,7 +108,7 @@ def _build_t5(arch: T5Architecture, d: int) -> tuple[list[LayerSpec], int, int]:
     layers = [embedding_layer("encoder_embedding", s_enc, h, arch.vocab_size, 0, 0, d, arch.dropout, norm=False)]
     for i in range(arch.num_encoder_layers):
         shape = encoder if i else BlockShape(**{**encoder.__dict__, "extra_params": relative_bias})
-        layers.append(block_layer(f"encoder.{i}", "encoder", shape, d, arch.dropout, flash))
+        layers.append(block_layer(f"encoder.{i}", "encoder", shape, d, arch.dropout, flash, raw_scores))
     decoder_embedding = embedding_layer("decoder_embedding", s_dec, h, arch.vocab_size, 0, 0, d, arch.dropout, norm=False)
     layers.append(
         decoder_embedding.model_copy(
@@ -121,7 +123,7 @@ def _build_t5(arch: T5Architecture, d: int) -> tuple[list[LayerSpec], int, int]:
     )
     for i in range(arch.num_decoder_layers):
         shape = decoder if i else BlockShape(**{**decoder.__dict__, "extra_params": relative_bias})
-        layers.append(block_layer(f"decoder.{i}", "cross_decoder", shape, d, arch.dropout, flash))
+        layers.append(block_layer(f"decoder.{i}", "cross_decoder", shape, d, arch.dropout, flash, raw_scores))
     tied = "encoder_embedding" if arch.tie_embeddings else None
     layers.append(lm_head_layer("head", s_dec, h, arch.vocab_size, d, tied, transform=False, norm_params=h))
     return layers, s_enc, h
@@ -145,9 +147,10 @@ def _build_vit(arch: ViTArchitecture, d: int) -> tuple[list[LayerSpec], int, int
     )
     shape = BlockShape(tokens=s, hidden=h, heads=arch.num_heads, head_dim=h // arch.num_heads,
                        kv_heads=arch.num_heads, ffn=arch.ffn_hidden_size or 4 * h, attended_tokens=s)
-    flash = arch.attention == "flash"
+    flash, raw_scores = arch.attention == "flash", arch.attention == "standard-with-raw-scores"
     layers = [embedding]
-    layers += [block_layer(f"encoder.{i}", "encoder", shape, d, arch.dropout, flash) for i in range(arch.num_layers)]
+    layers += [block_layer(f"encoder.{i}", "encoder", shape, d, arch.dropout, flash, raw_scores)
+               for i in range(arch.num_layers)]
     layers.append(classifier_head(s, h, arch.num_classes, d))
     return layers, s, h
 
@@ -155,7 +158,7 @@ def _build_vit(arch: ViTArchitecture, d: int) -> tuple[list[LayerSpec], int, int
 def _build_swin(arch: SwinArchitecture, d: int) -> tuple[list[LayerSpec], int, int]:
     side = arch.image_size // arch.patch_size
     c = arch.embed_dim
-    flash = arch.attention == "flash"
+    flash, raw_scores = arch.attention == "flash", arch.attention == "standard-with-raw-scores"
     window_tokens = arch.window_size**2
     patch_weights = arch.patch_size**2 * arch.num_channels * c
     layers = [
@@ -196,7 +199,7 @@ def _build_swin(arch: SwinArchitecture, d: int) -> tuple[list[LayerSpec], int, i
             extra_params=(2 * arch.window_size - 1) ** 2 * heads,  # relative position bias table
         )
         for block in range(depth):
-            layers.append(block_layer(f"stage{stage}.{block}", "encoder", shape, d, arch.dropout, flash))
+            layers.append(block_layer(f"stage{stage}.{block}", "encoder", shape, d, arch.dropout, flash, raw_scores))
     last_width, last_tokens = c * 2 ** (len(arch.depths) - 1), (side // 2 ** (len(arch.depths) - 1)) ** 2
     layers.append(classifier_head(last_tokens, last_width, arch.num_classes, d))
     return layers, side * side, last_width

@@ -92,12 +92,16 @@ class Planner:
     progress: object = None
     explain_failure: bool = True
     """On failure, bisect for the smallest budget that fits (off inside that bisection)."""
+    attention_as_declared: bool = False
+    """Cost the attention the model declares even where the target fuses it (gbmw.models.model_as_run): for
+    costing another system's runs, e.g. the paper's testbed (benchmarks/paper_table3.py)."""
     stats: SearchStats = field(default_factory=SearchStats)
 
     def __post_init__(self) -> None:
         self.spec: SearchSpace = search_space(self.variant, self.target)
         target = get_target(self.spec.target)
-        self.job = self.job.model_copy(update={"model": model_as_run(self.job.model, target.fused_attention)})
+        fused = target.fused_attention and not self.attention_as_declared
+        self.job = self.job.model_copy(update={"model": model_as_run(self.job.model, fused)})
         self.settings = CostSettings(self.job.cluster, self.job.precision, self.job.optimizer, target.framework)
         self.comm = CommModel(self.job.cluster)
         self.budget = float(self.job.memory_budget_bytes)
@@ -365,7 +369,8 @@ class Planner:
         job = self.job.model_copy(update={"memory_budget_bytes": int(budget_bytes)})
         planner = Planner(job, variant=self.variant, batch=self.batch, sweep=self.sweep,
                           granularity_bytes=self.granularity_bytes, exact=self.exact, max_pp=self.max_pp,
-                          accumulate=self.accumulate, target=self.target, explain_failure=False)
+                          accumulate=self.accumulate, target=self.target, explain_failure=False,
+                          attention_as_declared=self.attention_as_declared)
         try:
             planner.run()
             return True

@@ -13,6 +13,9 @@ Galvatron-BMW (everything).
 
 Baselines (paper Sec. 7.1): PyTorch DDP (pure DP), Megatron (pure TP over all devices), PyTorch
 GPipe (pure PP, one device per stage), FSDP/ZeRO-3 (pure SDP) and DeepSpeed 3D (2-way DP × TP × PP).
+PyTorch GPipe recomputes every Transformer block: PyTorch's `Pipe` and torchgpipe checkpoint every micro-batch
+but the last by default (`checkpoint='except_last'`); gbmw recomputes the last one too, so it charges one
+micro-batch's recomputation more per stage and one micro-batch's stash less.
 
 Targets (gbmw.targets): the same search restricted to what a stock framework can configure — one
 strategy for all layers from the target's axes, the target's strategy filter and its pipeline partitions.
@@ -44,6 +47,9 @@ class SearchSpace:
     or a closed-form rule of gbmw.stock_partitions (`uniform`, `parameters`, `even`, `first-last`)."""
     uniform: bool = False
     """One strategy for every layer (recomputation on all blocks or none)."""
+    recompute_always: bool = False
+    """With `uniform`: every Transformer block recomputes (never embeddings or heads) — a framework that
+    checkpoints by default, not as a choice of the search."""
     fixed_dims: Callable[[int, int, ClusterSpec], tuple | None] | None = None
     """(devices, pp, cluster) → the one strategy tree of a fixed baseline (None: this pp is not used)."""
     pp_choices: Callable[[int, ClusterSpec], list[int]] | None = None
@@ -68,7 +74,9 @@ class SearchSpace:
         group = cluster.num_devices // pp
         if self.fixed_dims is not None:
             dims = self.fixed_dims(cluster.num_devices, pp, cluster)
-            return [] if dims is None else [Strategy(tuple(dims), False)]
+            if dims is None:
+                return []
+            return [Strategy(tuple(dims), ckpt) for ckpt in ((False, True) if self.recompute_always else (False,))]
         prune = self.strategy_filter is None
         candidates = enumerate_strategies(group, axes=self.axes, prune_dp_with_sdp=prune, ckpt=self.ckpt)
         if self.strategy_filter is not None:
@@ -83,7 +91,7 @@ class SearchSpace:
         is_block = model.is_block
         masks = []
         for dims in dict.fromkeys(s.dims for s in strategies):
-            for ckpt in ((False, True) if self.ckpt else (False,)):
+            for ckpt in ((True,) if self.recompute_always else (False, True) if self.ckpt else (False,)):
                 mask = np.zeros((len(strategies), model.num_layers), bool)
                 for index, strategy in enumerate(strategies):
                     if strategy.dims == dims:
@@ -132,7 +140,7 @@ BASELINES: dict[str, SearchSpace] = {
     "megatron-tp": SearchSpace("Megatron (TP)", ckpt=False, fixed_dims=lambda n, pp, c: (("tp", n),) if pp == 1 else None,
                                pp_choices=lambda n, c: [1]),
     "gpipe": SearchSpace("PyTorch GPipe (PP)", ckpt=False, schedule="gpipe", fixed_dims=lambda n, pp, c: (),
-                         pp_choices=lambda n, c: [n]),
+                         pp_choices=lambda n, c: [n], uniform=True, recompute_always=True),
     "fsdp": SearchSpace("FSDP/ZeRO-3 (SDP)", ckpt=False, fixed_dims=lambda n, pp, c: (("sdp", n),) if pp == 1 else None,
                         pp_choices=lambda n, c: [1]),
     "deepspeed-3d": SearchSpace("DeepSpeed 3D", ckpt=False, fixed_dims=_deepspeed_3d_dims, pp_choices=_deepspeed_3d_pp,

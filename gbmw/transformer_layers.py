@@ -45,8 +45,15 @@ class BlockShape:
     """Parameters outside the matmuls and norms (relative position biases), replicated under TP."""
 
 
-def block_layer(name: str, kind: str, shape: BlockShape, dtype_bytes: int, dropout: bool, flash: bool) -> LayerSpec:
-    """Costs of one self-attention (+ optional cross-attention) + MLP block (Korthikanti et al. Sec. 4.1)."""
+def block_layer(name: str, kind: str, shape: BlockShape, dtype_bytes: int, dropout: bool, flash: bool,
+                raw_scores: bool = False) -> LayerSpec:
+    """Costs of one self-attention (+ optional cross-attention) + MLP block (Korthikanti et al. Sec. 4.1).
+
+    `raw_scores`: standard attention that also stashes the raw scores QKᵀ (d bytes each) beside the softmax
+    output. The paper's testbed did: its Table 2 activation sizes per sample grow per layer by gbmw's accounting
+    plus exactly that tensor (ViT-Huge to 0.1 %, benchmarks/paper_table3.py) — consistent with the autograd of
+    its day saving the input of the scaling multiply, which current PyTorch saves only when the scale needs a
+    gradient."""
     s, h, d = shape.tokens, shape.hidden, dtype_bytes
     attention_width = shape.heads * shape.head_dim
     kv_width = shape.kv_heads * shape.head_dim
@@ -72,7 +79,7 @@ def block_layer(name: str, kind: str, shape: BlockShape, dtype_bytes: int, dropo
         if flash:
             score_bytes = shape.heads * query_tokens * 4  # fp32 log-sum-exp per row
         else:
-            score_bytes = shape.heads * scores_per_head * (d + (mask + d if dropout else 0))
+            score_bytes = shape.heads * scores_per_head * (d + (mask + d if dropout else 0) + (d if raw_scores else 0))
         split = (
             query_tokens * attention_width * d  # Q
             + 2 * kv_input_tokens * kv_width * d  # K, V

@@ -46,6 +46,23 @@ def test_gpt_block_activations_follow_korthikanti_et_al():
     assert block.intermediate_tp_split_activation_bytes_per_sample == pytest.approx(s * h * (24 + 5 * a * s / h))
     flash = build_model(gpt(attention="flash"), "bf16").layers[1]
     assert flash.intermediate_tp_split_activation_bytes_per_sample == pytest.approx(s * h * 24 + a * s * 4)
+    # the paper's testbed also kept the raw scores QKᵀ: one more 2-byte score per head and query-key pair (an error
+    # of one byte per score, or a score tensor counted per layer instead of per attention, changes the total)
+    raw = build_model(gpt(attention="standard-with-raw-scores"), "bf16").layers[1]
+    assert (raw.intermediate_tp_split_activation_bytes_per_sample
+            == block.intermediate_tp_split_activation_bytes_per_sample + a * s * s * 2)
+
+
+def test_raw_scores_are_kept_per_attention_of_a_t5_decoder_layer():
+    data = yaml.safe_load((RECIPES_DIR / "models" / "t5-large-32.yaml").read_text())
+    standard = build_model(parse_architecture(data, "t5"), "fp32")
+    raw = build_model(parse_architecture({**data, "attention": "standard-with-raw-scores"}, "t5"), "fp32")
+    heads, tokens = data["num_heads"], data["encoder_seq_length"]
+    extra = [r.stashed_activation_bytes_per_sample - l.stashed_activation_bytes_per_sample
+             for l, r in zip(standard.layers, raw.layers)]
+    one_attention = heads * tokens * tokens * 4
+    # an encoder layer has one attention, a decoder layer two (self and cross over equally long sequences)
+    assert sorted(set(extra)) == [0, one_attention, 2 * one_attention]
 
 
 def test_gpt_model_flops_equal_megatrons_formula():

@@ -148,7 +148,11 @@ def test_baselines_use_their_fixed_strategies():
                 "deepspeed-3d": ("tp2-z1dp2", 2)}
     for baseline, (name, pp) in expected.items():
         plan = Planner(job, baseline, explain_failure=False).run()
-        assert {s.name for s in plan.strategies} == {name} and plan.pp == pp
+        assert {s.name.removesuffix("+ckpt") for s in plan.strategies} == {name} and plan.pp == pp
+        # PyTorch's Pipe checkpoints by default (checkpoint='except_last'): every block recomputes, nothing else
+        recomputing = [s.ckpt for s in plan.strategies]
+        blocks = list(job.model.is_block)
+        assert recomputing == (blocks if baseline == "gpipe" else [False] * len(blocks)), baseline
 
 
 def test_without_accumulation_a_pipeline_free_plan_runs_its_batch_as_one_micro_batch():
@@ -270,3 +274,15 @@ def test_profiled_transfers_add_to_every_transition_and_pipeline_send():
     piped = plan_from_strategy_names(job.model, 4, ["dp2"] * 3, [1, 2], 8, 4)
     assert estimate_plan(job, piped).iteration_time_s == pytest.approx(
         estimate_plan(bare, piped).iteration_time_s + (4 - 1) * send + 2 * send, rel=1e-9)
+
+
+def test_attention_as_declared_costs_the_models_attention_where_the_runtime_would_fuse_it():
+    # The runtime calls fused SDPA (no s×s scores); costing another system's runs keeps the attention the model
+    # declares: more activation memory, so the same budget fits fewer samples.
+    job = load_job("bert-huge-32_rtx-titan-x8", memory_budget="12GiB")
+    fused = Planner(job, "fsdp", sweep=True, accumulate=False, explain_failure=False).run()
+    declared = Planner(job, "fsdp", sweep=True, accumulate=False, explain_failure=False,
+                       attention_as_declared=True).run()
+    assert declared.global_batch < fused.global_batch
+    assert declared.estimate.stage_activation_bytes[0] / declared.global_batch > (
+        fused.estimate.stage_activation_bytes[0] / fused.global_batch)
