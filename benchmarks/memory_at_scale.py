@@ -1,13 +1,15 @@
 """The estimator's peak memory against what gbmw's runtime really allocates, at full scale, on a CPU.
 
-    .venv/bin/python benchmarks/memory_at_scale.py          # three full-size plans, one rank per stage (~5 min)
+    .venv/bin/python benchmarks/memory_at_scale.py          # five full-size plans, one rank per stage (~8 min)
 
 For each plan, one rank of every pipeline stage builds the runtime's real train step under torch's fake tensors
 and fake process group, and torch's MemTracker tracks its peak (gbmw.adapters.profile.fake_memory;
 tests/test_fake_memory.py shows the fake trace's peak equals the real step's on gloo processes). Plans:
 - gbmw's plan for GPT-3 15B on 32 A100-80GB (`gpt3-15b_a100-80g-x32`);
 - gbmw's plan for GPT-3 65B on 64 H100-80GB (`gpt3-65b_h100-80g-x64`);
-- a mixed per-layer plan for GPT-3 15B on 32 devices (two stages; TP, ZeRO-1/2/3 and checkpointing mixed).
+- a mixed per-layer plan for GPT-3 15B on 32 devices (two stages; TP, ZeRO-1/2/3 and checkpointing mixed);
+- gbmw's plan for LLaMA-7B on 8 A100-80GB (`llama-7b_a100-80g-x8`: RMSNorm, SwiGLU, rotary) and a mixed
+  per-layer plan for it (TP, ZeRO-1/2/3 and checkpointing mixed on one stage).
 Prints estimated and tracked peak per rank and the error; the target (issue 12) is |error| ≤ 3 %.
 """
 
@@ -40,11 +42,21 @@ def mixed_plan(job):
     return plan_from_strategy_names(job.model, 32, names, [25, 25], 1024, 64, cluster=job.cluster.name)
 
 
+def llama_mixed_plan(job):
+    """LLaMA-7B on 8 devices in one stage, each layer's strategy chosen by hand to mix every kind."""
+    names = (["tp4-z1dp2"] + ["tp2-sdp4"] * 8 + ["tp4-sdp2+ckpt"] * 8 + ["tp8+ckpt"] * 8 + ["tp4-z2dp2"] * 8
+             + ["tp8"])
+    return plan_from_strategy_names(job.model, 8, names, [34], 64, 16, cluster=job.cluster.name)
+
+
 def cases():
     gpt15, gpt65 = load_job("gpt3-15b_a100-80g-x32"), load_job("gpt3-65b_h100-80g-x64")
+    llama = load_job("llama-7b_a100-80g-x8")
     return [("gbmw's plan, GPT-3 15B, 32 × A100", gpt15, Planner(gpt15).run()),
             ("gbmw's plan, GPT-3 65B, 64 × H100", gpt65, Planner(gpt65).run()),
-            ("mixed per-layer plan, GPT-3 15B, 32 devices", gpt15, mixed_plan(gpt15))]
+            ("mixed per-layer plan, GPT-3 15B, 32 devices", gpt15, mixed_plan(gpt15)),
+            ("gbmw's plan, LLaMA-7B, 8 × A100", llama, Planner(llama).run()),
+            ("mixed per-layer plan, LLaMA-7B, 8 devices", llama, llama_mixed_plan(llama))]
 
 
 def main() -> int:

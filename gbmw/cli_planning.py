@@ -170,11 +170,16 @@ def _run_plan(args: argparse.Namespace) -> int:
     from gbmw.report import plan_to_json, print_plan
     from gbmw.schema import parse_bytes
 
+    from gbmw.runtime_support import runtime_warning
+
     job = load_job_of(args, args.memory)
     granularity = parse_bytes(args.granularity, "--granularity") if args.granularity else None
     progress, update = _progress("searching")
     planner = Planner(job, variant=args.variant, batch=args.batch, sweep=args.sweep, granularity_bytes=granularity,
                       exact=args.exact, max_pp=args.max_pp, target=args.target, progress=update)
+    warning = runtime_warning(job, planner.spec.target)
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
     if progress is not None:
         with progress:
             plan = planner.run()

@@ -127,7 +127,12 @@ def _train_parser(commands) -> None:
     train.add_argument("--clip-grad", type=number(0, 1e6), default=1.0,
                        help="clip the global gradient norm to this; 0 turns clipping off (default 1.0, as Megatron and "
                             "DeepSpeed)")
-    train.add_argument("--seed", type=integer(0, 2**32 - 1), default=0, help="seed of the initial weights and the synthetic data")
+    train.add_argument("--seed", type=integer(0, 2**32 - 1), default=0,
+                       help="seed of the initial weights and of the data (the synthetic tokens, or --data's sample order)")
+    train.add_argument("--data", metavar="PATH",
+                       help="train on a tokenised dataset: Megatron's indexed dataset (PATH.bin + PATH.idx, PATH may name "
+                            "either) or a .npy array of token ids; samples of seq_length + 1 tokens, the same in the same "
+                            "order under any plan (default: reproducible synthetic tokens)")
     train.add_argument("--save", type=new_path, help="write a plan-independent checkpoint to this new folder at the end")
     train.add_argument("--load", help="resume from a checkpoint folder (saved under any plan or device count)")
     train.add_argument("--timeout", type=number(1, 7 * 86_400), default=300.0,
@@ -139,7 +144,7 @@ def _run_train(args: argparse.Namespace) -> int:
     from gbmw.adapters.runtime.train import TrainSettings, train
 
     settings = TrainSettings(steps=args.steps, learning_rate=args.lr, max_grad_norm=args.clip_grad or None, seed=args.seed, save=args.save, load=args.load,
-                             timeout_s=args.timeout, local_rank=args.local_rank)
+                             timeout_s=args.timeout, local_rank=args.local_rank, data=args.data)
     train(args.job, args.plan, settings)
     return 0
 

@@ -23,6 +23,11 @@ class CheckpointError(GbmwError):
     """A checkpoint is missing, corrupt, of another model, or would overwrite an existing one."""
 
 
+class DataError(GbmwError):
+    """A dataset given to `gbmw train --data` that cannot be trained on (missing, corrupt, not token ids, ids
+    outside the model's vocabulary)."""
+
+
 class DistributedError(GbmwError):
     """A process of a distributed job died or could not be reached; the survivors stop with this."""
 

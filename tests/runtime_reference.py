@@ -28,13 +28,18 @@ that changes by δ, so the weights compare at a tolerance that still means somet
 
 
 def architecture(name: str):
-    return load_architecture(RECIPES / f"{name}.yaml")
+    """A bundled model recipe; `NAME+tied` is that model with its head tied to the token embedding."""
+    base, _, variant = name.partition("+")
+    arch = load_architecture(RECIPES / f"{base}.yaml")
+    return arch.model_copy(update={"tie_embeddings": True}) if variant == "tied" else arch
 
 
-def reference_training(model: str, global_batch: int, steps: int, seed: int = 0, max_grad_norm=None):
+def reference_training(model: str, global_batch: int, steps: int, seed: int = 0, max_grad_norm=None, batches=None,
+                       learning_rate: float = LEARNING_RATE, eps: float = ADAM_EPS):
     """(losses per step, {full parameter name: tensor, "<name>#exp_avg"/"#exp_avg_sq": Adam's moments} after
     the last step). Adam's update is invariant to a gradient's scale; its moments are not, so comparing
-    them catches a gradient summed or averaged over the wrong ranks."""
+    them catches a gradient summed or averaged over the wrong ranks. `batches(step)` gives each step's batch
+    (default: the runtime's synthetic batches)."""
     arch = architecture(model)
     names = layer_names(arch)
     layers = torch.nn.ModuleList(build_layer(arch, name, TensorParallel.single()) for name in names)
@@ -44,10 +49,10 @@ def reference_training(model: str, global_batch: int, steps: int, seed: int = 0,
                 parameter.copy_(initial_value(f"{name}.{key}", parameter.shape, seed))
     if ties_embeddings(arch):
         layers[-1].output.weight = layers[0].word.weight
-    optimizer = torch.optim.Adam(layers.parameters(), lr=LEARNING_RATE, eps=ADAM_EPS, weight_decay=0.0, foreach=False)
+    optimizer = torch.optim.Adam(layers.parameters(), lr=learning_rate, eps=eps, weight_decay=0.0, foreach=False)
     losses = []
     for step in range(steps):
-        batch = synthetic_batch(arch, global_batch, step, seed)
+        batch = synthetic_batch(arch, global_batch, step, seed) if batches is None else batches(step)
         x = batch["inputs"]
         for layer in layers[:-1]:
             x = layer(x)

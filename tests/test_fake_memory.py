@@ -13,15 +13,19 @@ from dist_fixture import run_distributed
 
 pytestmark = [pytest.mark.torch, pytest.mark.dist]
 
-PLANS = [  # (processes, per-layer strategies of gpt-tiny (embedding, 4 blocks, head), partition, micro-batches)
-    (2, ["tp2", "dp2", "sdp2", "tp2+ckpt", "z1dp2", "z2dp2+ckpt"], [6], 2),
-    (2, ["single", "single+ckpt", "single", "single", "single", "single"], [2, 4], 3),
-    (4, ["dp2-tp2", "sdp4", "tp4+ckpt", "z1dp4", "dp4", "tp2-sdp2"], [6], 2),
-    (4, ["tp2", "sdp2", "dp2+ckpt", "tp2", "z1dp2", "tp2"], [3, 3], 3),
+PLANS = [  # (job, processes, per-layer strategies (embedding, 4 blocks, head), partition, micro-batches)
+    ("gpt-tiny_cpu-x4", 2, ["tp2", "dp2", "sdp2", "tp2+ckpt", "z1dp2", "z2dp2+ckpt"], [6], 2),
+    ("gpt-tiny_cpu-x4", 2, ["single", "single+ckpt", "single", "single", "single", "single"], [2, 4], 3),
+    ("gpt-tiny_cpu-x4", 4, ["dp2-tp2", "sdp4", "tp4+ckpt", "z1dp4", "dp4", "tp2-sdp2"], [6], 2),
+    ("gpt-tiny_cpu-x4", 4, ["tp2", "sdp2", "dp2+ckpt", "tp2", "z1dp2", "tp2"], [3, 3], 3),
+    # LLaMA-style: RMSNorm, SwiGLU, rotary, grouped-query attention (TP 4 leaves one key/value head per rank)
+    ("llama-tiny_cpu-x4", 2, ["tp2", "sdp2", "dp2+ckpt", "tp2+ckpt", "z1dp2", "z2dp2"], [6], 2),
+    ("llama-tiny_cpu-x4", 4, ["dp2-tp2", "tp4", "sdp4+ckpt", "tp2-sdp2", "z1dp4", "tp4"], [6], 2),
+    ("llama-tiny_cpu-x4", 4, ["tp2", "sdp2", "tp2+ckpt", "tp2", "dp2", "tp2"], [3, 3], 3),
 ]
 
 
-def _peaks(rank, world_size, strategies, partition, micro_batches):
+def _peaks(rank, world_size, job_name, strategies, partition, micro_batches):
     from gbmw.adapters.profile.fake_memory import step_peak, track_rank
     from gbmw.adapters.runtime.engine import AdamSettings
     from gbmw.adapters.runtime.groups import GroupPool
@@ -31,7 +35,7 @@ def _peaks(rank, world_size, strategies, partition, micro_batches):
 
     from gbmw.layer_cost import tp_local_parameters
 
-    job = load_job("gpt-tiny_cpu-x4")
+    job = load_job(job_name)
     plan = plan_from_strategy_names(job.model, world_size, strategies, partition, 8 * micro_batches, micro_batches)
     real = step_peak(plan, job.model.architecture, GroupPool(plan), AdamSettings(max_grad_norm=1.0), fake=False)
     dist.barrier()
@@ -45,8 +49,8 @@ def _peaks(rank, world_size, strategies, partition, micro_batches):
     return real.peak_bytes, fake.peak_bytes, float(max(in_flight, default=0))
 
 
-@pytest.mark.parametrize("processes, strategies, partition, micro_batches", PLANS)
-def test_the_fake_trace_allocates_what_the_real_step_allocates(processes, strategies, partition, micro_batches):
-    for rank, (real, fake, in_flight) in enumerate(run_distributed(processes, _peaks, strategies, partition,
+@pytest.mark.parametrize("job, processes, strategies, partition, micro_batches", PLANS)
+def test_the_fake_trace_allocates_what_the_real_step_allocates(job, processes, strategies, partition, micro_batches):
+    for rank, (real, fake, in_flight) in enumerate(run_distributed(processes, _peaks, job, strategies, partition,
                                                                    micro_batches, timeout_s=240)):
         assert 0 <= real - fake <= in_flight, (rank, real, fake, in_flight)

@@ -8,13 +8,16 @@ from dist_fixture import run_distributed
 
 pytestmark = [pytest.mark.torch, pytest.mark.dist]
 
-PLANS = [  # per-layer strategies of gpt-tiny (embedding, 4 blocks, head) and the partition, on 2 processes
-    (["tp2", "tp2+ckpt", "sdp2", "tp2", "z1dp2", "tp2"], [6]),
-    (["single", "single+ckpt", "single", "single", "single", "single"], [3, 3]),
+PLANS = [  # model, per-layer strategies (embedding, 4 blocks, head) and the partition, on 2 processes
+    ("gpt-tiny", ["tp2", "tp2+ckpt", "sdp2", "tp2", "z1dp2", "tp2"], [6]),
+    ("gpt-tiny", ["single", "single+ckpt", "single", "single", "single", "single"], [3, 3]),
+    # LLaMA-style: 16-bit rotary tables, SwiGLU's 16-bit backward, RMSNorm in fp32 on the fp32 residual stream
+    ("llama-tiny", ["tp2", "tp2+ckpt", "sdp2", "tp2", "z1dp2", "tp2"], [6]),
+    ("llama-tiny", ["single", "single+ckpt", "single", "single", "single", "single"], [3, 3]),
 ]
 
 
-def _bf16_losses(rank, world_size, strategies, partition):
+def _bf16_losses(rank, world_size, model, strategies, partition):
     from dataclasses import replace
 
     from runtime_reference import LEARNING_RATE, architecture, make_plan
@@ -23,18 +26,18 @@ def _bf16_losses(rank, world_size, strategies, partition):
     from gbmw.adapters.runtime.groups import GroupPool
     from gbmw.adapters.runtime.model import synthetic_batch
 
-    arch = architecture("gpt-tiny")
-    plan = replace(make_plan("gpt-tiny", world_size, strategies, partition, 8, 2), precision="bf16")
+    arch = architecture(model)
+    plan = replace(make_plan(model, world_size, strategies, partition, 8, 2), precision="bf16")
     engine = HybridEngine(plan, arch, GroupPool(plan), "cpu", adam=AdamSettings(LEARNING_RATE))
     return [engine.train_step(synthetic_batch(arch, 8, step, 0)) for step in range(3)]
 
 
-@pytest.mark.parametrize("strategies, partition", PLANS)
-def test_bf16_with_tp_and_pipeline_trains_as_the_reference(strategies, partition):
+@pytest.mark.parametrize("model, strategies, partition", PLANS)
+def test_bf16_with_tp_and_pipeline_trains_as_the_reference(model, strategies, partition):
     from runtime_reference import reference_training
 
-    expected, _ = reference_training("gpt-tiny", 8, 3)
-    for losses in run_distributed(2, _bf16_losses, strategies, partition, timeout_s=180):
+    expected, _ = reference_training(model, 8, 3)
+    for losses in run_distributed(2, _bf16_losses, model, strategies, partition, timeout_s=180):
         # bf16 matmuls keep ~3 significant digits of a loss near 4.9 (observed differences ~5e-3); a wrong
         # gradient scale, dtype mix-up or lost micro-batch moves the second and third losses by far more
         assert losses == pytest.approx(expected, abs=2e-2)

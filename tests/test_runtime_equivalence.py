@@ -30,6 +30,12 @@ PLANS = [
     ("bert-pp2-mixed", "bert-tiny", 4, ["sdp2", "tp2", "dp2+ckpt", "tp2", "sdp2", "tp2+ckpt"], [3, 3], 2),
     ("mixed-clipped", "gpt-tiny", 2, ["sdp2", "tp2", "dp2+ckpt", "tp2", "sdp2", "dp2"], [6], 2),
     ("pp2-2d-clipped", "gpt-tiny", 4, ["tp2", "dp2+ckpt", "sdp2", "tp2", "sdp2", "tp2"], [3, 3], 2),
+    # LLaMA-style (RMSNorm, SwiGLU, rotary, 8 query heads on 4 key/value heads, untied head; "+tied": tied head)
+    ("llama-mixed", "llama-tiny", 2, ["tp2", "sdp2", "tp2+ckpt", "dp2", "z2dp2+ckpt", "tp2"], [6], 2),
+    ("llama-tied-mixed-clipped", "llama-tiny+tied", 2, ["sdp2", "tp2", "dp2+ckpt", "tp2", "z1dp2", "tp2"], [6], 2),
+    ("llama-pp2-mixed", "llama-tiny", 4, ["dp2", "tp2+ckpt", "sdp2", "tp2", "dp2+ckpt", "tp2"], [3, 3], 2),
+    ("llama-2d-tp4", "llama-tiny", 4, ["dp2-tp2", "tp4", "sdp4+ckpt", "tp2-sdp2", "z1dp4", "tp4"], [6], 2),
+    ("llama-tied-pp2", "llama-tiny+tied", 4, ["tp2", "sdp2+ckpt", "dp2", "tp2", "z2dp2", "sdp2"], [2, 4], 4),
 ]
 CLIP_NORM = 0.05
 
@@ -44,17 +50,24 @@ def _train_plans(rank, world_size, runs):
             for model, strategies, partition, micro_batches, max_grad_norm in runs]
 
 
+def _family(model):
+    return "llama" if model.startswith("llama") else "gpt-bert"
+
+
 def trained(processes, plan_id):
-    """(losses, full weights) of `plan_id`, training every plan with `processes` processes on first use."""
-    if processes not in _results:
+    """(losses, full weights) of `plan_id`, training every plan with `processes` processes of its family (LLaMA-style
+    or GPT/BERT: `-k llama` runs those alone) on first use."""
+    family = _family(next(model for identifier, model, *_ in PLANS if identifier == plan_id))
+    if (processes, family) not in _results:
         plans = [(identifier, model, strategies, partition, micro_batches)
-                 for identifier, model, count, strategies, partition, micro_batches in PLANS if count == processes]
+                 for identifier, model, count, strategies, partition, micro_batches in PLANS
+                 if count == processes and _family(model) == family]
         runs = [(model, strategies, partition, micro_batches, clip_norm(identifier))
                 for identifier, model, strategies, partition, micro_batches in plans]
         per_rank = run_distributed(processes, _train_plans, runs, timeout_s=600)
-        _results[processes] = {identifier: collect([rank_results[index] for rank_results in per_rank])
-                               for index, (identifier, *_) in enumerate(plans)}
-    return _results[processes][plan_id]
+        _results[processes, family] = {identifier: collect([rank_results[index] for rank_results in per_rank])
+                                       for index, (identifier, *_) in enumerate(plans)}
+    return _results[processes, family][plan_id]
 
 
 def reference(model, max_grad_norm=None):
@@ -84,6 +97,11 @@ def clip_norm(plan_id):
 #   a weight.
 # * Losses: the mean over 256 tokens of log-softmax values ≈ ln(128) ≈ 4.85, whose fp32 ulp is 4.8e-7; 5e-6 (ten
 #   ulps) catches a loss share divided or summed wrongly, which moves it by a factor.
+# * The LLaMA-style plans add no new sum to reorder beyond these (RMSNorm's mean over 64 features and rotary's
+#   per-element rotation are computed alike on every rank; grouped-query attention keeps whole groups per TP rank),
+#   so the same tolerances hold; they still catch a key/value head paired with the wrong query heads (a different
+#   attention pattern: losses differ in the 3rd decimal), a rotation by the wrong positions, a gate and up matrix
+#   swapped, or a norm's gradient missing its mean term (each changes the moments by far more than 1e-4 of scale).
 MOMENT_SCALE_TOLERANCE = 1e-4
 WEIGHT_TOLERANCE = 1e-5
 LOSS_TOLERANCE = 5e-6

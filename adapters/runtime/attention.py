@@ -28,9 +28,17 @@ CHUNK_SCORE_ELEMENTS = 2**24
 def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, causal: bool,
               dropout_p: float) -> torch.Tensor:
     """softmax(Q·Kᵀ/√d [causal]) with dropout on the probabilities, times V; [batch, heads, tokens, head_dim].
-    CPU with dropout: `RecomputingAttention` (see the module docstring); otherwise torch's SDPA."""
+    Grouped-query attention when K and V have fewer heads than Q (query head i reads key/value head
+    i // (heads / kv_heads); Ainslie et al., GQA, 2023): SDPA's `enable_gqa` keeps K and V at their own width.
+    CPU with dropout: `RecomputingAttention` (see the module docstring), on K and V repeated per query head;
+    otherwise torch's SDPA."""
+    grouped = key.size(1) != query.size(1)
     if dropout_p == 0.0 or query.device.type != "cpu":
-        return F.scaled_dot_product_attention(query, key, value, is_causal=causal, dropout_p=dropout_p)
+        return F.scaled_dot_product_attention(query, key, value, is_causal=causal, dropout_p=dropout_p,
+                                              enable_gqa=grouped)
+    if grouped:
+        repeats = query.size(1) // key.size(1)
+        key, value = key.repeat_interleave(repeats, dim=1), value.repeat_interleave(repeats, dim=1)
     if torch.is_autocast_enabled("cpu"):  # as autocast runs SDPA: in the lower precision
         dtype = torch.get_autocast_dtype("cpu")
         query, key, value = (tensor.to(dtype) for tensor in (query, key, value))

@@ -2,7 +2,8 @@
 
 A checkpoint is a folder:
 
-    checkpoint.yaml      manifest: format, model, step, layer names, Adam settings, the plan it was saved under
+    checkpoint.yaml      manifest: format, model, step, consumed samples, layer names, Adam settings, the plan
+                         it was saved under
     layers/<layer>.pt    per layer: {"<param>": full tensor, "<param>#exp_avg": …, "<param>#exp_avg_sq": …}
 
 Tensors are whole (TP slices gathered, ZeRO shards gathered), keyed by the names of the planner's layers,
@@ -106,6 +107,7 @@ def _manifest(engine: HybridEngine) -> dict:
         "format": CHECKPOINT_FORMAT,
         "model": engine.architecture.name,
         "step": engine.step,
+        "consumed_samples": engine.consumed_samples,
         "seed": engine.seed,
         "layers": layer_names(engine.architecture),
         "adam": {"learning_rate": engine.adam.learning_rate, "betas": list(engine.adam.betas),
@@ -136,6 +138,9 @@ class Manifest(Frozen):
     model: str = Field(min_length=1, max_length=200)
     step: int = Field(ge=0, le=2**53)
     """Optimizer steps taken before the save."""
+    consumed_samples: int | None = Field(default=None, ge=0, le=2**62)
+    """Training samples of those steps (the data position, gbmw.adapters.runtime.token_data); None in checkpoints
+    written before it was recorded: the steps × the resuming plan's global batch."""
     seed: int = Field(ge=0, le=2**32 - 1)
     layers: Items[Annotated[str, Field(max_length=200)]] = Field(min_length=1, max_length=MAX_LAYERS + 16)
     adam: _Adam
@@ -180,7 +185,7 @@ def load_checkpoint(engine: HybridEngine, path: str | Path) -> dict:
         problem = str(error)
     _agree(problem)
     try:
-        engine.load_full_state(layers, int(manifest["step"]))
+        engine.load_full_state(layers, int(manifest["step"]), manifest.get("consumed_samples"))
     except GbmwError as error:
         problem = str(error)
     _agree(problem)

@@ -116,6 +116,8 @@ class HybridEngine:
         self.links = PipelineLinks(self.layout.previous_stage_rank(self.rank), self.layout.next_stage_rank(self.rank))
         self.autocast_dtype = PRECISION_DTYPES[plan.precision]
         self.step = 0
+        self.consumed_samples = 0
+        """Samples of all the steps taken (checkpoints keep it: a job resumed under any plan reads on from there)."""
         self.last_grad_norm: torch.Tensor | None = None
         """The global gradient norm before clipping, of the last step (when clipping is on)."""
         self.observer = None
@@ -237,6 +239,7 @@ class HybridEngine:
             self.observer.step_finished()
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
+        self.consumed_samples += plan.global_batch
         dist.all_reduce(loss_share)  # only the last stage holds loss shares; TP copies were divided out
         return loss_share
 
@@ -303,8 +306,10 @@ class HybridEngine:
         return result
 
     @torch.no_grad()
-    def load_full_state(self, layers: dict[str, dict[str, torch.Tensor]], step: int) -> None:
-        """Set parameters and Adam states from full tensors (as `full_state` returns), resharded for this plan."""
+    def load_full_state(self, layers: dict[str, dict[str, torch.Tensor]], step: int,
+                        consumed_samples: int | None = None) -> None:
+        """Set parameters and Adam states from full tensors (as `full_state` returns), resharded for this plan;
+        `consumed_samples` None: `step` steps of this plan's global batch."""
         self._set_weights(lambda name, shape: _lookup(layers, self.tied.source_name(name), shape))
         for layer in self.layers:
             for key, parameter in layer.parameters.items():
@@ -318,6 +323,7 @@ class HybridEngine:
                     moments[moment] = shard_like(shard_for_rank(full, dim, layer.tp), parameter).detach().clone()
                 self.optimizer.state[parameter] = {"step": torch.tensor(float(step)), **moments}
         self.step = step
+        self.consumed_samples = step * self.plan.global_batch if consumed_samples is None else consumed_samples
 
 
 def _lookup(layers: dict[str, dict[str, torch.Tensor]], full_name: str, shape) -> torch.Tensor:

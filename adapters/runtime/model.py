@@ -9,11 +9,17 @@ Each layer is written once and takes its TP group (`TensorParallel`); with one d
 single-process layer. Attention keeps Megatron's per-head weight layout ([heads, (q, k, v), head_dim]
 rows of the fused QKV matrix) so a column split over TP ranks gives each rank whole heads.
 
-Supported here: GPT-2/3-style decoders (LayerNorm, learned positions, GELU MLP, optional biases) and
-BERT encoders (post-norm, token types, MLM + next-sentence heads). Other options (rotary positions,
-RMSNorm, gated MLPs, grouped-query attention) are refused by `check_runtime_supports` with the field
-that would have to change. The vocabulary is padded to a multiple of 128 as Megatron does
-(`--make-vocab-size-divisible-by`), in every plan alike, so any power-of-two TP degree up to 128 divides it.
+Supported here: GPT-2/3-style decoders (LayerNorm, learned positions, GELU MLP, optional biases), LLaMA-style
+decoders (RMSNorm: rms_norm; SwiGLU: gated_mlp; rotary positions: rotary; grouped-query attention; untied head)
+and BERT encoders (post-norm, token types, MLM + next-sentence heads). What it cannot build (T5, ViT, Swin) is
+refused by `check_runtime_supports` with the sentence `gbmw plan` prints for such a model (gbmw.runtime_support).
+With grouped-query attention the fused QKV matrix is grouped per key/value head, [kv_heads, (its query heads, k, v),
+head_dim] rows (Megatron's layout), so a column split over TP ranks gives each rank whole groups (the planner keeps
+the TP degree a divisor of kv_heads). The gated MLP's two up-projections are separate column-parallel matrices
+(`mlp.gate`, `mlp.fc1`): a fused one would interleave gate and up rows per TP rank, and its full tensor would
+depend on the TP degree — checkpoints hold full tensors that every plan reads alike. The vocabulary is padded to a
+multiple of 128 as Megatron does (`--make-vocab-size-divisible-by`), in every plan alike, so any power-of-two TP
+degree up to 128 divides it.
 """
 
 from __future__ import annotations
@@ -28,8 +34,12 @@ from torch import nn
 
 from gbmw.errors import PlanError
 from gbmw.architectures import BERTArchitecture, GPTArchitecture
+from gbmw.runtime_support import runtime_refusal
 
 from .attention import attention
+from .gated_mlp import swiglu
+from .rms_norm import RMSNorm
+from .rotary import ROTARY_BASE, rotate
 from .tensor_parallel import TensorParallel
 
 VOCAB_PADDING_MULTIPLE = 128
@@ -42,23 +52,11 @@ def padded_vocab_size(vocab_size: int) -> int:
     return math.ceil(vocab_size / VOCAB_PADDING_MULTIPLE) * VOCAB_PADDING_MULTIPLE
 
 
-def check_runtime_supports(architecture: Any) -> None:
-    """One clear error naming the architecture field the runtime cannot train yet."""
-    where = f"model {architecture.name}"
-    if not isinstance(architecture, (GPTArchitecture, BERTArchitecture)):
-        raise PlanError(f"{where}: the runtime trains `family: gpt` and `family: bert` models; "
-                        f"`family: {architecture.family}` is planned but not yet run by gbmw's runtime")
-    if isinstance(architecture, GPTArchitecture):
-        unsupported = {
-            "position_embedding": (architecture.position_embedding, "learned"),
-            "norm": (architecture.norm, "layer"),
-            "gated_mlp": (architecture.gated_mlp, False),
-        }
-        if architecture.num_kv_heads not in (None, architecture.num_heads):
-            unsupported["num_kv_heads"] = (architecture.num_kv_heads, architecture.num_heads)
-        for field_name, (value, works) in unsupported.items():
-            if value != works:
-                raise PlanError(f"{where}: field `{field_name}`: value {value!r} — the runtime supports {works!r}")
+def check_runtime_supports(architecture: Any, precision: str | None = None) -> None:
+    """One clear error saying what the runtime cannot train (gbmw.runtime_support, also said by `gbmw plan`)."""
+    refusal = runtime_refusal(architecture, precision)
+    if refusal is not None:
+        raise PlanError(refusal)
 
 
 def layer_names(architecture: Any) -> list[str]:
@@ -85,7 +83,24 @@ def build_layer(architecture: Any, name: str, tp: TensorParallel, dtype: torch.d
         dropout=dropout,
         tp=tp,
         dtype=dtype,
+        kv_heads=getattr(architecture, "num_kv_heads", None),
+        head_dim=getattr(architecture, "head_dim", None),
+        norm=getattr(architecture, "norm", "layer"),
+        gated_mlp=getattr(architecture, "gated_mlp", False),
+        rotary_base=_rotary_base(architecture),
     )
+
+
+def _rotary_base(architecture: Any) -> float | None:
+    """θ's base when the architecture uses rotary positions (None: learned positions)."""
+    if getattr(architecture, "position_embedding", "learned") != "rotary":
+        return None
+    return float(getattr(architecture, "rope_theta", None) or ROTARY_BASE)
+
+
+def make_norm(kind: str, hidden: int, dtype: torch.dtype) -> nn.Module:
+    """The architecture's `norm`: LayerNorm (`layer`) or RMSNorm (`rms`)."""
+    return RMSNorm(hidden, dtype) if kind == "rms" else nn.LayerNorm(hidden, dtype=dtype)
 
 
 def initial_value(parameter_name: str, shape: torch.Size, seed: int) -> torch.Tensor:
@@ -110,22 +125,25 @@ def dropout(x: torch.Tensor, probability: float, training: bool) -> torch.Tensor
 
 
 class Embedding(nn.Module):
-    """Token (vocabulary-parallel) + learned position (+ BERT token-type and LayerNorm) embeddings."""
+    """Token (vocabulary-parallel) + learned position (none with rotary positions; + BERT token-type and LayerNorm)
+    embeddings."""
 
     def __init__(self, architecture: Any, tp: TensorParallel, dtype: torch.dtype, dropout: float):
         super().__init__()
         hidden = architecture.hidden_size
         self.word = tp.vocab_embedding(padded_vocab_size(architecture.vocab_size), hidden, dtype)
         positions = getattr(architecture, "max_position_embeddings", None) or architecture.seq_length
-        self.position = nn.Embedding(positions, hidden, dtype=dtype)
+        learned = getattr(architecture, "position_embedding", "learned") == "learned"
+        self.position = nn.Embedding(positions, hidden, dtype=dtype) if learned else None
         bert = isinstance(architecture, BERTArchitecture)
         self.token_type = nn.Embedding(architecture.type_vocab_size, hidden, dtype=dtype) if bert else None
         self.norm = nn.LayerNorm(hidden, dtype=dtype) if bert else None
         self.dropout = dropout
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        positions = torch.arange(tokens.size(1), device=tokens.device)
-        hidden = self.word(tokens) + self.position(positions)
+        hidden = self.word(tokens)
+        if self.position is not None:  # (rotary positions are applied in attention)
+            hidden = hidden + self.position(torch.arange(tokens.size(1), device=tokens.device))
         if self.token_type is not None:
             hidden = hidden + self.token_type.weight[0]  # every token of the synthetic data is segment A
         if self.norm is not None:
@@ -134,34 +152,64 @@ class Embedding(nn.Module):
 
 
 class TransformerBlock(nn.Module):
-    """Self-attention + MLP with Megatron's TP split: QKV and fc1 column-parallel, proj and fc2 row-parallel."""
+    """Self-attention + MLP with Megatron's TP split: QKV (gate and up) column-parallel, proj and fc2 row-parallel."""
 
     def __init__(self, hidden: int, heads: int, ffn: int, bias: bool, causal: bool, post_norm: bool, dropout: float,
-                 tp: TensorParallel, dtype: torch.dtype):
+                 tp: TensorParallel, dtype: torch.dtype, *, kv_heads: int | None = None, head_dim: int | None = None,
+                 norm: str = "layer", gated_mlp: bool = False, rotary_base: float | None = None):
         super().__init__()
-        if heads % tp.size or ffn % tp.size:
-            raise PlanError(f"TP degree {tp.size} must divide the heads ({heads}) and the MLP width ({ffn})")
-        self.local_heads, self.head_dim = heads // tp.size, hidden // heads
-        self.causal, self.post_norm, self.dropout = causal, post_norm, dropout
-        self.attention_norm = nn.LayerNorm(hidden, dtype=dtype)
+        kv_heads = kv_heads or heads
+        if heads % tp.size or kv_heads % tp.size or ffn % tp.size:
+            raise PlanError(f"TP degree {tp.size} must divide the heads ({heads}), the key/value heads ({kv_heads}) and "
+                            f"the MLP width ({ffn})")
+        # head_dim: hidden / heads unless the architecture sets its own (Mistral-Nemo's 128 with hidden 5120, 32 heads)
+        self.local_groups, self.group_heads = kv_heads // tp.size, heads // kv_heads
+        self.head_dim = head_dim or hidden // heads
+        self.causal, self.post_norm, self.dropout, self.rotary_base = causal, post_norm, dropout, rotary_base
+        self.attention_norm = make_norm(norm, hidden, dtype)
         self.attention = nn.Module()
-        self.attention.qkv = tp.column_linear(hidden, 3 * hidden, bias, dtype)
-        self.attention.proj = tp.row_linear(hidden, hidden, bias, dtype)
-        self.mlp_norm = nn.LayerNorm(hidden, dtype=dtype)
+        self.attention.qkv = tp.column_linear(hidden, (heads + 2 * kv_heads) * self.head_dim, bias, dtype)
+        self.attention.proj = tp.row_linear(heads * self.head_dim, hidden, bias, dtype)
+        self.mlp_norm = make_norm(norm, hidden, dtype)
         self.mlp = nn.Module()
+        if gated_mlp:
+            self.mlp.gate = tp.column_linear(hidden, ffn, bias, dtype)
         self.mlp.fc1 = tp.column_linear(hidden, ffn, bias, dtype)
         self.mlp.fc2 = tp.row_linear(ffn, hidden, bias, dtype)
+        self.gated_mlp = gated_mlp
+
+    def _heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Q, K, V as [batch, tokens, heads, head_dim] from the fused projection (its rows grouped per key/value head).
+        Multi-head attention without rotary positions takes views of the projection's output (kept whole for
+        backward, as its three parts are). Otherwise each part gets its own storage — the rotated Q and K, a copy of
+        V — so the projection's output is freed and backward keeps exactly Q, K and V."""
+        batch, tokens, _ = x.shape
+        qkv = self.attention.qkv(x).view(batch, tokens, self.local_groups, self.group_heads + 2, self.head_dim)
+        if self.group_heads == 1 and self.rotary_base is None:
+            return qkv.unbind(3)
+        query = qkv[:, :, :, :self.group_heads].reshape(batch, tokens, self.local_groups * self.group_heads,
+                                                          self.head_dim)
+        key, value = qkv[:, :, :, self.group_heads], qkv[:, :, :, self.group_heads + 1]
+        if self.rotary_base is not None:
+            query, key = rotate(query, self.rotary_base), rotate(key, self.rotary_base)
+        return query.contiguous(), key.contiguous(), value.contiguous()
 
     def _attend(self, x: torch.Tensor) -> torch.Tensor:
         batch, tokens, _ = x.shape
-        qkv = self.attention.qkv(x).view(batch, tokens, self.local_heads, 3, self.head_dim)
-        query, key, value = (part.transpose(1, 2) for part in qkv.unbind(3))
+        query, key, value = (part.transpose(1, 2) for part in self._heads(x))
         context = attention(query, key, value, self.causal, self.dropout if self.training else 0.0)
-        context = context.transpose(1, 2).reshape(batch, tokens, self.local_heads * self.head_dim)
+        context = context.transpose(1, 2).reshape(batch, tokens, self.local_groups * self.group_heads * self.head_dim)
         return dropout(self.attention.proj(context), self.dropout, self.training)
 
     def _feed_forward(self, x: torch.Tensor) -> torch.Tensor:
-        return dropout(self.mlp.fc2(F.gelu(self.mlp.fc1(x))), self.dropout, self.training)
+        if not self.gated_mlp:
+            return dropout(self.mlp.fc2(F.gelu(self.mlp.fc1(x))), self.dropout, self.training)
+        device = x.device.type
+        if torch.is_autocast_enabled(device) and isinstance(self.mlp.gate, nn.Linear):
+            # one 16-bit copy of the normalised input for both up-projections (autocast would cast it for each and
+            # `nn.Linear` keep both); megatron's TP linears keep the fp32 input they are given, shared by both
+            x = x.to(torch.get_autocast_dtype(device))
+        return dropout(self.mlp.fc2(swiglu(self.mlp.gate(x), self.mlp.fc1(x))), self.dropout, self.training)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.post_norm:  # BERT
@@ -172,12 +220,12 @@ class TransformerBlock(nn.Module):
 
 
 class GPTHead(nn.Module):
-    """Final LayerNorm, vocabulary-parallel output projection and cross-entropy: the mean loss per token."""
+    """Final norm, vocabulary-parallel output projection and cross-entropy: the mean loss per token."""
 
     def __init__(self, architecture: GPTArchitecture, tp: TensorParallel, dtype: torch.dtype):
         super().__init__()
         self.tp = tp
-        self.norm = nn.LayerNorm(architecture.hidden_size, dtype=dtype)
+        self.norm = make_norm(architecture.norm, architecture.hidden_size, dtype)
         self.output = tp.column_linear(architecture.hidden_size, padded_vocab_size(architecture.vocab_size), False,
                                        dtype)
 

@@ -5,7 +5,9 @@
     deepspeed --num_gpus 2 --module gbmw train JOB --plan plan.yaml               # passes --local_rank=N
 
 Every rank reads the same job, plan and (optionally) checkpoint, builds its stage (engine), and trains on
-a reproducible synthetic batch per step (the same on every rank; each takes its slices). Rank 0 prints one
+the same global batch per step (each rank takes its slices): the next `global_batch` samples of `--data`
+(token_data: Megatron's indexed dataset or a .npy token array, from the checkpoint's consumed-samples count on),
+or a reproducible synthetic batch. Rank 0 prints one
 line per step: loss, seconds and samples per second. A rank that loses its peers (one died) stops with one
 message instead of waiting forever.
 """
@@ -29,6 +31,8 @@ class TrainSettings:
     load: str | None = None
     timeout_s: float = 300.0
     local_rank: int | None = None
+    data: str | None = None
+    """A tokenised dataset (token_data); None: synthetic tokens."""
 
 
 def launch_hint(num_devices: int, job: str, plan: str) -> str:
@@ -45,7 +49,7 @@ def train(job_reference: str, plan_path: str, settings: TrainSettings) -> list[f
     after a run, and at once after a failure (gbmw.adapters.runtime.launch.finish_distributed)."""
     from .launch import agree, finish_distributed, start_after_checking
 
-    (plan, architecture), context = start_after_checking(lambda: _read_inputs(job_reference, plan_path, settings),
+    (plan, architecture, data), context = start_after_checking(lambda: _read_inputs(job_reference, plan_path, settings),
                                                          settings.timeout_s, settings.local_rank)
     import torch.distributed as dist
 
@@ -54,7 +58,7 @@ def train(job_reference: str, plan_path: str, settings: TrainSettings) -> list[f
         if context.world_size != plan.num_devices:
             agree(f"{plan_path} is a plan for num_devices={plan.num_devices} but {context.world_size} process(es) "
                   f"were launched; start it with: {launch_hint(plan.num_devices, job_reference, plan_path)}", PlanError)
-        losses = _run(plan, architecture, settings, context)
+        losses = _run(plan, architecture, data, settings, context)
         completed = True
         return losses
     except GbmwError as error:
@@ -69,6 +73,7 @@ def _read_inputs(job_reference: str, plan_path: str, settings: TrainSettings):
     """The plan and the architecture the runtime builds, checked against the job and the --save folder."""
     from gbmw.jobs import load_job
     from gbmw.plan import Plan
+    from gbmw.runtime_support import runtime_refusal
 
     job = load_job(job_reference)
     plan = Plan.load(plan_path)
@@ -79,16 +84,28 @@ def _read_inputs(job_reference: str, plan_path: str, settings: TrainSettings):
     if plan.schedule != "1f1b" or plan.virtual_stages != 1:
         raise PlanError(f"{plan_path}: schedule {plan.schedule} with virtual_stages {plan.virtual_stages} — gbmw's runtime "
                         "runs the plain 1F1B pipeline (schedule 1f1b, virtual_stages 1); plan again for --target runtime")
+    refusal = runtime_refusal(job.model.architecture, plan.precision)  # what `gbmw plan` warned of
+    if refusal is not None:
+        raise PlanError(refusal)
     architecture = job.model.require_architecture("gbmw train")
     if settings.save and Path(settings.save).exists():
         raise GbmwError(f"--save {settings.save}: exists; gbmw never replaces a checkpoint — choose a new folder")
-    from .model import check_runtime_supports  # imports torch: after the checks that need none
-
-    check_runtime_supports(architecture)
-    return plan, architecture
+    return plan, architecture, _open_data(settings, architecture)
 
 
-def _run(plan, architecture, settings: TrainSettings, context) -> list[float]:
+def _open_data(settings: TrainSettings, architecture):
+    """The dataset of --data, its files checked (token_data.DataError otherwise); None without --data."""
+    if settings.data is None:
+        return None
+    from .token_data import DataError, TokenData
+
+    if architecture.family != "gpt":
+        raise DataError(f"--data {settings.data}: model {architecture.name} is `family: {architecture.family}`; --data "
+                        "trains decoder language models (`family: gpt`), whose samples are plain token sequences")
+    return TokenData(settings.data, architecture.seq_length, architecture.vocab_size, settings.seed)
+
+
+def _run(plan, architecture, data, settings: TrainSettings, context) -> list[float]:
     from .launch import is_communication_failure, lost_contact
 
     def say(text: str) -> None:
@@ -96,19 +113,20 @@ def _run(plan, architecture, settings: TrainSettings, context) -> list[float]:
             print(text, flush=True)
 
     try:
-        return _steps(plan, architecture, settings, context, say)
+        return _steps(plan, architecture, data, settings, context, say)
     except RuntimeError as error:  # torch.distributed reports a dead peer as a RuntimeError subclass
         if not is_communication_failure(error):
             raise
         raise lost_contact(error, "outside a training step (building the stages, loading or saving)") from None
 
 
-def _steps(plan, architecture, settings: TrainSettings, context, say) -> list[float]:
+def _steps(plan, architecture, data, settings: TrainSettings, context, say) -> list[float]:
     from .checkpoint_files import load_checkpoint, save_checkpoint
     from .engine import AdamSettings, HybridEngine
     from .groups import GroupPool
-    from .launch import is_communication_failure
+    from .launch import agree, is_communication_failure
     from .model import synthetic_batch
+    from .token_data import DataError
 
     pool = GroupPool(plan)
     engine = HybridEngine(plan, architecture, pool, context.device, seed=settings.seed,
@@ -117,13 +135,26 @@ def _steps(plan, architecture, settings: TrainSettings, context, say) -> list[fl
     say(f"gbmw train: {plan.model} on {plan.num_devices} {context.device.split(':')[0]} process(es) ({context.backend}), "
         f"pp={plan.pp} partition={list(plan.partition)}, {plan.num_micro_batches} micro-batches of "
         f"{plan.micro_batch}, strategies {_summary(plan)}")
+    manifest = None
     if settings.load:
         manifest = load_checkpoint(engine, settings.load)
         say(f"resumed from {settings.load} at step {manifest['step']} (saved under {manifest['saved_under']['num_devices']} "
             f"devices, pp={manifest['saved_under']['pp']})")
+    if data is not None and settings.load and manifest["seed"] != data.seed:
+        data = data.with_seed(manifest["seed"])  # the order the job's earlier steps read, whatever --seed says now
+        say(f"data order: the checkpoint's --seed {manifest['seed']} (not {settings.seed}), as the saved job read it")
+    if data is not None:
+        say(f"data: {data.path} ({data.tokens} {data.dtype} tokens, {data.samples_per_epoch} samples of "
+            f"{architecture.seq_length + 1} tokens per epoch), from sample {engine.consumed_samples}")
     losses = []
     for _ in range(settings.steps):
-        batch = synthetic_batch(architecture, plan.global_batch, engine.step, settings.seed)
+        if data is None:
+            batch = synthetic_batch(architecture, plan.global_batch, engine.step, settings.seed)
+        else:
+            try:
+                batch = data.batch(engine.consumed_samples, plan.global_batch)
+            except DataError as error:  # every rank reads the same batch, finds the same problem and stops here
+                agree(str(error), DataError)
         started = time.perf_counter()
         try:
             loss = engine.train_step(batch)

@@ -1,0 +1,52 @@
+"""What gbmw's own runtime can train, decided without torch: `gbmw plan` says it when planning for
+`--target runtime` (the default), and `gbmw train` refuses with the same sentence.
+
+The runtime (gbmw.adapters.runtime.model) builds GPT-style decoders — GPT-2/3 (LayerNorm, learned positions,
+GELU MLP, biases) and LLaMA-style (RMSNorm, SwiGLU, rotary positions, grouped-query attention, no biases,
+tied or untied head) — and BERT encoders. It trains in fp32 or bf16 (fp16 would need loss scaling). T5's
+encoder-decoder, ViT's and Swin's image models are planned and emitted for DeepSpeed and Megatron, but the
+runtime has no modules for them yet.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+RUNTIME_FAMILIES = ("gpt", "bert")
+RUNTIME_PRECISIONS = ("fp32", "bf16")
+
+
+def runtime_refusal(architecture: Any, precision: str | None = None) -> str | None:
+    """Why gbmw's runtime cannot train this model (one sentence, naming the field), or None when it can.
+    `architecture` None is a model read from a layer list (costs only, no modules to build)."""
+    if architecture is None:
+        return ("the model is a layer list (costs only, no `family`), so gbmw's runtime has no modules to build; "
+                "plan from the model's recipe")
+    where = f"model {architecture.name}"
+    if architecture.family not in RUNTIME_FAMILIES:
+        return (f"{where}: `family: {architecture.family}` is planned but not trained by gbmw's runtime (it trains "
+                f"{' and '.join(f'`family: {family}`' for family in RUNTIME_FAMILIES)} models); plan it for --target "
+                "deepspeed, megatron-deepspeed or megatron-core and run it with that framework")
+    qkv_bias = getattr(architecture, "qkv_bias", None)
+    if qkv_bias is not None and qkv_bias != getattr(architecture, "bias", True):
+        return (f"{where}: `qkv_bias: {str(qkv_bias).lower()}` with `bias: {str(architecture.bias).lower()}`: gbmw's "
+                "runtime gives the Q, K and V projections biases exactly when every linear has them; plan it for "
+                "--target megatron-core (--add-qkv-bias) and run it there")
+    window = getattr(architecture, "sliding_window", None)
+    if window is not None and window < architecture.seq_length:
+        return (f"{where}: `sliding_window: {window}` is shorter than seq_length {architecture.seq_length}: gbmw's "
+                "runtime attends over the whole causal prefix; train at seq_length ≤ the window (--seq-length "
+                f"{window}) or with a framework that runs sliding windows")
+    if precision is not None and precision not in RUNTIME_PRECISIONS:
+        return (f"{where}: precision {precision}: gbmw's runtime trains in {' or '.join(RUNTIME_PRECISIONS)} "
+                "(fp16 would need loss scaling); plan the job with precision bf16 or fp32")
+    return None
+
+
+def runtime_warning(job, target: str) -> str | None:
+    """The line `gbmw plan` prints when the plan is for gbmw's runtime and the runtime cannot train the job's model
+    (None otherwise): the sentence `gbmw train` would refuse with."""
+    if target != "runtime":
+        return None
+    refusal = runtime_refusal(job.model.architecture, job.precision)
+    return None if refusal is None else f"warning: `gbmw train` cannot run this plan: {refusal}"
