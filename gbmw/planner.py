@@ -138,7 +138,7 @@ class Planner:
             strategies = self.spec.strategies(cluster, pp)
             heads_ok = tp_allowed(model, strategies)
             if strategies and not heads_ok.any(axis=0).all():
-                names = ", ".join(dict.fromkeys(s.name.removesuffix("+ckpt") for s in strategies))
+                names = ", ".join(dict.fromkeys(s.layout_name for s in strategies))
                 self.exclusions[f"pp={pp}: no candidate ({names}) has a TP degree dividing every layer's heads"] = None
                 continue
             for micro_batch in self._micro_batch_sizes():
