@@ -198,8 +198,9 @@ class Target:
         """Raise PlanError with every reason this target cannot run `plan`."""
         problems = self.problems(plan, model)
         if problems:
-            raise PlanError(f"{self.name} cannot run this plan: " + "; ".join(problems) + " — use --target runtime, "
-                            f"or plan again with --target {self.name}")
+            advice = "" if self.per_layer else "use --target runtime, or "
+            raise PlanError(f"{self.name} cannot run this plan: " + "; ".join(problems) + f" — {advice}plan again with "
+                            f"--target {self.name}")
 
 
 def _describe_runs(plan: "Plan") -> str:
