@@ -79,6 +79,12 @@ def _read_inputs(job_reference: str, plan_path: str, settings: TrainSettings):
     if plan.schedule != "1f1b" or plan.virtual_stages != 1:
         raise PlanError(f"{plan_path}: schedule {plan.schedule} with virtual_stages {plan.virtual_stages} — gbmw's runtime "
                         "runs the plain 1F1B pipeline (schedule 1f1b, virtual_stages 1); plan again for --target runtime")
+    unsupported = next(((index, s) for index, s in enumerate(plan.strategies) if s.sp or s.selective), None)
+    if unsupported is not None:
+        index, strategy = unsupported
+        raise PlanError(f"{plan_path}: field `strategies`: layer {index} uses {strategy.name} — gbmw's runtime runs "
+                        "neither sequence parallelism (+sp) nor selective recomputation (+sel); plan again for "
+                        "--target runtime, or run this plan under Megatron (its --target megatron-core / megatron-deepspeed)")
     architecture = job.model.require_architecture("gbmw train")
     if settings.save and Path(settings.save).exists():
         raise GbmwError(f"--save {settings.save}: exists; gbmw never replaces a checkpoint — choose a new folder")
