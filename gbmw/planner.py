@@ -129,13 +129,14 @@ class Planner:
 
     def _settings(self) -> list[Setting]:
         model, cluster = self.job.model, self.job.cluster
+        target = get_target(self.spec.target)
         result = []
         self.exclusions: dict[str, None] = {}
         for pp in self.spec.pipeline_degrees(cluster, self.max_pp):
             if pp > model.num_layers:
                 self.exclusions[f"pp={pp} exceeds the model's {model.num_layers} layers"] = None
                 break
-            strategies = self.spec.strategies(cluster, pp)
+            strategies = [s for s in self.spec.strategies(cluster, pp) if target.runs_recompute_of(s, model)]
             heads_ok = tp_allowed(model, strategies)
             if strategies and not heads_ok.any(axis=0).all():
                 names = ", ".join(dict.fromkeys(s.layout_name for s in strategies))

@@ -86,6 +86,14 @@ class Target:
         return not (pp > 1 and self.pipeline_max_zero_stage is not None
                     and any(ZERO_STAGE_OF_AXIS[axis] > self.pipeline_max_zero_stage for axis in data_axes))
 
+    def runs_recompute_of(self, strategy: Strategy, model: ModelSpec) -> bool:
+        """Whether it runs `strategy`'s recomputation level on `model` (Megatron-DeepSpeed's selective recomputation
+        needs the unfused attention core)."""
+        if not strategy.selective:
+            return True
+        flash = model.architecture is not None and model.architecture.attention == "flash"
+        return self.selective_recompute == "any" or (self.selective_recompute == "standard" and not flash)
+
     @property
     def partition_rules(self) -> tuple[str, ...]:
         return tuple(rule for _, rule in self.partition_methods)
@@ -168,11 +176,10 @@ class Target:
             problems.append(f"sequence parallelism (+sp): {self.name} does not run it — use --target megatron-core "
                             "or megatron-deepspeed")
         if any(strategy.selective for strategy in plan.strategies):
-            flash = model.architecture is not None and model.architecture.attention == "flash"
             if self.selective_recompute is None:
                 problems.append(f"selective recomputation (+sel): {self.name} does not run it — use --target "
                                 "megatron-core")
-            elif self.selective_recompute == "standard" and flash:
+            elif not all(self.runs_recompute_of(strategy, model) for strategy in plan.strategies):
                 problems.append(f"selective recomputation (+sel) with flash attention: {self.name} recomputes only "
                                 "its unfused attention core — use --target megatron-core, or full recomputation")
         return problems

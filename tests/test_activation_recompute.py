@@ -92,3 +92,20 @@ def test_strategy_names_round_trip_and_refuse_bad_combinations():
         Strategy.parse("tp8+ckpt+sel")
     with pytest.raises(Exception, match=r"suffixes are \+sp"):
         Strategy.parse("tp8+seq")
+
+
+def test_search_offers_what_each_target_runs():
+    """gbmw's runtime is offered neither +sp nor +sel; megatron-core both; Megatron-DeepSpeed no +sel on a model
+    with flash attention (its flash path recomputes nothing), so no plan it is given can be refused for that."""
+    from gbmw.jobs import load_job
+    from gbmw.planner import Planner
+
+    job = load_job("gpt-tiny_cpu-x4")  # flash attention, 4 devices
+
+    def offered(target: str) -> set[str]:
+        return {s.name for setting in Planner(job, target=target)._settings() for s in setting.tables.strategies}
+
+    runtime, core, deepspeed = offered("runtime"), offered("megatron-core"), offered("megatron-deepspeed")
+    assert not any("+sp" in name or "+sel" in name for name in runtime)
+    assert {"tp2-z1dp2+sp", "tp2-z1dp2+sp+sel", "z1dp4+sel"} <= core
+    assert "tp2-z1dp2+sp" in deepspeed and not any("+sel" in name for name in deepspeed)
