@@ -8,7 +8,8 @@ names) all derive from these definitions (DESIGN.md, "Target").
 * `megatron-deepspeed` — Megatron TP (innermost, consecutive ranks) inside DeepSpeed ZeRO (≤ 1 with a
   pipeline); GPTModelPipe's `type:transformer` partition, which is Megatron's even split of blocks.
 * `megatron-core` — uniform TP and PP, plain DP or the distributed optimizer (ZeRO-1), an even split or
-  uneven first and last stages (`--decoder-first/last-pipeline-num-layers`).
+  uneven first and last stages (`--decoder-first/last-pipeline-num-layers`), and interleaved 1F1B on an even split
+  (the planner tries every number of equal chunks per stage: `--num-layers-per-virtual-pipeline-stage`).
 
 Stock frameworks recompute all Transformer blocks or none (never embeddings or heads) and run 1F1B. The
 Megatron targets also run sequence parallelism (every layer with TP) and selective recomputation of the attention

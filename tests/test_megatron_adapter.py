@@ -201,6 +201,22 @@ def test_sequence_parallel_and_selective_flags_and_their_refusals():
         gbmw.uniform_plan(job, "tp=1,pp=2,zero=1,sp=on,micro=1,target=megatron-core")
 
 
+def test_planner_chooses_interleaving_for_megatron_core_and_its_plan_round_trips():
+    """On llama-7b over 8 A100s the megatron-core search interleaves (64 micro-batches on 4 stages: the bubble
+    matters); the search's iteration time is estimate_plan's for that plan, and the arguments read back to it."""
+    from gbmw.estimate import estimate_plan
+
+    job = job_named("llama-7b_a100-80g-x8")
+    plan = gbmw.Planner(job, target="megatron-core").run()
+    assert plan.virtual_stages > 1 and plan.pp > 1
+    assert estimate_plan(job, plan).iteration_time_s == pytest.approx(plan.estimate.iteration_time_s, rel=1e-12)
+    args = plan_to_megatron_args(plan, job, "megatron-core")
+    assert args[args.index("--num-layers-per-virtual-pipeline-stage") + 1] == str(32 // (plan.pp * plan.virtual_stages))
+    assert megatron_args_to_plan(args, job, "megatron-core") == comparable(plan, "megatron-core")
+    runtime = gbmw.Planner(job, target="runtime").run()
+    assert runtime.virtual_stages == 1
+
+
 def test_deepspeed_axes_map_to_zero_stages():
     job = job_named("gpt3-15b_a100-80g-x32")
     for zero, axis in enumerate(("dp", "z1dp", "z2dp", "sdp")):
