@@ -109,3 +109,17 @@ def test_search_offers_what_each_target_runs():
     assert not any("+sp" in name or "+sel" in name for name in runtime)
     assert {"tp2-z1dp2+sp", "tp2-z1dp2+sp+sel", "z1dp4+sel"} <= core
     assert "tp2-z1dp2+sp" in deepspeed and not any("+sel" in name for name in deepspeed)
+
+
+def test_plan_with_the_new_choices_round_trips_through_yaml():
+    """+sp / +sel strategies and virtual stages survive Plan.to_yaml → Plan.from_yaml exactly."""
+    import dataclasses
+
+    import gbmw
+    from gbmw.plan import Plan
+
+    job = gbmw.load_job("gpt3-15b_a100-80g-x32")
+    plan = gbmw.uniform_plan(job, "tp=8,pp=2,zero=1,ckpt=selective,sp=on,micro=1,target=megatron-core")
+    plan = dataclasses.replace(plan, virtual_stages=3)
+    again = Plan.from_yaml(plan.to_yaml())
+    assert again == plan and again.strategies[1].name == "tp8-z1dp2+sp+sel" and again.virtual_stages == 3
