@@ -2,7 +2,7 @@
 `validate_args` (megatron/training/arguments.py) — the parser `pretrain_gpt.py` runs (issue 14).
 
     git clone --branch core_v<megatron-core version> https://github.com/NVIDIA/Megatron-LM /path/to/Megatron-LM
-    .venv/bin/pip install six regex      # what megatron/training imports beyond megatron-core
+    .venv/bin/pip install six regex triton   # what megatron/training imports beyond gbmw[runtime]
     MEGATRON_LM=/path/to/Megatron-LM .venv/bin/python benchmarks/megatron_lm_arguments.py [--megatron-lm PATH]
 
 The argument sets: gbmw's best megatron-core plan for every bundled GPT job, the published hand-tuned
