@@ -206,9 +206,8 @@ class Target:
         """Raise PlanError with every reason this target cannot run `plan`."""
         problems = self.problems(plan, model)
         if problems:
-            advice = "" if self.per_layer else "use --target runtime, or "
-            raise PlanError(f"{self.name} cannot run this plan: " + "; ".join(problems) + f" — {advice}plan again with "
-                            f"--target {self.name}")
+            advice = "" if self.per_layer else (f" — use --target runtime, or plan again with --target {self.name}")
+            raise PlanError(f"{self.name} cannot run this plan: " + "; ".join(problems) + advice)
 
 
 def _describe_runs(plan: "Plan") -> str:
