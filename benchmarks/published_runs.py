@@ -6,7 +6,7 @@
 The runs, their sources and their clusters as published are in benchmarks/published_runs.yaml (every number quoted
 from its source). For each run this builds the model from its published architecture, the cluster from its
 published hardware, and the plan from its published parallelism (TP, PP, DP, ZeRO stage or FSDP, micro-batch,
-recomputation, interleaving), and prints gbmw's predicted iteration time against the published one (given, or
+recomputation — full or selective —, sequence parallelism, interleaving), and prints gbmw's predicted iteration time against the published one (given, or
 implied by the published tokens/s or TFLOP/s per GPU with the source's own FLOP formula) and the signed error
 (+ = gbmw predicts slower). Target (issue 12): mean |error| ≤ 10 %, max ≤ 20 %.
 
@@ -14,8 +14,7 @@ Nothing here is calibrated to these runs. The devices come from the bundled clus
 rates and STREAM bandwidths (recipes/clusters/*.yaml, benchmarks/kernel_rates.yaml) — and the inter-node links
 from NCCL's measured bandwidth per NIC (below); the runs are only compared with.
 
-Runs that cannot be costed are listed with the reason: sequence parallelism or selective recomputation (not in
-gbmw's space yet, issue 14), FP8, an unstated configuration (micro-batch, recomputation, TP/PP split, precision)
+Runs that cannot be costed are listed with the reason: FP8, an unstated configuration (micro-batch, recomputation, TP/PP split, precision)
 or an unstated network, or numbers the collector could not verify in a primary source.
 """
 
@@ -81,8 +80,6 @@ def why_not_costable(run: dict) -> str | None:
     precision = str(run.get("precision") or "").lower()
     if run.get("verified") is False:
         return "numbers not verified in the primary source"
-    if parallelism.get("sequence_parallel") or parallelism.get("recompute") == "selective":
-        return "sequence parallelism / selective recomputation (not in gbmw's space; issue 14)"
     if "fp8" in precision:
         return "FP8"
     if not any(word in precision for word in ("fp16", "bf16", "16-bit")):
@@ -192,7 +189,7 @@ def cost(run: dict) -> Costed:
     if parallelism["global_batch"] % (parallelism["micro_batch"] * dp):
         raise ValueError(f"{run['name']}: global batch not a multiple of micro-batch × DP")
     config = UniformConfig(tp=parallelism["tensor"], pp=parallelism["pipeline"], zero=zero,
-                           ckpt="full" if parallelism["recompute"] == "full" else "none",
+                           ckpt=parallelism["recompute"], sp=bool(parallelism.get("sequence_parallel")),
                            micro=parallelism["micro_batch"], batch=parallelism["global_batch"],
                            target=TARGET_OF_FRAMEWORK[framework])
     if "type:transformer|embedding" in " ".join(run.get("notes") or []):

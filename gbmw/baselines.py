@@ -27,14 +27,15 @@ from gbmw.stock_partitions import megatron_partition
 from gbmw.targets import AXIS_OF_ZERO_STAGE, get_target
 from gbmw.jobs import JobSpec
 from gbmw.model_spec import ModelSpec
-from gbmw.space import Strategy
+from gbmw.space import RECOMPUTE_LEVELS, Strategy
 
 UNIFORM_KEYS = {
     "tp": "tensor-parallel degree (power of two)",
     "pp": "pipeline degree (power of two)",
     "dp": "data-parallel degree (optional; must equal devices / (tp * pp))",
     "zero": "ZeRO stage 0-3 (3 = sharded data parallel)",
-    "ckpt": "activation recomputation: full or none",
+    "ckpt": "activation recomputation: full, selective (the attention core) or none",
+    "sp": "sequence parallelism with TP: on or off (default off)",
     "micro": "micro-batch size per data-parallel rank (Megatron --micro-batch-size)",
     "batch": "global batch (optional; default the job's global_batch)",
     "target": "what runs it: runtime (default), deepspeed, megatron-deepspeed or megatron-core",
@@ -48,6 +49,7 @@ class UniformConfig:
     dp: int | None = None
     zero: int = 0
     ckpt: str = "none"
+    sp: bool = False
     micro: int = 1
     batch: int | None = None
     target: str = "runtime"
@@ -77,12 +79,17 @@ class UniformConfig:
                     raise PlanError(f"--uniform target={shown(value)}: {str(error).split('; ', 1)[-1]}") from None
                 continue
             if key == "ckpt":
-                if value not in ("full", "none"):
+                if value not in RECOMPUTE_LEVELS:
                     raise PlanError(
-                        f"--uniform ckpt={shown(value)}: only full (every Transformer block recomputed) or none is "
-                        "modelled; selective recomputation is not"
+                        f"--uniform ckpt={shown(value)}: write full (every Transformer block recomputed), selective "
+                        "(their attention cores) or none"
                     )
                 values[key] = value
+                continue
+            if key == "sp":
+                if value.lower() not in ("on", "off", "true", "false"):
+                    raise PlanError(f"--uniform sp={shown(value)}: write on or off (sequence parallelism with TP)")
+                values[key] = value.lower() in ("on", "true")
                 continue
             try:
                 number = int(value)
@@ -141,11 +148,15 @@ class UniformConfig:
         """One strategy per layer of `model`: TP innermost, then `dp`-way data parallelism at the config's ZeRO
         stage; recomputation on Transformer blocks only (stock frameworks never recompute embeddings or heads)."""
         dims = ((("tp", self.tp),) if self.tp > 1 else ()) + (((AXIS_OF_ZERO_STAGE[self.zero], dp),) if dp > 1 else ())
-        block, plain = Strategy(dims, ckpt=self.ckpt == "full"), Strategy(dims)
+        if self.sp and self.tp < 2:
+            raise PlanError(f"--uniform sp=on with tp={self.tp}: sequence parallelism splits TP's replicated "
+                            "regions; it needs tp >= 2")
+        plain = Strategy(dims, sp=self.sp)
+        block = plain.with_recompute(self.ckpt)
         return tuple(block if layer.is_block else plain for layer in model.layers)
 
     def describe(self) -> str:
-        return f"tp={self.tp},pp={self.pp},zero={self.zero},ckpt={self.ckpt},micro={self.micro}" + (
+        return f"tp={self.tp},pp={self.pp},zero={self.zero},ckpt={self.ckpt}{',sp=on' if self.sp else ''},micro={self.micro}" + (
             f",batch={self.batch}" if self.batch else "") + (f",target={self.target}" if self.target != "runtime" else "")
 
 
@@ -168,7 +179,7 @@ class HandTunedConfig(BaseModel):
     """The framework that ran it, as a gbmw target: megatron-core (Megatron-LM, NeMo) or megatron-deepspeed."""
     published: dict[str, Any]
     config: dict[str, Any]
-    """--uniform keys: tp, pp, zero, ckpt, micro, optionally batch."""
+    """--uniform keys: tp, pp, zero, ckpt, micro, optionally sp and batch."""
     notes: str = ""
 
     @property

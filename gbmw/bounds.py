@@ -70,7 +70,10 @@ def throughput_upper_bound(costs: StageCosts, allowed: np.ndarray, budget_bytes:
     # holding both tied layers steps the tied weight once, so per-layer step times do not bound it from below.
     sync_extra = np.where(allowed, tables.time_s - tables.time_no_grad_sync_s, np.inf).min(axis=0)
     slowest_sync = max(sync_extra.sum() / pp, sync_extra.max())
-    lower = (count - 1) * slowest_stage + no_sync.min(axis=0).sum() + slowest_sync
+    # fill and drain: Σ_i C_i' (interleaved over v chunks: Σ_i C_i' / v + (1 − 1/v) · max_i C_i', gbmw.pipeline_schedules)
+    chunks = costs.virtual_stages
+    fill_and_drain = no_sync.min(axis=0).sum() / chunks + (1 - 1 / chunks) * slowest_stage
+    lower = (count - 1) * slowest_stage + fill_and_drain + slowest_sync
     return tables.micro_batch * count / lower * (1 + BOUND_SLACK) if np.isfinite(lower) else 0.0
 
 

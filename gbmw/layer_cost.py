@@ -8,7 +8,9 @@ strategy S (data-parallel ways d, TP degree t) processes micro_batch / d samples
   at the device's measured matmul rate (flash attention's at its measured attention rate), plus the memory-bound
   kernels' traffic at its measured memory bandwidth (TP divides both inside its split regions, not the norms,
   dropout and residual adds outside them);
-  backward = 2 × forward unless profiled; CKPT adds one forward (recompute) before backward. On a device with a
+  backward = 2 × forward unless profiled; CKPT adds one forward (recompute) before backward, selective
+  recomputation the attention core's forward; sequence parallelism divides the norms', dropout's and residual
+  adds' traffic by TP too (gbmw.activation_recompute). On a device with a
   known multiprocessor count, each linear matmul of that micro-batch's shape (rows = samples × tokens, TP-split
   features) also pays the time its tile waves lose, forward and backward (gbmw.matmul_waves).
 * TP: the layer's all-reduces in forward and as many in backward (and again in the recompute).
@@ -20,7 +22,9 @@ strategy S (data-parallel ways d, TP degree t) processes micro_batch / d samples
   backward compute and both slow down by the cluster's overlap factor f while they share the
   device: time = max(c, g) + (f - 1) · min(c, g).
 * memory (bytes per device): model states per framework, precision and optimizer (gbmw.model_states), divided by the sharding
-  axes, and what the framework allocates beyond them (gbmw.framework_memory); forward-stashed activations O_f (boundary + intermediate, or boundary only under CKPT);
+  axes, and what the framework allocates beyond them (gbmw.framework_memory); forward-stashed activations O_f (boundary + intermediate, or boundary only under CKPT,
+  without the attention core's s×s tensors under selective recomputation, TP's replicated part divided by TP
+  under sequence parallelism: Korthikanti et al. 2022, Table 2);
   backward extra O_b (the recomputed intermediates of a CKPT layer, the gathered parameters and
   gradients of an SDP layer); model states O_ms.
 
@@ -34,6 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from gbmw.cluster_spec import ClusterSpec
+from gbmw.activation_recompute import selective_freed_bytes, selective_recompute_s, sequence_parallel_divisor
 from gbmw.comm import CommModel
 from gbmw.framework_memory import (autocast_weight_copy_bytes, fp32_residual_extra_share, fp32_tp_input_extra_share,
                                    gather_buffer_bytes_per_parameter, kept_shard_bytes_per_parameter,
@@ -96,9 +101,11 @@ def forward_time_per_sample_s(model: ModelSpec, settings: CostSettings) -> np.nd
     return np.where(arrays.has_measured_time, arrays.forward_time_per_sample_s, analytic)
 
 
-def forward_compute_s(model: ModelSpec, settings: CostSettings, samples: float, tp: int) -> np.ndarray:
+def forward_compute_s(model: ModelSpec, settings: CostSettings, samples: float, tp: int,
+                      sequence_parallel: bool = False) -> np.ndarray:
     """One forward pass of `samples` samples on one device at TP degree `tp`: the profiled time, or the matmuls
-    at the measured matmul rate plus the memory-bound kernels' traffic at the measured memory bandwidth."""
+    at the measured matmul rate plus the memory-bound kernels' traffic at the measured memory bandwidth (with
+    `sequence_parallel`, TP also divides the traffic of the norms, dropout and residual adds: gbmw.activation_recompute)."""
     arrays = model.arrays
     bandwidth = settings.cluster.memory_bandwidth_bytes_per_s
     flash = arrays.forward_flash_attention_flops_per_sample
@@ -106,7 +113,7 @@ def forward_compute_s(model: ModelSpec, settings: CostSettings, samples: float, 
              + flash / settings.cluster.attention_flops(settings.precision)
              + arrays.forward_tp_split_memory_traffic_bytes_per_sample / bandwidth)
     whole = arrays.forward_memory_traffic_bytes_per_sample / bandwidth
-    analytic = split * samples / tp + whole * samples
+    analytic = split * samples / tp + whole * samples / (tp if sequence_parallel else 1)
     measured = arrays.forward_time_per_sample_s * samples / tp + arrays.forward_overhead_s
     return np.where(arrays.has_measured_time, measured, analytic)
 
@@ -179,7 +186,7 @@ def layer_costs(
     slowdown = settings.cluster.overlap_slowdown
 
     # Compute.
-    forward_compute = forward_compute_s(model, settings, samples, tp)
+    forward_compute = forward_compute_s(model, settings, samples, tp, strategy.sp)
     backward_compute = np.where(arrays.has_measured_backward,
                                 arrays.backward_time_per_sample_s * samples / tp + arrays.backward_overhead_s,
                                 2.0 * forward_compute)
@@ -223,7 +230,9 @@ def layer_costs(
         return np.maximum(compute, communication) + (slowdown - 1.0) * np.minimum(compute, communication)
 
     forward = forward_compute + tp_forward + forward_gather + call_overhead
-    recompute = (forward_compute + tp_forward + recompute_overhead) if strategy.ckpt else 0.0
+    recompute = (forward_compute + tp_forward + recompute_overhead) if strategy.ckpt else selective_recompute_s(
+        model, samples, strategy, settings.cluster.sustained_flops(settings.precision),
+        settings.cluster.attention_flops(settings.precision), settings.cluster.memory_bandwidth_bytes_per_s)
     backward_common = tp_forward + recompute
     time_no_sync = forward + backward_common + overlapped(backward_compute, every_micro_batch)
     time_sync = forward + backward_common + overlapped(backward_compute, every_micro_batch + last_micro_batch)
@@ -246,10 +255,18 @@ def layer_costs(
     boundary = boundary * (1 + fp32_share)
     intermediate = intermediate + (fp32_share * (residual_inputs - arrays.boundary_activation_bytes_per_sample)
                                    + tp_input_share * residual_inputs) * samples
+    # sequence parallelism splits the replicated activations over TP (not an embedding's token ids); selective
+    # recomputation drops the attention core's stash and rebuilds it while the layer runs backward
+    if strategy.sp:
+        sp_divisor = sequence_parallel_divisor(strategy)
+        boundary = np.where(not_embedding, boundary / sp_divisor, boundary)
+        split_part = arrays.intermediate_tp_split_activation_bytes_per_sample * samples / tp
+        intermediate = (intermediate - split_part) / sp_divisor + split_part
+    core = selective_freed_bytes(model, samples, strategy)
     if strategy.ckpt:
         forward_memory, backward_memory = boundary, intermediate + weight_copy
     else:
-        forward_memory, backward_memory = boundary + intermediate + weight_copy, np.zeros(model.num_layers)
+        forward_memory, backward_memory = boundary + intermediate - core + weight_copy, core
     sdp = strategy.degree("sdp")
     if sdp > 1:  # the gathered full parameters and unscattered gradients of the running layer
         backward_memory = backward_memory + local_parameters * (parameter_bytes + gradient_bytes) * (1 - 1 / sdp)

@@ -103,6 +103,15 @@ class LayerSpec(Frozen):
     forward_flash_attention_flops_per_sample: float = Field(default=0.0, ge=0, le=MAX_QUANTITY)
     """The part of `forward_flops_per_sample` a fused (flash) attention kernel runs — scores QKᵀ and scores × V —
     at the device's attention rate rather than its matmul rate; 0 without flash attention."""
+    attention_core_activation_bytes_per_sample: float = Field(default=0.0, ge=0, le=MAX_QUANTITY)
+    """The part of `intermediate_tp_split_activation_bytes_per_sample` the attention core stashes — softmax output,
+    dropout mask and dropout output, a·s² per sample each (a flash kernel: its fp32 log-sum-exp) — which selective
+    recomputation does not stash (Korthikanti et al. 2022, Sec. 5: the 5·a·s²·b of Eq. (1)). 0: no attention."""
+    attention_core_flops_per_sample: float = Field(default=0.0, ge=0, le=MAX_QUANTITY)
+    """Forward FLOPs of the attention core (QKᵀ and scores × V): what selective recomputation repeats in backward."""
+    attention_core_memory_traffic_bytes_per_sample: float = Field(default=0.0, ge=0, le=MAX_QUANTITY)
+    """The attention core's memory-bound traffic (softmax, dropout over the scores; part of
+    `forward_tp_split_memory_traffic_bytes_per_sample`), repeated by selective recomputation."""
     forward_memory_traffic_bytes_per_sample: float = Field(default=0.0, ge=0, le=MAX_QUANTITY)
     """Bytes the forward pass's memory-bound kernels (norms, dropout, residual adds) read and write for one sample
     outside the TP-split regions; they run at the device's memory bandwidth. 0: time from the matmuls alone."""
@@ -291,6 +300,9 @@ class LayerArrays:
         self.largest_weight_gradient_tp_split_bytes = column("largest_weight_gradient_tp_split_bytes")
         self.forward_flash_attention_flops_per_sample = column("forward_flash_attention_flops_per_sample")
         self.forward_memory_traffic_bytes_per_sample = column("forward_memory_traffic_bytes_per_sample")
+        self.attention_core_activation_bytes_per_sample = column("attention_core_activation_bytes_per_sample")
+        self.attention_core_flops_per_sample = column("attention_core_flops_per_sample")
+        self.attention_core_memory_traffic_bytes_per_sample = column("attention_core_memory_traffic_bytes_per_sample")
         self.forward_tp_split_memory_traffic_bytes_per_sample = column("forward_tp_split_memory_traffic_bytes_per_sample")
         self.has_measured_time = np.array([layer.timings is not None for layer in layers])
         # [layer, matmul]: the layers' linear matmuls, padded with zero-sized ones

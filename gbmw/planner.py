@@ -133,16 +133,17 @@ class Planner:
 
     def _settings(self) -> list[Setting]:
         model, cluster = self.job.model, self.job.cluster
+        target = get_target(self.spec.target)
         result = []
         self.exclusions: dict[str, None] = {}
         for pp in self.spec.pipeline_degrees(cluster, self.max_pp):
             if pp > model.num_layers:
                 self.exclusions[f"pp={pp} exceeds the model's {model.num_layers} layers"] = None
                 break
-            strategies = self.spec.strategies(cluster, pp)
+            strategies = [s for s in self.spec.strategies(cluster, pp) if target.runs_recompute_of(s, model)]
             heads_ok = tp_allowed(model, strategies)
             if strategies and not heads_ok.any(axis=0).all():
-                names = ", ".join(dict.fromkeys(s.name.removesuffix("+ckpt") for s in strategies))
+                names = ", ".join(dict.fromkeys(s.layout_name for s in strategies))
                 self.exclusions[f"pp={pp}: no candidate ({names}) has a TP degree dividing every layer's heads"] = None
                 continue
             for micro_batch in self._micro_batch_sizes():
@@ -164,16 +165,27 @@ class Planner:
                         break
                     continue
                 for count in self._micro_batch_counts(micro_batch, pp):
-                    bound = self._throughput_bound(tables, allowed, pp, micro_batch, count)
-                    result.append(Setting(pp, micro_batch, count, tables, allowed, bound))
+                    for chunks in self._virtual_stage_choices(pp, count):
+                        bound = self._throughput_bound(tables, allowed, pp, micro_batch, count, chunks)
+                        result.append(Setting(pp, micro_batch, count, tables, allowed, bound, chunks))
         return result
 
-    def _throughput_bound(self, tables: StrategyTables, allowed: np.ndarray, pp: int, micro_batch: int,
-                          count: int) -> float:
-        return throughput_upper_bound(self._costs(tables, pp, count), allowed, self.budget)
+    def _virtual_stage_choices(self, pp: int, count: int) -> list[int]:
+        """Model chunks per device to try: 1, and on a target that interleaves 1F1B (Megatron's virtual pipeline
+        stages) every v > 1 that splits the even share of Transformer blocks per stage into equal chunks, when the
+        micro-batch count is a multiple of pp (what gbmw.targets accepts)."""
+        if not get_target(self.spec.target).interleaved_pipeline or self.spec.schedule != "1f1b" or pp < 2 or count % pp:
+            return [1]
+        blocks = int(self.job.model.is_block.sum())
+        per_stage = blocks // pp if blocks % pp == 0 else 0
+        return [1] + [v for v in range(2, per_stage + 1) if per_stage % v == 0]
 
-    def _costs(self, tables: StrategyTables, pp: int, count: int) -> StageCosts:
-        return StageCosts(self.job.model, tables, pp, count, self.spec.schedule, self.comm,
+    def _throughput_bound(self, tables: StrategyTables, allowed: np.ndarray, pp: int, micro_batch: int,
+                          count: int, virtual_stages: int = 1) -> float:
+        return throughput_upper_bound(self._costs(tables, pp, count, virtual_stages), allowed, self.budget)
+
+    def _costs(self, tables: StrategyTables, pp: int, count: int, virtual_stages: int = 1) -> StageCosts:
+        return StageCosts(self.job.model, tables, pp, count, self.spec.schedule, self.comm, virtual_stages,
                           scatter_gather=get_target(self.spec.target).pipeline_scatter_gather)
 
     # ------------------------------------------------------------------ one setting
@@ -186,7 +198,7 @@ class Planner:
                 continue
             if self.spec.uniform:  # one strategy per layer: bound it on its own
                 bound = self._throughput_bound(setting.tables, allowed, setting.pp, setting.micro_batch,
-                                               setting.num_micro_batches)
+                                               setting.num_micro_batches, setting.virtual_stages)
                 if bound <= max([best_samples_per_s] + [c.samples_per_s for c in candidates]):
                     continue
             candidates += self._search_group(setting, allowed)
@@ -194,8 +206,8 @@ class Planner:
 
     def _search_group(self, setting: Setting, allowed: np.ndarray) -> list[Candidate]:
         model, pp, m = self.job.model, setting.pp, setting.num_micro_batches
-        tables = setting.tables
-        costs = self._costs(tables, pp, m)
+        tables, chunks = setting.tables, setting.virtual_stages
+        costs = self._costs(tables, pp, m, chunks)
         fixed = allowed.sum(axis=0) == 1
         stage_search = None
         if fixed.all():  # every layer has one choice: no DP, just check the memory
@@ -235,7 +247,7 @@ class Planner:
             if stage_search is None and any(stage.peak_memory_bytes > self.budget for stage in stages):
                 searched[partition] = StageOutcome(partition, None, None)
                 return searched[partition]
-            iteration = pipeline_time_s(stages, m)
+            iteration = pipeline_time_s(stages, m, chunks)
             candidates.append(Candidate(setting.global_batch / iteration, iteration, setting, partition, tuple(strategies)))
             searched[partition] = StageOutcome(
                 partition,
@@ -251,6 +263,8 @@ class Planner:
             return candidates
         time_balanced = tuple(time_balanced_partition(np.where(allowed, tables.time_no_grad_sync_s, np.inf).min(axis=0), pp))
         for method in self.spec.partitioning:
+            if chunks > 1 and method != "even":  # Megatron interleaves an even split only
+                continue
             if method == "time":
                 search(time_balanced)
             elif method == "bi-objective":
@@ -342,6 +356,7 @@ class Planner:
             strategies=best.strategies,
             target=self.spec.target,
             schedule=self.spec.schedule,
+            virtual_stages=setting.virtual_stages,
             provenance={
                 "gbmw_version": __version__,
                 "variant": self.variant if self.spec.target == "runtime" else None,

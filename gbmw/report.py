@@ -55,6 +55,7 @@ def print_estimate(job: JobSpec, plan: Plan, estimate: Estimate) -> None:
     console.print(
         f"plan: {made_by}; global batch {plan.global_batch} = {plan.num_micro_batches} micro-batches × "
         f"{plan.micro_batch}; pp {plan.pp}, partition {list(plan.partition)}"
+        + (f", interleaved 1F1B with {plan.virtual_stages} chunks per device" if plan.virtual_stages > 1 else "")
     )
     table = Table()
     for column, justify in (("stage", "right"), ("layers", "left"), ("strategies (× consecutive layers)", "left"),

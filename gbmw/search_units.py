@@ -32,6 +32,8 @@ class Setting:
     tables: StrategyTables
     allowed: np.ndarray
     throughput_bound: float
+    virtual_stages: int = 1
+    """Model chunks per pipeline device (> 1: interleaved 1F1B, on targets that run it)."""
 
     @property
     def global_batch(self) -> int:

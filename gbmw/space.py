@@ -2,8 +2,16 @@
 
 A `Strategy` is the parallelisation of one layer over the device group of its pipeline stage
 (N / pp devices): ordered `(axis, degree)` pairs, innermost — fastest links, consecutive ranks —
-first, and whether the layer is checkpointed. Its short name is the dims joined by `-` with
-`+ckpt` appended: `tp2-dp4`, `sdp8+ckpt`, `dp2-tp4`. A group of one device is `single`.
+first, whether its TP runs sequence-parallel, and how much of it recomputes. Its short name is the
+dims joined by `-`, then `+sp` for sequence parallelism, then `+ckpt` (full recomputation) or `+sel`
+(selective): `tp2-dp4`, `sdp8+ckpt`, `tp4-z1dp2+sp+sel`. A group of one device is `single`.
+
+Recomputation levels (Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Models",
+2022): none; full (Sec. 3, the paper's CKPT: stash the layer input, recompute the whole layer); selective
+(Sec. 5: recompute only the attention core — QKᵀ, softmax, dropout, scores × V — whose s×s tensors are
+most of the memory and little of the FLOPs). Sequence parallelism (Sec. 4.2.2) splits the regions TP
+replicates — norms, dropout, residual adds — over the TP ranks along the sequence; an all-gather and a
+reduce-scatter replace each all-reduce.
 
 Axes:
   dp    data parallel, gradients all-reduced (PyTorch DDP)
@@ -32,6 +40,8 @@ DATA_PARALLEL_AXES = ("dp", "z1dp", "z2dp", "sdp")
 SEARCH_AXES = ("dp", "sdp", "tp")
 SINGLE_DEVICE_NAME = "single"
 _TOKEN = re.compile(r"^(dp|z1dp|z2dp|sdp|tp)(\d+)$")
+RECOMPUTE_LEVELS = ("none", "full", "selective")
+_SUFFIXES = {"sp": "sequence parallelism", "ckpt": "full recomputation", "sel": "selective recomputation"}
 
 
 def is_power_of_two(value: int) -> bool:
@@ -45,7 +55,14 @@ class Strategy:
     dims: tuple[tuple[str, int], ...]
     """`(axis, degree)` pairs, innermost (consecutive ranks) first; empty for a one-device group."""
     ckpt: bool = False
-    """Activation checkpointing: stash only the layer input and recompute the rest in backward."""
+    """Activation checkpointing (full recomputation): stash only the layer input and recompute the rest in
+    backward."""
+    selective: bool = False
+    """Selective recomputation (Korthikanti et al. Sec. 5): stash everything but the attention core's score-sized
+    tensors and recompute QKᵀ, softmax, dropout and scores × V in backward. Exclusive with `ckpt`."""
+    sp: bool = False
+    """Sequence parallelism with TP (Korthikanti et al. Sec. 4.2.2): the activations TP replicates are split over
+    the TP ranks along the sequence. Needs a tp axis."""
 
     def __post_init__(self) -> None:
         axes = [axis for axis, _ in self.dims]
@@ -56,15 +73,27 @@ class Strategy:
                 raise PlanError(f"strategy {axis}{degree}: a degree is at least 2 (leave the axis out for 1)")
         if len(set(axes)) != len(axes):
             raise PlanError(f"strategy {self.name}: each axis may appear once")
+        if self.ckpt and self.selective:
+            raise PlanError(f"strategy {self.name}: full (+ckpt) and selective (+sel) recomputation exclude each "
+                            "other; give one")
+        if self.sp and self.degree("tp") < 2:
+            raise PlanError(f"strategy {self.name}: sequence parallelism (+sp) splits TP's replicated regions; it "
+                            "needs a tp axis of degree >= 2")
 
     @classmethod
     def parse(cls, name: str) -> "Strategy":
         """The inverse of `name`: `tp2-dp4+ckpt` → Strategy((('tp', 2), ('dp', 4)), ckpt=True)."""
         text = name.strip()
-        ckpt = text.endswith("+ckpt")
-        body = text.removesuffix("+ckpt")
+        body, *suffixes = text.split("+")
+        unknown = [suffix for suffix in suffixes if suffix not in _SUFFIXES]
+        if unknown or len(set(suffixes)) != len(suffixes):
+            raise PlanError(
+                f"strategy {name!r}: cannot read the suffix {'+' + unknown[0] if unknown else 'given twice'}; "
+                f"suffixes are " + ", ".join(f"+{key} ({what})" for key, what in _SUFFIXES.items())
+                + ", e.g. tp4-dp2+sp+sel")
+        flags = dict(ckpt="ckpt" in suffixes, selective="sel" in suffixes, sp="sp" in suffixes)
         if body == SINGLE_DEVICE_NAME:
-            return cls((), ckpt)
+            return cls((), **flags)
         dims = []
         for token in body.split("-"):
             match = _TOKEN.match(token)
@@ -74,12 +103,22 @@ class Strategy:
                     f"with an optional '+ckpt', axes {list(AXES)}, e.g. tp2-dp4, sdp8+ckpt, single"
                 )
             dims.append((match.group(1), int(match.group(2))))
-        return cls(tuple(dims), ckpt)
+        return cls(tuple(dims), **flags)
 
     @cached_property
     def name(self) -> str:
+        return self.layout_name + ("+ckpt" if self.ckpt else "+sel" if self.selective else "")
+
+    @cached_property
+    def layout_name(self) -> str:
+        """The name without the recomputation suffix: what a stock framework configures for every layer."""
         body = "-".join(f"{axis}{degree}" for axis, degree in self.dims) or SINGLE_DEVICE_NAME
-        return body + ("+ckpt" if self.ckpt else "")
+        return body + ("+sp" if self.sp else "")
+
+    @property
+    def recompute(self) -> str:
+        """`none`, `full` (+ckpt) or `selective` (+sel)."""
+        return "full" if self.ckpt else "selective" if self.selective else "none"
 
     def __str__(self) -> str:
         return self.name
@@ -122,7 +161,12 @@ class Strategy:
         raise PlanError(f"strategy {self.name} has no {axis} axis")
 
     def with_ckpt(self, ckpt: bool) -> "Strategy":
-        return Strategy(self.dims, ckpt)
+        """The same layout with full recomputation on, or with no recomputation."""
+        return Strategy(self.dims, ckpt, sp=self.sp)
+
+    def with_recompute(self, level: str) -> "Strategy":
+        """The same layout with recomputation `level` (RECOMPUTE_LEVELS)."""
+        return Strategy(self.dims, level == "full", level == "selective", self.sp)
 
 
 def _ordered_factorisations(group_size: int, parts: int) -> list[tuple[int, ...]]:
@@ -136,13 +180,16 @@ def _ordered_factorisations(group_size: int, parts: int) -> list[tuple[int, ...]
 
 
 def enumerate_strategies(
-    group_size: int, axes: tuple[str, ...] = SEARCH_AXES, prune_dp_with_sdp: bool = True, ckpt: bool = True
+    group_size: int, axes: tuple[str, ...] = SEARCH_AXES, prune_dp_with_sdp: bool = True, ckpt: bool = True,
+    selective: bool = False, sequence_parallel: bool = False,
 ) -> list[Strategy]:
     """The decision trees over one stage's `group_size` devices (Sec. 3.2 construction rules).
 
     Each tree uses each axis at most once, innermost first, degrees from {2, 4, 8, …}; each tree
-    appears without and (if `ckpt`) with activation checkpointing. Takeaway #3 drops trees that
-    hold both dp and sdp unless `prune_dp_with_sdp` is False.
+    appears without and (if `ckpt`) with activation checkpointing, and (if `selective`) with selective
+    recomputation; with `sequence_parallel`, every tree with TP appears again with +sp at each level.
+    Takeaway #3 drops trees that hold both dp and sdp unless `prune_dp_with_sdp` is False. The paper's
+    candidates come first, in the paper's order (of equally fast plans the first found wins).
     """
     if not is_power_of_two(group_size):
         raise PlanError(f"group size {group_size} is not a power of two; the decision trees need 1, 2, 4, 8, …")
@@ -155,8 +202,12 @@ def enumerate_strategies(
                 continue
             for degrees in _ordered_factorisations(group_size, count):
                 trees.append(tuple(zip(chosen, degrees)))
-    checkpointing = (False, True) if ckpt else (False,)
-    return [Strategy(tree, flag) for flag in checkpointing for tree in trees]
+    levels = ("none",) + (("full",) if ckpt else ()) + (("selective",) if selective else ())
+    strategies = [Strategy(tree).with_recompute(level) for level in levels for tree in trees]
+    if sequence_parallel:
+        strategies += [Strategy(tree, sp=True).with_recompute(level) for level in levels for tree in trees
+                       if dict(tree).get("tp", 1) > 1]
+    return strategies
 
 
 def pipeline_degrees(num_devices: int, max_pp: int | None = None) -> list[int]:

@@ -57,12 +57,17 @@ class SearchSpace:
     """(strategy, pp) → allowed, for targets."""
     max_pp: int | None = None
     target: str = "runtime"
+    selective: bool = False
+    """Offer selective recomputation (+sel) beside none and full."""
+    sequence_parallel: bool = False
+    """Offer sequence parallelism (+sp) for strategies with TP."""
 
     @classmethod
     def for_target(cls, target: Target) -> "SearchSpace":
         """What a stock framework can run: one strategy for every layer, from the target's definition."""
         return cls(target.label, axes=target.axes, uniform=True, partitioning=target.partition_rules,
-                   target=target.name, strategy_filter=target.allows)
+                   target=target.name, strategy_filter=target.allows,
+                   selective=target.selective_recompute is not None, sequence_parallel=target.sequence_parallel)
 
     def pipeline_degrees(self, cluster: ClusterSpec, max_pp: int | None) -> list[int]:
         devices = cluster.num_devices
@@ -78,24 +83,27 @@ class SearchSpace:
                 return []
             return [Strategy(tuple(dims), ckpt) for ckpt in ((False, True) if self.recompute_always else (False,))]
         prune = self.strategy_filter is None
-        candidates = enumerate_strategies(group, axes=self.axes, prune_dp_with_sdp=prune, ckpt=self.ckpt)
+        candidates = enumerate_strategies(group, axes=self.axes, prune_dp_with_sdp=prune, ckpt=self.ckpt,
+                                          selective=self.selective, sequence_parallel=self.sequence_parallel)
         if self.strategy_filter is not None:
             candidates = [s for s in candidates if self.strategy_filter(s, pp)]
         return candidates
 
     def groups(self, strategies: list[Strategy], model: ModelSpec) -> list[np.ndarray]:
         """Masks [strategy, layer] of what one search may mix: everything, or for uniform spaces one
-        mask per tree and recomputation choice (embeddings and heads never recompute)."""
+        mask per tree (with or without sequence parallelism) and recomputation level (embeddings and heads
+        never recompute)."""
         if not self.uniform:
             return [np.ones((len(strategies), model.num_layers), bool)]
         is_block = model.is_block
         masks = []
-        for dims in dict.fromkeys(s.dims for s in strategies):
-            for ckpt in ((True,) if self.recompute_always else (False, True) if self.ckpt else (False,)):
+        for dims, sp in dict.fromkeys((s.dims, s.sp) for s in strategies):
+            levels = dict.fromkeys(s.recompute for s in strategies)
+            for level in ([level for level in levels if level == "full"] if self.recompute_always else levels):
                 mask = np.zeros((len(strategies), model.num_layers), bool)
                 for index, strategy in enumerate(strategies):
-                    if strategy.dims == dims:
-                        mask[index] = np.where(is_block, strategy.ckpt == ckpt, not strategy.ckpt)
+                    if strategy.dims == dims and strategy.sp == sp:
+                        mask[index] = np.where(is_block, strategy.recompute == level, strategy.recompute == "none")
                 if mask.any(axis=0).all():
                     masks.append(mask)
         return masks

@@ -8,9 +8,13 @@ names) all derive from these definitions (DESIGN.md, "Target").
 * `megatron-deepspeed` — Megatron TP (innermost, consecutive ranks) inside DeepSpeed ZeRO (≤ 1 with a
   pipeline); GPTModelPipe's `type:transformer` partition, which is Megatron's even split of blocks.
 * `megatron-core` — uniform TP and PP, plain DP or the distributed optimizer (ZeRO-1), an even split or
-  uneven first and last stages (`--decoder-first/last-pipeline-num-layers`).
+  uneven first and last stages (`--decoder-first/last-pipeline-num-layers`), and interleaved 1F1B on an even split
+  (the planner tries every number of equal chunks per stage: `--num-layers-per-virtual-pipeline-stage`).
 
-Stock frameworks recompute all Transformer blocks or none (never embeddings or heads) and run 1F1B.
+Stock frameworks recompute all Transformer blocks or none (never embeddings or heads) and run 1F1B. The
+Megatron targets also run sequence parallelism (every layer with TP) and selective recomputation of the attention
+core (Megatron-DeepSpeed only where attention is not flash); gbmw's runtime runs neither, so its search does not
+offer them.
 """
 
 from __future__ import annotations
@@ -54,6 +58,13 @@ class Target:
     (Megatron's scatter-gather; DeepSpeed's `pipe_partitioned`, on by default with model parallelism)."""
     interleaved_pipeline: bool = False
     """It runs interleaved 1F1B (virtual pipeline stages, Megatron's --num-layers-per-virtual-pipeline-stage)."""
+    sequence_parallel: bool = False
+    """It runs Megatron's sequence parallelism with TP (`--sequence-parallel`; Korthikanti et al. 2022 Sec. 4.2.2),
+    for every layer with TP or none."""
+    selective_recompute: str | None = None
+    """It recomputes the attention core alone (`--recompute-granularity selective`; Korthikanti et al. Sec. 5):
+    `any` attention, `standard` (not with flash attention: Megatron-DeepSpeed recomputes only its unfused core),
+    or None."""
     fused_attention: bool = False
     """Its attention is a fused kernel whatever the model declares (gbmw's runtime calls SDPA, whose flash /
     memory-efficient kernels keep no s×s scores: gbmw.adapters.runtime.attention); a stock framework runs the
@@ -63,6 +74,8 @@ class Target:
 
     def allows(self, strategy: Strategy, pp: int) -> bool:
         """Whether a stock configuration can give every layer `strategy` at pipeline degree `pp`."""
+        if strategy.sp and not self.sequence_parallel or strategy.selective and self.selective_recompute is None:
+            return False
         if self.per_layer:
             return True
         axes = [axis for axis, _ in strategy.dims]
@@ -73,6 +86,14 @@ class Target:
             return False
         return not (pp > 1 and self.pipeline_max_zero_stage is not None
                     and any(ZERO_STAGE_OF_AXIS[axis] > self.pipeline_max_zero_stage for axis in data_axes))
+
+    def runs_recompute_of(self, strategy: Strategy, model: ModelSpec) -> bool:
+        """Whether it runs `strategy`'s recomputation level on `model` (Megatron-DeepSpeed's selective recomputation
+        needs the unfused attention core)."""
+        if not strategy.selective:
+            return True
+        flash = model.architecture is not None and model.architecture.attention == "flash"
+        return self.selective_recompute == "any" or (self.selective_recompute == "standard" and not flash)
 
     @property
     def partition_rules(self) -> tuple[str, ...]:
@@ -102,22 +123,26 @@ class Target:
 
     def problems(self, plan: "Plan", model: ModelSpec) -> list[str]:
         """Why this target cannot run `plan` as it is (empty if it can)."""
-        target, problems = self.name, self._interleaving_problems(plan, model)
+        target = self.name
+        problems = self._technique_problems(plan, model) + self._interleaving_problems(plan, model)
         if self.per_layer:
             return problems
         blocks = [layer.is_block for layer in model.layers]
         trees = {strategy.dims for strategy in plan.strategies}
         if len(trees) > 1:
             problems.append(f"{_describe_runs(plan)}; a {target} job has one parallel layout for every layer")
-        if len({strategy.ckpt for strategy, block in zip(plan.strategies, blocks) if block}) > 1:
-            problems.append(f"some Transformer blocks recompute and others do not; {target} recomputes all blocks "
-                            "or none")
-        if any(strategy.ckpt for strategy, block in zip(plan.strategies, blocks) if not block):
+        if len({strategy.recompute for strategy, block in zip(plan.strategies, blocks) if block}) > 1:
+            problems.append(f"some Transformer blocks recompute and others do not (or at another granularity); "
+                            f"{target} recomputes all blocks the same way or none")
+        if any(strategy.recompute != "none" for strategy, block in zip(plan.strategies, blocks) if not block):
             problems.append(f"an embedding or head layer recomputes; {target} recomputes Transformer blocks only")
+        if len({strategy.sp for strategy in plan.strategies}) > 1:
+            problems.append(f"some layers run sequence parallelism (+sp) and others do not; {target} runs it for "
+                            "every layer or none")
         if plan.schedule != "1f1b":
             problems.append(f"schedule {plan.schedule}; {target} runs 1F1B")
 
-        names = ", ".join(dict.fromkeys(strategy.name.removesuffix("+ckpt") for strategy in plan.strategies))
+        names = ", ".join(dict.fromkeys(strategy.layout_name for strategy in plan.strategies))
         data_axes = {axis for tree in trees for axis, _ in tree if axis != "tp"}
         for tree in trees:
             axes = [axis for axis, _ in tree]
@@ -145,6 +170,21 @@ class Target:
             problems.append(f"partition {list(plan.partition)} is not {' nor '.join(offered)}")
         return problems
 
+    def _technique_problems(self, plan: "Plan", model: ModelSpec) -> list[str]:
+        """Why this target cannot run `plan`'s sequence parallelism or selective recomputation (empty if it can)."""
+        problems = []
+        if not self.sequence_parallel and any(strategy.sp for strategy in plan.strategies):
+            problems.append(f"sequence parallelism (+sp): {self.name} does not run it — use --target megatron-core "
+                            "or megatron-deepspeed")
+        if any(strategy.selective for strategy in plan.strategies):
+            if self.selective_recompute is None:
+                problems.append(f"selective recomputation (+sel): {self.name} does not run it — use --target "
+                                "megatron-core")
+            elif not all(self.runs_recompute_of(strategy, model) for strategy in plan.strategies):
+                problems.append(f"selective recomputation (+sel) with flash attention: {self.name} recomputes only "
+                                "its unfused attention core — use --target megatron-core, or full recomputation")
+        return problems
+
     def _interleaving_problems(self, plan: "Plan", model: ModelSpec) -> list[str]:
         """Why this target cannot interleave `plan`'s pipeline (empty for plain 1F1B)."""
         v = plan.virtual_stages
@@ -166,8 +206,8 @@ class Target:
         """Raise PlanError with every reason this target cannot run `plan`."""
         problems = self.problems(plan, model)
         if problems:
-            raise PlanError(f"{self.name} cannot run this plan: " + "; ".join(problems) + " — use --target runtime, "
-                            f"or plan again with --target {self.name}")
+            advice = "" if self.per_layer else (f" — use --target runtime, or plan again with --target {self.name}")
+            raise PlanError(f"{self.name} cannot run this plan: " + "; ".join(problems) + advice)
 
 
 def _describe_runs(plan: "Plan") -> str:
@@ -193,12 +233,12 @@ TARGETS: dict[str, Target] = {
         "megatron-deepspeed", "Megatron-DeepSpeed", "deepspeed", ("tp", "dp", "z1dp", "z2dp", "sdp"),
         pipeline_max_zero_stage=1,
         partition_methods=(("type:transformer", "even"),),
-        pipeline_scatter_gather=True,
+        pipeline_scatter_gather=True, sequence_parallel=True, selective_recompute="standard",
     ),
     "megatron-core": Target(
         "megatron-core", "Megatron-Core", "megatron", ("tp", "dp", "z1dp"),
         partition_methods=(("even", "even"), ("first-last", "first-last")),
-        pipeline_scatter_gather=True, interleaved_pipeline=True,
+        pipeline_scatter_gather=True, interleaved_pipeline=True, sequence_parallel=True, selective_recompute="any",
     ),
 }
 STOCK_TARGETS = tuple(name for name, target in TARGETS.items() if not target.per_layer)

@@ -93,8 +93,8 @@ def block_layer(name: str, kind: str, shape: BlockShape, dtype_bytes: int, dropo
         # dropout mask
         replicated = query_tokens * h * (d + d) + query_tokens * norm_statistics + query_tokens * h * mask
         core_traffic = 2 * query_tokens * attention_width * d + 2 * kv_input_tokens * kv_width * d
-        if not flash:
-            core_traffic += shape.heads * scores_per_head * ((6 * d + 1) if dropout else 4 * d)
+        score_traffic = 0 if flash else shape.heads * scores_per_head * ((6 * d + 1) if dropout else 4 * d)
+        core_traffic += score_traffic
         return dict(
             params=weights + column_biases + row_bias + norm_params,
             tp_split=weights + column_biases,
@@ -105,6 +105,9 @@ def block_layer(name: str, kind: str, shape: BlockShape, dtype_bytes: int, dropo
             traffic=sub_block_traffic(query_tokens),
             split_traffic=core_traffic,
             flash_flops=4 * query_tokens * key_tokens * attention_width if flash else 0,
+            core_bytes=score_bytes,
+            core_flops=4 * query_tokens * key_tokens * attention_width,
+            core_traffic=score_traffic,
             matmuls=(
                 # Q and K, V (one fused QKV matmul where they read the same tokens), then the output projection
                 (Matmul(rows_per_sample=query_tokens, out_features=attention_width + 2 * kv_width, in_features=h,
@@ -127,6 +130,9 @@ def block_layer(name: str, kind: str, shape: BlockShape, dtype_bytes: int, dropo
         traffic=sub_block_traffic(s),
         split_traffic=s * shape.ffn * (up_outputs + 1) * d,  # the activation reads its input(s), writes its output
         flash_flops=0,
+        core_bytes=0,
+        core_flops=0,
+        core_traffic=0,
         matmuls=(Matmul(rows_per_sample=s, out_features=shape.ffn * up_outputs, in_features=h, tp_split="out"),
                  Matmul(rows_per_sample=s, out_features=h, in_features=shape.ffn, tp_split="in")),
     )
@@ -149,6 +155,9 @@ def block_layer(name: str, kind: str, shape: BlockShape, dtype_bytes: int, dropo
         side_input_bytes_per_sample=float(shape.cross_attention_tokens * h * d),
         tp_allreduce_bytes_per_sample=float(total["allreduce"]),
         forward_flash_attention_flops_per_sample=float(total["flash_flops"]),
+        attention_core_activation_bytes_per_sample=float(total["core_bytes"]),
+        attention_core_flops_per_sample=float(total["core_flops"]),
+        attention_core_memory_traffic_bytes_per_sample=float(total["core_traffic"]),
         forward_memory_traffic_bytes_per_sample=float(total["traffic"]),
         forward_tp_split_memory_traffic_bytes_per_sample=float(total["split_traffic"]),
         # backward's working set beside the stash: the gradient of the MLP's up-projection output(s), and of its

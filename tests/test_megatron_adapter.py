@@ -48,6 +48,12 @@ CASES = {
     "gpt3-15b_megatron-deepspeed_tp2-zero3": ("gpt3-15b_a100-80g-x32", "tp=2,pp=1,zero=3,ckpt=none,micro=4",
                                               "megatron-deepspeed"),
     "gpt3-39b_megatron-core_uneven-first-last": ("gpt3-39b_a100-80g-x32", UNEVEN_39B, "megatron-core"),
+    "gpt3-39b_megatron-core_tp8-pp2-zero1-sp-selective": ("gpt3-39b_a100-80g-x32",
+                                                          "tp=8,pp=2,zero=1,ckpt=selective,sp=on,micro=1,target=megatron-core",
+                                                          "megatron-core"),
+    "gpt3-15b_megatron-deepspeed_tp4-pp2-zero1-sp-selective": ("gpt3-15b_a100-80g-x32",
+                                                               "tp=4,pp=2,zero=1,ckpt=selective,sp=on,micro=1,target=megatron-deepspeed",
+                                                               "megatron-deepspeed"),
 }
 EXTRA_ROUND_TRIPS = {
     "llama-7b_megatron-core_tp4-pp4": ("llama-7b_a100-80g-x32", "tp=4,pp=4,zero=1,ckpt=full,micro=1", "megatron-core"),
@@ -56,6 +62,10 @@ EXTRA_ROUND_TRIPS = {
     "gpt3-15b_megatron-core_uneven-pp4": ("gpt3-15b_a100-80g-x32", "uneven:tp4-dp2+ckpt:11,13,13,13:1024:512",
                                           "megatron-core"),
     "llama-7b_single-node_dp8": ("llama-7b_a100-80g-x8", "tp=1,pp=1,zero=0,ckpt=none,micro=1", "megatron-core"),
+    "llama-7b_megatron-core_tp4-pp2-sp-full": ("llama-7b_a100-80g-x32", "tp=4,pp=2,zero=1,ckpt=full,sp=on,micro=1,target=megatron-core",
+                                               "megatron-core"),
+    "gpt3-15b_megatron-deepspeed_tp8-sp": ("gpt3-15b_a100-80g-x32", "tp=8,pp=1,zero=1,ckpt=none,sp=on,micro=1,target=megatron-deepspeed",
+                                           "megatron-deepspeed"),
 }
 ALL_CASES = {**CASES, **EXTRA_ROUND_TRIPS}
 
@@ -171,6 +181,42 @@ def test_interleaved_plan_emits_virtual_stages_and_round_trips():
         plan_to_megatron_args(dataclasses.replace(plan, virtual_stages=5), job, target)
 
 
+def test_sequence_parallel_and_selective_flags_and_their_refusals():
+    """+sp and +sel emit Megatron's flags on both Megatron targets; what a target cannot run is refused with why."""
+    job, plan, target = case("gpt3-39b_megatron-core_tp8-pp2-zero1-sp-selective")
+    given = values(plan_to_megatron_args(plan, job, target))
+    assert "--sequence-parallel" in given and given["--recompute-granularity"] == "selective"
+    assert "--recompute-method" not in given and "--use-distributed-optimizer" in given
+    assert plan.strategies[0].name == "tp8-z1dp2+sp" and plan.strategies[1].name == "tp8-z1dp2+sp+sel"
+    with pytest.raises(PlanError, match=r"sequence parallelism \(\+sp\): runtime does not run it"):
+        get_target("runtime").check(plan, job.model)
+    # Megatron-DeepSpeed recomputes the attention core only on its unfused path
+    flash_job = job_named("gpt3-15b_a100-80g-x32")
+    flash_job = flash_job.model_copy(update={"model": flash_job.model.model_copy(update={
+        "architecture": flash_job.model.architecture.model_copy(update={"attention": "flash"})})})
+    _, deepspeed_plan, _ = case("gpt3-15b_megatron-deepspeed_tp4-pp2-zero1-sp-selective")
+    with pytest.raises(PlanError, match=r"selective recomputation \(\+sel\) with flash attention"):
+        plan_to_megatron_args(deepspeed_plan, flash_job, "megatron-deepspeed")
+    with pytest.raises(PlanError, match="sequence parallelism splits TP's replicated regions; it needs tp >= 2"):
+        gbmw.uniform_plan(job, "tp=1,pp=2,zero=1,sp=on,micro=1,target=megatron-core")
+
+
+def test_planner_chooses_interleaving_for_megatron_core_and_its_plan_round_trips():
+    """On llama-7b over 8 A100s the megatron-core search interleaves (64 micro-batches on 4 stages: the bubble
+    matters); the search's iteration time is estimate_plan's for that plan, and the arguments read back to it."""
+    from gbmw.estimate import estimate_plan
+
+    job = job_named("llama-7b_a100-80g-x8")
+    plan = gbmw.Planner(job, target="megatron-core").run()
+    assert plan.virtual_stages > 1 and plan.pp > 1
+    assert estimate_plan(job, plan).iteration_time_s == pytest.approx(plan.estimate.iteration_time_s, rel=1e-12)
+    args = plan_to_megatron_args(plan, job, "megatron-core")
+    assert args[args.index("--num-layers-per-virtual-pipeline-stage") + 1] == str(32 // (plan.pp * plan.virtual_stages))
+    assert megatron_args_to_plan(args, job, "megatron-core") == comparable(plan, "megatron-core")
+    runtime = gbmw.Planner(job, target="runtime").run()
+    assert runtime.virtual_stages == 1
+
+
 def test_deepspeed_axes_map_to_zero_stages():
     job = job_named("gpt3-15b_a100-80g-x32")
     for zero, axis in enumerate(("dp", "z1dp", "z2dp", "sdp")):
@@ -228,7 +274,8 @@ def test_megatron_core_refuses_zero3_and_megatron_deepspeed_uneven_stages():
 @pytest.mark.parametrize(
     "edit, message",
     [
-        (["--sequence-parallel"], r"--sequence-parallel \(sequence parallelism\)"),
+        (["--context-parallel-size", "2"], r"--context-parallel-size \(context parallelism\)"),
+        (["--recompute-granularity", "selective", "--recompute-method", "uniform"], "drop --recompute-method"),
         (["--num-layers", "40"], r"--num-layers 40 \(the model needs 48\)"),
         (["--global-batch-size", "1001"], r"--global-batch-size 1001 is not a multiple of --micro-batch-size 1 \* "
                                           r"data-parallel size 2 = 2"),
@@ -284,10 +331,10 @@ def test_megatron_core_configs_construct(name):
     assert type(parallel).__name__ == "ModelParallelConfig" and type(config).__name__ == "TransformerConfig"
     for made in (parallel, config):
         assert (made.tensor_model_parallel_size, made.pipeline_model_parallel_size) == (strategy.tp, plan.pp)
-        assert made.sequence_parallel is False and made.use_cpu_initialization is True
+        assert made.sequence_parallel is strategy.sp and made.use_cpu_initialization is True
         assert made.params_dtype == made.pipeline_dtype == torch.bfloat16 and made.bf16 and not made.fp16
     assert config.num_layers == sum(layer.kind == "decoder" for layer in job.model.layers)
-    assert config.recompute_granularity == ("full" if strategy.ckpt else None)
+    assert config.recompute_granularity == {"none": None}.get(strategy.recompute, strategy.recompute)
     assert config.recompute_num_layers == (1 if strategy.ckpt else None)
     given = values(plan_to_megatron_args(plan, job, "megatron-core"))
     first = given.get("--decoder-first-pipeline-num-layers")

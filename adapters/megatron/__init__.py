@@ -26,6 +26,9 @@ What a plan says, and the flag that says it::
     dp / z2dp / sdp                   (plain DDP) / refused / refused        --zero-stage 0 / 2 / 3
     +ckpt on every block              --recompute-granularity full --recompute-method uniform
                                       --recompute-num-layers 1               same + --deepspeed-activation-checkpointing
+    +sel on every block               --recompute-granularity selective      same; refused with flash attention
+                                                                             (its flash path recomputes nothing)
+    +sp on every layer (TP > 1)       --sequence-parallel                    same
     uneven first/last stages          --decoder-first-pipeline-num-layers    refused (even split only)
                                       --decoder-last-pipeline-num-layers
     virtual_stages v > 1              --num-layers-per-virtual-pipeline-stage refused (plain 1F1B)

@@ -111,10 +111,14 @@ def plan_to_megatron_args(
     args += _architecture_args(arch, target)
     if plan.precision in ("bf16", "fp16"):
         args.append(f"--{plan.precision}")
-    if layout.recompute:
+    if layout.sequence_parallel:
+        args.append("--sequence-parallel")
+    if layout.recompute == "full":
         args += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
         if deepspeed:
             args.append("--deepspeed-activation-checkpointing")
+    elif layout.recompute == "selective":  # the attention core; Megatron allows no --recompute-method with it
+        args += ["--recompute-granularity", "selective"]
     if deepspeed:
         args += ["--deepspeed", "--deepspeed_config", deepspeed_config, "--zero-stage", str(layout.zero_stage)]
     elif layout.data_axis == "z1dp":

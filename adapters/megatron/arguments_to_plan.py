@@ -22,7 +22,6 @@ from .layout import gpt_architecture, megatron_blocks_per_stage, plan_target
 #: them back would silently drop their meaning, so `megatron_args_to_plan` refuses them.
 UNMODELLED_FLAGS = {
     "--context-parallel-size": "context parallelism",
-    "--sequence-parallel": "sequence parallelism",
     "--expert-model-parallel-size": "expert parallelism",
     "--num-virtual-stages-per-pipeline-rank": "interleaved (virtual) pipeline stages",
     "--pipeline-model-parallel-layout": "a custom pipeline layout",
@@ -30,7 +29,6 @@ UNMODELLED_FLAGS = {
     "--account-for-loss-in-pipeline-split": "the loss counted as a pipeline layer",
     "--use-torch-fsdp2": "FSDP2 sharding",
     "--use-megatron-fsdp": "Megatron FSDP sharding",
-    "--recompute-activations": "selective recomputation",
     "--checkpoint-activations": "the legacy recomputation flag (write --recompute-granularity full "
                                 "--recompute-method uniform --recompute-num-layers 1)",
     "--distribute-saved-activations": "recomputed activations split across TP ranks",
@@ -70,6 +68,8 @@ def _parser(target: str) -> _Parser:
     add("--recompute-granularity", choices=["full", "selective"])
     add("--recompute-method", choices=["uniform", "block"])
     add("--recompute-num-layers", type=int)
+    add("--recompute-activations", action="store_true")  # Megatron's shorthand for --recompute-granularity selective
+    add("--sequence-parallel", action="store_true")
     if target == "megatron-deepspeed":
         add("--num-key-value-heads", type=int)
         add("--normalization", choices=["layernorm", "rmsnorm"])
@@ -123,19 +123,30 @@ def _check_architecture(namespace: argparse.Namespace, arch: GPTArchitecture, ta
                         + "; ".join(mismatches))
 
 
-def _recompute(namespace: argparse.Namespace) -> bool:
+def _recompute(namespace: argparse.Namespace) -> str:
+    """The recomputation level the flags ask for: `none`, `full` or `selective`."""
     granularity, method = namespace.recompute_granularity, namespace.recompute_method
     count = namespace.recompute_num_layers
+    if namespace.recompute_activations:  # Megatron's validate_args turns it into selective granularity
+        if granularity not in (None, "selective"):
+            raise GbmwError(f"--recompute-activations (selective) with --recompute-granularity {granularity}: give one")
+        granularity = "selective"
     if granularity is None:
         if method is not None or count is not None:
             raise GbmwError("--recompute-method/--recompute-num-layers without --recompute-granularity full")
-        return False
-    if granularity != "full" or method != "uniform" or count != 1:
+        return "none"
+    if granularity == "selective":
+        if method is not None:
+            raise GbmwError(f"--recompute-granularity selective with --recompute-method {method}: Megatron recomputes "
+                            "the attention core of every block; drop --recompute-method")
+        return "selective"
+    if method != "uniform" or count != 1:
         raise GbmwError(
             f"--recompute-granularity {granularity} --recompute-method {method} --recompute-num-layers {count}: "
-            "a gbmw plan recomputes whole blocks one at a time (full, uniform, 1) or none"
+            "a gbmw plan recomputes whole blocks one at a time (full, uniform, 1), their attention cores "
+            "(selective) or none"
         )
-    return True
+    return "full"
 
 
 def megatron_args_to_plan(args: Sequence[str], job: JobSpec, target: str = "megatron-core") -> Plan:
@@ -143,7 +154,8 @@ def megatron_args_to_plan(args: Sequence[str], job: JobSpec, target: str = "mega
 
     The inverse of `plan_to_megatron_args` wherever `target` can express the plan: TP innermost,
     then the data-parallel axis (ZeRO level from --use-distributed-optimizer or --zero-stage),
-    +ckpt on every Transformer block when recomputation is on. Flags it does not know are ignored
+    +sp on every layer with --sequence-parallel (at TP > 1), +ckpt (full) or +sel (selective) on every
+    Transformer block when recomputation is on. Flags it does not know are ignored
     unless they change the layout (UNMODELLED_FLAGS), which is refused.
     """
     checked_target = plan_target(target)
@@ -192,7 +204,8 @@ def megatron_args_to_plan(args: Sequence[str], job: JobSpec, target: str = "mega
         virtual_stages = blocks_per_stage // per_chunk
     dims = ((("tp", tp),) if tp > 1 else ()) + (((data_axis, dp),) if dp > 1 else ())
     recompute = _recompute(namespace)
-    strategies = tuple(Strategy(dims, recompute and layer.is_block) for layer in job.model.layers)
+    plain = Strategy(dims, sp=namespace.sequence_parallel and tp > 1)  # Megatron turns SP off at TP 1
+    strategies = tuple(plain.with_recompute(recompute) if layer.is_block else plain for layer in job.model.layers)
     partition = tuple(megatron_stage_partition(job.model, megatron_blocks_per_stage(arch.num_layers, pp, first, last)))
     plan = Plan(
         model=job.model.name,

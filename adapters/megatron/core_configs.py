@@ -58,10 +58,11 @@ def _construct(config_class: type, kwargs: dict[str, Any]) -> Any:
 def plan_to_megatron_core_configs(plan: Plan, job: JobSpec) -> tuple[Any, Any]:
     """megatron-core's (ModelParallelConfig, TransformerConfig) for `plan`, built on any machine.
 
-    Fields (megatron-core 0.16): tensor/pipeline_model_parallel_size, sequence_parallel=False,
+    Fields (megatron-core 0.16): tensor/pipeline_model_parallel_size, sequence_parallel for +sp layouts,
     params_dtype = pipeline_dtype from the precision with bf16/fp16, use_cpu_initialization=True and
     gradient_accumulation_fusion=False (no CUDA extension needed), the GPT widths, recompute_granularity
-    "full" / recompute_method "uniform" / recompute_num_layers 1 for +ckpt blocks, and
+    "full" / recompute_method "uniform" / recompute_num_layers 1 for +ckpt blocks, recompute_granularity
+    "selective" for +sel blocks, and
     num_layers_in_first/last_pipeline_stage for uneven stages (what Megatron-LM's
     core_transformer_config_from_args sets from --decoder-first/last-pipeline-num-layers). Their
     __post_init__ validates; the per-stage block counts megatron-core would build
@@ -74,7 +75,7 @@ def plan_to_megatron_core_configs(plan: Plan, job: JobSpec) -> tuple[Any, Any]:
     parallel = dict(
         tensor_model_parallel_size=layout.tensor_parallel,
         pipeline_model_parallel_size=layout.pipeline_parallel,
-        sequence_parallel=False,
+        sequence_parallel=layout.sequence_parallel,
         params_dtype=dtype,
         pipeline_dtype=dtype,
         bf16=plan.precision == "bf16",
@@ -101,8 +102,10 @@ def plan_to_megatron_core_configs(plan: Plan, job: JobSpec) -> tuple[Any, Any]:
         transformer.update(gated_linear_unit=True, activation_func=torch.nn.functional.silu)
     if not arch.dropout:
         transformer.update(hidden_dropout=0.0, attention_dropout=0.0)
-    if layout.recompute:
+    if layout.recompute == "full":
         transformer.update(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
+    elif layout.recompute == "selective":  # megatron-core's default recompute_modules: ["core_attn"]
+        transformer.update(recompute_granularity="selective")
     parallel_config = _construct(ModelParallelConfig, parallel)
     transformer_config = _construct(TransformerConfig, transformer)
     try:

@@ -50,7 +50,8 @@ def launch_line(
     get ``--no_local_rank`` (Megatron-LM reads LOCAL_RANK). torchrun: ``--standalone`` on one node,
     else ``--nnodes`` with a c10d rendezvous at `rdzv_endpoint`; run the line on every node. TP > 1
     under Megatron-LM requires CUDA_DEVICE_MAX_CONNECTIONS=1 (its validate_args asserts it on
-    pre-Blackwell GPUs), set in front; across nodes with DeepSpeed's launcher put it in .deepspeed_env.
+    pre-Blackwell GPUs), and so does sequence parallelism under Megatron-DeepSpeed (a RuntimeError in its
+    validate_args): set in front; across nodes with DeepSpeed's launcher put it in .deepspeed_env.
     `extra_args` (data, tokenizer, optimizer…) follow the plan's arguments.
     """
     args = plan_to_megatron_args(plan, job, target, deepspeed_config=deepspeed_config) + list(extra_args)
@@ -59,7 +60,7 @@ def launch_line(
         raise GbmwError(f"launcher {launcher!r} is unknown; launchers are {list(LAUNCHERS)}")
     nodes, per_node = job.cluster.nodes, job.cluster.devices_per_node
     words: list[str] = []
-    if plan_target(target) == "megatron-core" and plan.strategies[0].tp > 1:
+    if plan_target(target) == "megatron-core" and plan.strategies[0].tp > 1 or plan.strategies[0].sp:
         words.append("CUDA_DEVICE_MAX_CONNECTIONS=1")
     if launcher == "deepspeed":
         words.append("deepspeed")

@@ -66,8 +66,11 @@ class MegatronLayout:
     """N / (TP × PP): the data-parallel degree Megatron derives from the world size."""
     data_axis: str | None
     """dp, z1dp, z2dp or sdp; None when data_parallel == 1."""
-    recompute: bool
-    """Every Transformer block recomputes (full, uniform, one layer per unit)."""
+    recompute: str
+    """How every Transformer block recomputes: `none`, `full` (uniform, one layer per unit) or `selective` (the
+    attention core)."""
+    sequence_parallel: bool
+    """TP runs sequence-parallel (`--sequence-parallel`); only with tensor_parallel > 1."""
     micro_batch_size: int
     """Samples per micro-batch per data-parallel rank: Plan.micro_batch / DP."""
     global_batch_size: int
@@ -112,7 +115,8 @@ def megatron_layout(plan: Plan, job: JobSpec, target: str) -> MegatronLayout:
         pipeline_parallel=plan.pp,
         data_parallel=data_parallel,
         data_axis=data_axes[0] if data_axes else None,
-        recompute=any(s.ckpt for s, layer in zip(plan.strategies, model.layers) if layer.is_block),
+        recompute=next((s.recompute for s, layer in zip(plan.strategies, model.layers) if layer.is_block), "none"),
+        sequence_parallel=strategy.sp,
         micro_batch_size=plan.micro_batch // data_parallel,
         global_batch_size=plan.global_batch,
         num_micro_batches=plan.num_micro_batches,

@@ -199,6 +199,7 @@ def run_validate(job_reference: str, plan_paths: list[str], steps: int, warmup: 
     from gbmw.plan import Plan
 
     from ..runtime.launch import finish_distributed, start_after_checking
+    from ..runtime.train import refuse_what_the_runtime_does_not_run
 
     def read_inputs():
         if not plan_paths:
@@ -219,6 +220,7 @@ def run_validate(job_reference: str, plan_paths: list[str], steps: int, warmup: 
         world = int(os.environ.get("WORLD_SIZE", "1"))
         for path, plan in plans:
             plan.check_against(job.model, job.cluster.num_devices, job.precision)
+            refuse_what_the_runtime_does_not_run(plan, path)
             if plan.num_devices != world:
                 raise PlanError(f"{path}: a plan for num_devices={plan.num_devices}, but {world} process(es) were "
                                 f"launched; validate the plans of one device count per launch")

@@ -69,6 +69,20 @@ def train(job_reference: str, plan_path: str, settings: TrainSettings) -> list[f
             finish_distributed(completed)
 
 
+def refuse_what_the_runtime_does_not_run(plan, plan_path: str) -> None:
+    """One PlanError for a plan (planned for a Megatron target) with what gbmw's runtime does not run: an interleaved
+    or GPipe schedule, sequence parallelism, selective recomputation."""
+    if plan.schedule != "1f1b" or plan.virtual_stages != 1:
+        raise PlanError(f"{plan_path}: schedule {plan.schedule} with virtual_stages {plan.virtual_stages} — gbmw's runtime "
+                        "runs the plain 1F1B pipeline (schedule 1f1b, virtual_stages 1); plan again for --target runtime")
+    unsupported = next(((index, s) for index, s in enumerate(plan.strategies) if s.sp or s.selective), None)
+    if unsupported is not None:
+        index, strategy = unsupported
+        raise PlanError(f"{plan_path}: field `strategies`: layer {index} uses {strategy.name} — gbmw's runtime runs "
+                        "neither sequence parallelism (+sp) nor selective recomputation (+sel); plan again for "
+                        "--target runtime, or run this plan under Megatron (its --target megatron-core / megatron-deepspeed)")
+
+
 def _read_inputs(job_reference: str, plan_path: str, settings: TrainSettings):
     """The plan and the architecture the runtime builds, checked against the job and the --save folder."""
     from gbmw.jobs import load_job
@@ -81,9 +95,7 @@ def _read_inputs(job_reference: str, plan_path: str, settings: TrainSettings):
         raise PlanError(f"{plan_path}: field `model`: value {plan.model!r} — the job trains {job.model.name}; "
                         f"plan it with `gbmw plan {job_reference} -o plan.yaml`")
     plan.check_against(job.model, precision=job.precision)
-    if plan.schedule != "1f1b" or plan.virtual_stages != 1:
-        raise PlanError(f"{plan_path}: schedule {plan.schedule} with virtual_stages {plan.virtual_stages} — gbmw's runtime "
-                        "runs the plain 1F1B pipeline (schedule 1f1b, virtual_stages 1); plan again for --target runtime")
+    refuse_what_the_runtime_does_not_run(plan, plan_path)
     refusal = runtime_refusal(job.model.architecture, plan.precision)  # what `gbmw plan` warned of
     if refusal is not None:
         raise PlanError(refusal)

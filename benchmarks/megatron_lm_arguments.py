@@ -1,0 +1,167 @@
+"""Every Megatron argument set gbmw emits, parsed and validated by Megatron-LM's own `parse_args` and
+`validate_args` (megatron/training/arguments.py) — the parser `pretrain_gpt.py` runs (issue 14).
+
+    git clone --branch core_v<megatron-core version> https://github.com/NVIDIA/Megatron-LM /path/to/Megatron-LM
+    .venv/bin/pip install six regex triton   # what megatron/training imports beyond gbmw[runtime]
+    MEGATRON_LM=/path/to/Megatron-LM .venv/bin/python benchmarks/megatron_lm_arguments.py [--megatron-lm PATH]
+
+The argument sets: gbmw's best megatron-core plan for every bundled GPT job, the published hand-tuned
+configurations (recipes/handtuned/) that Megatron-LM or NeMo ran, an interleaved plan, and a grid of uniform
+configurations over TP, PP, the distributed optimizer, sequence parallelism and every recomputation level. Each
+runs as one rank would see it: WORLD_SIZE from the plan, RANK 0, and the environment variables gbmw's launch line
+sets in front (CUDA_DEVICE_MAX_CONNECTIONS=1 for TP). validate_args asks the GPU for its architecture (for
+CUDA_DEVICE_MAX_CONNECTIONS); on a machine without one the answer is the plan's cluster's (Ampere 8, Hopper 9,
+Blackwell 10), given by replacing Megatron's `get_device_arch_version`. After validation, the parsed TP, PP, DP,
+virtual stages, sequence parallelism, recomputation and distributed optimizer must be the plan's.
+
+The checkout is only read (its directory goes first on sys.path); nothing of it is copied into gbmw.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import importlib.metadata
+import io
+import os
+import re
+import sys
+import time
+from pathlib import Path
+
+import gbmw
+from gbmw.adapters.megatron import launch_line, plan_to_megatron_args
+from gbmw.baselines import load_handtuned
+from gbmw.bundled import RECIPES_DIR
+from gbmw.errors import GbmwError
+from gbmw.planner import Planner
+
+GPT_JOBS = ("gpt3-15b_a100-80g-x32", "gpt3-39b_a100-80g-x32", "gpt3-65b_a100-80g-x32", "gpt3-65b_h100-80g-x64",
+            "llama-7b_a100-80g-x32", "llama-7b_a100-80g-x8")
+GRID_JOBS = ("gpt3-39b_a100-80g-x32", "llama-7b_a100-80g-x32")
+ARCHITECTURES = {"A100": 8, "H100": 9, "H200": 9, "B200": 10, "GB200": 10}
+"""GPU name → CUDA major version, as Megatron's get_device_arch_version would read it on that GPU."""
+
+
+def megatron_lm_checkout(path: str | None) -> Path:
+    """The checkout, checked: it has megatron/training/arguments.py; its version against megatron-core's."""
+    installed = importlib.metadata.version("megatron-core")
+    if not path:
+        sys.exit(f"give the Megatron-LM checkout with --megatron-lm PATH or MEGATRON_LM=PATH; for the installed "
+                 f"megatron-core {installed}: git clone --branch core_v{installed} https://github.com/NVIDIA/Megatron-LM")
+    root = Path(path).expanduser().resolve()
+    if not (root / "megatron" / "training" / "arguments.py").is_file():
+        sys.exit(f"--megatron-lm {root}: no megatron/training/arguments.py there; clone NVIDIA/Megatron-LM "
+                 f"(tag core_v{installed})")
+    info = (root / "megatron" / "core" / "package_info.py").read_text()
+    parts = {key: re.search(rf"^{key} = (\S+)", info, re.M) for key in ("MAJOR", "MINOR", "PATCH")}
+    checkout = ".".join(match.group(1).strip("'\"") if match else "?" for match in parts.values())
+    print(f"installed megatron-core {installed}; Megatron-LM checkout {root} is megatron-core {checkout}"
+          + ("" if checkout == installed else f" — MISMATCH: check out tag core_v{installed}"))
+    return root
+
+
+def import_arguments(root: Path):
+    """Megatron-LM's megatron.training.arguments, from the checkout (which goes first on sys.path)."""
+    sys.path.insert(0, str(root))
+    for name in [name for name in sys.modules if name == "megatron" or name.startswith("megatron.")]:
+        del sys.modules[name]  # a megatron-core imported earlier would shadow the checkout's package
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            import megatron.training.arguments as arguments
+    except ModuleNotFoundError as error:
+        sys.exit(f"Megatron-LM's megatron/training imports {error.name!r}, not installed here: "
+                 f".venv/bin/pip install {error.name}")
+    if not Path(arguments.__file__).resolve().is_relative_to(root):
+        sys.exit(f"megatron.training.arguments came from {arguments.__file__}, not from {root}")
+    return arguments
+
+
+def argument_sets() -> list[tuple[str, gbmw.JobSpec, gbmw.Plan]]:
+    """(label, job, plan) of every megatron-core plan checked."""
+    cases = []
+    jobs = {name: gbmw.load_job(name) for name in GPT_JOBS}
+    for name, job in jobs.items():
+        try:
+            cases.append((f"{name}: gbmw plan", job, Planner(job, target="megatron-core").run()))
+        except GbmwError as error:
+            print(f"skipped {name}: gbmw plan --target megatron-core: {error}")
+    for path in sorted((RECIPES_DIR / "handtuned").glob("*.yaml")):
+        config = load_handtuned(path)
+        job = next((job for job in jobs.values() if job.model.name == config.applies_to), None)
+        if config.target == "megatron-core" and job is not None:
+            cases.append((f"{job.name}: hand-tuned {config.name}", job, config.uniform.to_plan(job)))
+    job = jobs["gpt3-15b_a100-80g-x32"]
+    plan = gbmw.uniform_plan(job, "tp=8,pp=2,zero=1,ckpt=selective,sp=on,micro=1,target=megatron-core")
+    cases.append((f"{job.name}: interleaved v=3", job, dataclasses.replace(plan, virtual_stages=3)))
+    for name in GRID_JOBS:
+        for tp, pp, zero in ((1, 1, 0), (2, 2, 1), (8, 1, 1), (4, 4, 0)):
+            for ckpt in ("none", "full", "selective"):
+                for sp in ("off", "on") if tp > 1 else ("off",):
+                    config = f"tp={tp},pp={pp},zero={zero},ckpt={ckpt},sp={sp},micro=1,target=megatron-core"
+                    cases.append((f"{name}: {config.removesuffix(',target=megatron-core')}", jobs[name],
+                                  gbmw.uniform_plan(jobs[name], config)))
+    return cases
+
+
+def check(arguments, job: gbmw.JobSpec, plan: gbmw.Plan, extra: tuple[str, ...] = ()) -> str | None:
+    """None if Megatron-LM parses and validates the plan's arguments (+ `extra`) into the plan's layout; else why
+    not."""
+    words = launch_line(plan, job, "pretrain_gpt.py", "megatron-core").split()
+    env = dict(word.split("=", 1) for word in words[:words.index("torchrun")])
+    os.environ.pop("CUDA_DEVICE_MAX_CONNECTIONS", None)
+    os.environ.update(env, WORLD_SIZE=str(plan.num_devices), RANK="0", LOCAL_RANK="0")
+    gpu = next((arch for name, arch in ARCHITECTURES.items() if name in job.cluster.device.name), 8)
+    arguments.get_device_arch_version = lambda: gpu
+    sys.argv = ["pretrain_gpt.py", *plan_to_megatron_args(plan, job, "megatron-core"), *extra]
+    printed = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
+            args = arguments.parse_args()
+            arguments.validate_args(args)
+    except SystemExit:
+        return "argparse: " + printed.getvalue().strip().splitlines()[-1]
+    except (AssertionError, RuntimeError, ValueError, TypeError) as error:
+        return f"validate_args: {type(error).__name__}: {error}"
+    strategy = plan.strategies[1]
+    expected = dict(tensor_model_parallel_size=strategy.tp, pipeline_model_parallel_size=plan.pp,
+                    data_parallel_size=strategy.data_parallel, sequence_parallel=strategy.sp,
+                    recompute_granularity=None if strategy.recompute == "none" else strategy.recompute,
+                    use_distributed_optimizer=strategy.degree("z1dp") > 1,
+                    virtual_pipeline_model_parallel_size=plan.virtual_stages if plan.virtual_stages > 1 else None)
+    wrong = [f"{key} {getattr(args, key)!r} (the plan's: {value!r})" for key, value in expected.items()
+             if getattr(args, key) != value]
+    return "parsed into " + "; ".join(wrong) if wrong else None
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--megatron-lm", default=os.environ.get("MEGATRON_LM"),
+                        help="a Megatron-LM checkout (default: $MEGATRON_LM)")
+    options = parser.parse_args()
+    arguments = import_arguments(megatron_lm_checkout(options.megatron_lm))
+    cases = argument_sets()
+    # controls: Megatron-LM must refuse what it refuses (else the harness checks nothing)
+    _, job, plan = next(case for case in cases if case[2].strategies[1].selective and case[2].strategies[1].tp > 1)
+    for extra, refusal in ((("--recompute-method", "uniform"), "recompute method is not yet supported"),
+                           (("--no-such-flag",), "unrecognized arguments")):
+        problem = check(arguments, job, plan, extra) or ""
+        if refusal not in problem:
+            sys.exit(f"control: Megatron-LM accepted {plan.strategies[1].name} + {' '.join(extra)} ({problem!r}); "
+                     "the check is not running Megatron-LM's validation")
+        print(f"control ok: + {' '.join(extra)} is refused ({problem.splitlines()[0][:90]})")
+    failures, started = 0, time.perf_counter()
+    for label, job, plan in cases:
+        problem = check(arguments, job, plan)
+        failures += problem is not None
+        layout = plan.strategies[1].name + (f", v={plan.virtual_stages}" if plan.virtual_stages > 1 else "")
+        print(f"{'ok  ' if problem is None else 'FAIL'} {label} [{layout}, pp={plan.pp}, world {plan.num_devices}]"
+              + (f"\n     {problem}" if problem else ""))
+    print(f"{len(cases) - failures} of {len(cases)} argument sets parse and validate with Megatron-LM "
+          f"({time.perf_counter() - started:.1f} s)")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,58 @@
+"""Selective recomputation and sequence parallelism: what they change in one layer's stash and time
+(Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Models", 2022).
+
+Per sample, a GPT block with 16-bit activations and 1-byte dropout masks stashes (their Sec. 4, Table 2; s tokens,
+h hidden, a heads, TP degree t):
+
+    no parallelism                      s·h·(34 + 5·a·s/h)
+    TP                                  s·h·(10 + 24/t + 5·a·s/(h·t))
+    TP + sequence parallelism (SP)      s·h·(34/t + 5·a·s/(h·t))
+    TP + selective recomputation        s·h·(10 + 24/t)
+    TP + SP + selective                 s·h·34/t
+
+gbmw's layers (gbmw.transformer_layers) hold the same terms: the 10·s·h TP replicates are the boundary and the
+intermediate activations, the 24·s·h/t + 5·a·s²/t it splits are the TP-split intermediates, and the 5·a·s² of the
+attention core (softmax output, dropout mask, dropout output) are `attention_core_activation_bytes_per_sample`.
+Besides these, gbmw counts what Korthikanti et al. leave out: each LayerNorm's fp32 mean and 1/std per token
+(8 bytes per token and norm; SP splits them too).
+
+Selective recomputation (Sec. 5) recomputes the attention core in backward: its FLOPs (QKᵀ and scores × V, split
+by TP) and its memory-bound softmax and dropout traffic. Sequence parallelism (Sec. 4.2.2) splits the replicated
+regions along the sequence, so their stash and their memory-bound kernels (norms, dropout, residual adds) shrink
+by t; an all-gather before and a reduce-scatter after each TP region replace its all-reduce, and on a ring those
+move the same bytes in the same time ((t−1)/t·M each against 2(t−1)/t·M, gbmw.comm), so TP's communication time
+is unchanged.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from gbmw.model_spec import ModelSpec
+from gbmw.space import Strategy
+
+
+def sequence_parallel_divisor(strategy: Strategy) -> int:
+    """What sequence parallelism divides TP's replicated activations and traffic by: t under +sp, else 1."""
+    return strategy.tp if strategy.sp else 1
+
+
+def selective_recompute_s(model: ModelSpec, samples: float, strategy: Strategy, matmul_flops_per_s: float,
+                          attention_flops_per_s: float, memory_bytes_per_s: float) -> np.ndarray:
+    """[layer] time of recomputing the attention core of `samples` samples in backward under selective
+    recomputation (0 for other strategies): its FLOPs at the matmul rate (a flash kernel's at the attention rate)
+    plus its softmax/dropout traffic at the memory bandwidth, both split by TP."""
+    if not strategy.selective:
+        return np.zeros(model.num_layers)
+    arrays = model.arrays
+    rate = np.where(arrays.forward_flash_attention_flops_per_sample > 0, attention_flops_per_s, matmul_flops_per_s)
+    per_sample = (arrays.attention_core_flops_per_sample / rate
+                  + arrays.attention_core_memory_traffic_bytes_per_sample / memory_bytes_per_s)
+    return per_sample * samples / strategy.tp
+
+
+def selective_freed_bytes(model: ModelSpec, samples: float, strategy: Strategy) -> np.ndarray:
+    """[layer] bytes of the attention core's stash that selective recomputation does not keep (0 otherwise)."""
+    if not strategy.selective:
+        return np.zeros(model.num_layers)
+    return model.arrays.attention_core_activation_bytes_per_sample * samples / strategy.tp
