@@ -58,6 +58,7 @@ from gbmw.spaces import DEFAULT_VARIANT, SearchSpace, search_space
 from gbmw.pipeline_schedules import pipeline_time_s
 from gbmw.stage_cost import StageCosts, StrategyTables, stage_estimate, strategy_tables
 from gbmw.search_units import Candidate, SearchStats, Setting, tp_allowed
+from gbmw.stage_knapsack_bound import memory_aware_throughput_bound
 from gbmw.step_reserve_search import StepReserveSearch
 from gbmw.stock_partitions import PARTITION_RULES
 from gbmw.targets import get_target
@@ -295,11 +296,20 @@ class Planner:
                 self.progress(done, len(settings))
             if best is not None and setting.throughput_bound <= best.samples_per_s:
                 break
+            if best is not None and self._memory_bound(setting) <= best.samples_per_s:
+                continue
             self.stats.settings_searched += 1
             for candidate in search(setting, best.samples_per_s if best else 0.0):
                 if best is None or candidate.samples_per_s > best.samples_per_s:
                     best = candidate
         return best
+
+    def _memory_bound(self, setting: Setting) -> float:
+        """The setting's memory-aware throughput bound (gbmw.stage_knapsack_bound), computed once."""
+        if setting.memory_bound is None:
+            costs = self._costs(setting.tables, setting.pp, setting.num_micro_batches)
+            setting.memory_bound = memory_aware_throughput_bound(costs, setting.allowed, self.budget)
+        return setting.memory_bound
 
     def _search_whole_plans(self, setting: Setting, best_samples_per_s: float) -> list[Candidate]:
         """The exact search of one setting (gbmw.whole_plan_search) for plans faster than `best_samples_per_s`."""

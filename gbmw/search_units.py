@@ -32,6 +32,8 @@ class Setting:
     tables: StrategyTables
     allowed: np.ndarray
     throughput_bound: float
+    memory_bound: float | None = None
+    """The memory-aware throughput bound (gbmw.stage_knapsack_bound), computed when first needed."""
 
     @property
     def global_batch(self) -> int:
