@@ -25,6 +25,8 @@ Settings are visited best-first with a bound, in both modes:
   fastest strategy and no transitions, under a relaxed memory limit, and the stages perfectly balanced
   (gbmw.bounds, a tied weight counted once). Settings are searched in decreasing order of that bound, and the
   search stops when the bound falls to the best plan found.
+* Before a setting is searched, a second, memory-aware bound (gbmw.stage_knapsack_bound: each stage's time under
+  its own budget and 1F1B stash, over every partition) skips it if no plan of it can beat the best found.
 * With 1F1B, once m ≥ P the memory no longer grows with m while B / T grows (Eq. (9):
   d/dm [m·b / ((m-1)·a + c)] > 0 as c = Σ C_i ≥ a = max C_no_sync), so a batch sweep only needs
   m < P and the largest m the batch limit allows. GPipe keeps all m micro-batches, so its sweep
