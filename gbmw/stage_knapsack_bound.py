@@ -37,8 +37,10 @@ separately only lowers the sum), with S_lower the synchronisation bound of gbmw.
 B / T_lower.
 
 **Rounding.** λ · E can be far larger than the times, so the differences of prefix sums that give Σ_l − λ · E lose
-low bits; each LB has a floating-point error bound subtracted (`_rounding_bytes`), so it stays below the exact
-value of the dual.
+low bits, and stage_estimate's own float sums may put a stage whose exact E_f,j is a few ulps above E at E; each LB
+has an error bound of (4 L + 16) ulps of its magnitudes subtracted (about twice what both need: L roundings of the
+prefix sums and a few per term, and as many in stage_estimate's sums), so it stays below every stage that fits
+by stage_estimate. Stages whose lightest choices exceed E by more than that margin get LB = inf.
 """
 
 from __future__ import annotations
