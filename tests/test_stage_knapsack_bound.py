@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from conftest import make_cluster, make_job, make_layer, make_model
 from gbmw.planner import NothingFitsError, Planner
 from gbmw.stage_knapsack_bound import (memory_aware_throughput_bound, partition_bounds, stage_time_lower_bounds,
                                        trade_rates, _grid)
