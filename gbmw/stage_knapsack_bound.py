@@ -108,17 +108,46 @@ def stage_time_lower_bounds(time_s: np.ndarray, memory_bytes: np.ndarray, budget
 def partition_bounds(stage_bounds: list[np.ndarray]) -> tuple[float, float]:
     """(min over partitions of max_j LB_j, min over partitions of Σ_j LB_j), for P = len(stage_bounds) contiguous
     non-empty stages of all layers, stage j's LB from `stage_bounds[j]` ([a, c] as `stage_time_lower_bounds`)."""
-    layers = stage_bounds[0].shape[0] - 1
-    worst = np.full(layers + 1, np.inf)
-    total = np.full(layers + 1, np.inf)
-    worst[0], total[0] = -np.inf, 0.0
+    worst, total = partition_tables(stage_bounds)[:2]
+    return float(worst[-1, -1]), float(total[-1, -1])
+
+
+def partition_tables(stage_bounds: list[np.ndarray]) -> tuple[np.ndarray, ...]:
+    """[i, layer] tables of the same two minima over the partitions of part of the layers (0 for no stage, inf where
+    no partition exists): `before_max`, `before_sum` over layers [0, layer) into stages 0 … i − 1, and `after_max`,
+    `after_sum` over layers [layer, L) into stages i … P − 1 (each stage's LB from its own table)."""
+    pp, layers = len(stage_bounds), stage_bounds[0].shape[0] - 1
     valid = np.triu(np.ones((layers + 1, layers + 1), bool), k=1)
-    for bounds in stage_bounds:
-        bounds = np.where(valid, bounds, np.inf)
-        worst = np.maximum(worst[:, None], bounds).min(axis=0)
-        total = (total[:, None] + bounds).min(axis=0)
-        worst[0], total[0] = np.inf, np.inf  # no stage is empty
-    return float(worst[layers]), float(total[layers])
+    bounds = [np.where(valid, table, np.inf) for table in stage_bounds]
+    before_max, before_sum = np.full((pp + 1, layers + 1), np.inf), np.full((pp + 1, layers + 1), np.inf)
+    after_max, after_sum = np.full((pp + 1, layers + 1), np.inf), np.full((pp + 1, layers + 1), np.inf)
+    before_max[0, 0] = before_sum[0, 0] = after_max[pp, layers] = after_sum[pp, layers] = 0.0
+    for i in range(pp):  # stage i ends at c, after stages 0 … i − 1 ending at a
+        before_max[i + 1] = np.maximum(before_max[i][:, None], bounds[i]).min(axis=0)
+        before_sum[i + 1] = (before_sum[i][:, None] + bounds[i]).min(axis=0)
+    for i in range(pp - 1, -1, -1):  # stage i starts at a, before stages i + 1 … P − 1 starting at c
+        after_max[i] = np.maximum(bounds[i], after_max[i + 1][None, :]).min(axis=1)
+        after_sum[i] = (bounds[i] + after_sum[i + 1][None, :]).min(axis=1)
+    return before_max, before_sum, after_max, after_sum
+
+
+def stage_bound_tables(costs: StageCosts, allowed: np.ndarray, budget_bytes: float) -> list[np.ndarray]:
+    """[stage index] → LB_j(a, c) tables (`stage_time_lower_bounds`) of the setting of `costs`, stage j with its own
+    in-flight micro-batches (rounded down, see `_rounded_down`), among the strategies `allowed` per layer."""
+    tables = costs.tables
+    no_sync = np.where(allowed, tables.time_no_grad_sync_s, np.inf)
+    states = least_state_bytes(costs)
+    forward = tables.forward_memory_bytes
+    # one λ grid for every stage: the trade rates of the lightest and the heaviest stash span the others'
+    lows, highs = zip(*(trade_rates(no_sync, states + k * forward) for k in {1.0, float(max(costs.in_flight))}))
+    lambdas = _grid(min(lows), max(highs))
+    by_in_flight: dict[float, np.ndarray] = {}
+    for stage_index in range(costs.pp):
+        in_flight = _rounded_down(costs.in_flight[stage_index])
+        if in_flight not in by_in_flight:
+            by_in_flight[in_flight] = stage_time_lower_bounds(no_sync, states + in_flight * forward, budget_bytes,
+                                                              lambdas)
+    return [by_in_flight[_rounded_down(k)] for k in costs.in_flight]
 
 
 def memory_aware_throughput_bound(costs: StageCosts, allowed: np.ndarray, budget_bytes: float) -> float:
@@ -127,21 +156,7 @@ def memory_aware_throughput_bound(costs: StageCosts, allowed: np.ndarray, budget
     tables, pp, count = costs.tables, costs.pp, costs.num_micro_batches
     if costs.virtual_stages != 1:  # interleaved stages hold several chunks each: not this model
         return np.inf
-    no_sync = np.where(allowed, tables.time_no_grad_sync_s, np.inf)
-    states = least_state_bytes(costs)
-    forward = tables.forward_memory_bytes
-    # one λ grid for every stage: the trade rates of the lightest and the heaviest stash span the others'
-    lows, highs = zip(*(trade_rates(no_sync, states + k * forward) for k in {1.0, float(max(costs.in_flight))}))
-    lambdas = _grid(min(lows), max(highs))
-    by_in_flight: dict[float, np.ndarray] = {}
-    stage_bounds = []
-    for stage_index in range(pp):
-        in_flight = _rounded_down(costs.in_flight[stage_index])
-        if in_flight not in by_in_flight:
-            by_in_flight[in_flight] = stage_time_lower_bounds(no_sync, states + in_flight * forward, budget_bytes,
-                                                              lambdas)
-        stage_bounds.append(by_in_flight[in_flight])
-    slowest, stages = partition_bounds(stage_bounds)
+    slowest, stages = partition_bounds(stage_bound_tables(costs, allowed, budget_bytes))
     sync = np.where(allowed, tables.time_s - tables.time_no_grad_sync_s, np.inf).min(axis=0)
     lower = (count - 1) * slowest + stages + max(sync.sum() / pp, sync.max())
     if not np.isfinite(lower):
