@@ -157,6 +157,8 @@ def memory_aware_throughput_bound(costs: StageCosts, allowed: np.ndarray, budget
     if costs.virtual_stages != 1:  # interleaved stages hold several chunks each: not this model
         return np.inf
     slowest, stages = partition_bounds(stage_bound_tables(costs, allowed, budget_bytes))
+    if not np.isfinite(slowest):  # no partition fits (checked before (m − 1) · inf, NaN for m = 1)
+        return 0.0
     sync = np.where(allowed, tables.time_s - tables.time_no_grad_sync_s, np.inf).min(axis=0)
     lower = (count - 1) * slowest + stages + max(sync.sum() / pp, sync.max())
     if not np.isfinite(lower):

@@ -69,6 +69,12 @@ non-negative times in another order than Eq. (9) does, which moves them by at mo
 each, fewer than 10^3 terms), far below this; a plan faster than the incumbent by less is as good as it."""
 
 
+def _fill_s(micro_batches: float, slowest_s: np.ndarray) -> np.ndarray:
+    """(m − 1) · the slowest stage's N, inf where no stage can fit (`slowest_s` inf), also for m = 1 (0 · inf)."""
+    with np.errstate(invalid="ignore"):
+        return np.where(np.isinf(slowest_s), np.inf, (micro_batches - 1) * slowest_s)
+
+
 # ---------------------------------------------------------------------------------------------------- stages
 
 
@@ -231,7 +237,7 @@ class WholePlanSearch:
         ends = np.arange(end, self.layers - self.pp + 2)
         first_s = no_sync[:, None] + (self.least_prefix_s[ends] - self.least_prefix_s[end])[None, :]
         slowest = np.maximum(first_s, self.after_max[1, ends][None, :])
-        lower = ((self.m - 1) * slowest + first_s + self.after_sum[1, ends][None, :]).min(axis=1)
+        lower = (_fill_s(self.m, slowest) + first_s + self.after_sum[1, ends][None, :]).min(axis=1)
         return lower + sync + params * self.step_s
 
     def _extend(self, node: _Node, options, transition: np.ndarray, rest_s: float,
@@ -313,7 +319,7 @@ class WholePlanSearch:
         slowest_other = max(self.before_max[stage_index, first], self.after_max[stage_index + 1, end])
         others = self.before_sum[stage_index, first] + self.after_sum[stage_index + 1, end]
         lower = np.maximum(self.m * no_sync + outside,
-                           (self.m - 1) * np.maximum(no_sync, slowest_other) + no_sync + others)
+                           _fill_s(self.m, np.maximum(no_sync, slowest_other)) + no_sync + others)
         useful = lower + node.sync + optimizer <= self.limit_s * (1 + INCUMBENT_SLACK)
         index = np.nonzero(useful)[0]
         if index.shape[0] == 0:
@@ -346,7 +352,7 @@ class WholePlanSearch:
                     combined[:, 2] = np.maximum.outer(rows[:, 2], options.sync_s).ravel()
                     combined[:, 3] = np.maximum.outer(rows[:, 3], options.optimizer_s).ravel()
                     later = max(self.least_prefix_s[-1] - self.least_prefix_s[end], self.after_sum[stage_index + 1, end])
-                    lower = ((m - 1) * np.maximum(combined[:, 0], self.after_max[stage_index + 1, end])
+                    lower = (_fill_s(m, np.maximum(combined[:, 0], self.after_max[stage_index + 1, end]))
                              + combined[:, 1] + combined[:, 2] + combined[:, 3] + later)
                     useful = np.nonzero(lower <= slack_limit)[0]
                     if useful.shape[0] == 0:
