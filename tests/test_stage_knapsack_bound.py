@@ -160,3 +160,35 @@ def test_the_planner_skips_settings_by_it_and_stays_exact(monkeypatch, seed, fro
     except NothingFitsError:
         return
     assert default.fits and default.samples_per_s <= best
+
+
+@settings(max_examples=25, **CASES)
+@given(st.data())
+def test_partition_tables_bound_the_stages_of_every_fitting_plan(data):
+    """The exact search prunes by `partition_tables` (gbmw.whole_plan_search): for every plan of the brute force's
+    frontier, on a budget equal to its peak, the stages before each boundary have max N and Σ N at least
+    `before_max`/`before_sum` there, and the stages from it on at least `after_max`/`after_sum`."""
+    from gbmw.estimate import plan_stage_estimates
+    from gbmw.stage_knapsack_bound import partition_tables, stage_bound_tables
+
+    choose = Choices(data.draw)
+    variant = choose.choice(["gbmw", "bmw", "1f1b+bi-obj"])
+    tiny = random_tiny_job(choose, variant, work_cap=4000)
+    oracle = WholePlanOracle(tiny.job, variant)
+    planner = Planner(with_budget(tiny.job, 2**50), variant, explain_failure=False)
+    settings_by_key = {(s.pp, s.micro_batch, s.num_micro_batches): s for s in planner._settings()}
+    for plan in oracle.frontier:
+        key = (plan.setting.pp, plan.setting.micro_batch, plan.setting.num_micro_batches)
+        if key not in settings_by_key:
+            continue
+        setting = settings_by_key[key]
+        costs = planner._costs(setting.tables, setting.pp, setting.num_micro_batches)
+        before_max, before_sum, after_max, after_sum = partition_tables(
+            stage_bound_tables(costs, setting.allowed, plan.peak_bytes))
+        no_sync = [stage.time_no_grad_sync_s for stage in plan_stage_estimates(tiny.job, plan.plan(tiny.job))]
+        boundaries = np.concatenate(([0], np.cumsum(plan.partition)))
+        for i, layer in enumerate(boundaries):
+            assert before_max[i, layer] <= max(no_sync[:i], default=0.0), tiny.summary
+            assert before_sum[i, layer] <= sum(no_sync[:i]), tiny.summary
+            assert after_max[i, layer] <= max(no_sync[i:], default=0.0), tiny.summary
+            assert after_sum[i, layer] <= sum(no_sync[i:]), tiny.summary
