@@ -71,7 +71,7 @@ def trade_rates(time_s: np.ndarray, memory_bytes: np.ndarray) -> tuple[float, fl
     return float(rate.min()), float(rate.max())
 
 
-def _grid(low: float, high: float, points: int = LAMBDA_POINTS) -> np.ndarray:
+def lambda_grid(low: float, high: float, points: int = LAMBDA_POINTS) -> np.ndarray:
     """0 and `points` λ values spread geometrically over [low, high] (only 0 when high is 0)."""
     if high <= 0:
         return np.zeros(1)
@@ -140,7 +140,7 @@ def stage_bound_tables(costs: StageCosts, allowed: np.ndarray, budget_bytes: flo
     forward = tables.forward_memory_bytes
     # one λ grid for every stage: the trade rates of the lightest and the heaviest stash span the others'
     lows, highs = zip(*(trade_rates(no_sync, states + k * forward) for k in {1.0, float(max(costs.in_flight))}))
-    lambdas = _grid(min(lows), max(highs))
+    lambdas = lambda_grid(min(lows), max(highs))
     by_in_flight: dict[float, np.ndarray] = {}
     for stage_index in range(costs.pp):
         in_flight = _rounded_down(costs.in_flight[stage_index])
@@ -164,6 +164,12 @@ def memory_aware_throughput_bound(costs: StageCosts, allowed: np.ndarray, budget
     if not np.isfinite(lower):
         return 0.0
     return tables.micro_batch * count / lower * (1 + BOUND_SLACK) if lower > 0 else np.inf
+
+
+def fill_s(micro_batches: float, slowest_s: np.ndarray) -> np.ndarray:
+    """(m − 1) · the slowest stage's N, inf where no stage can fit (`slowest_s` inf), also for m = 1 (0 · inf)."""
+    with np.errstate(invalid="ignore"):
+        return np.where(np.isinf(slowest_s), np.inf, (micro_batches - 1) * slowest_s)
 
 
 def _rounded_down(in_flight: float) -> float:

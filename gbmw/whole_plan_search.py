@@ -42,24 +42,25 @@ may differ from it in the last bits; the planner re-estimates the plan it return
 
 Pruning by an incumbent (the best plan found so far, of time T_best for this setting's batch): a partial stage
 whose m · N + S + U plus the least no-sync time of every layer outside it is above T_best cannot be part of a
-faster plan (T ≥ (m − 1) · N_i + Σ_j N_j + S_i + U_i), and likewise for partial partitions. The stages not yet
-chosen must each fit the budget with their own stash: gbmw.stage_knapsack_bound bounds each one's N from below
-(LB_j), so a stage option of stage i on layers [a, c), or a partial partition of stages 0 … i ending at c, is
-dropped when even T ≥ (m − 1) · max(N's so far, min max LB of the other stages) + Σ N so far + min Σ LB of the other
-stages + S + U (the minima over their partitions, `partition_tables`) is above T_best.
+faster plan (T ≥ (m − 1) · N_i + Σ_j N_j + S_i + U_i), and likewise for partial partitions. Memory-aware: every
+stage must fit the budget with its own stash, so gbmw.stage_knapsack_bound bounds the other stages' max and Σ of N
+(`partition_tables`) for stage options, partial partitions and partial first stages, and gbmw.stage_suffix_bound
+what the last stage's remaining layers add within the memory its partial plan has left.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
 from gbmw.framework_memory import ADAM_CHUNK_ELEMENTS
 from gbmw.pareto import backtrack
 from gbmw.stage_cost import StageCosts
-from gbmw.stage_knapsack_bound import partition_tables, stage_bound_tables
+from gbmw.stage_knapsack_bound import fill_s, partition_tables, stage_bound_tables
+from gbmw.stage_suffix_bound import SuffixTimeBound
 from gbmw.stage_search import cost_classes
 from gbmw.whole_plan_frontier import MemoryGrid, extend_candidates, nondominated, time_columns
 
@@ -67,12 +68,6 @@ INCUMBENT_SLACK = 1e-12
 """Relative slack on the incumbent's time before a partial plan is pruned by it: the bounds sum the same
 non-negative times in another order than Eq. (9) does, which moves them by at most a few ulps (≈1e-16 relative
 each, fewer than 10^3 terms), far below this; a plan faster than the incumbent by less is as good as it."""
-
-
-def _fill_s(micro_batches: float, slowest_s: np.ndarray) -> np.ndarray:
-    """(m − 1) · the slowest stage's N, inf where no stage can fit (`slowest_s` inf), also for m = 1 (0 · inf)."""
-    with np.errstate(invalid="ignore"):
-        return np.where(np.isinf(slowest_s), np.inf, (micro_batches - 1) * slowest_s)
 
 
 # ---------------------------------------------------------------------------------------------------- stages
@@ -188,6 +183,7 @@ class WholePlanSearch:
         # on (layers [layer, L)), under the budget every stage of a plan fits
         self.before_max, self.before_sum, self.after_max, self.after_sum = partition_tables(
             stage_bound_tables(costs, allowed, float(budget_bytes)))
+        self._suffix: SuffixTimeBound | None = None
         self._nodes: dict[tuple, _Node] = {}
         self._options: dict[tuple, tuple] = {}
         self._stages: dict[tuple[int, int], list[StageOptions | None]] = {}
@@ -230,18 +226,27 @@ class WholePlanSearch:
 
     # ------------------------------------------------------------------ stage DP
 
-    def _first_stage_lower_s(self, end: int, no_sync: np.ndarray, sync: np.ndarray, params: np.ndarray) -> np.ndarray:
+    def _first_stage_lower_s(self, end: int, no_sync, sync, params, stash) -> np.ndarray:
         """T of any plan completing partial plans of stage 0 on layers [0, end) is at least this: stage 0 ends at some
         e (its N then at least N + the least time of layers [end, e)), the later stages take layers [e, L) and their
         max and Σ of N are at least `after_max`, `after_sum` (gbmw.stage_knapsack_bound); S and U only grow."""
         ends = np.arange(end, self.layers - self.pp + 2)
         first_s = no_sync[:, None] + (self.least_prefix_s[ends] - self.least_prefix_s[end])[None, :]
         slowest = np.maximum(first_s, self.after_max[1, ends][None, :])
-        lower = (_fill_s(self.m, slowest) + first_s + self.after_sum[1, ends][None, :]).min(axis=1)
+        lower = (fill_s(self.m, slowest) + first_s + self.after_sum[1, ends][None, :]).min(axis=1)
         return lower + sync + params * self.step_s
 
+    def _last_stage_lower_s(self, end: int, first: int, no_sync, sync, params, stash) -> np.ndarray:
+        """T ≥ m · N_last + the other stages' least time (as `extend_candidates`), N_last at least N so far + what
+        layers [end, L) add within the memory left (gbmw.stage_suffix_bound)."""
+        if self._suffix is None:
+            self._suffix = SuffixTimeBound(self.costs, self.allowed, self.costs.in_flight[-1])
+        rest_s = np.maximum(self._suffix.lower_s(end, self.budget - stash), self.least_suffix_s[end])
+        return (self.m * (no_sync + rest_s) + sync + self.step_s * (params + self.least_params_suffix[end])
+                + self.least_prefix_s[first] + self.least_sync_suffix_s[end])
+
     def _extend(self, node: _Node, options, transition: np.ndarray, rest_s: float,
-                rest: tuple = (0.0, 0.0, 0.0, 0.0, 0), first_stage_end: int | None = None) -> _Node:
+                rest: tuple = (0.0, 0.0, 0.0, 0.0, 0), lower_bound=None) -> _Node:
         strategy, no_sync, sync, stash, forward, backward, params, layout = options
         budget = self.budget
         columns = extend_candidates(
@@ -256,8 +261,8 @@ class WholePlanSearch:
         else:  # see `time_columns`
             times = [n_no_sync, n_no_sync + n_sync]
         keep = nondominated(np.stack(memory + times, axis=1), n_layout)
-        if first_stage_end is not None:
-            lower = self._first_stage_lower_s(first_stage_end, n_no_sync[keep], n_sync[keep], n_params[keep])
+        if lower_bound is not None:  # T of any completion (the next two methods)
+            lower = lower_bound(n_no_sync[keep], n_sync[keep], n_params[keep], n_stash[keep])
             keep = keep[lower <= self.limit_s * (1 + INCUMBENT_SLACK)]
         return _Node(n_stash[keep], n_excess[keep], n_no_sync[keep], n_sync[keep], n_params[keep], n_layout[keep],
                      strategy[n_option[keep]], n_parent[keep], node, node.depth + 1)
@@ -300,8 +305,9 @@ class WholePlanSearch:
                 else:  # shared by every first layer: all P stages share the layers outside the prefix
                     rest_s = max(self.least_prefix_s[-1] - inside_s, 0.0)
                     rest = (0.0, 0.0, 0.0, rest_s, self.pp)
-                first_stage_end = layer + 1 if stage_index == 0 and not last else None
-                child = self._nodes[node_key] = self._extend(node, options, transition, rest_s, rest, first_stage_end)
+                bound = (partial(self._last_stage_lower_s, layer + 1, first) if last else
+                         partial(self._first_stage_lower_s, layer + 1) if stage_index == 0 else None)
+                child = self._nodes[node_key] = self._extend(node, options, transition, rest_s, rest, bound)
             node = child
             if len(node) == 0:
                 break
@@ -319,7 +325,7 @@ class WholePlanSearch:
         slowest_other = max(self.before_max[stage_index, first], self.after_max[stage_index + 1, end])
         others = self.before_sum[stage_index, first] + self.after_sum[stage_index + 1, end]
         lower = np.maximum(self.m * no_sync + outside,
-                           _fill_s(self.m, np.maximum(no_sync, slowest_other)) + no_sync + others)
+                           fill_s(self.m, np.maximum(no_sync, slowest_other)) + no_sync + others)
         useful = lower + node.sync + optimizer <= self.limit_s * (1 + INCUMBENT_SLACK)
         index = np.nonzero(useful)[0]
         if index.shape[0] == 0:
@@ -352,7 +358,7 @@ class WholePlanSearch:
                     combined[:, 2] = np.maximum.outer(rows[:, 2], options.sync_s).ravel()
                     combined[:, 3] = np.maximum.outer(rows[:, 3], options.optimizer_s).ravel()
                     later = max(self.least_prefix_s[-1] - self.least_prefix_s[end], self.after_sum[stage_index + 1, end])
-                    lower = (_fill_s(m, np.maximum(combined[:, 0], self.after_max[stage_index + 1, end]))
+                    lower = (fill_s(m, np.maximum(combined[:, 0], self.after_max[stage_index + 1, end]))
                              + combined[:, 1] + combined[:, 2] + combined[:, 3] + later)
                     useful = np.nonzero(lower <= slack_limit)[0]
                     if useful.shape[0] == 0:

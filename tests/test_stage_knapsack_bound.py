@@ -12,7 +12,7 @@ from hypothesis import given, settings, strategies as st
 
 from gbmw.planner import NothingFitsError, Planner
 from gbmw.stage_knapsack_bound import (memory_aware_throughput_bound, partition_bounds, stage_time_lower_bounds,
-                                       trade_rates, _grid)
+                                       trade_rates, lambda_grid)
 from test_search_bounds import tied_job
 from whole_plan_oracle import Choices, Setting, WholePlanOracle, random_tiny_job, with_budget
 
@@ -51,7 +51,7 @@ def test_stage_lower_bound_is_below_every_fitting_choice(data):
     exact = sum(memory[0 if forbidden[s, l] else s, l] for l, s in enumerate(pick))
     budget = data.draw(st.sampled_from([exact, exact * 1.01, exact * 0.5, 0.0, memory.sum()]))
     low, high = trade_rates(time_s, memory)
-    bounds = stage_time_lower_bounds(time_s, memory, budget, _grid(low, high))
+    bounds = stage_time_lower_bounds(time_s, memory, budget, lambda_grid(low, high))
     for first in range(layers):
         for end in range(first + 1, layers + 1):
             best = least_fitting_time(time_s, memory, budget, first, end)
@@ -66,7 +66,7 @@ def test_stage_lower_bound_prices_the_memory_a_stage_must_fit():
     would say 1 s); with 20 GB both fit and it is 1 s; with 0.5 GB nothing fits."""
     time_s = np.array([[1.0], [3.0]])
     memory = np.array([[10e9], [1e9]])
-    lambdas = _grid(*trade_rates(time_s, memory))
+    lambdas = lambda_grid(*trade_rates(time_s, memory))
     assert stage_time_lower_bounds(time_s, memory, 5e9, lambdas)[0, 1] == pytest.approx(1 + 2 * 5 / 9, rel=1e-9)
     assert stage_time_lower_bounds(time_s, memory, 20e9, lambdas)[0, 1] == pytest.approx(1.0, rel=1e-9)
     assert stage_time_lower_bounds(time_s, memory, 0.5e9, lambdas)[0, 1] == np.inf
