@@ -25,6 +25,8 @@ Settings are visited best-first with a bound, in both modes:
   fastest strategy and no transitions, under a relaxed memory limit, and the stages perfectly balanced
   (gbmw.bounds, a tied weight counted once). Settings are searched in decreasing order of that bound, and the
   search stops when the bound falls to the best plan found.
+* Before a setting is searched, a second, memory-aware bound (gbmw.stage_knapsack_bound: each stage's time under
+  its own budget and 1F1B stash, over every partition) skips it if no plan of it can beat the best found.
 * With 1F1B, once m ≥ P the memory no longer grows with m while B / T grows (Eq. (9):
   d/dm [m·b / ((m-1)·a + c)] > 0 as c = Σ C_i ≥ a = max C_no_sync), so a batch sweep only needs
   m < P and the largest m the batch limit allows. GPipe keeps all m micro-batches, so its sweep
@@ -57,7 +59,10 @@ from gbmw.space import Strategy
 from gbmw.spaces import DEFAULT_VARIANT, SearchSpace, search_space
 from gbmw.pipeline_schedules import pipeline_time_s
 from gbmw.stage_cost import StageCosts, StrategyTables, stage_estimate, strategy_tables
-from gbmw.search_units import Candidate, SearchStats, Setting, tp_allowed
+from gbmw.search_units import (
+    Candidate, SearchStats, Setting, micro_batch_counts, micro_batch_sizes, tp_allowed,
+)
+from gbmw.stage_knapsack_bound import memory_aware_throughput_bound
 from gbmw.step_reserve_search import StepReserveSearch
 from gbmw.stock_partitions import PARTITION_RULES
 from gbmw.targets import get_target
@@ -112,24 +117,11 @@ class Planner:
     # ------------------------------------------------------------------ settings
 
     def _micro_batch_sizes(self) -> list[int]:
-        if self.fixed_batch is not None:
-            return [b for b in range(1, self.fixed_batch + 1) if self.fixed_batch % b == 0]
-        limit = self.job.max_global_batch
-        sizes = sorted({2**e for e in range(limit.bit_length())} | {3 * 2**e for e in range(limit.bit_length())})
-        return [b for b in sizes if b <= limit]
+        return micro_batch_sizes(self.fixed_batch, self.job.max_global_batch)
 
     def _micro_batch_counts(self, micro_batch: int, pp: int) -> list[int]:
-        if pp == 1 and not self.accumulate:
-            return [1] if self.fixed_batch in (None, micro_batch) else []
-        if self.fixed_batch is not None:
-            return [self.fixed_batch // micro_batch]
-        largest = self.job.max_global_batch // micro_batch
-        if largest < 1:
-            return []
-        counts = {2**e for e in range(largest.bit_length()) if 2**e <= largest}
-        if self.spec.schedule == "1f1b":
-            counts = {m for m in counts if m < pp} | {largest}
-        return sorted(counts)
+        return micro_batch_counts(micro_batch, pp, self.fixed_batch, self.job.max_global_batch, self.accumulate,
+                                  self.spec.schedule)
 
     def _settings(self) -> list[Setting]:
         model, cluster = self.job.model, self.job.cluster
@@ -313,11 +305,20 @@ class Planner:
                 self.progress(done, len(settings))
             if best is not None and setting.throughput_bound <= best.samples_per_s:
                 break
+            if best is not None and self._memory_bound(setting) <= best.samples_per_s:
+                continue
             self.stats.settings_searched += 1
             for candidate in search(setting, best.samples_per_s if best else 0.0):
                 if best is None or candidate.samples_per_s > best.samples_per_s:
                     best = candidate
         return best
+
+    def _memory_bound(self, setting: Setting) -> float:
+        """The setting's memory-aware throughput bound (gbmw.stage_knapsack_bound), computed once."""
+        if setting.memory_bound is None:
+            costs = self._costs(setting.tables, setting.pp, setting.num_micro_batches, setting.virtual_stages)
+            setting.memory_bound = memory_aware_throughput_bound(costs, setting.allowed, self.budget)
+        return setting.memory_bound
 
     def _search_whole_plans(self, setting: Setting, best_samples_per_s: float) -> list[Candidate]:
         """The exact search of one setting (gbmw.whole_plan_search) for plans faster than `best_samples_per_s`."""

@@ -34,6 +34,8 @@ class Setting:
     throughput_bound: float
     virtual_stages: int = 1
     """Model chunks per pipeline device (> 1: interleaved 1F1B, on targets that run it)."""
+    memory_bound: float | None = None
+    """The memory-aware throughput bound (gbmw.stage_knapsack_bound), computed when first needed."""
 
     @property
     def global_batch(self) -> int:
@@ -59,3 +61,30 @@ def tp_allowed(model, strategies: list[Strategy]) -> np.ndarray:
                   np.array([layer.kv_heads for layer in model.layers])):
         allowed &= (heads[None, :] == 0) | (heads[None, :] % tp == 0)
     return allowed
+
+
+def micro_batch_sizes(fixed_batch: int | None, max_global_batch: int) -> list[int]:
+    """The micro-batch sizes the outer search tries: the divisors of a fixed global batch, or the powers of two and
+    three times powers of two up to the largest global batch the sweep may reach."""
+    if fixed_batch is not None:
+        return [b for b in range(1, fixed_batch + 1) if fixed_batch % b == 0]
+    limit = max_global_batch
+    sizes = sorted({2**e for e in range(limit.bit_length())} | {3 * 2**e for e in range(limit.bit_length())})
+    return [b for b in sizes if b <= limit]
+
+
+def micro_batch_counts(micro_batch: int, pp: int, fixed_batch: int | None, max_global_batch: int, accumulate: bool,
+                       schedule: str) -> list[int]:
+    """The micro-batch counts tried with `micro_batch` at pipeline degree `pp`: one pass without a pipeline when
+    not accumulating; the fixed batch's count; else powers of two (under 1F1B: those below pp, and the largest)."""
+    if pp == 1 and not accumulate:
+        return [1] if fixed_batch in (None, micro_batch) else []
+    if fixed_batch is not None:
+        return [fixed_batch // micro_batch]
+    largest = max_global_batch // micro_batch
+    if largest < 1:
+        return []
+    counts = {2**e for e in range(largest.bit_length()) if 2**e <= largest}
+    if schedule == "1f1b":
+        counts = {m for m in counts if m < pp} | {largest}
+    return sorted(counts)

@@ -42,19 +42,25 @@ may differ from it in the last bits; the planner re-estimates the plan it return
 
 Pruning by an incumbent (the best plan found so far, of time T_best for this setting's batch): a partial stage
 whose m · N + S + U plus the least no-sync time of every layer outside it is above T_best cannot be part of a
-faster plan (T ≥ (m − 1) · N_i + Σ_j N_j + S_i + U_i), and likewise for partial partitions.
+faster plan (T ≥ (m − 1) · N_i + Σ_j N_j + S_i + U_i), and likewise for partial partitions. Memory-aware: every
+stage must fit the budget with its own stash, so gbmw.stage_knapsack_bound bounds the other stages' max and Σ of N
+(`partition_tables`) for stage options, partial partitions and partial first stages, and gbmw.stage_suffix_bound
+what the last stage's remaining layers add within the memory its partial plan has left.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
 from gbmw.framework_memory import ADAM_CHUNK_ELEMENTS
 from gbmw.pareto import backtrack
 from gbmw.stage_cost import StageCosts
+from gbmw.stage_knapsack_bound import fill_s, partition_tables, stage_bound_tables
+from gbmw.stage_suffix_bound import SuffixTimeBound
 from gbmw.stage_search import cost_classes
 from gbmw.whole_plan_frontier import MemoryGrid, extend_candidates, nondominated, time_columns
 
@@ -173,6 +179,11 @@ class WholePlanSearch:
         self.least_stash_suffix = suffix(states + in_flight * self.forward)
         self.least_carry_suffix = suffix(states + (in_flight - 1) * self.forward)
         self.least_params_suffix = suffix(params)
+        # [i, layer]: min max and min Σ of LB_j over the stages before stage i (layers [0, layer)) and from stage i
+        # on (layers [layer, L)), under the budget every stage of a plan fits
+        self.before_max, self.before_sum, self.after_max, self.after_sum = partition_tables(
+            stage_bound_tables(costs, allowed, float(budget_bytes)))
+        self._suffix: SuffixTimeBound | None = None
         self._nodes: dict[tuple, _Node] = {}
         self._options: dict[tuple, tuple] = {}
         self._stages: dict[tuple[int, int], list[StageOptions | None]] = {}
@@ -215,8 +226,27 @@ class WholePlanSearch:
 
     # ------------------------------------------------------------------ stage DP
 
+    def _first_stage_lower_s(self, end: int, no_sync, sync, params, stash) -> np.ndarray:
+        """T of any plan completing partial plans of stage 0 on layers [0, end) is at least this: stage 0 ends at some
+        e (its N then at least N + the least time of layers [end, e)), the later stages take layers [e, L) and their
+        max and Σ of N are at least `after_max`, `after_sum` (gbmw.stage_knapsack_bound); S and U only grow."""
+        ends = np.arange(end, self.layers - self.pp + 2)
+        first_s = no_sync[:, None] + (self.least_prefix_s[ends] - self.least_prefix_s[end])[None, :]
+        slowest = np.maximum(first_s, self.after_max[1, ends][None, :])
+        lower = (fill_s(self.m, slowest) + first_s + self.after_sum[1, ends][None, :]).min(axis=1)
+        return lower + sync + params * self.step_s
+
+    def _last_stage_lower_s(self, end: int, first: int, no_sync, sync, params, stash) -> np.ndarray:
+        """T ≥ m · N_last + the other stages' least time (as `extend_candidates`), N_last at least N so far + what
+        layers [end, L) add within the memory left (gbmw.stage_suffix_bound)."""
+        if self._suffix is None:
+            self._suffix = SuffixTimeBound(self.costs, self.allowed, self.costs.in_flight[-1])
+        rest_s = np.maximum(self._suffix.lower_s(end, self.budget - stash), self.least_suffix_s[end])
+        return (self.m * (no_sync + rest_s) + sync + self.step_s * (params + self.least_params_suffix[end])
+                + self.least_prefix_s[first] + self.least_sync_suffix_s[end])
+
     def _extend(self, node: _Node, options, transition: np.ndarray, rest_s: float,
-                rest: tuple = (0.0, 0.0, 0.0, 0.0, 0)) -> _Node:
+                rest: tuple = (0.0, 0.0, 0.0, 0.0, 0), lower_bound=None) -> _Node:
         strategy, no_sync, sync, stash, forward, backward, params, layout = options
         budget = self.budget
         columns = extend_candidates(
@@ -231,6 +261,9 @@ class WholePlanSearch:
         else:  # see `time_columns`
             times = [n_no_sync, n_no_sync + n_sync]
         keep = nondominated(np.stack(memory + times, axis=1), n_layout)
+        if lower_bound is not None:  # T of any completion (the next two methods)
+            lower = lower_bound(n_no_sync[keep], n_sync[keep], n_params[keep], n_stash[keep])
+            keep = keep[lower <= self.limit_s * (1 + INCUMBENT_SLACK)]
         return _Node(n_stash[keep], n_excess[keep], n_no_sync[keep], n_sync[keep], n_params[keep], n_layout[keep],
                      strategy[n_option[keep]], n_parent[keep], node, node.depth + 1)
 
@@ -272,7 +305,9 @@ class WholePlanSearch:
                 else:  # shared by every first layer: all P stages share the layers outside the prefix
                     rest_s = max(self.least_prefix_s[-1] - inside_s, 0.0)
                     rest = (0.0, 0.0, 0.0, rest_s, self.pp)
-                child = self._nodes[node_key] = self._extend(node, options, transition, rest_s, rest)
+                bound = (partial(self._last_stage_lower_s, layer + 1, first) if last else
+                         partial(self._first_stage_lower_s, layer + 1) if stage_index == 0 else None)
+                child = self._nodes[node_key] = self._extend(node, options, transition, rest_s, rest, bound)
             node = child
             if len(node) == 0:
                 break
@@ -287,7 +322,11 @@ class WholePlanSearch:
             no_sync = no_sync + self.costs.boundary_send_s(end, self.layout_data_parallel, self.layout_tp)[node.layout]
         optimizer = node.params * self.step_s
         outside = self.least_prefix_s[first] + self.least_prefix_s[-1] - self.least_prefix_s[end]
-        useful = self.m * no_sync + node.sync + optimizer + outside <= self.limit_s * (1 + INCUMBENT_SLACK)
+        slowest_other = max(self.before_max[stage_index, first], self.after_max[stage_index + 1, end])
+        others = self.before_sum[stage_index, first] + self.after_sum[stage_index + 1, end]
+        lower = np.maximum(self.m * no_sync + outside,
+                           fill_s(self.m, np.maximum(no_sync, slowest_other)) + no_sync + others)
+        useful = lower + node.sync + optimizer <= self.limit_s * (1 + INCUMBENT_SLACK)
         index = np.nonzero(useful)[0]
         if index.shape[0] == 0:
             return None
@@ -318,8 +357,9 @@ class WholePlanSearch:
                     combined[:, 1] = np.add.outer(rows[:, 1], options.no_sync_s).ravel()
                     combined[:, 2] = np.maximum.outer(rows[:, 2], options.sync_s).ravel()
                     combined[:, 3] = np.maximum.outer(rows[:, 3], options.optimizer_s).ravel()
-                    lower = ((m - 1) * combined[:, 0] + combined[:, 1] + combined[:, 2] + combined[:, 3]
-                             + self.least_prefix_s[-1] - self.least_prefix_s[end])
+                    later = max(self.least_prefix_s[-1] - self.least_prefix_s[end], self.after_sum[stage_index + 1, end])
+                    lower = (fill_s(m, np.maximum(combined[:, 0], self.after_max[stage_index + 1, end]))
+                             + combined[:, 1] + combined[:, 2] + combined[:, 3] + later)
                     useful = np.nonzero(lower <= slack_limit)[0]
                     if useful.shape[0] == 0:
                         continue

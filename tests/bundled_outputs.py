@@ -62,10 +62,11 @@ def run_cli(*argv: str) -> dict:
 
 
 EXACT_JOBS = {"bert-huge-32_rtx-titan-x8", "bert-huge-48_rtx-titan-x8", "gpt-tiny_cpu-x4", "gpt3-39b_a100-80g-x32",
-              "llama-7b_a100-2x8", "llama-7b_a100-40g-x64", "llama-7b_a100-80g-x8", "t5-large-32_rtx-titan-x8",
-              "t5-large-48_rtx-titan-x8", "vit-huge-32_rtx-titan-x8", "vit-xhuge_a100-40g-x64"}
-"""Jobs whose `--exact` plan is recorded: its search takes seconds to a minute on a 2-core machine. On the others
-(GPT-3 15B and 65B, …) the exact search can take far longer (benchmarks/search_speed.py)."""
+              "gpt3-65b_a100-80g-x32", "gpt3-65b_h100-80g-x64", "llama-7b_a100-2x8", "llama-7b_a100-40g-x64",
+              "llama-7b_a100-80g-x8", "t5-large-32_rtx-titan-x8", "t5-large-48_rtx-titan-x8", "vit-huge-32_rtx-titan-x8",
+              "vit-xhuge_a100-40g-x64"}
+"""Jobs whose `--exact` plan is recorded: its search takes seconds on a 2-core machine. On some others it takes
+longer (bert-xhuge on 64 A100s: about 3 minutes)."""
 
 
 def job_outputs(job: str, exact: bool = True) -> dict:
