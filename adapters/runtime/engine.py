@@ -130,7 +130,7 @@ class HybridEngine:
         from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
         tp = TensorParallel(self.pool.tensor_group(strategy), strategy.tp,
-                            self.layout.digits(self.rank, strategy).get("tp", 0))
+                            self.layout.digits(self.rank, strategy).get("tp", 0), strategy.sp)
         module = build_layer(self.architecture, name, tp)
         if any(parameter.device != self.device for parameter in module.parameters()):
             module = module.to(self.device)  # (under fake tensors `to` the same device would swap a tensor with itself)
