@@ -137,7 +137,9 @@ class HybridEngine:
         split_dims = partition_dims(module)
         if name == "head" and self.layers and self.layers[0].name == "embedding":
             share_tied_weight(self.architecture, self.layers[0], module, strategy)
-        if strategy.ckpt:
+        if strategy.ckpt and strategy.sp:  # recompute from the sequence slice it stashes (Korthikanti et al. Sec. 4.2.2)
+            module.recompute_slices = True
+        elif strategy.ckpt:
             module = checkpoint_wrapper(module)
         data_parallel = LayerDataParallel(data_parallel_flavour(strategy), self.pool.data_group(strategy),
                                           strategy.data_parallel)

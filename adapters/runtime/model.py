@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 from torch import nn
 
 from gbmw.errors import PlanError
@@ -182,6 +183,8 @@ class TransformerBlock(nn.Module):
         self.mlp.fc2 = tp.row_linear(ffn, hidden, bias, dtype)
         self.gated_mlp = gated_mlp
         self.tp = tp
+        self.recompute_slices = False
+        """+sp+ckpt (set by the engine in place of checkpointing the whole layer): recompute from the sequence slice."""
 
     def _heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Q, K, V as [batch, tokens, heads, head_dim] from the fused projection (its rows grouped per key/value head).
@@ -223,15 +226,21 @@ class TransformerBlock(nn.Module):
         """With sequence parallelism (Korthikanti et al. 2022, Sec. 4.2.2) the norms, dropout and residual adds run
         on this rank's slice of the sequence: the input is sliced at entry and the output all-gathered at exit, so the
         layer's boundaries are those of every other layer (gbmw.adapters.runtime.sequence_parallel)."""
-        if self.tp.sequence_parallel:
-            x = scatter_sequence(x, self.tp.group)
+        if not self.tp.sequence_parallel:
+            return self._body(x)
+        x = scatter_sequence(x, self.tp.group)
+        if self.recompute_slices:  # +sp+ckpt: keep the sequence slice, not the whole input
+            x = torch.utils.checkpoint.checkpoint(self._body, x, use_reentrant=False)
+        else:
+            x = self._body(x)
+        return gather_sequence(x, self.tp.group)
+
+    def _body(self, x: torch.Tensor) -> torch.Tensor:
         if self.post_norm:  # BERT
             x = self._norm(self.attention_norm, x + self._attend(x))
-            x = self._norm(self.mlp_norm, x + self._feed_forward(x))
-        else:
-            x = x + self._attend(self._norm(self.attention_norm, x))
-            x = x + self._feed_forward(self._norm(self.mlp_norm, x))
-        return gather_sequence(x, self.tp.group) if self.tp.sequence_parallel else x
+            return self._norm(self.mlp_norm, x + self._feed_forward(x))
+        x = x + self._attend(self._norm(self.attention_norm, x))
+        return x + self._feed_forward(self._norm(self.mlp_norm, x))
 
 
 class GPTHead(nn.Module):
@@ -240,6 +249,8 @@ class GPTHead(nn.Module):
     def __init__(self, architecture: GPTArchitecture, tp: TensorParallel, dtype: torch.dtype):
         super().__init__()
         self.tp = tp
+        self.recompute_slices = False
+        """+sp+ckpt (set by the engine in place of checkpointing the whole layer): recompute from the sequence slice."""
         self.norm = make_norm(architecture.norm, architecture.hidden_size, dtype)
         self.output = tp.column_linear(architecture.hidden_size, padded_vocab_size(architecture.vocab_size), False,
                                        dtype)
@@ -257,6 +268,8 @@ class BERTHead(nn.Module):
         super().__init__()
         hidden = architecture.hidden_size
         self.tp = tp
+        self.recompute_slices = False
+        """+sp+ckpt (set by the engine in place of checkpointing the whole layer): recompute from the sequence slice."""
         self.transform = nn.Linear(hidden, hidden, dtype=dtype)
         self.norm = nn.LayerNorm(hidden, dtype=dtype)
         self.output = tp.column_linear(hidden, padded_vocab_size(architecture.vocab_size), False, dtype)
