@@ -16,8 +16,9 @@ A gbmw layer with +sp keeps its boundaries as every other layer's (the whole seq
 its shard at entry (`scatter_sequence`) and all-gathers its output at exit (`gather_sequence`), so neighbouring
 layers of any strategy connect unchanged (gbmw.adapters.runtime.redistribute).
 
-gloo has no reduce-scatter of one tensor on every torch version, so the reduce-scatter here is an all-reduce and this
-rank's slice: the same result (the sum), twice the traffic of a ring reduce-scatter — a CPU test runtime's cost.
+gloo has no reduce-scatter of one tensor on every torch version, so the reduce-scatter here is an in-place all-reduce
+and this rank's slice: the same result (the sum), twice the traffic of a ring reduce-scatter — a CPU test runtime's
+cost.
 """
 
 from __future__ import annotations
@@ -42,13 +43,6 @@ def _gather(x: torch.Tensor, group: Any) -> torch.Tensor:
     parts = [torch.empty_like(x) for _ in range(dist.get_world_size(group))]
     dist.all_gather(parts, x.contiguous(), group=group)
     return torch.cat(parts, SEQUENCE_DIM)
-
-
-def _reduce_scatter(x: torch.Tensor, group: Any) -> torch.Tensor:
-    """This rank's slice of the sum over the group (an all-reduce on a copy, then the slice)."""
-    total = x.contiguous().clone()
-    dist.all_reduce(total, group=group)
-    return _shard(total, group)
 
 
 class _Scatter(torch.autograd.Function):
@@ -78,19 +72,6 @@ class _Gather(torch.autograd.Function):
         return _shard(grad, ctx.group), None
 
 
-class _ReduceScatter(torch.autograd.Function):
-    """ḡ: partial sums of a row-parallel linear → this rank's sequence slice of their sum (backward: all-gather)."""
-
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return _reduce_scatter(x, group)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _gather(grad, ctx.group), None
-
-
 class _SumGradient(torch.autograd.Function):
     """Identity in forward; the gradient summed over the group in backward (a replicated parameter used on 1/t of
     the sequence)."""
@@ -108,29 +89,40 @@ class _SumGradient(torch.autograd.Function):
 
 
 class _Linear(torch.autograd.Function):
-    """y = x·Wᵀ (+ b) computed in `dtype` (autocast's, or the weight's), with g in front when `gather` is set: the
-    input's sequence slices all-gathered first. Like megatron-core's TP linears it keeps its input as given (with g:
-    the slice, gathered again in backward) and the weight itself, casting it again in backward rather than keeping
-    a 16-bit copy; with g the input gradient is reduce-scattered along the sequence."""
+    """y = x·Wᵀ (+ b) computed in `dtype` (autocast's, or the weight's), with g or ḡ around it:
+    `gather` (column-parallel): the input's sequence slices all-gathered first (in `dtype`), the input gradient
+    reduce-scattered; `reduce_scatter` (row-parallel): the partial products summed over the group and this rank's
+    slice kept, the output gradient all-gathered in backward. Like megatron-core's TP linears it keeps its input as
+    given (with g: the slice, gathered again in backward) and the weight itself, casting it again in backward
+    rather than keeping a 16-bit copy."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, group, gather, dtype):
-        ctx.group, ctx.gather, ctx.dtype, ctx.has_bias = group, gather, dtype, bias is not None
+    def forward(ctx, x, weight, bias, group, gather, reduce_scatter, dtype):
+        ctx.group, ctx.gather, ctx.reduce_scatter, ctx.dtype = group, gather, reduce_scatter, dtype
+        ctx.has_bias = bias is not None
         ctx.save_for_backward(x, weight)
-        whole = _gather(x, group) if gather else x
-        output = torch.matmul(whole.to(dtype), weight.to(dtype).t())
-        return output + bias.to(dtype) if bias is not None else output
+        whole = _gather(x.to(dtype), group) if gather else x.to(dtype)
+        output = torch.matmul(whole, weight.to(dtype).t())
+        if bias is not None:
+            output = output + bias.to(dtype)
+        if reduce_scatter:  # the product is this function's own tensor: sum it in place
+            dist.all_reduce(output, group=group)
+            output = _shard(output, group)
+        return output
 
     @staticmethod
     def backward(ctx, grad):
         x, weight = ctx.saved_tensors
-        whole = (_gather(x, ctx.group) if ctx.gather else x).to(ctx.dtype)
-        grad_input = grad.matmul(weight.to(ctx.dtype)).to(x.dtype)
+        if ctx.reduce_scatter:
+            grad = _gather(grad, ctx.group)
+        whole = _gather(x.to(ctx.dtype), ctx.group) if ctx.gather else x.to(ctx.dtype)
+        grad_input = grad.matmul(weight.to(ctx.dtype))
         if ctx.gather:
-            grad_input = _reduce_scatter(grad_input, ctx.group)
+            dist.all_reduce(grad_input, group=ctx.group)
+            grad_input = _shard(grad_input, ctx.group)
         grad_weight = grad.flatten(0, -2).t().matmul(whole.flatten(0, -2)).to(weight.dtype)
         grad_bias = grad.flatten(0, -2).sum(0).to(weight.dtype) if ctx.has_bias else None
-        return grad_input, grad_weight, grad_bias, None, None, None
+        return grad_input.to(x.dtype), grad_weight, grad_bias, None, None, None, None
 
 
 def scatter_sequence(x: torch.Tensor, group: Any) -> torch.Tensor:
@@ -156,7 +148,7 @@ def column_linear_forward(module: Any, x: torch.Tensor, group: Any) -> torch.Ten
     sequence's split features."""
     dtype = _compute_dtype(x, module.weight)
     with torch.autocast(x.device.type, enabled=False):
-        return _Linear.apply(x, module.weight, module.bias, group, True, dtype)
+        return _Linear.apply(x, module.weight, module.bias, group, True, False, dtype)
 
 
 def row_linear_forward(module: Any, x: torch.Tensor, group: Any) -> torch.Tensor:
@@ -164,7 +156,7 @@ def row_linear_forward(module: Any, x: torch.Tensor, group: Any) -> torch.Tensor
     this rank's sequence slice of the sum (+ the replicated bias, its gradient summed over the group)."""
     dtype = _compute_dtype(x, module.weight)
     with torch.autocast(x.device.type, enabled=False):
-        output = _ReduceScatter.apply(_Linear.apply(x, module.weight, None, group, False, dtype), group)
+        output = _Linear.apply(x, module.weight, None, group, False, True, dtype)
         bias = sum_gradient_over_group(module.bias, group)
         return output if bias is None else output + bias.to(dtype)
 
