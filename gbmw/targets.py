@@ -194,7 +194,8 @@ class Target:
                             "or megatron-deepspeed")
         if any(strategy.selective for strategy in plan.strategies):
             if self.selective_recompute is None:
-                problems.append(f"selective recomputation (+sel): {self.name} does not run it — use --target "
+                why = " (its attention keeps no s×s scores: +sel would save nothing)" if self.fused_attention else ""
+                problems.append(f"selective recomputation (+sel): {self.name} does not run it{why} — use --target "
                                 "megatron-core")
             elif not all(self.runs_recompute_of(strategy, model) for strategy in plan.strategies):
                 problems.append(f"selective recomputation (+sel) with flash attention: {self.name} recomputes only "

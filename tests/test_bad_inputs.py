@@ -118,7 +118,8 @@ CASES = [
     ("uniform-zero-4", ["estimate", "gpt-tiny_cpu-x4", "--uniform", "zero=4"], "ZeRO stages are 0, 1, 2 and 3", {}),
     ("uniform-ckpt", ["estimate", "gpt-tiny_cpu-x4", "--uniform", "ckpt=partial"], "write full", {}),
     ("uniform-ckpt-selective", ["estimate", "gpt-tiny_cpu-x4", "--uniform", "ckpt=selective"],
-     r"selective recomputation (+sel): runtime does not run it — use --target megatron-core", {}),
+     "selective recomputation (+sel): runtime does not run it (its attention keeps no s×s scores: +sel would save "
+     "nothing) — use --target megatron-core", {}),
     ("uniform-micro-0", ["estimate", "gpt-tiny_cpu-x4", "--uniform", "micro=0"], "micro=0: must be positive", {}),
     ("uniform-key", ["estimate", "gpt-tiny_cpu-x4", "--uniform", "foo=1"], "cannot read 'foo=1'", {}),
     ("uniform-huge", ["estimate", "gpt-tiny_cpu-x4", "--uniform", "micro=99999999999"], "micro=99999999999: too large",
