@@ -34,7 +34,7 @@ def render() -> str:
         "degrees, ZeRO stage (Megatron's distributed optimizer as ZeRO-1), sequence parallelism, recomputation",
         "(full, or selective: the attention core only) and micro-batch size; data parallelism fills the 32 GPUs;",
         "the global batch is the job's (Megatron-LM's batch for that size). gbmw searches at the same global batch,",
-        "once per target: its own runtime (per-layer strategies; it runs neither sequence parallelism nor selective",
+        "once per target: its own runtime (per-layer strategies; sequence parallelism in Transformer blocks, no selective",
         "recomputation) and the best plan each stock framework can express (the Megatron targets may choose both).",
         "Strategy names: `+sp` sequence parallelism, `+sel` selective recomputation, `+ckpt` full recomputation",
         "(Korthikanti et al., \"Reducing Activation Recomputation in Large Transformer Models\", 2022).",

@@ -146,13 +146,15 @@ class UniformConfig:
 
     def layer_strategies(self, model: ModelSpec, dp: int) -> tuple[Strategy, ...]:
         """One strategy per layer of `model`: TP innermost, then `dp`-way data parallelism at the config's ZeRO
-        stage; recomputation on Transformer blocks only (stock frameworks never recompute embeddings or heads)."""
+        stage; recomputation on Transformer blocks only (stock frameworks never recompute embeddings or heads); with sp=on
+        sequence parallelism on every layer, or on the blocks alone where the target runs it there only (gbmw's
+        runtime)."""
         dims = ((("tp", self.tp),) if self.tp > 1 else ()) + (((AXIS_OF_ZERO_STAGE[self.zero], dp),) if dp > 1 else ())
         if self.sp and self.tp < 2:
             raise PlanError(f"--uniform sp=on with tp={self.tp}: sequence parallelism splits TP's replicated "
                             "regions; it needs tp >= 2")
-        plain = Strategy(dims, sp=self.sp)
-        block = plain.with_recompute(self.ckpt)
+        plain = Strategy(dims, sp=self.sp and not get_target(self.target).sequence_parallel_blocks_only)
+        block = Strategy(dims, sp=self.sp).with_recompute(self.ckpt)
         return tuple(block if layer.is_block else plain for layer in model.layers)
 
     def describe(self) -> str:

@@ -30,6 +30,10 @@ gbmw.adapters.profile.fake_memory):
   parameter's gradient (gbmw.transformer_layers' backward workspace;
   `prices_backward_workspace`). Megatron accumulates weight gradients straight into its fp32 main gradients; the
   stock targets' workspaces are not modelled.
+* A sequence-parallel layer (+sp; Korthikanti et al. 2022, Sec. 4.2.2) stashes its column-parallel linears' inputs
+  as sequence slices and all-gathers them again (16-bit) for the weight gradients in backward: beside its backward
+  workspace it holds one whole-sequence 16-bit input (`sequence_parallel_gather_share`; Megatron keeps the same
+  all-gather buffer, not modelled for the stock targets).
 * Sharded layers (FSDP2) shard a tied weight separately in each of its two layers, so a stage holding both
   holds its states twice; unsharded layers share one tensor.
 * The optimizer step: torch's multi-tensor Adam computes √v into a new fp32 tensor (4 bytes per parameter it
@@ -114,3 +118,9 @@ def step_temporary_bytes(framework: str, optimizer: str) -> int:
 def step_reserve_bytes(bytes_per_parameter: float, stepped_parameters: float) -> float:
     """What a stage stepping `stepped_parameters` keeps free for the step: its temporaries, one chunk at most."""
     return bytes_per_parameter * min(stepped_parameters, ADAM_CHUNK_ELEMENTS)
+
+
+def sequence_parallel_gather_share(framework: str, strategy: Strategy) -> float:
+    """Bytes per byte of a layer's 16-bit input (per sample) that its backward holds as the all-gathered input of
+    its column-parallel linears under +sp: gbmw's runtime's (gbmw.adapters.runtime.sequence_parallel)."""
+    return 1.0 if framework == "gbmw-runtime" and strategy.sp else 0.0

@@ -42,7 +42,7 @@ from gbmw.activation_recompute import selective_freed_bytes, selective_recompute
 from gbmw.comm import CommModel
 from gbmw.framework_memory import (autocast_weight_copy_bytes, fp32_residual_extra_share, fp32_tp_input_extra_share,
                                    gather_buffer_bytes_per_parameter, kept_shard_bytes_per_parameter,
-                                   prices_backward_workspace)
+                                   prices_backward_workspace, sequence_parallel_gather_share)
 from gbmw.matmul_waves import linear_wave_loss_s
 from gbmw.model_spec import ACTIVATION_DTYPE_BYTES, ModelSpec
 from gbmw.model_states import StateBytes, sharded_bytes_per_parameter, state_bytes
@@ -280,6 +280,9 @@ def layer_costs(
         backward_memory = backward_memory + (gradient_in_out * (1 + residual_share) * samples
                                              + (arrays.backward_workspace_tp_split_bytes_per_sample * samples
                                                 + arrays.largest_weight_gradient_tp_split_bytes) / tp)
+        # +sp: the column-parallel linears' input all-gathered again for their weight gradients
+        backward_memory = backward_memory + np.where(kinds == "embedding", 0.0, residual) * samples * (
+            sequence_parallel_gather_share(settings.framework, strategy))
     # the framework's all-gather buffer while the layer gathers (a forward transient, bounded by the backward term)
     backward_memory = backward_memory + local_parameters * gather_buffer_bytes_per_parameter(
         settings.framework, strategy, parameter_bytes)

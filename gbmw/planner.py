@@ -133,7 +133,7 @@ class Planner:
                 self.exclusions[f"pp={pp} exceeds the model's {model.num_layers} layers"] = None
                 break
             strategies = [s for s in self.spec.strategies(cluster, pp) if target.runs_recompute_of(s, model)]
-            heads_ok = tp_allowed(model, strategies)
+            heads_ok = tp_allowed(model, strategies) & target.layers_allowed(model, strategies)
             if strategies and not heads_ok.any(axis=0).all():
                 names = ", ".join(dict.fromkeys(s.layout_name for s in strategies))
                 self.exclusions[f"pp={pp}: no candidate ({names}) has a TP degree dividing every layer's heads"] = None
@@ -143,7 +143,7 @@ class Planner:
                 if not usable:
                     continue
                 tables = strategy_tables(model, usable, micro_batch, self.settings, self.comm)
-                allowed = tp_allowed(model, usable)
+                allowed = tp_allowed(model, usable) & target.layers_allowed(model, usable)
                 if not allowed.any(axis=0).all():
                     continue
                 if cannot_fit(self._costs(tables, pp, 1), allowed, self.budget):

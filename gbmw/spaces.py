@@ -137,7 +137,7 @@ VARIANTS: dict[str, SearchSpace] = {
     "bmw": SearchSpace("Galvatron-BMW", partitioning=("time", "bi-objective")),
     "gbmw": SearchSpace(
         "gbmw (BMW + ZeRO-1/2)", axes=("dp", "z1dp", "z2dp", "sdp", "tp"), partitioning=("time", "bi-objective"),
-        strategy_filter=lambda s, pp: _single_dp_axis(s),
+        strategy_filter=lambda s, pp: _single_dp_axis(s), sequence_parallel=True,
     ),
 }
 DEFAULT_VARIANT = "gbmw"

@@ -13,14 +13,17 @@ names) all derive from these definitions (DESIGN.md, "Target").
 
 Stock frameworks recompute all Transformer blocks or none (never embeddings or heads) and run 1F1B. The
 Megatron targets also run sequence parallelism (every layer with TP) and selective recomputation of the attention
-core (Megatron-DeepSpeed only where attention is not flash); gbmw's runtime runs neither, so its search does not
-offer them.
+core (Megatron-DeepSpeed only where attention is not flash). gbmw's runtime runs sequence parallelism per layer, in
+Transformer blocks (not embeddings or heads: `sequence_parallel_blocks_only`), and no selective recomputation: its
+attention keeps no s×s scores (gbmw.adapters.runtime.attention), so there is nothing for +sel to drop.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
+
+import numpy as np
 
 from gbmw.errors import GbmwError, PlanError
 from gbmw.files import shown
@@ -61,6 +64,9 @@ class Target:
     sequence_parallel: bool = False
     """It runs Megatron's sequence parallelism with TP (`--sequence-parallel`; Korthikanti et al. 2022 Sec. 4.2.2),
     for every layer with TP or none."""
+    sequence_parallel_blocks_only: bool = False
+    """Its sequence parallelism runs in Transformer blocks only (gbmw's runtime: embeddings and heads keep the whole
+    sequence); the search offers +sp to blocks alone (`layers_allowed`)."""
     selective_recompute: str | None = None
     """It recomputes the attention core alone (`--recompute-granularity selective`; Korthikanti et al. Sec. 5):
     `any` attention, `standard` (not with flash attention: Megatron-DeepSpeed recomputes only its unfused core),
@@ -86,6 +92,16 @@ class Target:
             return False
         return not (pp > 1 and self.pipeline_max_zero_stage is not None
                     and any(ZERO_STAGE_OF_AXIS[axis] > self.pipeline_max_zero_stage for axis in data_axes))
+
+    def layers_allowed(self, model: ModelSpec, strategies: Sequence[Strategy]) -> np.ndarray:
+        """[strategy, layer]: where this target runs each strategy's sequence parallelism (every other pair: True);
+        gbmw's runtime also needs the TP degree to divide the sequence it slices."""
+        allowed = np.ones((len(strategies), model.num_layers), bool)
+        if self.sequence_parallel_blocks_only:
+            sp = np.array([strategy.sp for strategy in strategies], bool)
+            divides = np.array([model.sequence_length % strategy.tp == 0 for strategy in strategies], bool)
+            allowed[sp] = model.is_block[None, :] & divides[sp, None]
+        return allowed
 
     def runs_recompute_of(self, strategy: Strategy, model: ModelSpec) -> bool:
         """Whether it runs `strategy`'s recomputation level on `model` (Megatron-DeepSpeed's selective recomputation
@@ -126,7 +142,7 @@ class Target:
         target = self.name
         problems = self._technique_problems(plan, model) + self._interleaving_problems(plan, model)
         if self.per_layer:
-            return problems
+            return problems + self._sequence_parallel_layer_problems(plan, model)
         blocks = [layer.is_block for layer in model.layers]
         trees = {strategy.dims for strategy in plan.strategies}
         if len(trees) > 1:
@@ -178,12 +194,24 @@ class Target:
                             "or megatron-deepspeed")
         if any(strategy.selective for strategy in plan.strategies):
             if self.selective_recompute is None:
-                problems.append(f"selective recomputation (+sel): {self.name} does not run it — use --target "
+                why = " (its attention keeps no s×s scores: +sel would save nothing)" if self.fused_attention else ""
+                problems.append(f"selective recomputation (+sel): {self.name} does not run it{why} — use --target "
                                 "megatron-core")
             elif not all(self.runs_recompute_of(strategy, model) for strategy in plan.strategies):
                 problems.append(f"selective recomputation (+sel) with flash attention: {self.name} recomputes only "
                                 "its unfused attention core — use --target megatron-core, or full recomputation")
         return problems
+
+    def _sequence_parallel_layer_problems(self, plan: "Plan", model: ModelSpec) -> list[str]:
+        """Why this target cannot run `plan`'s +sp outside Transformer blocks (empty if it can)."""
+        if not self.sequence_parallel_blocks_only:
+            return []
+        outside = [index for index, (strategy, layer) in enumerate(zip(plan.strategies, model.layers))
+                   if strategy.sp and not layer.is_block]
+        if not outside:
+            return []
+        return [f"layer(s) {outside} use sequence parallelism (+sp) outside the Transformer blocks; {self.name} runs "
+                "it in Transformer blocks only"]
 
     def _interleaving_problems(self, plan: "Plan", model: ModelSpec) -> list[str]:
         """Why this target cannot interleave `plan`'s pipeline (empty for plain 1F1B)."""
@@ -223,7 +251,8 @@ def _describe_runs(plan: "Plan") -> str:
 
 
 TARGETS: dict[str, Target] = {
-    "runtime": Target("runtime", "gbmw runtime", "gbmw-runtime", AXES, per_layer=True, fused_attention=True),
+    "runtime": Target("runtime", "gbmw runtime", "gbmw-runtime", AXES, per_layer=True, fused_attention=True,
+                      sequence_parallel=True, sequence_parallel_blocks_only=True),
     "deepspeed": Target(
         "deepspeed", "DeepSpeed (ZeRO + pipeline engine)", "deepspeed", ("dp", "z1dp", "z2dp", "sdp"),
         pipeline_max_zero_stage=1,

@@ -95,7 +95,7 @@ def test_strategy_names_round_trip_and_refuse_bad_combinations():
 
 
 def test_search_offers_what_each_target_runs():
-    """gbmw's runtime is offered neither +sp nor +sel; megatron-core both; Megatron-DeepSpeed no +sel on a model
+    """gbmw's runtime is offered +sp in Transformer blocks only and no +sel; megatron-core both; Megatron-DeepSpeed no +sel on a model
     with flash attention (its flash path recomputes nothing), so no plan it is given can be refused for that."""
     from gbmw.jobs import load_job
     from gbmw.planner import Planner
@@ -106,7 +106,12 @@ def test_search_offers_what_each_target_runs():
         return {s.name for setting in Planner(job, target=target)._settings() for s in setting.tables.strategies}
 
     runtime, core, deepspeed = offered("runtime"), offered("megatron-core"), offered("megatron-deepspeed")
-    assert not any("+sp" in name or "+sel" in name for name in runtime)
+    assert {"tp2-dp2+sp", "tp4+sp+ckpt"} <= runtime and not any("+sel" in name for name in runtime)
+    planner = Planner(job, target="runtime")
+    setting = planner._settings()[0]
+    sp = [index for index, s in enumerate(setting.tables.strategies) if s.sp]
+    blocks = job.model.is_block
+    assert sp and not setting.allowed[sp][:, ~blocks].any() and setting.allowed[sp][:, blocks].all()
     assert {"tp2-z1dp2+sp", "tp2-z1dp2+sp+sel", "z1dp4+sel"} <= core
     assert "tp2-z1dp2+sp" in deepspeed and not any("+sel" in name for name in deepspeed)
 

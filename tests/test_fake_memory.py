@@ -22,6 +22,9 @@ PLANS = [  # (job, processes, per-layer strategies (embedding, 4 blocks, head), 
     ("llama-tiny_cpu-x4", 2, ["tp2", "sdp2", "dp2+ckpt", "tp2+ckpt", "z1dp2", "z2dp2"], [6], 2),
     ("llama-tiny_cpu-x4", 4, ["dp2-tp2", "tp4", "sdp4+ckpt", "tp2-sdp2", "z1dp4", "tp4"], [6], 2),
     ("llama-tiny_cpu-x4", 4, ["tp2", "sdp2", "tp2+ckpt", "tp2", "dp2", "tp2"], [3, 3], 3),
+    # sequence parallelism (+sp) in some blocks (Korthikanti et al. Sec. 4.2.2)
+    ("gpt-tiny_cpu-x4", 2, ["tp2", "tp2+sp", "dp2", "tp2+sp+ckpt", "tp2+sp", "tp2"], [6], 2),
+    ("llama-tiny_cpu-x4", 4, ["dp2-tp2", "tp4+sp", "tp2-dp2+sp", "tp2-sdp2+sp+ckpt", "tp4+sp", "tp4"], [6], 2),
 ]
 
 

@@ -85,11 +85,14 @@ class OracleSpace:
     no_dp_with_sdp: bool
     """The paper's Takeaway #3."""
     schedule: str = "1f1b"
+    sequence_parallel: bool = False
+    """`gbmw`: every tree with TP also with +sp (Korthikanti et al. Sec. 4.2.2), at each recomputation level; the
+    runtime runs it in Transformer blocks whose sequence the TP degree divides (`_runtime_runs`)."""
 
 
 ORACLE_SPACES: dict[str, OracleSpace] = {
     "gbmw": OracleSpace(("dp", "z1dp", "z2dp", "sdp", "tp"), ckpt=True, one_data_parallel_axis=True,
-                        no_dp_with_sdp=False),
+                        no_dp_with_sdp=False, sequence_parallel=True),
     "bmw": OracleSpace(("dp", "sdp", "tp"), ckpt=True, one_data_parallel_axis=False, no_dp_with_sdp=True),
     "base": OracleSpace(("dp", "sdp", "tp"), ckpt=True, one_data_parallel_axis=False, no_dp_with_sdp=True),
     "1f1b+bi-obj": OracleSpace(("dp", "sdp", "tp"), ckpt=False, one_data_parallel_axis=False, no_dp_with_sdp=True),
@@ -112,11 +115,21 @@ def oracle_strategies(space: OracleSpace, group_size: int) -> list[Strategy]:
             for chosen in itertools.product(degrees, repeat=count):
                 if math.prod(chosen) == group_size:
                     trees.append(tuple(zip(axes, chosen)))
-    return [Strategy(tree, ckpt) for ckpt in ((False, True) if space.ckpt else (False,)) for tree in trees]
+    levels = (False, True) if space.ckpt else (False,)
+    plain = [Strategy(tree, ckpt) for ckpt in levels for tree in trees]
+    with_tp = [tree for tree in trees if any(axis == "tp" for axis, _ in tree)]
+    return plain + ([Strategy(tree, ckpt, sp=True) for ckpt in levels for tree in with_tp]
+                    if space.sequence_parallel else [])
 
 
 def _tp_divides_heads(strategy: Strategy, layer: LayerSpec) -> bool:
     return all(heads == 0 or heads % strategy.tp == 0 for heads in (layer.attention_heads, layer.kv_heads))
+
+
+def _runtime_runs(strategy: Strategy, layer: LayerSpec, sequence_length: int) -> bool:
+    """TP divides the layer's heads, and +sp only in a Transformer block whose sequence TP divides."""
+    return _tp_divides_heads(strategy, layer) and (not strategy.sp or (layer.is_block
+                                                                       and sequence_length % strategy.tp == 0))
 
 
 def compositions(layers: int, parts: int) -> list[tuple[int, ...]]:
@@ -170,7 +183,7 @@ def oracle_work(job: JobSpec, variant: str) -> tuple[int, int]:
     for setting in oracle_settings(job):
         usable = [s for s in oracle_strategies(space, job.cluster.num_devices // setting.pp)
                   if setting.micro_batch % s.data_parallel == 0]
-        counts = [sum(1 for s in usable if _tp_divides_heads(s, layer)) for layer in model.layers]
+        counts = [sum(1 for s in usable if _runtime_runs(s, layer, model.sequence_length)) for layer in model.layers]
         if 0 in counts:
             continue
         for _, first, count in _stage_positions(model.num_layers, setting.pp):
@@ -259,7 +272,8 @@ class WholePlanOracle:
     def _allowed(self, setting: Setting) -> tuple[list[Strategy], list[list[int]]] | None:
         group = self.job.cluster.num_devices // setting.pp
         usable = [s for s in oracle_strategies(self.space, group) if setting.micro_batch % s.data_parallel == 0]
-        allowed = [[i for i, s in enumerate(usable) if _tp_divides_heads(s, layer)] for layer in self.model.layers]
+        allowed = [[i for i, s in enumerate(usable) if _runtime_runs(s, layer, self.model.sequence_length)]
+                   for layer in self.model.layers]
         return None if not usable or not all(allowed) else (usable, allowed)
 
     def _literal(self, setting: Setting) -> list[OraclePlan]:
@@ -608,7 +622,8 @@ def in_space(job: JobSpec, variant: str, plan: Plan) -> bool:
     if setting not in oracle_settings(job) or plan.partition not in compositions(job.model.num_layers, plan.pp):
         return False
     usable = set(oracle_strategies(ORACLE_SPACES[variant], job.cluster.num_devices // plan.pp))
-    return all(s in usable and plan.micro_batch % s.data_parallel == 0 and _tp_divides_heads(s, layer)
+    return all(s in usable and plan.micro_batch % s.data_parallel == 0
+               and _runtime_runs(s, layer, job.model.sequence_length)
                for s, layer in zip(plan.strategies, job.model.layers))
 
 

@@ -130,14 +130,16 @@ class HybridEngine:
         from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
         tp = TensorParallel(self.pool.tensor_group(strategy), strategy.tp,
-                            self.layout.digits(self.rank, strategy).get("tp", 0))
+                            self.layout.digits(self.rank, strategy).get("tp", 0), strategy.sp)
         module = build_layer(self.architecture, name, tp)
         if any(parameter.device != self.device for parameter in module.parameters()):
             module = module.to(self.device)  # (under fake tensors `to` the same device would swap a tensor with itself)
         split_dims = partition_dims(module)
         if name == "head" and self.layers and self.layers[0].name == "embedding":
             share_tied_weight(self.architecture, self.layers[0], module, strategy)
-        if strategy.ckpt:
+        if strategy.ckpt and strategy.sp:  # recompute from the sequence slice it stashes (Korthikanti et al. Sec. 4.2.2)
+            module.recompute_slices = True
+        elif strategy.ckpt:
             module = checkpoint_wrapper(module)
         data_parallel = LayerDataParallel(data_parallel_flavour(strategy), self.pool.data_group(strategy),
                                           strategy.data_parallel)

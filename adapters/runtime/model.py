@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 from torch import nn
 
 from gbmw.errors import PlanError
@@ -40,6 +41,7 @@ from .attention import attention
 from .gated_mlp import swiglu
 from .rms_norm import RMSNorm
 from .rotary import ROTARY_BASE, rotate
+from .sequence_parallel import gather_sequence, norm_forward, scatter_sequence
 from .tensor_parallel import TensorParallel
 
 VOCAB_PADDING_MULTIPLE = 128
@@ -69,6 +71,9 @@ def build_layer(architecture: Any, name: str, tp: TensorParallel, dtype: torch.d
     """The module of one plan layer, its parameters uninitialised (see `initial_value`)."""
     bert = isinstance(architecture, BERTArchitecture)
     dropout = DROPOUT_PROBABILITY if architecture.dropout else 0.0
+    if tp.sequence_parallel and (name in ("embedding", "head") or architecture.seq_length % tp.size):
+        raise PlanError(f"layer {name}: sequence parallelism (+sp) runs in Transformer blocks whose sequence "
+                        f"({architecture.seq_length} tokens) the TP degree {tp.size} divides")
     if name == "embedding":
         return Embedding(architecture, tp, dtype, dropout)
     if name == "head":
@@ -177,14 +182,18 @@ class TransformerBlock(nn.Module):
         self.mlp.fc1 = tp.column_linear(hidden, ffn, bias, dtype)
         self.mlp.fc2 = tp.row_linear(ffn, hidden, bias, dtype)
         self.gated_mlp = gated_mlp
+        self.tp = tp
+        self.recompute_slices = False
+        """+sp+ckpt (set by the engine in place of checkpointing the whole layer): recompute from the sequence slice."""
 
     def _heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Q, K, V as [batch, tokens, heads, head_dim] from the fused projection (its rows grouped per key/value head).
         Multi-head attention without rotary positions takes views of the projection's output (kept whole for
         backward, as its three parts are). Otherwise each part gets its own storage — the rotated Q and K, a copy of
         V — so the projection's output is freed and backward keeps exactly Q, K and V."""
-        batch, tokens, _ = x.shape
-        qkv = self.attention.qkv(x).view(batch, tokens, self.local_groups, self.group_heads + 2, self.head_dim)
+        qkv = self.attention.qkv(x)  # the whole sequence (+sp: gathered from the slices)
+        batch, tokens, _ = qkv.shape
+        qkv = qkv.view(batch, tokens, self.local_groups, self.group_heads + 2, self.head_dim)
         if self.group_heads == 1 and self.rotary_base is None:
             return qkv.unbind(3)
         query = qkv[:, :, :, :self.group_heads].reshape(batch, tokens, self.local_groups * self.group_heads,
@@ -195,10 +204,9 @@ class TransformerBlock(nn.Module):
         return query.contiguous(), key.contiguous(), value.contiguous()
 
     def _attend(self, x: torch.Tensor) -> torch.Tensor:
-        batch, tokens, _ = x.shape
         query, key, value = (part.transpose(1, 2) for part in self._heads(x))
-        context = attention(query, key, value, self.causal, self.dropout if self.training else 0.0)
-        context = context.transpose(1, 2).reshape(batch, tokens, self.local_groups * self.group_heads * self.head_dim)
+        context = attention(query, key, value, self.causal, self.dropout if self.training else 0.0).transpose(1, 2)
+        context = context.reshape(*context.shape[:2], self.local_groups * self.group_heads * self.head_dim)
         return dropout(self.attention.proj(context), self.dropout, self.training)
 
     def _feed_forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -211,12 +219,28 @@ class TransformerBlock(nn.Module):
             x = x.to(torch.get_autocast_dtype(device))
         return dropout(self.mlp.fc2(swiglu(self.mlp.gate(x), self.mlp.fc1(x))), self.dropout, self.training)
 
+    def _norm(self, norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        return norm_forward(norm, x, self.tp.group) if self.tp.sequence_parallel else norm(x)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """With sequence parallelism (Korthikanti et al. 2022, Sec. 4.2.2) the norms, dropout and residual adds run
+        on this rank's slice of the sequence: the input is sliced at entry and the output all-gathered at exit, so the
+        layer's boundaries are those of every other layer (gbmw.adapters.runtime.sequence_parallel)."""
+        if not self.tp.sequence_parallel:
+            return self._body(x)
+        x = scatter_sequence(x, self.tp.group)
+        if self.recompute_slices:  # +sp+ckpt: keep the sequence slice, not the whole input
+            x = torch.utils.checkpoint.checkpoint(self._body, x, use_reentrant=False)
+        else:
+            x = self._body(x)
+        return gather_sequence(x, self.tp.group)
+
+    def _body(self, x: torch.Tensor) -> torch.Tensor:
         if self.post_norm:  # BERT
-            x = self.attention_norm(x + self._attend(x))
-            return self.mlp_norm(x + self._feed_forward(x))
-        x = x + self._attend(self.attention_norm(x))
-        return x + self._feed_forward(self.mlp_norm(x))
+            x = self._norm(self.attention_norm, x + self._attend(x))
+            return self._norm(self.mlp_norm, x + self._feed_forward(x))
+        x = x + self._attend(self._norm(self.attention_norm, x))
+        return x + self._feed_forward(self._norm(self.mlp_norm, x))
 
 
 class GPTHead(nn.Module):
@@ -225,6 +249,8 @@ class GPTHead(nn.Module):
     def __init__(self, architecture: GPTArchitecture, tp: TensorParallel, dtype: torch.dtype):
         super().__init__()
         self.tp = tp
+        self.recompute_slices = False
+        """+sp+ckpt (set by the engine in place of checkpointing the whole layer): recompute from the sequence slice."""
         self.norm = make_norm(architecture.norm, architecture.hidden_size, dtype)
         self.output = tp.column_linear(architecture.hidden_size, padded_vocab_size(architecture.vocab_size), False,
                                        dtype)
@@ -242,6 +268,8 @@ class BERTHead(nn.Module):
         super().__init__()
         hidden = architecture.hidden_size
         self.tp = tp
+        self.recompute_slices = False
+        """+sp+ckpt (set by the engine in place of checkpointing the whole layer): recompute from the sequence slice."""
         self.transform = nn.Linear(hidden, hidden, dtype=dtype)
         self.norm = nn.LayerNorm(hidden, dtype=dtype)
         self.output = tp.column_linear(hidden, padded_vocab_size(architecture.vocab_size), False, dtype)

@@ -36,6 +36,9 @@ class TensorParallel:
     """torch.distributed ProcessGroup, None for one device."""
     size: int
     rank: int
+    sequence_parallel: bool = False
+    """Korthikanti et al.'s sequence parallelism (+sp): the layer's TP linears take / give sequence slices
+    (gbmw.adapters.runtime.sequence_parallel)."""
 
     @classmethod
     def single(cls) -> "TensorParallel":
@@ -56,15 +59,22 @@ class TensorParallel:
         """Y = X·Aᵀ with A split by rows (output features) across the group; output stays split."""
         if self.size == 1:
             return nn.Linear(in_features, out_features, bias=bias, dtype=dtype)
-        return _megatron_linears()[0](in_features, out_features, config=self._config(dtype), init_method=_no_init,
-                                      bias=bias, gather_output=False, tp_group=self.group)
+        return self._sequence_parallel(_megatron_linears()[0](
+            in_features, out_features, config=self._config(dtype), init_method=_no_init, bias=bias,
+            gather_output=False, tp_group=self.group))
 
     def row_linear(self, in_features: int, out_features: int, bias: bool, dtype: torch.dtype) -> nn.Module:
         """Y = X·Aᵀ with A split by columns (input features); partial outputs all-reduced (Megatron's g)."""
         if self.size == 1:
             return nn.Linear(in_features, out_features, bias=bias, dtype=dtype)
-        return _megatron_linears()[1](in_features, out_features, config=self._config(dtype), init_method=_no_init,
-                                      bias=bias, input_is_parallel=True, skip_bias_add=False, tp_group=self.group)
+        return self._sequence_parallel(_megatron_linears()[1](
+            in_features, out_features, config=self._config(dtype), init_method=_no_init, bias=bias,
+            input_is_parallel=True, skip_bias_add=False, tp_group=self.group))
+
+    def _sequence_parallel(self, module: nn.Module) -> nn.Module:
+        """Marks a TP linear to run with sequence slices (its weights and their layout unchanged)."""
+        module.sequence_parallel_group = self.group if self.sequence_parallel else None
+        return module
 
     def vocab_embedding(self, vocab_size: int, hidden_size: int, dtype: torch.dtype) -> nn.Module:
         if self.size == 1:
@@ -92,12 +102,18 @@ def _megatron_linears() -> tuple[type, type]:
     Built on first use: importing megatron.core takes seconds, and plans without TP never need it."""
     from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
 
+    from .sequence_parallel import column_linear_forward, row_linear_forward
+
     class ColumnLinear(ColumnParallelLinear):
         def forward(self, x: torch.Tensor) -> torch.Tensor:
+            if self.sequence_parallel_group is not None:
+                return column_linear_forward(self, x, self.sequence_parallel_group)
             return _as_autocast_linear(super().forward, x)
 
     class RowLinear(RowParallelLinear):
         def forward(self, x: torch.Tensor) -> torch.Tensor:
+            if self.sequence_parallel_group is not None:
+                return row_linear_forward(self, x, self.sequence_parallel_group)
             return _as_autocast_linear(super().forward, x)
 
     return ColumnLinear, RowLinear

@@ -71,16 +71,23 @@ def train(job_reference: str, plan_path: str, settings: TrainSettings) -> list[f
 
 def refuse_what_the_runtime_does_not_run(plan, plan_path: str) -> None:
     """One PlanError for a plan (planned for a Megatron target) with what gbmw's runtime does not run: an interleaved
-    or GPipe schedule, sequence parallelism, selective recomputation."""
+    or GPipe schedule, selective recomputation, sequence parallelism outside the Transformer blocks."""
     if plan.schedule != "1f1b" or plan.virtual_stages != 1:
         raise PlanError(f"{plan_path}: schedule {plan.schedule} with virtual_stages {plan.virtual_stages} — gbmw's runtime "
                         "runs the plain 1F1B pipeline (schedule 1f1b, virtual_stages 1); plan again for --target runtime")
-    unsupported = next(((index, s) for index, s in enumerate(plan.strategies) if s.sp or s.selective), None)
-    if unsupported is not None:
-        index, strategy = unsupported
-        raise PlanError(f"{plan_path}: field `strategies`: layer {index} uses {strategy.name} — gbmw's runtime runs "
-                        "neither sequence parallelism (+sp) nor selective recomputation (+sel); plan again for "
-                        "--target runtime, or run this plan under Megatron (its --target megatron-core / megatron-deepspeed)")
+    selective = next(((index, s) for index, s in enumerate(plan.strategies) if s.selective), None)
+    if selective is not None:
+        index, strategy = selective
+        raise PlanError(f"{plan_path}: field `strategies`: layer {index} uses {strategy.name} — gbmw's runtime does not "
+                        "run selective recomputation (+sel): its attention (SDPA, or one recomputing as flash does) keeps "
+                        "no s×s scores, so +sel would save nothing; use +ckpt or none, or run this plan under Megatron "
+                        "(--target megatron-core)")
+    last = len(plan.strategies) - 1
+    edge = next((index for index, s in enumerate(plan.strategies) if s.sp and index in (0, last)), None)
+    if edge is not None:
+        raise PlanError(f"{plan_path}: field `strategies`: layer {edge} ({'embedding' if edge == 0 else 'head'}) uses "
+                        f"{plan.strategies[edge].name} — gbmw's runtime runs sequence parallelism (+sp) in Transformer "
+                        "blocks only; drop +sp there, or plan again for --target runtime")
 
 
 def _read_inputs(job_reference: str, plan_path: str, settings: TrainSettings):

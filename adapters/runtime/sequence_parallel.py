@@ -1,0 +1,172 @@
+"""Sequence parallelism with TP (Korthikanti et al., "Reducing Activation Recomputation in Large Transformer
+Models", 2022, Sec. 4.2.2): inside a TP group of t ranks, the norm, dropout and residual regions of a Transformer
+block run on 1/t of the sequence.
+
+The block's activations are [batch, tokens, hidden]; the sequence is dim 1 and rank r holds tokens
+[r·s/t, (r+1)·s/t). The paper's two conjugate operators replace TP's all-reduce:
+* g (before a column-parallel linear): all-gather along the sequence in forward, reduce-scatter the input gradient
+  in backward. The linear keeps only its sequence shard for backward and gathers it again there, so its stashed
+  input is 1/t of the plain TP layer's.
+* ḡ (after a row-parallel linear): reduce-scatter along the sequence in forward, all-gather in backward.
+Parameters replicated over the group but used inside the sequence-split region (the norms' weights and biases, the
+row-parallel linear's bias) see only their shard's tokens, so their gradients are summed over the group
+(`sum_gradient_over_group`).
+
+A gbmw layer with +sp keeps its boundaries as every other layer's (the whole sequence on every TP rank): it takes
+its shard at entry (`scatter_sequence`) and all-gathers its output at exit (`gather_sequence`), so neighbouring
+layers of any strategy connect unchanged (gbmw.adapters.runtime.redistribute).
+
+gloo has no reduce-scatter of one tensor on every torch version, so the reduce-scatter here is an in-place all-reduce
+and this rank's slice: the same result (the sum), twice the traffic of a ring reduce-scatter — a CPU test runtime's
+cost.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+SEQUENCE_DIM = 1
+
+
+def _shard(x: torch.Tensor, group: Any) -> torch.Tensor:
+    """This rank's contiguous slice of the sequence."""
+    size, rank = dist.get_world_size(group), dist.get_rank(group)
+    return x.chunk(size, SEQUENCE_DIM)[rank].contiguous()
+
+
+def _gather(x: torch.Tensor, group: Any) -> torch.Tensor:
+    """The whole sequence from every rank's slice (rank order)."""
+    parts = [torch.empty_like(x) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(parts, x.contiguous(), group=group)
+    return torch.cat(parts, SEQUENCE_DIM)
+
+
+class _Scatter(torch.autograd.Function):
+    """Entry of a +sp layer: the input is whole on every rank; keep this rank's slice (backward: all-gather)."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return _shard(x, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _gather(grad, ctx.group), None
+
+
+class _Gather(torch.autograd.Function):
+    """Exit of a +sp layer: all-gather the output; the next layer's gradient is whole on every rank, so backward
+    keeps this rank's slice (no reduction: every rank already holds the same whole gradient)."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return _gather(x, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _shard(grad, ctx.group), None
+
+
+class _SumGradient(torch.autograd.Function):
+    """Identity in forward; the gradient summed over the group in backward (a replicated parameter used on 1/t of
+    the sequence)."""
+
+    @staticmethod
+    def forward(ctx, parameter, group):
+        ctx.group = group
+        return parameter.view_as(parameter)
+
+    @staticmethod
+    def backward(ctx, grad):
+        total = grad.contiguous().clone()
+        dist.all_reduce(total, group=ctx.group)
+        return total, None
+
+
+class _Linear(torch.autograd.Function):
+    """y = x·Wᵀ (+ b) computed in `dtype` (autocast's, or the weight's), with g or ḡ around it:
+    `gather` (column-parallel): the input's sequence slices all-gathered first (in `dtype`), the input gradient
+    reduce-scattered; `reduce_scatter` (row-parallel): the partial products summed over the group and this rank's
+    slice kept, the output gradient all-gathered in backward. Like megatron-core's TP linears it keeps its input as
+    given (with g: the slice, gathered again in backward) and the weight itself, casting it again in backward
+    rather than keeping a 16-bit copy."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, group, gather, reduce_scatter, dtype):
+        ctx.group, ctx.gather, ctx.reduce_scatter, ctx.dtype = group, gather, reduce_scatter, dtype
+        ctx.has_bias = bias is not None
+        ctx.save_for_backward(x, weight)
+        whole = _gather(x.to(dtype), group) if gather else x.to(dtype)
+        output = torch.matmul(whole, weight.to(dtype).t())
+        if bias is not None:
+            output = output + bias.to(dtype)
+        if reduce_scatter:  # the product is this function's own tensor: sum it in place
+            dist.all_reduce(output, group=group)
+            output = _shard(output, group)
+        return output
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight = ctx.saved_tensors
+        if ctx.reduce_scatter:
+            grad = _gather(grad, ctx.group)
+        whole = _gather(x.to(ctx.dtype), ctx.group) if ctx.gather else x.to(ctx.dtype)
+        grad_input = grad.matmul(weight.to(ctx.dtype))
+        if ctx.gather:
+            dist.all_reduce(grad_input, group=ctx.group)
+            grad_input = _shard(grad_input, ctx.group)
+        grad_weight = grad.flatten(0, -2).t().matmul(whole.flatten(0, -2)).to(weight.dtype)
+        grad_bias = grad.flatten(0, -2).sum(0).to(weight.dtype) if ctx.has_bias else None
+        return grad_input.to(x.dtype), grad_weight, grad_bias, None, None, None, None
+
+
+def scatter_sequence(x: torch.Tensor, group: Any) -> torch.Tensor:
+    return _Scatter.apply(x, group)
+
+
+def gather_sequence(x: torch.Tensor, group: Any) -> torch.Tensor:
+    return _Gather.apply(x, group)
+
+
+def sum_gradient_over_group(parameter: torch.Tensor | None, group: Any) -> torch.Tensor | None:
+    return None if parameter is None else _SumGradient.apply(parameter, group)
+
+
+def _compute_dtype(x: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
+    """What `nn.Linear` computes in: autocast's 16-bit type when it is on, else the weight's."""
+    device = x.device.type
+    return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else weight.dtype
+
+
+def column_linear_forward(module: Any, x: torch.Tensor, group: Any) -> torch.Tensor:
+    """A megatron-core ColumnParallelLinear's weights applied with g: input a sequence slice, output the whole
+    sequence's split features."""
+    dtype = _compute_dtype(x, module.weight)
+    with torch.autocast(x.device.type, enabled=False):
+        return _Linear.apply(x, module.weight, module.bias, group, True, False, dtype)
+
+
+def row_linear_forward(module: Any, x: torch.Tensor, group: Any) -> torch.Tensor:
+    """A megatron-core RowParallelLinear's weights applied with ḡ: input the whole sequence's split features, output
+    this rank's sequence slice of the sum (+ the replicated bias, its gradient summed over the group)."""
+    dtype = _compute_dtype(x, module.weight)
+    with torch.autocast(x.device.type, enabled=False):
+        output = _Linear.apply(x, module.weight, None, group, False, True, dtype)
+        bias = sum_gradient_over_group(module.bias, group)
+        return output if bias is None else output + bias.to(dtype)
+
+
+def norm_forward(norm: Any, x: torch.Tensor, group: Any) -> torch.Tensor:
+    """A LayerNorm or RMSNorm (gbmw.adapters.runtime.rms_norm) on this rank's sequence slice, its weight (and bias)
+    gradients summed over the group."""
+    from .rms_norm import RMSNorm, _RMSNormFunction
+
+    weight = sum_gradient_over_group(norm.weight, group)
+    if isinstance(norm, RMSNorm):
+        return _RMSNormFunction.apply(x, weight, norm.eps)
+    return F.layer_norm(x, norm.normalized_shape, weight, sum_gradient_over_group(norm.bias, group), norm.eps)
