@@ -38,24 +38,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as stop:  # a bad flag (one line already printed) or --help: the status, not an exception
         return stop.code if isinstance(stop.code, int) else 2
     try:
-        return args.run(args)
+        status = args.run(args)
     except GbmwError as error:
         # Under a launcher an error every rank raised together (gbmw.adapters.runtime.launch.agree) was printed by
         # rank 0 alone, before the ranks parted; every rank exits with status 2.
         if not getattr(error, "all_ranks", False):
             print(error_line(error), file=sys.stderr, flush=True)
-        if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
-            # Under a launcher every rank leaves now, without the interpreter's shutdown: a launcher that sees one
-            # rank exit terminates the others, and that shutdown (torch loaded) is long enough for it to turn their
-            # status into SIGTERM's; and after a peer died, gloo's teardown of the group aborts the process
-            # ("terminate called without an active exception", status -6) instead of exiting with 2.
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(2)
-        return 2
+        status = 2
     except KeyboardInterrupt:
         print("gbmw: interrupted", file=sys.stderr)
         return 130
+    if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
+        # Under a launcher every rank leaves now, after its process group was torn down, without the interpreter's
+        # shutdown: a launcher that sees one rank exit terminates the others, and that shutdown (torch loaded) is long
+        # enough for it to turn their status into SIGTERM's; and gloo's threads can abort the process during it
+        # ("terminate called without an active exception", status -6) — after a peer died, and now and then after
+        # a finished run too (pytorch/pytorch#179291 describes the finalisation race).
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
+    return status
 
 
 def _parser() -> argparse.ArgumentParser:

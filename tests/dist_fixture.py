@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import os
 import socket
+import sys
 import time
 import traceback
 
@@ -34,10 +35,17 @@ def _worker(rank: int, world_size: int, port: int, function, args, results) -> N
         completed = True
     except BaseException:  # noqa: BLE001 - reported to the parent
         results.put((rank, "failed", traceback.format_exc()))
-        raise
     finally:
         if dist.is_initialized():
             finish_distributed(completed)
+        # Leave without the interpreter's shutdown, as `gbmw` does under a launcher (gbmw.cli.main): gloo's threads
+        # can abort it now and then ("terminate called without an active exception", status -6, seen on CI after a
+        # finished two-rank run). The queue's feeder thread hands over what was put first.
+        results.close()
+        results.join_thread()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0 if completed else 1)
 
 
 def run_distributed(world_size: int, function, *args, timeout_s: float = 90.0) -> list:
