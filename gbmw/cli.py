@@ -38,6 +38,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as stop:  # a bad flag (one line already printed) or --help: the status, not an exception
         return stop.code if isinstance(stop.code, int) else 2
     try:
+        if getattr(args, "nproc_per_node", None) is not None:
+            from gbmw.adapters.runtime.local_launch import check_under_launcher, launch_locally
+
+            if "RANK" not in os.environ:  # gbmw is the launcher: the workers run this same command line
+                return launch_locally(args.nproc_per_node, list(sys.argv[1:] if argv is None else argv))
+            check_under_launcher(args.nproc_per_node)
         status = args.run(args)
     except GbmwError as error:
         # Under a launcher an error every rank raised together (gbmw.adapters.runtime.launch.agree) was printed by

@@ -35,7 +35,15 @@ def add_running_commands(commands) -> None:
                                "same seconds)")
     validate.add_argument("--warmup", type=integer(1, 10_000), default=2, help="untimed steps first (default 2)")
     validate.add_argument("--json", type=new_path, help="also write the results to this new JSON file")
+    add_local_launch(validate)
     validate.set_defaults(run=_run_validate)
+
+
+def add_local_launch(command) -> None:
+    command.add_argument("--nproc-per-node", type=integer(1, 4096), metavar="N",
+                         help="start N processes on this machine, as torchrun --standalone does, without torchrun's "
+                              "traceback after an error (gbmw.adapters.runtime.local_launch; OMP_NUM_THREADS, if "
+                              "unset, becomes the CPU cores / N)")
 
 
 def _run_validate(args: argparse.Namespace) -> int:
@@ -80,6 +88,7 @@ def _profile_parser(commands) -> None:
     cluster.add_argument("--links", help="link levels innermost first as name=devices, e.g. intra_node=8,inter_node=32 "
                                          "(default: one level per machine, from LOCAL_WORLD_SIZE)")
     cluster.add_argument("--repeats", type=integer(1, 10_000), default=10, help="timed repetitions per message size (the fastest quarter's mean is kept)")
+    add_local_launch(cluster)
     cluster.set_defaults(run=_run_profile_cluster)
 
 
@@ -137,6 +146,7 @@ def _train_parser(commands) -> None:
     train.add_argument("--load", help="resume from a checkpoint folder (saved under any plan or device count)")
     train.add_argument("--timeout", type=number(1, 7 * 86_400), default=300.0,
                        help="seconds a collective may wait for a peer before the job stops (default 300)")
+    add_local_launch(train)
     train.set_defaults(run=_run_train)
 
 

@@ -200,6 +200,15 @@ def _refuse_constant(name: str) -> Any:
     raise _InputLimit(f"{name} is not a number gbmw accepts; write a finite number")
 
 
+def permissions_as_created(requested: int) -> int:
+    """The mode `open()` or `mkdir()` would give a new file or folder asking for `requested` (0o666, 0o777): the
+    user's umask applied. tempfile's mkstemp/mkdtemp create 0600/0700, private to the user; gbmw's outputs (plans,
+    ds_configs, checkpoints) are read by launchers and teammates as any file the user writes."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return requested & ~mask
+
+
 def write_new_file(path: str | Path, text: str) -> Path:
     """Write `text` to `path` atomically (temp file in the same folder, then rename), refusing to
     replace an existing file: a user's files are never overwritten in place."""
@@ -218,6 +227,7 @@ def write_new_file_bytes(path: str | Path, data: bytes) -> Path:
         raise GbmwError(f"{path}: cannot write there ({error.strerror or error}); choose a folder you can write "
                         "to") from None
     try:
+        os.fchmod(handle, permissions_as_created(0o666))  # mkstemp's 0600 would hide the file from the job's group
         with os.fdopen(handle, "wb") as stream:
             stream.write(data)
             stream.flush()

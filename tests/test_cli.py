@@ -1,6 +1,8 @@
 """The `gbmw` command end to end: output, JSON, and one clear error line for bad input."""
 
 import json
+import os
+import stat
 import subprocess
 import sys
 
@@ -124,3 +126,15 @@ def test_compare_prints_every_baseline_and_variant(capsys):
 def test_plan_errors_are_one_line(args, message):
     code, out, err = run(*args)
     assert code == 2 and "Traceback" not in err and message in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
+def test_written_files_get_the_users_usual_permissions(tmp_path, umask, mode):
+    """An output is written to a private temporary file and linked into place (gbmw.files); it must end with the
+    mode a plain open() gives under the user's umask, not mkstemp's 0600, which hides it from the job's group."""
+    previous = os.umask(umask)
+    try:
+        assert main(["plan", "gpt-tiny_cpu-x4", "-o", str(tmp_path / "plan.yaml")]) == 0
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE((tmp_path / "plan.yaml").stat().st_mode) == mode

@@ -109,3 +109,42 @@ def test_a_rank_dying_during_agreement_is_one_line(tmp_path):
     assert processes[0].returncode in (2, -signal.SIGABRT), out + err
     assert out.startswith("DistributedError rank 0: lost contact with another process"), out + err
     assert "Traceback" not in err
+
+
+def _gbmw(tmp_path, *arguments: str) -> subprocess.CompletedProcess:
+    environment = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}", OMP_NUM_THREADS="1")
+    return subprocess.run([str(BIN / "gbmw"), *arguments], cwd=tmp_path, env=environment, capture_output=True,
+                          text=True, timeout=180)
+
+
+def test_gbmws_own_launcher_leaves_the_one_line_alone(tmp_path):
+    """`--nproc-per-node` starts the ranks itself: the user error is the whole output (no torchrun traceback, no
+    failure table) and gbmw exits with the workers' status 2, where torchrun exits 1."""
+    text = make_plan("gpt-tiny", 2, ["dp2"] * 6, [6], 16, 2).to_yaml()
+    (tmp_path / "plan.yaml").write_text(text.replace("num_micro_batches: 2", "num_micro_batches: -2"))
+    done = _gbmw(tmp_path, "train", JOB, "--plan", "plan.yaml", "--steps", "1", "--nproc-per-node", "2")
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stdout == ""
+    assert done.stderr.splitlines() == ["gbmw: error: plan.yaml: invalid plan: num_micro_batches -2: must be a whole "
+                                        "number from 1 to 1048576"], done.stderr[-3000:]
+
+
+def test_gbmws_own_launcher_trains(tmp_path):
+    """The workers get what torchrun gives them: two ranks train the two-device plan and rank 0 reports the steps."""
+    (tmp_path / "plan.yaml").write_text(make_plan("gpt-tiny", 2, ["dp2"] * 6, [6], 16, 2).to_yaml())
+    done = _gbmw(tmp_path, "train", JOB, "--plan", "plan.yaml", "--steps", "2", "--nproc-per-node", "2")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "on 2 cpu process(es)" in done.stdout and "step     2/2" in done.stdout, done.stdout
+    assert "Traceback" not in done.stderr
+
+
+def test_nproc_per_node_must_match_the_launcher(tmp_path):
+    """Under torchrun, `--nproc-per-node` says what torchrun started or is refused in one line."""
+    (tmp_path / "plan.yaml").write_text(make_plan("gpt-tiny", 2, ["dp2"] * 6, [6], 16, 2).to_yaml())
+    command = [str(BIN / "torchrun"), "--standalone", "--nproc_per_node", "2", "-m", "gbmw", "train", JOB,
+               "--plan", "plan.yaml", "--steps", "1", "--nproc-per-node", "4"]
+    environment = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}", OMP_NUM_THREADS="1")
+    done = subprocess.run(command, cwd=tmp_path, env=environment, capture_output=True, text=True, timeout=180)
+    errors = [line for line in (done.stdout + done.stderr).splitlines() if "gbmw: error:" in line]
+    assert errors == ["gbmw: error: --nproc-per-node 4: a launcher already started 2 process(es) on this node; drop "
+                      "--nproc-per-node under torchrun or deepspeed, or run gbmw alone with it"], done.stderr[-3000:]

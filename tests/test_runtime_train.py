@@ -160,3 +160,14 @@ def test_dead_rank_stops_the_others(tmp_path):
         pytest.fail("the surviving rank hung after its peer died")
     assert survivor.returncode != 0
     assert "lost contact with another process" in err, err[-2000:]
+
+
+def test_a_checkpoint_gets_the_users_usual_permissions(one_device_checkpoint):
+    """The checkpoint is written to a private temporary folder and renamed into place; it must end with the mode
+    mkdir() gives under the user's umask, not mkdtemp's 0700, which hides it from the job's group."""
+    import stat
+
+    from gbmw.files import permissions_as_created
+
+    folder, _ = one_device_checkpoint
+    assert stat.S_IMODE((folder / "checkpoint").stat().st_mode) == permissions_as_created(0o777)

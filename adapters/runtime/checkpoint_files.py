@@ -31,7 +31,7 @@ import yaml
 from pydantic import Field
 
 from gbmw.errors import CheckpointError, GbmwError
-from gbmw.files import read_yaml, shown
+from gbmw.files import permissions_as_created, read_yaml, shown
 from gbmw.schema import MAX_DEVICES, MAX_LAYERS, Frozen, Items, validate_as
 
 from .engine import HybridEngine
@@ -56,6 +56,7 @@ def save_checkpoint(engine: HybridEngine, path: str | Path) -> Path:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             temporary[0] = tempfile.mkdtemp(prefix=f"{PARTIAL_PREFIX.format(name=path.name)}", dir=path.parent)
+            os.chmod(temporary[0], permissions_as_created(0o777))  # mkdtemp's 0700 would hide it from the group
         except OSError as error:
             temporary[0] = ""
             problem = f"cannot create the checkpoint folder {path}: {error.strerror}"

@@ -36,7 +36,8 @@ class TrainSettings:
 
 
 def launch_hint(num_devices: int, job: str, plan: str) -> str:
-    return (f"torchrun --standalone --nproc_per_node {num_devices} -m gbmw train {job} --plan {plan}  or  "
+    return (f"gbmw train {job} --plan {plan} --nproc-per-node {num_devices}  (one machine), or  "
+            f"torchrun --standalone --nproc_per_node {num_devices} -m gbmw train {job} --plan {plan}  or  "
             f"deepspeed --num_gpus {num_devices} --module gbmw train {job} --plan {plan}")
 
 

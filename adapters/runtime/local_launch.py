@@ -1,0 +1,69 @@
+"""`gbmw train … --nproc-per-node N`: start N local processes as `torchrun --standalone` does, and end as gbmw ends.
+
+torchrun reports any worker's non-zero exit by re-raising `ChildFailedError` from its `@record`-decorated main, so a
+user error that rank 0 already printed in one line (gbmw.cli.main) is followed by torchrun's own Python traceback
+and a failure table, and torchrun exits with status 1 rather than the workers' 2. Nothing in torchrun turns that
+off. This launcher runs the same machinery (torch.distributed.launcher.api.elastic_launch: a c10d rendezvous on a
+free local port, no restarts) from inside gbmw, so it can catch that exception: the workers' one line stays the only
+output and gbmw exits with the first failed worker's status. A worker that died without gbmw's line (a signal, an
+uncaught exception whose traceback the worker printed itself) gets one more line naming its rank and status.
+
+One node only: a multi-node job still uses torchrun or the deepspeed launcher on every node.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import uuid
+from typing import Sequence
+
+from gbmw.errors import GbmwError
+
+
+def threads_per_process(num_processes: int) -> int:
+    """OMP threads each local process gets when the user set none: the CPU cores split evenly (torchrun gives 1,
+    which leaves most cores idle for the CPU runtime; on a GPU the threads matter little)."""
+    return max(1, (os.cpu_count() or 1) // num_processes)
+
+
+def launch_locally(num_processes: int, argv: Sequence[str]) -> int:
+    """Run `python -m gbmw *argv` in `num_processes` local processes under torch's elastic agent; returns the exit
+    status gbmw should end with (0, or the first failed worker's status). The workers see RANK, WORLD_SIZE,
+    LOCAL_RANK, MASTER_ADDR and MASTER_PORT as under torchrun, and run `argv` unchanged (under a launcher gbmw reads
+    `--nproc-per-node` only to check it against LOCAL_WORLD_SIZE)."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    if "OMP_NUM_THREADS" not in os.environ:
+        os.environ["OMP_NUM_THREADS"] = str(threads_per_process(num_processes))
+    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=num_processes, run_id=str(uuid.uuid4()),
+                          rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.1)
+    elastic_logger = logging.getLogger("torch.distributed.elastic")
+    level = elastic_logger.level
+    elastic_logger.setLevel(logging.CRITICAL)  # its "failed (exitcode: 2)" line repeats what the worker said
+    try:
+        elastic_launch(config, sys.executable)("-m", "gbmw", *argv)
+    except ChildFailedError as failed:
+        rank, failure = failed.get_first_failure()
+        if failure.exitcode == 2:  # gbmw's own error: rank 0 printed its one line
+            return 2
+        how = f"signal {-failure.exitcode}" if failure.exitcode < 0 else f"status {failure.exitcode}"
+        print(f"gbmw: error: rank {rank} of {num_processes} local processes ended with {how}", file=sys.stderr,
+              flush=True)
+        return failure.exitcode if failure.exitcode > 0 else 1
+    finally:
+        elastic_logger.setLevel(level)
+    return 0
+
+
+def check_under_launcher(num_processes: int) -> None:
+    """Under a launcher, `--nproc-per-node` must say what the launcher started (LOCAL_WORLD_SIZE, or WORLD_SIZE)."""
+    launched = int(os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("WORLD_SIZE") or 1)
+    if launched != num_processes:
+        error = GbmwError(f"--nproc-per-node {num_processes}: a launcher already started {launched} process(es) on "
+                          "this node; drop --nproc-per-node under torchrun or deepspeed, or run gbmw alone with it")
+        # every rank reads the same environment and finds the same problem: rank 0 alone prints it (gbmw.cli)
+        error.all_ranks = os.environ.get("RANK", "0") != "0"
+        raise error
