@@ -29,6 +29,16 @@ _MOE_FIELDS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_
 _MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "dbrx", "olmoe", "jamba",
               "granitemoe", "phimoe", "switch_transformers", "nllb_moe")
 _LLAMA_LIKE = ("llama", "mistral", "qwen2")
+_HF_KEYS_OF_LLAMA_BERT_VIT = {"num_layers": "num_hidden_layers", "num_heads": "num_attention_heads",
+                              "num_kv_heads": "num_key_value_heads", "ffn_hidden_size": "intermediate_size"}
+_HF_KEYS = {"gpt2": {"num_layers": "n_layer", "hidden_size": "n_embd", "num_heads": "n_head", "ffn_hidden_size": "n_inner",
+                     "max_position_embeddings": "n_positions"},
+            "t5": {"num_encoder_layers": "num_layers", "hidden_size": "d_model", "head_dim": "d_kv",
+                   "ffn_hidden_size": "d_ff"},
+            **{kind: _HF_KEYS_OF_LLAMA_BERT_VIT for kind in (*_LLAMA_LIKE, "bert", "roberta", "vit")}}
+_HF_KEYS["mt5"] = _HF_KEYS["t5"]
+"""gbmw's architecture field → the config.json key it is read from, where the names differ: an error about a field
+names the key the user wrote."""
 
 
 def import_hf_config(path: str | Path, seq_length: int | None = None, flash_attention: bool | None = None,
@@ -122,8 +132,14 @@ def import_hf_config(path: str | Path, seq_length: int | None = None, flash_atte
         notes.append(f"{where}: attention costed as standard, every head's score matrix stored (the default; the "
                      "runtime target fuses it anyway); give --flash-attention or the job's `flash_attention: true` if "
                      "your training uses FlashAttention")
-    architecture = apply_training_settings({"name": str(name), "source": f"Hugging Face config {path}", **data},
-                                           seq_length, flash_attention, where)
+    try:
+        architecture = apply_training_settings({"name": str(name), "source": f"Hugging Face config {path}", **data},
+                                               seq_length, flash_attention, where)
+    except SpecError as error:
+        message = str(error)
+        for field, key in _HF_KEYS.get(model_type, {}).items():
+            message = message.replace(f"field `{field}`", f"field `{key}`")
+        raise SpecError(message) from None
     if architecture.family == "gpt" and architecture.sliding_window is not None \
             and architecture.seq_length > architecture.sliding_window:
         notes.append(f"{where}: sliding window {architecture.sliding_window} < {architecture.seq_length} tokens: "

@@ -52,6 +52,8 @@ def describe_validation_error(error: ValidationError, where: str) -> str:
             lines.append(f"{where}: field `{field}` is required")
         elif item["type"] == "extra_forbidden":
             lines.append(f"{where}: unknown field `{field}` (value {shown(item['input'])}); check its spelling")
+        elif item["type"] == "value_error" and isinstance(item.get("input"), dict):
+            lines.append(f"{where}: {message}")  # a check of the whole mapping (e.g. heads against the width)
         else:
             lines.append(f"{where}: field `{field}`: value {shown(item.get('input'))} — {_what_works(item, message)}")
     return "; ".join(lines[:3]) + (f"; and {len(lines) - 3} more" if len(lines) > 3 else "")
@@ -70,6 +72,11 @@ def _what_works(item: dict, message: str) -> str:
         return "must be text (quote it)"
     if kind == "bool_type":
         return "must be true or false"
+    bounds = {"greater_than_equal": ("ge", "at least"), "less_than_equal": ("le", "at most"),
+              "greater_than": ("gt", "more than"), "less_than": ("lt", "less than")}
+    if kind in bounds:
+        key, words = bounds[kind]
+        return f"must be {words} {item.get('ctx', {}).get(key)}"
     return message
 
 

@@ -222,7 +222,7 @@ CASES = [
      model_job("name: m\nfamily: profiled\nprecision: fp32\nsequence_length: 1\nhidden_size: 1\nlayers: []\n")),
     ("hf-model-type", ESTIMATE, "field `model_type`: value 'mamba'",
      model_job(json.dumps({**HF, "model_type": "mamba"}), "config.json")),
-    ("hf-layers-text", ESTIMATE, "field `num_layers`: value '2'",
+    ("hf-layers-text", ESTIMATE, "field `n_layer`: value '2'",
      model_job(json.dumps({**HF, "n_layer": "2"}), "config.json")),
     ("hf-nan", ESTIMATE, "NaN is not a number gbmw accepts", model_job(json.dumps(HF)[:-1] + ', "x": NaN}',
                                                                         "config.json")),

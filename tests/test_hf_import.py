@@ -238,3 +238,18 @@ def test_qwen2_sliding_window_only_where_its_blocks_use_it(tmp_path):
     path.write_text(json.dumps({**config, "use_sliding_window": True, "max_window_layers": 20}))
     with pytest.raises(SpecError, match=r"`sliding_window`: value 131072 — 8 of 28 blocks attend through the window"):
         import_hf_config(path, 4096)
+
+
+@pytest.mark.parametrize("changes, expected", [
+    ({"num_hidden_layers": -3}, "field `num_hidden_layers`: value -3 — must be at least 1"),
+    ({"intermediate_size": 10**15}, "field `intermediate_size`: value 1000000000000000 — must be at most 1048576"),
+    ({"num_attention_heads": 7}, "config.json: hidden size 4096 is not divisible by 7 attention heads"),
+])
+def test_an_error_names_the_key_the_config_json_has(tmp_path, changes, expected):
+    """gbmw reads `num_hidden_layers` as its `num_layers`, `intermediate_size` as `ffn_hidden_size`: the error names
+    what the user can find in the file, and a check of the whole mapping is not pinned on a made-up field."""
+    config = json.loads((CONFIGS / "Llama-2-7b-hf.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, **changes}))
+    with pytest.raises(SpecError) as raised:
+        import_hf_config(tmp_path / "config.json", seq_length=1024)
+    assert str(raised.value).endswith(expected), str(raised.value)

@@ -64,7 +64,7 @@ links: [{name: intra_node, devices: 8, bandwidth_gb_per_s: 10}]
     [
         ("name: [unclosed", "not valid YAML at line 1"),
         ("- a\n- b\n", "expected a mapping"),
-        (CLUSTER.replace("nodes: 1", "nodes: -1"), "field `nodes`: value -1 — Input should be greater than or equal to 1"),
+        (CLUSTER.replace("nodes: 1", "nodes: -1"), "field `nodes`: value -1 — must be at least 1"),
         (CLUSTER.replace("nodes: 1\n", ""), "field `nodes` is required"),
         (CLUSTER + "bandwith: 3\n", "unknown field `bandwith`"),
         (CLUSTER.replace("memory: 16GiB", "memory: lots"), "field `device.memory`: value 'lots'"),
