@@ -1,0 +1,122 @@
+"""Selective recomputation (+sel, Korthikanti et al. 2022 Sec. 5) in the hybrid runtime: blocks that recompute their
+attention core in backward (gbmw.adapters.runtime.attention_core_recompute) train exactly what one process trains,
+in plans that mix +sel with sequence parallelism, TP, ZeRO-1/2/3, data parallelism, full recomputation and a
+pipeline, on GPT, BERT (post-norm) and LLaMA-style models (RMSNorm, SwiGLU, rotary, grouped-query attention); and with
+dropout on, the recomputation draws the masks the forward drew.
+
+Tolerances are test_runtime_equivalence's (its comment derives them): recomputing the core repeats the same kernel on
+the same Q, K and V, so it reorders no sum and the plans differ from one process only by what their TP and data
+parallelism reorder. What they still catch here: a recomputed core fed other inputs than the forward's (a stale or
+another micro-batch's Q, K, V: losses and moments off by far more than 1e-4 of scale), its gradient dropped or added
+twice (Q, K and V's gradients, hence the QKV weights' moments, off by 100 %), a block of a +sel plan that lost its
++sp, TP or sharding (caught as in the other equivalence tests).
+
+The dropout tests compare a plan with its +sel twin, not single-process training: dropout masks are drawn per
+(seed, step, micro-batch, layer, batch slice) by the engine and per head on each TP rank, which one process does not
+reproduce. Recomputation runs the forward's kernels on the forward's inputs, so the twins agree bit for bit; a mask
+drawn again from another generator state (the state not restored) drops other probabilities — about 10 % of them
+differ — and changes the attention's gradients by O(1), which bitwise equality (and any tolerance below that) fails.
+"""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from dist_fixture import run_distributed  # noqa: E402
+from runtime_reference import architecture, collect  # noqa: E402
+from test_runtime_equivalence import _train_plans, assert_same_training, reference  # noqa: E402
+
+pytestmark = pytest.mark.dist
+
+# (id, model, processes, per-layer strategies (embedding, 4 blocks, head), partition, micro-batches)
+PLANS = [
+    ("gpt-sel-mixed", "gpt-tiny", 2, ["tp2", "tp2+sp+sel", "sdp2+sel", "tp2+ckpt", "z1dp2+sel", "tp2"], [6], 2),
+    ("bert-sel-mixed", "bert-tiny", 2, ["tp2", "tp2+sp+sel", "sdp2+sel", "dp2+ckpt", "tp2+sel", "tp2"], [6], 2),
+    ("llama-sel-mixed", "llama-tiny", 2, ["tp2", "tp2+sp+sel", "dp2+ckpt", "sdp2+sel", "z2dp2+sel", "tp2"], [6], 2),
+    ("gpt-sel-pp2", "gpt-tiny", 4, ["dp2", "tp2+sel", "tp2+sp+ckpt", "sdp2+sel", "tp2+sp+sel", "tp2"], [3, 3], 2),
+    ("llama-sel-tp4", "llama-tiny", 4, ["dp2-tp2", "tp4+sp+sel", "sdp4+sel", "tp2-sdp2+sp+sel", "tp4+ckpt", "tp4"],
+     [6], 2),
+]
+_results = {}
+
+
+def _trained(processes, plan_id):
+    if processes not in _results:
+        plans = [plan for plan in PLANS if plan[2] == processes]
+        runs = [(model, strategies, partition, micro_batches, None)
+                for _, model, _, strategies, partition, micro_batches in plans]
+        per_rank = run_distributed(processes, _train_plans, runs, timeout_s=600)
+        _results[processes] = {plan[0]: collect([rank_results[index] for rank_results in per_rank])
+                               for index, plan in enumerate(plans)}
+    return _results[processes][plan_id]
+
+
+@pytest.mark.parametrize("plan_id, model, processes, strategies, partition, micro_batches", PLANS,
+                         ids=[plan[0] for plan in PLANS])
+def test_selective_recomputation_matches_single_process(plan_id, model, processes, strategies, partition,
+                                                        micro_batches):
+    assert_same_training(*_trained(processes, plan_id), *reference(model))
+
+
+# ---------------------------------------------------------------------------------------------- dropout masks
+
+DROPOUT_PLANS = [  # (model, per-layer strategies without +sel; the twin adds +sel to every block)
+    ("gpt-tiny+dropout", ["tp2", "tp2", "sdp2", "tp2+sp", "dp2", "tp2"]),
+    ("llama-tiny+dropout", ["tp2", "sdp2", "tp2+sp", "tp2", "z1dp2", "tp2"]),  # K, V repeated per query head on a CPU
+]
+
+
+def _with_selective(strategies):
+    return [strategies[0]] + [f"{name}+sel" for name in strategies[1:-1]] + [strategies[-1]]
+
+
+def test_recomputed_core_draws_the_forwards_dropout_masks():
+    """Each dropout plan and its +sel twin, 2 processes, 3 steps: the same losses, weights and Adam moments, bit for
+    bit (see the module docstring)."""
+    runs = []
+    for model, strategies in DROPOUT_PLANS:
+        runs += [(model, strategies, [6], 2, None), (model, _with_selective(strategies), [6], 2, None)]
+    per_rank = run_distributed(2, _train_plans, runs, timeout_s=600)
+    trained = [collect([rank_results[index] for rank_results in per_rank]) for index in range(len(runs))]
+    for (model, _), plain, selective in zip(DROPOUT_PLANS, trained[0::2], trained[1::2]):
+        assert selective[0] == plain[0], model
+        assert selective[1].keys() == plain[1].keys()
+        for name, tensor in plain[1].items():
+            assert torch.equal(selective[1][name], tensor), (model, name)
+
+
+def _block_gradients(model, recompute_core: bool, seed: int = 0):
+    """The input and parameter gradients of one block with dropout on (the engine's `_seed_dropout` seeds each
+    layer's forward alike), its attention core recomputed in backward or not."""
+    from gbmw.adapters.runtime.model import build_layer, initial_value
+    from gbmw.adapters.runtime.tensor_parallel import TensorParallel
+
+    arch = architecture(model)
+    block = build_layer(arch, "decoder.0", TensorParallel.single())
+    with torch.no_grad():
+        for key, parameter in block.named_parameters():
+            parameter.copy_(initial_value(f"decoder.0.{key}", parameter.shape, seed))
+    block.recompute_attention_core = recompute_core
+    x = torch.randn(3, arch.seq_length, arch.hidden_size, generator=torch.Generator().manual_seed(seed),
+                    requires_grad=True)
+    torch.manual_seed(seed)
+    (block(x) ** 2).mean().backward()
+    return [x.grad] + [parameter.grad for parameter in block.parameters()]
+
+
+@pytest.mark.parametrize("model", ["gpt-tiny+dropout", "llama-tiny+dropout"])
+def test_one_block_recomputes_its_core_with_the_same_masks(model, monkeypatch):
+    """In one process: a +sel block's gradients equal the plain block's bit for bit, and a recomputation that does
+    not restore the generator state (what this test exists to catch) changes them."""
+    from gbmw.adapters.runtime import attention_core_recompute, model as runtime_model
+
+    plain = _block_gradients(model, recompute_core=False)
+    assert all(torch.equal(a, b) for a, b in zip(_block_gradients(model, recompute_core=True), plain))
+
+    def without_restored_state(query, key, value, causal, dropout_p):
+        return torch.utils.checkpoint.checkpoint(attention_core_recompute.attention, query, key, value, causal,
+                                                 dropout_p, use_reentrant=False, preserve_rng_state=False)
+
+    monkeypatch.setattr(runtime_model, "recomputed_attention", without_restored_state)
+    broken = _block_gradients(model, recompute_core=True)
+    assert not torch.equal(broken[0], plain[0])  # the input's gradient flows through the attention's masks
