@@ -120,3 +120,25 @@ def test_one_block_recomputes_its_core_with_the_same_masks(model, monkeypatch):
     monkeypatch.setattr(runtime_model, "recomputed_attention", without_restored_state)
     broken = _block_gradients(model, recompute_core=True)
     assert not torch.equal(broken[0], plain[0])  # the input's gradient flows through the attention's masks
+
+
+# ---------------------------------------------------------------------------------------------- gbmw train
+
+
+@pytest.mark.parametrize("strategies", [["tp2", "tp2+sp+sel", "dp2+sel", "tp2+ckpt", "sdp2+sel", "tp2"]])
+def test_gbmw_train_runs_a_selective_plan_under_torchrun(strategies, tmp_path):
+    """`gbmw train` on 2 torchrun processes runs a plan with +sel blocks end to end and prints the losses one
+    process prints for the one-device plan. Each printed loss (6 decimals) is within 5e-7 of the loss, and the two
+    plans' losses agree within test_runtime_equivalence's LOSS_TOLERANCE (5e-6, ten fp32 ulps of a loss ≈ 4.85), so
+    6e-6 holds; a wrong loss share (a factor) or a core fed other inputs (the 3rd decimal) fails it."""
+    from test_runtime_train import BIN, JOB, _launch, write_plan
+
+    selective = write_plan(tmp_path, 2, strategies)
+    single = write_plan(tmp_path, 1, ["single"] * 6)
+    runs = [_launch([str(BIN / "torchrun"), "--standalone", "--nproc_per_node", "2", "-m", "gbmw", "train", JOB,
+                     "--plan", selective, "--steps", "2"], tmp_path),
+            _launch([str(BIN / "gbmw"), "train", JOB, "--plan", single, "--steps", "2"], tmp_path)]
+    assert "tp2+sp+sel, dp2+sel, tp2+ckpt, sdp2+sel" in runs[0]
+    losses = [[float(line.split("loss ")[1].split()[0]) for line in out.splitlines() if line.startswith("step ")]
+              for out in runs]
+    assert len(losses[0]) == 2 and losses[0] == pytest.approx(losses[1], rel=0, abs=6e-6)
