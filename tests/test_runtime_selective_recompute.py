@@ -142,3 +142,30 @@ def test_gbmw_train_runs_a_selective_plan_under_torchrun(strategies, tmp_path):
     losses = [[float(line.split("loss ")[1].split()[0]) for line in out.splitlines() if line.startswith("step ")]
               for out in runs]
     assert len(losses[0]) == 2 and losses[0] == pytest.approx(losses[1], rel=0, abs=6e-6)
+
+
+@pytest.mark.parametrize("model", ["gpt-tiny+dropout", "llama-tiny+dropout"])
+def test_backward_repeats_the_cores_forward_flops_the_estimator_prices(model):
+    """A +sel block runs, beyond the plain block's forward and backward, exactly the attention core's forward FLOPs
+    that the estimator's recomputation time prices (gbmw.activation_recompute.selective_recompute_s:
+    `attention_core_flops_per_sample`, QKᵀ and scores × V, on the flash-costed model the runtime target plans with),
+    counted by torch's FlopCounterMode over the matmuls the CPU's recomputing attention runs (with dropout; torch
+    does not count its fused CPU kernel). Catches the core recomputed twice or not at all (0 or 2× the FLOPs), or
+    the projections recomputed too (+ the QKV and output projections' FLOPs)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from gbmw.adapters.runtime.model import build_layer
+    from gbmw.adapters.runtime.tensor_parallel import TensorParallel
+    from gbmw.models import build_model, model_as_run
+
+    arch, samples = architecture(model), 3
+    counted = []
+    for recompute_core in (False, True):
+        block = build_layer(arch, "decoder.0", TensorParallel.single())
+        block.recompute_attention_core = recompute_core
+        x = torch.randn(samples, arch.seq_length, arch.hidden_size, requires_grad=True)
+        with FlopCounterMode(display=False) as counter:
+            block(x).sum().backward()
+        counted.append(counter.get_total_flops())
+    spec = model_as_run(build_model(arch, "fp32"), fused_attention=True)
+    assert counted[1] - counted[0] == spec.layers[1].attention_core_flops_per_sample * samples
