@@ -67,12 +67,14 @@ def test_the_fake_trace_allocates_what_the_real_step_allocates(job, processes, s
 
 # (job, processes, per-layer strategies without +sel, partition, micro-batches, precision, dropout); the twin plan
 # adds +sel to every block. GPT with a pipeline (1F1B keeps 2 and 1 micro-batches in flight on the two stages) and
-# in bf16 under autocast; LLaMA with +sp and ZeRO-3 over TP; GPT with dropout (the CPU's recomputing attention).
+# in bf16 under autocast; LLaMA with +sp and ZeRO-3 over TP; GPT and LLaMA (grouped-query attention) with dropout
+# (the CPU's recomputing attention).
 SELECTIVE_TWINS = [
     ("gpt-tiny_cpu-x4", 4, ["tp2", "sdp2", "tp2+sp", "dp2", "z1dp2", "tp2"], [3, 3], 3, "fp32", False),
     ("gpt-tiny_cpu-x4", 4, ["tp2", "sdp2", "tp2+sp", "dp2", "z1dp2", "tp2"], [3, 3], 3, "bf16", False),
     ("llama-tiny_cpu-x4", 4, ["dp2-tp2", "tp4+sp", "sdp4", "tp2-sdp2+sp", "tp4", "tp4"], [6], 2, "fp32", False),
     ("gpt-tiny_cpu-x4", 4, ["dp2-tp2", "tp4", "sdp4", "tp2-dp2+sp", "z2dp4", "tp4"], [6], 2, "fp32", True),
+    ("llama-tiny_cpu-x4", 4, ["tp2-dp2", "tp2-dp2+sp", "sdp4", "tp4", "z1dp4", "tp4"], [6], 2, "fp32", True),
 ]
 
 
@@ -104,9 +106,9 @@ def test_selective_recomputation_frees_what_the_estimator_says(job_name, process
     the same in both twins, so the change is what is compared. Catches: +sel ignored by the runtime (traced change 0
     against 2–8 KiB), the estimator pricing +sel as standard attention's 5·a·s² (its change 40× the log-sum-exp's),
     the rebuilt core counted in backward (one block's log-sum-exp less), the core's inputs copied by the checkpoint
-    (Q, K, V more). Not covered: a CPU run with dropout and grouped-query attention, whose CPU kernel repeats K and V
-    per query head (a GPU's SDPA does not) and keeps the repeats unless +sel recomputes them; bf16 with dropout at
-    these tiny sizes, where the CPU kernel's s × s backward chunks make the core's backward the block's peak."""
+    (Q, K, V more). Not covered: bf16 with dropout at these tiny sizes, where the CPU kernel's s × s backward chunks
+    (a GPU's flash kernel works in tiles) make the core's backward the block's peak, and the rebuilt log-sum-exp
+    counts there."""
     from gbmw.adapters.profile.fake_memory import track_rank, with_traced_micro_batches
     from gbmw.estimate import estimate_plan
     from gbmw.plan import plan_from_strategy_names

@@ -62,7 +62,7 @@ def test_selective_recomputation_matches_single_process(plan_id, model, processe
 
 DROPOUT_PLANS = [  # (model, per-layer strategies without +sel; the twin adds +sel to every block)
     ("gpt-tiny+dropout", ["tp2", "tp2", "sdp2", "tp2+sp", "dp2", "tp2"]),
-    ("llama-tiny+dropout", ["tp2", "sdp2", "tp2+sp", "tp2", "z1dp2", "tp2"]),  # K, V repeated per query head on a CPU
+    ("llama-tiny+dropout", ["tp2", "sdp2", "tp2+sp", "tp2", "z1dp2", "tp2"]),  # grouped-query attention
 ]
 
 
