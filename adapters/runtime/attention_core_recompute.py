@@ -23,7 +23,10 @@ the estimator prices for the runtime (gbmw.activation_recompute.selective_freed_
 gbmw.models.model_as_run), and it repeats the core's forward in backward (`selective_recompute_s`). While the
 layer runs backward the recomputed output and log-sum-exp exist again, briefly: the backward of the MLP before it
 (whose gradient of the up-projection output the estimator's workspace prices) needs more, so the layer's backward
-peak does not grow.
+peak does not grow (gbmw.activation_recompute.selective_rebuilt_bytes). One exception, on a CPU only: the CPU's
+recomputing attention materialises s × s chunks of scores in its backward, which at tiny sizes in bf16 with dropout
+can make the core's backward the block's peak (tests/test_fake_memory.py names it); a GPU's flash kernel works in
+tiles.
 """
 
 from __future__ import annotations
