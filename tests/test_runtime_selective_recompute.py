@@ -85,21 +85,21 @@ def test_recomputed_core_draws_the_forwards_dropout_masks():
             assert torch.equal(selective[1][name], tensor), (model, name)
 
 
-def _block_gradients(model, recompute_core: bool, seed: int = 0):
+def _block_gradients(model, recompute_core: bool, seed: int = 0, device: str = "cpu"):
     """The input and parameter gradients of one block with dropout on (the engine's `_seed_dropout` seeds each
     layer's forward alike), its attention core recomputed in backward or not."""
     from gbmw.adapters.runtime.model import build_layer, initial_value
     from gbmw.adapters.runtime.tensor_parallel import TensorParallel
 
     arch = architecture(model)
-    block = build_layer(arch, "decoder.0", TensorParallel.single())
+    block = build_layer(arch, "decoder.0", TensorParallel.single()).to(device)
     with torch.no_grad():
         for key, parameter in block.named_parameters():
             parameter.copy_(initial_value(f"decoder.0.{key}", parameter.shape, seed))
     block.recompute_attention_core = recompute_core
-    x = torch.randn(3, arch.seq_length, arch.hidden_size, generator=torch.Generator().manual_seed(seed),
-                    requires_grad=True)
-    torch.manual_seed(seed)
+    x = torch.randn(3, arch.seq_length, arch.hidden_size, generator=torch.Generator().manual_seed(seed))
+    x = x.to(device).requires_grad_()
+    torch.manual_seed(seed)  # (seeds CUDA's generators too)
     (block(x) ** 2).mean().backward()
     return [x.grad] + [parameter.grad for parameter in block.parameters()]
 
@@ -120,6 +120,30 @@ def test_one_block_recomputes_its_core_with_the_same_masks(model, monkeypatch):
     monkeypatch.setattr(runtime_model, "recomputed_attention", without_restored_state)
     broken = _block_gradients(model, recompute_core=True)
     assert not torch.equal(broken[0], plain[0])  # the input's gradient flows through the attention's masks
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("model", ["gpt-tiny+dropout", "llama-tiny+dropout"])
+def test_one_block_on_cuda_recomputes_its_core_with_the_same_masks(model, monkeypatch):
+    """On a GPU SDPA's fused kernels draw attention dropout from the CUDA generator's Philox state, which the
+    checkpoint restores for the recomputation. Their fp32 backward may accumulate with atomics (not bit for bit), so
+    gradients are compared at 1e-4 of each tensor's largest element: ~10³ fp32 roundings, while another mask (the
+    state not restored, checked below) changes them by O(1)."""
+    from gbmw.adapters.runtime import attention_core_recompute, model as runtime_model
+
+    def close(mine, expected):
+        return all(torch.allclose(a, b, rtol=0.0, atol=1e-4 * float(b.abs().max())) for a, b in zip(mine, expected))
+
+    plain = _block_gradients(model, recompute_core=False, device="cuda")
+    assert close(_block_gradients(model, recompute_core=True, device="cuda"), plain)
+
+    def without_restored_state(query, key, value, causal, dropout_p):
+        return torch.utils.checkpoint.checkpoint(attention_core_recompute.attention, query, key, value, causal,
+                                                 dropout_p, use_reentrant=False, preserve_rng_state=False)
+
+    monkeypatch.setattr(runtime_model, "recomputed_attention", without_restored_state)
+    assert not close(_block_gradients(model, recompute_core=True, device="cuda")[:1], plain[:1])
 
 
 # ---------------------------------------------------------------------------------------------- gbmw train
