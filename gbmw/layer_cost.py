@@ -268,7 +268,8 @@ def layer_costs(
         forward_memory, backward_memory = boundary, intermediate + weight_copy
     else:
         forward_memory = boundary + intermediate - core + weight_copy
-        backward_memory = selective_rebuilt_bytes(model, samples, strategy, prices_backward_workspace(settings.framework))
+        workspace_priced = prices_backward_workspace(settings.framework)
+        backward_memory = selective_rebuilt_bytes(model, samples, strategy, workspace_priced)
     sdp = strategy.degree("sdp")
     if sdp > 1:  # the gathered full parameters and unscattered gradients of the running layer
         backward_memory = backward_memory + local_parameters * (parameter_bytes + gradient_bytes) * (1 - 1 / sdp)

@@ -107,7 +107,7 @@ def test_grouped_query_backward_sums_over_the_query_heads_of_each_key_value_head
     """Grouped-query attention (4 query heads on 2 key/value heads) with K and V kept at their own width: the exact
     gradient of its own forward (gradcheck in float64; a query head paired with the wrong key/value head, or a
     key/value gradient written instead of summed over its group, changes the gradient by O(1)), and what the
-    autograd of K and V repeated per query head gives (what the CPU path computed before keeping them at their width)."""
+    autograd of K and V repeated per query head gives (what the CPU path computed before it kept their width)."""
     import torch
 
     from gbmw.adapters.runtime import attention as module
