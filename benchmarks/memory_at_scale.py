@@ -1,6 +1,6 @@
 """The estimator's peak memory against what gbmw's runtime really allocates, at full scale, on a CPU.
 
-    .venv/bin/python benchmarks/memory_at_scale.py          # six full-size plans, one rank per stage (~9 min)
+    .venv/bin/python benchmarks/memory_at_scale.py          # seven full-size plans, one rank per stage (~11 min)
 
 For each plan, one rank of every pipeline stage builds the runtime's real train step under torch's fake tensors
 and fake process group, and torch's MemTracker tracks its peak (gbmw.adapters.profile.fake_memory;
@@ -10,7 +10,7 @@ tests/test_fake_memory.py shows the fake trace's peak equals the real step's on 
 - a mixed per-layer plan for GPT-3 15B on 32 devices (two stages; TP, ZeRO-1/2/3 and checkpointing mixed);
 - gbmw's plan for LLaMA-7B on 8 A100-80GB (`llama-7b_a100-80g-x8`: RMSNorm, SwiGLU, rotary) and a mixed
   per-layer plan for it (TP, ZeRO-1/2/3 and checkpointing mixed on one stage), and that plan with sequence
-  parallelism (+sp) in every block.
+  parallelism (+sp) in every block, and that with selective recomputation (+sel) in the blocks without +ckpt.
 Prints estimated and tracked peak per rank and the error; the target (issue 12) is |error| ≤ 3 %.
 """
 
@@ -57,6 +57,14 @@ def llama_sequence_parallel_plan(job):
     return plan_from_strategy_names(job.model, 8, names, [34], 64, 16, cluster=job.cluster.name)
 
 
+def llama_selective_plan(job):
+    """`llama_sequence_parallel_plan` with selective recomputation (+sel, the attention core recomputed in backward)
+    in every block that does not recompute fully."""
+    names = [strategy.name + ("+sel" if 0 < index < job.model.num_layers - 1 and not strategy.ckpt else "")
+             for index, strategy in enumerate(llama_sequence_parallel_plan(job).strategies)]
+    return plan_from_strategy_names(job.model, 8, names, [34], 64, 16, cluster=job.cluster.name)
+
+
 def cases():
     gpt15, gpt65 = load_job("gpt3-15b_a100-80g-x32"), load_job("gpt3-65b_h100-80g-x64")
     llama = load_job("llama-7b_a100-80g-x8")
@@ -65,7 +73,8 @@ def cases():
             ("mixed per-layer plan, GPT-3 15B, 32 devices", gpt15, mixed_plan(gpt15)),
             ("gbmw's plan, LLaMA-7B, 8 × A100", llama, Planner(llama).run()),
             ("mixed per-layer plan, LLaMA-7B, 8 devices", llama, llama_mixed_plan(llama)),
-            ("the same with +sp in every block, LLaMA-7B", llama, llama_sequence_parallel_plan(llama))]
+            ("the same with +sp in every block, LLaMA-7B", llama, llama_sequence_parallel_plan(llama)),
+            ("the same with +sel where not +ckpt, LLaMA-7B", llama, llama_selective_plan(llama))]
 
 
 def main() -> int:

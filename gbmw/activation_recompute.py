@@ -56,3 +56,17 @@ def selective_freed_bytes(model: ModelSpec, samples: float, strategy: Strategy) 
     if not strategy.selective:
         return np.zeros(model.num_layers)
     return model.arrays.attention_core_activation_bytes_per_sample * samples / strategy.tp
+
+
+def selective_rebuilt_bytes(model: ModelSpec, samples: float, strategy: Strategy, workspace_priced: bool) -> np.ndarray:
+    """[layer] what the attention core rebuilt by selective recomputation adds to the layer's backward peak (0 for
+    other strategies). Unfused attention rebuilds its s×s stash, which backward needs at once: all of it. A fused
+    (flash) core rebuilds its output and fp32 log-sum-exp, a few bytes per token, only when backward reaches the
+    attention — after the MLP's backward has freed the MLP's stash and the gradient of its up-projection output,
+    which are larger (s·ffn against s·a·d_head per sample) — so where the backward workspace is priced
+    (gbmw.framework_memory.prices_backward_workspace: gbmw's runtime) the rebuilt core stays below the peak already
+    priced and adds nothing; the traced peaks agree to the byte (tests/test_fake_memory.py)."""
+    rebuilt = selective_freed_bytes(model, samples, strategy)
+    if not workspace_priced:
+        return rebuilt
+    return np.where(model.arrays.forward_flash_attention_flops_per_sample > 0, 0.0, rebuilt)

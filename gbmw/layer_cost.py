@@ -38,7 +38,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from gbmw.cluster_spec import ClusterSpec
-from gbmw.activation_recompute import selective_freed_bytes, selective_recompute_s, sequence_parallel_divisor
+from gbmw.activation_recompute import (selective_freed_bytes, selective_rebuilt_bytes, selective_recompute_s,
+                                       sequence_parallel_divisor)
 from gbmw.comm import CommModel
 from gbmw.framework_memory import (autocast_weight_copy_bytes, fp32_residual_extra_share, fp32_tp_input_extra_share,
                                    gather_buffer_bytes_per_parameter, kept_shard_bytes_per_parameter,
@@ -266,7 +267,9 @@ def layer_costs(
     if strategy.ckpt:
         forward_memory, backward_memory = boundary, intermediate + weight_copy
     else:
-        forward_memory, backward_memory = boundary + intermediate - core + weight_copy, core
+        forward_memory = boundary + intermediate - core + weight_copy
+        workspace_priced = prices_backward_workspace(settings.framework)
+        backward_memory = selective_rebuilt_bytes(model, samples, strategy, workspace_priced)
     sdp = strategy.degree("sdp")
     if sdp > 1:  # the gathered full parameters and unscattered gradients of the running layer
         backward_memory = backward_memory + local_parameters * (parameter_bytes + gradient_bytes) * (1 - 1 / sdp)

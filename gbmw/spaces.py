@@ -67,7 +67,8 @@ class SearchSpace:
         """What a stock framework can run: one strategy for every layer, from the target's definition."""
         return cls(target.label, axes=target.axes, uniform=True, partitioning=target.partition_rules,
                    target=target.name, strategy_filter=target.allows,
-                   selective=target.selective_recompute is not None, sequence_parallel=target.sequence_parallel)
+                   selective=target.selective_recompute is not None and target.search_offers_selective,
+                   sequence_parallel=target.sequence_parallel)
 
     def pipeline_degrees(self, cluster: ClusterSpec, max_pp: int | None) -> list[int]:
         devices = cluster.num_devices

@@ -14,8 +14,17 @@ names) all derive from these definitions (DESIGN.md, "Target").
 Stock frameworks recompute all Transformer blocks or none (never embeddings or heads) and run 1F1B. The
 Megatron targets also run sequence parallelism (every layer with TP) and selective recomputation of the attention
 core (Megatron-DeepSpeed only where attention is not flash). gbmw's runtime runs sequence parallelism per layer, in
-Transformer blocks (not embeddings or heads: `sequence_parallel_blocks_only`), and no selective recomputation: its
-attention keeps no s×s scores (gbmw.adapters.runtime.attention), so there is nothing for +sel to drop.
+Transformer blocks (not embeddings or heads: `sequence_parallel_blocks_only`), and selective recomputation of any
+block (gbmw.adapters.runtime.attention_core_recompute) — but its search does not offer +sel (`search_offers_selective`).
+The runtime's attention is fused (`fused_attention`): it keeps no s×s scores, so recomputing the core frees only the
+fp32 log-sum-exp of each row, 4·a bytes a token (GPT-3 175B: 384 bytes against the block's 34·h ≈ 418 KB with 16-bit
+activations, 0.09 %: below the estimator's 3 % error at scale, benchmarks/memory_at_scale.py), and repeats the core's
+forward in backward, 4·s·h FLOPs a token. Per byte freed that is s·d_head FLOPs, against (24·h² + 4·s·h) / (32·h)
+for full recomputation (+ckpt: all but the layer's 2·h-byte input) — 262 144 against 9 472 for GPT-3 175B at
+s = 2048, dearer by more than an order of magnitude for any model with d_head ≥ 64 and s ≥ h/4 — so +sel could win
+only within a few bytes a token of the budget's edge, a choice made on the estimate's noise, while a third
+recomputation level would make every layer's strategy list half as long again. Plans that carry +sel (a Megatron
+target's, `--uniform ckpt=selective`) still run, priced as the runtime runs them (gbmw.activation_recompute).
 """
 
 from __future__ import annotations
@@ -71,6 +80,9 @@ class Target:
     """It recomputes the attention core alone (`--recompute-granularity selective`; Korthikanti et al. Sec. 5):
     `any` attention, `standard` (not with flash attention: Megatron-DeepSpeed recomputes only its unfused core),
     or None."""
+    search_offers_selective: bool = True
+    """Its search offers +sel where it runs it (gbmw.spaces.SearchSpace.for_target); gbmw's runtime runs +sel but its
+    search leaves it out: with fused attention it frees only the log-sum-exp (see the module docstring)."""
     fused_attention: bool = False
     """Its attention is a fused kernel whatever the model declares (gbmw's runtime calls SDPA, whose flash /
     memory-efficient kernels keep no s×s scores: gbmw.adapters.runtime.attention); a stock framework runs the
@@ -194,8 +206,7 @@ class Target:
                             "or megatron-deepspeed")
         if any(strategy.selective for strategy in plan.strategies):
             if self.selective_recompute is None:
-                why = " (its attention keeps no s×s scores: +sel would save nothing)" if self.fused_attention else ""
-                problems.append(f"selective recomputation (+sel): {self.name} does not run it{why} — use --target "
+                problems.append(f"selective recomputation (+sel): {self.name} does not run it — use --target "
                                 "megatron-core")
             elif not all(self.runs_recompute_of(strategy, model) for strategy in plan.strategies):
                 problems.append(f"selective recomputation (+sel) with flash attention: {self.name} recomputes only "
@@ -252,7 +263,8 @@ def _describe_runs(plan: "Plan") -> str:
 
 TARGETS: dict[str, Target] = {
     "runtime": Target("runtime", "gbmw runtime", "gbmw-runtime", AXES, per_layer=True, fused_attention=True,
-                      sequence_parallel=True, sequence_parallel_blocks_only=True),
+                      sequence_parallel=True, sequence_parallel_blocks_only=True, selective_recompute="any",
+                      search_offers_selective=False),
     "deepspeed": Target(
         "deepspeed", "DeepSpeed (ZeRO + pipeline engine)", "deepspeed", ("dp", "z1dp", "z2dp", "sdp"),
         pipeline_max_zero_stage=1,

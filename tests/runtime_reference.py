@@ -27,11 +27,15 @@ an update of ±lr whose sign is that noise; with ε = 1e-3 an update changes by 
 that changes by δ, so the weights compare at a tolerance that still means something (test_runtime_equivalence)."""
 
 
+VARIANTS = {"tied": {"tie_embeddings": True}, "dropout": {"dropout": True}}
+"""`NAME+tied`: the head tied to the token embedding; `NAME+dropout`: hidden and attention dropout on."""
+
+
 def architecture(name: str):
-    """A bundled model recipe; `NAME+tied` is that model with its head tied to the token embedding."""
+    """A bundled model recipe, or a variant of one (`VARIANTS`)."""
     base, _, variant = name.partition("+")
     arch = load_architecture(RECIPES / f"{base}.yaml")
-    return arch.model_copy(update={"tie_embeddings": True}) if variant == "tied" else arch
+    return arch.model_copy(update=VARIANTS[variant]) if variant else arch
 
 
 def reference_training(model: str, global_batch: int, steps: int, seed: int = 0, max_grad_norm=None, batches=None,

@@ -15,9 +15,9 @@ from gbmw.transformer_layers import BlockShape, block_layer
 GPT3_BLOCKS = [(2048, 6144, 64), (2048, 12288, 96), (2048, 20480, 128), (2048, 25600, 160)]
 
 
-def _block_model(s: int, h: int, a: int) -> ModelSpec:
+def _block_model(s: int, h: int, a: int, flash: bool = False) -> ModelSpec:
     shape = BlockShape(tokens=s, hidden=h, heads=a, head_dim=h // a, kv_heads=a, ffn=4 * h, attended_tokens=s)
-    block = block_layer("decoder.0", "decoder", shape, dtype_bytes=2, dropout=True, flash=False)
+    block = block_layer("decoder.0", "decoder", shape, dtype_bytes=2, dropout=True, flash=flash)
     return ModelSpec(name="gpt3-block", family="gpt", precision="bf16", sequence_length=s, hidden_size=h,
                      layers=(block,))
 
@@ -83,6 +83,26 @@ def test_selective_recomputes_the_attention_core_and_sp_keeps_tp_time():
     assert plain - time_s(sp=True) == pytest.approx(3 * traffic * (1 - 1 / t), rel=1e-9)
 
 
+@pytest.mark.parametrize("framework", ["gbmw-runtime", "megatron"])
+def test_selective_with_flash_attention_frees_the_log_sum_exp(framework):
+    """With a fused (flash) core, +sel frees the fp32 log-sum-exp of each row, a·s·4 bytes per sample split by TP
+    (gbmw.adapters.runtime.attention_core_recompute), wherever it runs. The core it rebuilds in backward adds nothing to
+    gbmw's runtime's backward peak, whose workspace (the MLP's, freed before backward reaches the core) covers it
+    (tests/test_fake_memory.py traces it to the byte); where no workspace is priced (Megatron) the rebuilt
+    log-sum-exp stays the backward term. Catches +sel priced as standard attention's 5·a·s² on a flash model, or the
+    rebuilt core counted in the runtime's backward peak."""
+    s, h, a, t, micro_batch = 2048, 12288, 96, 8, 2
+    model = _block_model(s, h, a, flash=True)
+    settings = CostSettings(make_cluster(devices_per_node=t), "bf16", framework=framework)
+    comm = CommModel(settings.cluster)
+    plain, selective = (layer_costs(model, Strategy((("tp", t),), selective=flag), micro_batch, settings, comm)
+                        for flag in (False, True))
+    log_sum_exp = a * s * 4 * micro_batch / t
+    assert plain.forward_memory_bytes[0] - selective.forward_memory_bytes[0] == pytest.approx(log_sum_exp, rel=1e-12)
+    rebuilt = 0.0 if framework == "gbmw-runtime" else log_sum_exp
+    assert selective.backward_memory_bytes[0] - plain.backward_memory_bytes[0] == pytest.approx(rebuilt, abs=1e-6)
+
+
 def test_strategy_names_round_trip_and_refuse_bad_combinations():
     for name in ("tp4-dp2+sp+sel", "tp2+sp", "tp8+sp+ckpt", "dp8+sel", "single+sel"):
         assert Strategy.parse(name).name == name
@@ -95,7 +115,8 @@ def test_strategy_names_round_trip_and_refuse_bad_combinations():
 
 
 def test_search_offers_what_each_target_runs():
-    """gbmw's runtime is offered +sp in Transformer blocks only and no +sel; megatron-core both; Megatron-DeepSpeed no +sel on a model
+    """gbmw's runtime is offered +sp in Transformer blocks only and no +sel (it runs +sel plans; gbmw.targets says why
+    its search leaves +sel out); megatron-core both; Megatron-DeepSpeed no +sel on a model
     with flash attention (its flash path recomputes nothing), so no plan it is given can be refused for that."""
     from gbmw.jobs import load_job
     from gbmw.planner import Planner

@@ -96,8 +96,8 @@ def test_uniform_config_megatron_style():
         ("tp=1,pp=32", "48 Transformer blocks, not divisible by pp=32"),
         ("tp=8,dp=3", "--uniform dp=3: devices\\(32\\) / \\(tp\\(8\\) \\* pp\\(1\\)\\) = 4"),
         ("zero=4", "ZeRO stages are 0, 1, 2 and 3"),
-        ("ckpt=selective", r"selective recomputation \(\+sel\): runtime does not run it \(its attention keeps no s×s "
-                           r"scores: \+sel would save nothing\) — use --target megatron-core"),
+        ("ckpt=selective,target=deepspeed", r"selective recomputation \(\+sel\): deepspeed does not run it — use "
+                                            r"--target megatron-core"),
             ("ckpt=partial", "write full .*, selective .* or none"),
             ("tp=8,sp=maybe", "sp='maybe': write on or off"),
         ("colour=red", "cannot read 'colour=red'"),

@@ -100,3 +100,30 @@ def test_backward_under_autocast_computes_as_without_it():
         gradients.append([tensor.grad for tensor in inputs])
     for plain, under_autocast in zip(*gradients):
         torch.testing.assert_close(under_autocast, plain, rtol=0.0, atol=0.0)  # bf16 matmuls would differ at ~1e-3
+
+
+@pytest.mark.parametrize("chunk_elements", [50, 75, 10**6])  # 5 × 5 scores: query heads 2 + 2; one sample; all at once
+def test_grouped_query_backward_sums_over_the_query_heads_of_each_key_value_head(chunk_elements, monkeypatch):
+    """Grouped-query attention (4 query heads on 2 key/value heads) with K and V kept at their own width: the exact
+    gradient of its own forward (gradcheck in float64; a query head paired with the wrong key/value head, or a
+    key/value gradient written instead of summed over its group, changes the gradient by O(1)), and what the
+    autograd of K and V repeated per query head gives (what the CPU path computed before it kept their width)."""
+    import torch
+
+    from gbmw.adapters.runtime import attention as module
+
+    monkeypatch.setattr(module, "CHUNK_SCORE_ELEMENTS", chunk_elements)
+    query, key, value = _inputs(torch.float64, heads=4)
+    key, value = (tensor.detach()[:, :2].requires_grad_() for tensor in (key, value))
+
+    def seeded(query, key, value, repeat=False):
+        torch.manual_seed(7)  # the same masks at every evaluation: a function of the inputs alone
+        if repeat:
+            key, value = key.repeat_interleave(2, dim=1), value.repeat_interleave(2, dim=1)
+        return module.RecomputingAttention.apply(query, key, value, True, 0.3)
+
+    assert torch.autograd.gradcheck(seeded, (query, key, value))
+    grouped = torch.autograd.grad(seeded(query, key, value).square().sum(), (query, key, value))
+    repeated = torch.autograd.grad(seeded(query, key, value, repeat=True).square().sum(), (query, key, value))
+    for mine, expected in zip(grouped, repeated):
+        torch.testing.assert_close(mine, expected, rtol=1e-12, atol=1e-12)

@@ -62,7 +62,7 @@ def test_grouped_query_attention_shares_each_key_value_head_among_its_query_head
 
     query, key, value = _tensor(2, 8, 5, 4), _tensor(2, 2, 5, 4, seed=1), _tensor(2, 2, 5, 4, seed=2)
     expanded = [tensor.repeat_interleave(4, dim=1) for tensor in (key, value)]
-    for dropout in (0.0, 0.3):  # SDPA's enable_gqa; the CPU's recomputing attention on repeated K, V
+    for dropout in (0.0, 0.3):  # SDPA's enable_gqa; the CPU's recomputing attention, K and V at their own width
         torch.manual_seed(3)
         grouped = attention(query, key, value, True, dropout)
         torch.manual_seed(3)

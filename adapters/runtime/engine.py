@@ -4,7 +4,8 @@ Composition, in a fixed order for every layer of the stage (torchtitan's order: 
 sharding):
 1. build the layer with its strategy's TP group (tensor_parallel, megatron-core layers);
 2. wrap it for activation checkpointing when the strategy says `+ckpt` (torch's checkpoint_wrapper:
-   only the layer input is stashed, the rest is recomputed in backward);
+   only the layer input is stashed, the rest is recomputed in backward), or checkpoint its attention core alone
+   when it says `+sel` (attention_core_recompute);
 3. shard it over its data-parallel group when the strategy uses sdp/z1dp/z2dp (sharding, FSDP2);
 4. set its weights from full tensors (initial values by parameter name, or a checkpoint), sliced for
    this rank — so every plan, and single-process training, starts from the same model.
@@ -35,7 +36,7 @@ from gbmw.space import Strategy
 
 from .groups import GroupPool
 from .local_adam import LocalShardAdam
-from .model import build_layer, check_runtime_supports, initial_value, layer_names
+from .model import TransformerBlock, build_layer, check_runtime_supports, initial_value, layer_names
 from .pipeline import PipelineLinks, run_schedule
 from .redistribute import BatchLayout, relayout
 from .sharding import (LayerDataParallel, ReduceScatterInFlight, data_parallel_flavour, full_value, local_value,
@@ -137,6 +138,8 @@ class HybridEngine:
         split_dims = partition_dims(module)
         if name == "head" and self.layers and self.layers[0].name == "embedding":
             share_tied_weight(self.architecture, self.layers[0], module, strategy)
+        if strategy.selective and isinstance(module, TransformerBlock):  # embeddings and heads have no attention
+            module.recompute_attention_core = True
         if strategy.ckpt and strategy.sp:  # recompute from the sequence slice it stashes (Korthikanti et al. Sec. 4.2.2)
             module.recompute_slices = True
         elif strategy.ckpt:

@@ -38,6 +38,7 @@ from gbmw.architectures import BERTArchitecture, GPTArchitecture
 from gbmw.runtime_support import runtime_refusal
 
 from .attention import attention
+from .attention_core_recompute import recomputed_attention
 from .gated_mlp import swiglu
 from .rms_norm import RMSNorm
 from .rotary import ROTARY_BASE, rotate
@@ -185,6 +186,9 @@ class TransformerBlock(nn.Module):
         self.tp = tp
         self.recompute_slices = False
         """+sp+ckpt (set by the engine in place of checkpointing the whole layer): recompute from the sequence slice."""
+        self.recompute_attention_core = False
+        """+sel (set by the engine): recompute the attention core in backward (gbmw.adapters.runtime
+        .attention_core_recompute)."""
 
     def _heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Q, K, V as [batch, tokens, heads, head_dim] from the fused projection (its rows grouped per key/value head).
@@ -205,7 +209,8 @@ class TransformerBlock(nn.Module):
 
     def _attend(self, x: torch.Tensor) -> torch.Tensor:
         query, key, value = (part.transpose(1, 2) for part in self._heads(x))
-        context = attention(query, key, value, self.causal, self.dropout if self.training else 0.0).transpose(1, 2)
+        core = recomputed_attention if self.recompute_attention_core else attention
+        context = core(query, key, value, self.causal, self.dropout if self.training else 0.0).transpose(1, 2)
         context = context.reshape(*context.shape[:2], self.local_groups * self.group_heads * self.head_dim)
         return dropout(self.attention.proj(context), self.dropout, self.training)
 

@@ -72,17 +72,11 @@ def train(job_reference: str, plan_path: str, settings: TrainSettings) -> list[f
 
 def refuse_what_the_runtime_does_not_run(plan, plan_path: str) -> None:
     """One PlanError for a plan (planned for a Megatron target) with what gbmw's runtime does not run: an interleaved
-    or GPipe schedule, selective recomputation, sequence parallelism outside the Transformer blocks."""
+    or GPipe schedule, sequence parallelism outside the Transformer blocks. (Selective recomputation, +sel, it runs:
+    gbmw.adapters.runtime.attention_core_recompute.)"""
     if plan.schedule != "1f1b" or plan.virtual_stages != 1:
         raise PlanError(f"{plan_path}: schedule {plan.schedule} with virtual_stages {plan.virtual_stages} — gbmw's runtime "
                         "runs the plain 1F1B pipeline (schedule 1f1b, virtual_stages 1); plan again for --target runtime")
-    selective = next(((index, s) for index, s in enumerate(plan.strategies) if s.selective), None)
-    if selective is not None:
-        index, strategy = selective
-        raise PlanError(f"{plan_path}: field `strategies`: layer {index} uses {strategy.name} — gbmw's runtime does not "
-                        "run selective recomputation (+sel): its attention (SDPA, or one recomputing as flash does) keeps "
-                        "no s×s scores, so +sel would save nothing; use +ckpt or none, or run this plan under Megatron "
-                        "(--target megatron-core)")
     last = len(plan.strategies) - 1
     edge = next((index for index, s in enumerate(plan.strategies) if s.sp and index in (0, last)), None)
     if edge is not None:
