@@ -64,8 +64,8 @@ def late_collective_bytes(job, plan, layer: int, strategy) -> int:
       was cast or was the previous layer's output): W·(1 + 1/t). (The summed norm gradients, h·4 B, are smaller.)
     One collective's: a worker thread lets go of its finished work before it takes the next, but a process group
     has two worker threads, so two held at once is possible and assumed away (as for the sharded layers before).
-    Seen under load on the gpt-tiny +sp plan (W = 65,536 B, bound 98,304 B): excesses of 14,328, 21,496, 30,720
-    and 63,488 B, in 3 of 13 runs."""
+    Seen under load on the gpt-tiny +sp plan (W = 65,536 B, bound 98,304 B): excesses of 21,496, 30,720 and
+    63,488 B (three times) in 4 of 17 runs, and 14,328 B in an earlier session."""
     from gbmw.layer_cost import tp_local_parameters
 
     late = 0
