@@ -64,8 +64,9 @@ def late_collective_bytes(job, plan, layer: int, strategy) -> int:
       was cast or was the previous layer's output): W·(1 + 1/t). (The summed norm gradients, h·4 B, are smaller.)
     One collective's: a worker thread lets go of its finished work before it takes the next, but a process group
     has two worker threads, so two held at once is possible and assumed away (as for the sharded layers before).
-    Seen under load on the gpt-tiny +sp plan (W = 65,536 B, bound 98,304 B): excesses of 21,496, 30,720 and
-    63,488 B (three times) in 4 of 17 runs, and 14,328 B in an earlier session."""
+    Seen under load on the gpt-tiny +sp plan (W = 65,536 B, bound 98,304 B): excesses in 7 of 27 runs, of 63,488
+    (W − 2,048: one whole buffer alive at a moment 2,048 B below the fake peak; 4 times), 30,720 (W/2 − 2,048) and
+    21,496 B, and 14,328 B in an earlier session."""
     from gbmw.layer_cost import tp_local_parameters
 
     late = 0
