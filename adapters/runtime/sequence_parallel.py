@@ -16,9 +16,9 @@ A gbmw layer with +sp keeps its boundaries as every other layer's (the whole seq
 its shard at entry (`scatter_sequence`) and all-gathers its output at exit (`gather_sequence`), so neighbouring
 layers of any strategy connect unchanged (gbmw.adapters.runtime.redistribute).
 
-gloo has no reduce-scatter of one tensor on every torch version, so the reduce-scatter here is an in-place all-reduce
-and this rank's slice: the same result (the sum), twice the traffic of a ring reduce-scatter — a CPU test runtime's
-cost.
+The reduce-scatter is the backend's own where it has one (NCCL: each rank sends (n−1)/n of the tensor, as
+gbmw.comm prices it); gloo has none, and there it is an in-place all-reduce and this rank's slice
+(`has_reduce_scatter`): the same sum, twice the traffic — a CPU test runtime's cost.
 """
 
 from __future__ import annotations
@@ -36,6 +36,33 @@ def _shard(x: torch.Tensor, group: Any) -> torch.Tensor:
     """This rank's contiguous slice of the sequence."""
     size, rank = dist.get_world_size(group), dist.get_rank(group)
     return x.chunk(size, SEQUENCE_DIM)[rank].contiguous()
+
+
+def has_reduce_scatter(group: Any) -> bool:
+    """Whether `group`'s backend has a reduce-scatter that sends (n−1)/n of the tensor from each rank, as gbmw.comm
+    prices it: NCCL's (CUDA) and any backend but gloo's, the fake one of adapters/profile/fake_memory included (it
+    stands for the GPU run). gloo (CPU) only emulates it: in torch 2.13 its `reduce_scatter_single` and
+    `reduce_scatter` clone the whole input, all-reduce the clone and copy this rank's slice out
+    (ProcessGroupGloo::reduce_scatter_tensor_coalesced; torch.profiler shows aten::clone of the whole input, then
+    gloo:all_reduce), so on gloo an in-place all-reduce and a slice move the same bytes without the clone."""
+    return dist.get_backend(group) != "gloo"
+
+
+def reduce_scatter_sequence(x: torch.Tensor, group: Any, by_reduce_scatter: bool | None = None) -> torch.Tensor:
+    """The sum of `x` ([batch, tokens, ...], a tensor the caller gives up) over the group, this rank's slice of the
+    tokens kept. With the backend's reduce-scatter (`by_reduce_scatter`, default `has_reduce_scatter`): one per
+    batch row, whose tokens are contiguous and lead (the collective splits its input along the leading dimension),
+    into a new [batch, tokens/t, ...] tensor (batch − 1 more collective latencies than one call, the same bytes);
+    otherwise `x` is all-reduced in place and the slice copied out. Both hold `x` and the slice (1/t of it) at once
+    and nothing else, so the memory trace is the same either way."""
+    if not (has_reduce_scatter(group) if by_reduce_scatter is None else by_reduce_scatter):
+        dist.all_reduce(x, group=group)
+        return _shard(x, group)
+    x = x.contiguous()
+    shard = x.new_empty((x.shape[0], x.shape[SEQUENCE_DIM] // dist.get_world_size(group), *x.shape[2:]))
+    for row, shard_row in zip(x, shard):
+        dist.reduce_scatter_single(shard_row, row, group=group)
+    return shard
 
 
 def _gather(x: torch.Tensor, group: Any) -> torch.Tensor:
@@ -105,9 +132,8 @@ class _Linear(torch.autograd.Function):
         output = torch.matmul(whole, weight.to(dtype).t())
         if bias is not None:
             output = output + bias.to(dtype)
-        if reduce_scatter:  # the product is this function's own tensor: sum it in place
-            dist.all_reduce(output, group=group)
-            output = _shard(output, group)
+        if reduce_scatter:  # the product is this function's own tensor
+            output = reduce_scatter_sequence(output, group)
         return output
 
     @staticmethod
@@ -118,8 +144,7 @@ class _Linear(torch.autograd.Function):
         whole = _gather(x.to(ctx.dtype), ctx.group) if ctx.gather else x.to(ctx.dtype)
         grad_input = grad.matmul(weight.to(ctx.dtype))
         if ctx.gather:
-            dist.all_reduce(grad_input, group=ctx.group)
-            grad_input = _shard(grad_input, ctx.group)
+            grad_input = reduce_scatter_sequence(grad_input, ctx.group)
         grad_weight = grad.flatten(0, -2).t().matmul(whole.flatten(0, -2)).to(weight.dtype)
         grad_bias = grad.flatten(0, -2).sum(0).to(weight.dtype) if ctx.has_bias else None
         return grad_input.to(x.dtype), grad_weight, grad_bias, None, None, None, None
