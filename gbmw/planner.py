@@ -28,9 +28,9 @@ Settings are visited best-first with a bound, in both modes:
 * Before a setting is searched, a second, memory-aware bound (gbmw.stage_knapsack_bound: each stage's time under
   its own budget and 1F1B stash, over every partition) skips it if no plan of it can beat the best found.
 * With 1F1B, once m ≥ P the memory no longer grows with m while B / T grows (Eq. (9):
-  d/dm [m·b / ((m-1)·a + c)] > 0 as c = Σ C_i ≥ a = max C_no_sync), so a batch sweep only needs
-  m < P and the largest m the batch limit allows. GPipe keeps all m micro-batches, so its sweep
-  tries every power of two.
+  d/dm [m·b / ((m-1)·a + c)] > 0 as c = Σ C_i ≥ a = max C_no_sync), so a batch sweep only needs m < P and the
+  largest m the batch limit allows (`--exact` with interleaving: also m = P, gbmw.search_units.micro_batch_counts).
+  GPipe keeps all m micro-batches, so its sweep tries every power of two.
 * A micro-batch size whose lightest possible stage exceeds the budget is skipped, and ends the sweep for that
   PP degree only if that holds with every strategy of the degree, usable at this size or not: memory only grows
   with the micro-batch size, but a larger size can allow strategies with more data-parallel ways, which can be
@@ -121,7 +121,7 @@ class Planner:
 
     def _micro_batch_counts(self, micro_batch: int, pp: int) -> list[int]:
         return micro_batch_counts(micro_batch, pp, self.fixed_batch, self.job.max_global_batch, self.accumulate,
-                                  self.spec.schedule)
+                                  self.spec.schedule, self.exact and get_target(self.spec.target).interleaved_pipeline)
 
     def _settings(self) -> list[Setting]:
         model, cluster = self.job.model, self.job.cluster

@@ -74,9 +74,16 @@ def micro_batch_sizes(fixed_batch: int | None, max_global_batch: int) -> list[in
 
 
 def micro_batch_counts(micro_batch: int, pp: int, fixed_batch: int | None, max_global_batch: int, accumulate: bool,
-                       schedule: str) -> list[int]:
+                       schedule: str, interleaved: bool = False) -> list[int]:
     """The micro-batch counts tried with `micro_batch` at pipeline degree `pp`: one pass without a pipeline when
-    not accumulating; the fixed batch's count; else powers of two (under 1F1B: those below pp, and the largest)."""
+    not accumulating; the fixed batch's count; else powers of two (under 1F1B: those below pp, and the largest).
+
+    `interleaved` (the exact mode on a target that interleaves 1F1B) adds pp and the largest power of two: an
+    interleaved pipeline needs a multiple of pp micro-batches, and its stash, min(2(pp − i − 1) + (v − 1)·pp + 1,
+    m·v) chunks on stage i (gbmw.pipeline_schedules.in_flight_micro_batches), is smaller at m = pp than at every
+    larger multiple, where it no longer grows (m·v ≥ 2·pp·v ≥ (v + 1)·pp − 1). Among those larger multiples B / T
+    grows with m, so the largest power of two (every power of two ≥ pp is a multiple of it) is the one to try when
+    the largest count is not a multiple."""
     if pp == 1 and not accumulate:
         return [1] if fixed_batch in (None, micro_batch) else []
     if fixed_batch is not None:
@@ -84,7 +91,10 @@ def micro_batch_counts(micro_batch: int, pp: int, fixed_batch: int | None, max_g
     largest = max_global_batch // micro_batch
     if largest < 1:
         return []
-    counts = {2**e for e in range(largest.bit_length()) if 2**e <= largest}
-    if schedule == "1f1b":
-        counts = {m for m in counts if m < pp} | {largest}
+    powers = {2**e for e in range(largest.bit_length()) if 2**e <= largest}
+    if schedule != "1f1b":
+        return sorted(powers)
+    counts = {m for m in powers if m < pp} | {largest}
+    if interleaved and pp >= 2 and largest >= pp:
+        counts |= {pp, max(powers)}
     return sorted(counts)

@@ -316,6 +316,15 @@ def random_uniform_case(source, spaces: tuple[str, ...] = UNIFORM_SPACES, work_c
     choose = source if isinstance(source, Choices) else Choices(source)
     space = choose.choice(spaces)
     tiny = random_tiny_job(choose, "1f1b+bi-obj", work_cap)
+    # A uniform space is small: larger batches than the per-layer oracle affords, so that data parallelism over 8
+    # devices and long 1F1B sweeps (m ≥ P, interleaving's multiples of P) are in reach.
+    batch = choose.choice([None, 8, 16, 24, 32])
+    if batch is not None:
+        sweep = choose.flag(0.4)
+        job = tiny.job.model_copy(update={"global_batch": None, "max_global_batch": batch} if sweep
+                                  else {"global_batch": batch})
+        summary = tiny.summary.rsplit(", ", 1)[0] + (f", sweep ≤ {batch}" if sweep else f", batch {batch}")
+        tiny = TinyJob(job, summary)
     oracle = UniformPlanOracle(tiny.job, space)
     budget, kind = draw_budget(choose, oracle)
     return UniformCase(tiny, space, budget, kind, oracle)
