@@ -15,8 +15,9 @@ Two modes:
 * `exact=True` (`--exact`) returns the estimator's optimum over the space for the per-layer variants whose
   partitioning is free (gbmw.whole_plan_search: every partition, memory compared exactly, Eq. (9) exactly), with
   the default mode's plan as the incumbent; tests/test_search_exact.py checks it against a brute force over whole
-  plans. It can be much slower on large models (benchmarks/search_speed.py). Uniform spaces (the stock targets,
-  fixed baselines) keep their own partition rules in both modes.
+  plans. It can be much slower on large models (benchmarks/search_speed.py). Uniform spaces (stock targets, fixed
+  baselines) keep their partition rules; one strategy per layer and layout leaves no stage DP, memory is compared in
+  bytes, and `exact` adds interleaved m = P to batch sweeps (tests/test_search_exact_uniform.py: vs brute force).
 
 Settings are visited best-first with a bound, in both modes:
 
@@ -293,8 +294,8 @@ class Planner:
     @property
     def searches_whole_plans(self) -> bool:
         """Whether the exact mode searches whole plans (gbmw.whole_plan_search): per-layer variants whose
-        partitioning is free (time-balanced and bi-objective). Uniform spaces and stock partition rules keep the
-        stage DP on their own partitions (gbmw.pareto's frontier with `exact`)."""
+        partitioning is free (time-balanced and bi-objective). Uniform spaces keep their partition rules (one
+        strategy per layer and layout: no stage DP, see the module docstring)."""
         return not self.spec.uniform and set(self.spec.partitioning) <= {"time", "bi-objective"}
 
     def _best_of(self, settings: list[Setting], search, best: Candidate | None = None) -> Candidate | None:
