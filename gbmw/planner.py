@@ -31,7 +31,7 @@ Settings are visited best-first with a bound, in both modes:
 * With 1F1B, once m ≥ P the memory no longer grows with m while B / T grows (Eq. (9):
   d/dm [m·b / ((m-1)·a + c)] > 0 as c = Σ C_i ≥ a = max C_no_sync), so a batch sweep only needs m < P and the
   largest m the batch limit allows (`--exact` with interleaving: also m = P, gbmw.search_units.interleaved_only_counts).
-  GPipe keeps all m micro-batches, so its sweep tries every power of two.
+  GPipe keeps all m micro-batches, so its sweep tries every power of two (and the largest m with `exact`).
 * A micro-batch size whose lightest possible stage exceeds the budget is skipped, and ends the sweep for that
   PP degree only if that holds with every strategy of the degree, usable at this size or not: memory only grows
   with the micro-batch size, but a larger size can allow strategies with more data-parallel ways, which can be
@@ -123,7 +123,7 @@ class Planner:
 
     def _micro_batch_counts(self, micro_batch: int, pp: int) -> list[tuple[int, bool]]:  # (count, interleaved only)
         counts = micro_batch_counts(micro_batch, pp, self.fixed_batch, self.job.max_global_batch, self.accumulate,
-                                    self.spec.schedule)
+                                    self.spec.schedule, self.exact)
         extra = interleaved_only_counts(micro_batch, pp, self.fixed_batch, self.job.max_global_batch) if (
             self.exact and self._interleaves) else []
         return [(count, False) for count in counts] + [(count, True) for count in extra if count not in counts]

@@ -74,9 +74,10 @@ def micro_batch_sizes(fixed_batch: int | None, max_global_batch: int) -> list[in
 
 
 def micro_batch_counts(micro_batch: int, pp: int, fixed_batch: int | None, max_global_batch: int, accumulate: bool,
-                       schedule: str) -> list[int]:
+                       schedule: str, exact: bool = False) -> list[int]:
     """The micro-batch counts tried with `micro_batch` at pipeline degree `pp`: one pass without a pipeline when
-    not accumulating; the fixed batch's count; else powers of two (under 1F1B: those below pp, and the largest)."""
+    not accumulating; the fixed batch's count; else powers of two (under 1F1B: those below pp, and the largest;
+    under GPipe, whose stash grows with every micro-batch, all of them, and with `exact` the largest too)."""
     if pp == 1 and not accumulate:
         return [1] if fixed_batch in (None, micro_batch) else []
     if fixed_batch is not None:
@@ -87,6 +88,8 @@ def micro_batch_counts(micro_batch: int, pp: int, fixed_batch: int | None, max_g
     counts = {2**e for e in range(largest.bit_length()) if 2**e <= largest}
     if schedule == "1f1b":
         counts = {m for m in counts if m < pp} | {largest}
+    elif exact:
+        counts.add(largest)
     return sorted(counts)
 
 
