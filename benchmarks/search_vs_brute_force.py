@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/search_vs_brute_force.py                 # 200 seeded cases (about a minute)
     .venv/bin/python benchmarks/search_vs_brute_force.py --cases 1000    # more seeds
     .venv/bin/python benchmarks/search_vs_brute_force.py --seed 174      # one case, both plans in full
+    .venv/bin/python benchmarks/search_vs_brute_force.py --uniform       # the stock targets and fixed baselines
 
 Each case, from its seed (tests/whole_plan_oracle.py): a random tiny job — 2, 4 or 8 devices, 4–8 layers,
 tied and untied embeddings, encoder–decoder side inputs, uneven layers, heads TP cannot always divide, MiB to GiB
@@ -15,6 +16,12 @@ Prints, for each mode: the cases that agree (same samples/s within a relative 1e
 nothing-fits answers where a plan fits, slower plans (how many, the worst ratio), and anything the search must never
 do (a plan faster than the brute force's, outside the space, or over the budget); then one line per disagreement
 (seed, case, the brute force's plan, the planner's). Exits 1 if the exact mode disagrees on any case.
+
+`--uniform` draws the cases in the uniform spaces instead (tests/uniform_plan_oracle.py): the stock targets
+deepspeed, megatron-deepspeed and megatron-core, and the fixed baselines ddp, megatron-tp, fsdp, gpipe and
+deepspeed-3d, each equally often, with batches up to 32 (fixed or swept); the brute force there enumerates every PP
+degree, micro-batch size and count, layout (tree, +sp, recomputation), the space's partition rules and
+megatron-core's interleaving, and prices each whole plan with estimate_plan.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("NUMBA_NUM_THREADS", "1")
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 
+from uniform_plan_oracle import check_uniform_planner, describe_uniform_plan, random_uniform_case  # noqa: E402
 from whole_plan_oracle import (AGREE, FASTER, INVENTED, MISSED, OUTSIDE, OVER_BUDGET, SLOWER,  # noqa: E402
                                check_planner, describe_plan, random_case)
 
@@ -39,15 +47,17 @@ NEVER = (FASTER, OUTSIDE, OVER_BUDGET, INVENTED)
 
 
 def diagnosis(seed: int, case, verdict) -> str:
+    uniform = not callable(getattr(verdict.oracle, "plan", None))
+    describe = describe_uniform_plan if uniform else describe_plan
     oracle = "nothing fits" if verdict.oracle is None else (
         f"{verdict.oracle.samples_per_s:.6g}/s peak {verdict.oracle.peak_bytes:.0f} B "
-        f"{describe_plan(verdict.oracle.plan(case.job))}")
+        f"{describe(verdict.oracle.plan if uniform else verdict.oracle.plan(case.job))}")
     if verdict.plan is None:
         planner = "nothing fits"
     else:
         estimate = verdict.plan.estimate
         planner = (f"{estimate.samples_per_s:.6g}/s peak {max(estimate.stage_peak_memory_bytes):.0f} B "
-                   f"{describe_plan(verdict.plan)}")
+                   f"{describe(verdict.plan)}")
     ratio = f" (×{verdict.ratio:.4f})" if verdict.ratio is not None else ""
     return (f"  seed {seed}: {verdict.kind}{ratio} — {case.summary}\n"
             f"      brute force: {oracle}\n      planner:     {planner}")
@@ -60,7 +70,11 @@ def main() -> int:
     parser.add_argument("--seed", type=int, help="run only this seed")
     parser.add_argument("--work-cap", type=int, default=20_000,
                         help="most stage estimates the brute force may take per job (default 20000)")
+    parser.add_argument("--uniform", action="store_true",
+                        help="the uniform spaces (stock targets, fixed baselines) instead of the per-layer variants")
     args = parser.parse_args()
+    draw, check = (random_uniform_case, check_uniform_planner) if args.uniform else (random_case, check_planner)
+    spaces = Counter()
     seeds = [args.seed] if args.seed is not None else list(range(args.first_seed, args.first_seed + args.cases))
 
     counts = {mode: Counter() for mode in MODES}
@@ -70,13 +84,14 @@ def main() -> int:
     devices, plans = Counter(), 0
     for seed in seeds:
         started = time.perf_counter()
-        case = random_case(random.Random(seed), args.work_cap)
+        case = draw(random.Random(seed), work_cap=args.work_cap)
+        spaces[getattr(case, "space", None) or case.variant] += 1
         seconds["brute force"] += time.perf_counter() - started
         devices[case.tiny.job.cluster.num_devices] += 1
         plans += case.oracle.best(case.budget_bytes) is not None
         for mode, exact in MODES.items():
             started = time.perf_counter()
-            verdict = check_planner(case, exact)
+            verdict = check(case, exact)
             seconds[mode] += time.perf_counter() - started
             counts[mode][verdict.kind] += 1
             if verdict.kind != AGREE:
@@ -85,7 +100,8 @@ def main() -> int:
                 worst[mode] = (verdict.ratio, seed)
 
     total = len(seeds)
-    print(f"{total} cases (seeds {seeds[0]}–{seeds[-1]}; {dict(sorted(devices.items()))} by device count; "
+    print(f"{total} cases (seeds {seeds[0]}–{seeds[-1]}; {dict(sorted(spaces.items()))} by space; "
+          f"{dict(sorted(devices.items()))} by device count; "
           f"a plan fits in "
           f"{plans}); brute force {seconds['brute force']:.1f} s, exact search {seconds['exact']:.1f} s, "
           f"default search {seconds['default']:.1f} s")

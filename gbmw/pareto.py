@@ -1,5 +1,7 @@
-"""The stage DP without a memory grid: Pareto frontiers over memory units (`--exact` for the uniform spaces, whose
-partitions are fixed rules; the per-layer variants' exact mode is gbmw.whole_plan_search).
+"""The stage DP without a memory grid: Pareto frontiers over memory units. The planner's exact mode uses it only for a
+space whose layers choose among several strategies on fixed partition rules — none of gbmw.spaces' (the per-layer
+variants' exact mode is gbmw.whole_plan_search; the uniform spaces, stock targets and fixed baselines, give each layer
+one strategy per layout and need no stage DP: gbmw.planner).
 
 gbmw.grid_frontier solves the stage problem on a memory grid as the paper does. This engine solves the same
 problem without cells. The paper's DP keeps C(l, E_fwd) — the least time of the first l layers whose forward
@@ -25,7 +27,8 @@ fastest plan with E_all ≤ E, equal to exhaustive enumeration (tests/test_searc
 paper's sweep can stop early at a plan whose backward peak is high.
 
 Interfaces are in bytes, as the grid's; inside, memory terms are whole units of `unit_bytes`, each term
-rounded up (LayerOptions.in_units) and the budget rounded down. The inner step is compiled with numba:
+rounded up (LayerOptions.in_units) and the budget rounded down: a plan it returns fits, but one whose peak is within
+a few units of the budget can be missed, so it is exact in bytes only with `unit_bytes` = 1 on whole-byte terms. The inner step is compiled with numba:
 the frontier merge is a sequential sweep with a Fenwick tree that numpy cannot vectorise. Its cost
 grows with the frontier (thousands of points for 80 GB budgets), which is why the grid is the default.
 """

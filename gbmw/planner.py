@@ -15,8 +15,9 @@ Two modes:
 * `exact=True` (`--exact`) returns the estimator's optimum over the space for the per-layer variants whose
   partitioning is free (gbmw.whole_plan_search: every partition, memory compared exactly, Eq. (9) exactly), with
   the default mode's plan as the incumbent; tests/test_search_exact.py checks it against a brute force over whole
-  plans. It can be much slower on large models (benchmarks/search_speed.py). Uniform spaces (the stock targets,
-  fixed baselines) keep their own partition rules in both modes.
+  plans. It can be much slower on large models (benchmarks/search_speed.py). Uniform spaces (stock targets, fixed
+  baselines) keep their partition rules; one strategy per layer and layout leaves no stage DP, memory is compared in
+  bytes, and `exact` adds interleaved m = P to batch sweeps (tests/test_search_exact_uniform.py: vs brute force).
 
 Settings are visited best-first with a bound, in both modes:
 
@@ -28,9 +29,9 @@ Settings are visited best-first with a bound, in both modes:
 * Before a setting is searched, a second, memory-aware bound (gbmw.stage_knapsack_bound: each stage's time under
   its own budget and 1F1B stash, over every partition) skips it if no plan of it can beat the best found.
 * With 1F1B, once m ≥ P the memory no longer grows with m while B / T grows (Eq. (9):
-  d/dm [m·b / ((m-1)·a + c)] > 0 as c = Σ C_i ≥ a = max C_no_sync), so a batch sweep only needs
-  m < P and the largest m the batch limit allows. GPipe keeps all m micro-batches, so its sweep
-  tries every power of two.
+  d/dm [m·b / ((m-1)·a + c)] > 0 as c = Σ C_i ≥ a = max C_no_sync), so a batch sweep only needs m < P and the
+  largest m the batch limit allows (`--exact` with interleaving: also m = P, gbmw.search_units.interleaved_only_counts).
+  GPipe keeps all m micro-batches, so its sweep tries every power of two (and the largest m with `exact`).
 * A micro-batch size whose lightest possible stage exceeds the budget is skipped, and ends the sweep for that
   PP degree only if that holds with every strategy of the degree, usable at this size or not: memory only grows
   with the micro-batch size, but a larger size can allow strategies with more data-parallel ways, which can be
@@ -60,7 +61,8 @@ from gbmw.spaces import DEFAULT_VARIANT, SearchSpace, search_space
 from gbmw.pipeline_schedules import pipeline_time_s
 from gbmw.stage_cost import StageCosts, StrategyTables, stage_estimate, strategy_tables
 from gbmw.search_units import (
-    Candidate, SearchStats, Setting, micro_batch_counts, micro_batch_sizes, tp_allowed,
+    Candidate, SearchStats, Setting, interleaved_only_counts, micro_batch_counts, micro_batch_sizes, tp_allowed,
+    virtual_stage_choices,
 )
 from gbmw.stage_knapsack_bound import memory_aware_throughput_bound
 from gbmw.step_reserve_search import StepReserveSearch
@@ -119,9 +121,12 @@ class Planner:
     def _micro_batch_sizes(self) -> list[int]:
         return micro_batch_sizes(self.fixed_batch, self.job.max_global_batch)
 
-    def _micro_batch_counts(self, micro_batch: int, pp: int) -> list[int]:
-        return micro_batch_counts(micro_batch, pp, self.fixed_batch, self.job.max_global_batch, self.accumulate,
-                                  self.spec.schedule)
+    def _micro_batch_counts(self, micro_batch: int, pp: int) -> list[tuple[int, bool]]:  # (count, interleaved only)
+        counts = micro_batch_counts(micro_batch, pp, self.fixed_batch, self.job.max_global_batch, self.accumulate,
+                                    self.spec.schedule, self.exact)
+        extra = interleaved_only_counts(micro_batch, pp, self.fixed_batch, self.job.max_global_batch) if (
+            self.exact and self._interleaves) else []
+        return [(count, False) for count in counts] + [(count, True) for count in extra if count not in counts]
 
     def _settings(self) -> list[Setting]:
         model, cluster = self.job.model, self.job.cluster
@@ -156,21 +161,17 @@ class Planner:
                                         1), heads_ok, self.budget):
                         break
                     continue
-                for count in self._micro_batch_counts(micro_batch, pp):
-                    for chunks in self._virtual_stage_choices(pp, count):
+                for count, interleaved_only in self._micro_batch_counts(micro_batch, pp):
+                    for chunks in virtual_stage_choices(self._interleaves, int(model.is_block.sum()), pp,
+                                                        count)[interleaved_only:]:
                         bound = self._throughput_bound(tables, allowed, pp, micro_batch, count, chunks)
                         result.append(Setting(pp, micro_batch, count, tables, allowed, bound, chunks))
         return result
 
-    def _virtual_stage_choices(self, pp: int, count: int) -> list[int]:
-        """Model chunks per device to try: 1, and on a target that interleaves 1F1B (Megatron's virtual pipeline
-        stages) every v > 1 that splits the even share of Transformer blocks per stage into equal chunks, when the
-        micro-batch count is a multiple of pp (what gbmw.targets accepts)."""
-        if not get_target(self.spec.target).interleaved_pipeline or self.spec.schedule != "1f1b" or pp < 2 or count % pp:
-            return [1]
-        blocks = int(self.job.model.is_block.sum())
-        per_stage = blocks // pp if blocks % pp == 0 else 0
-        return [1] + [v for v in range(2, per_stage + 1) if per_stage % v == 0]
+    @property
+    def _interleaves(self) -> bool:
+        """The target interleaves 1F1B (Megatron's virtual pipeline stages; gbmw.search_units.virtual_stage_choices)."""
+        return get_target(self.spec.target).interleaved_pipeline and self.spec.schedule == "1f1b"
 
     def _throughput_bound(self, tables: StrategyTables, allowed: np.ndarray, pp: int, micro_batch: int,
                           count: int, virtual_stages: int = 1) -> float:
@@ -293,8 +294,8 @@ class Planner:
     @property
     def searches_whole_plans(self) -> bool:
         """Whether the exact mode searches whole plans (gbmw.whole_plan_search): per-layer variants whose
-        partitioning is free (time-balanced and bi-objective). Uniform spaces and stock partition rules keep the
-        stage DP on their own partitions (gbmw.pareto's frontier with `exact`)."""
+        partitioning is free (time-balanced and bi-objective). Uniform spaces keep their partition rules (one
+        strategy per layer and layout: no stage DP, see the module docstring)."""
         return not self.spec.uniform and set(self.spec.partitioning) <= {"time", "bi-objective"}
 
     def _best_of(self, settings: list[Setting], search, best: Candidate | None = None) -> Candidate | None:
