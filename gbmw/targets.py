@@ -106,13 +106,17 @@ class Target:
                     and any(ZERO_STAGE_OF_AXIS[axis] > self.pipeline_max_zero_stage for axis in data_axes))
 
     def layers_allowed(self, model: ModelSpec, strategies: Sequence[Strategy]) -> np.ndarray:
-        """[strategy, layer]: where this target runs each strategy's sequence parallelism (every other pair: True);
-        gbmw's runtime also needs the TP degree to divide the sequence it slices."""
+        """[strategy, layer]: where this target runs each strategy's sequence parallelism (every other pair: True).
+        Sequence parallelism slices the sequence over the TP group, so the TP degree must divide it: Megatron's
+        scatter to the sequence-parallel region asserts it (megatron.core.tensor_parallel.mappings, "First dimension
+        of the tensor should be divisible by tensor parallel size"), and gbmw's runtime slices it the same way; gbmw's
+        runtime runs it in Transformer blocks only."""
         allowed = np.ones((len(strategies), model.num_layers), bool)
-        if self.sequence_parallel_blocks_only:
-            sp = np.array([strategy.sp for strategy in strategies], bool)
+        sp = np.array([strategy.sp for strategy in strategies], bool)
+        if sp.any():
             divides = np.array([model.sequence_length % strategy.tp == 0 for strategy in strategies], bool)
-            allowed[sp] = model.is_block[None, :] & divides[sp, None]
+            blocks = model.is_block if self.sequence_parallel_blocks_only else np.ones(model.num_layers, bool)
+            allowed[sp] = blocks[None, :] & divides[sp, None]
         return allowed
 
     def runs_recompute_of(self, strategy: Strategy, model: ModelSpec) -> bool:
@@ -204,6 +208,12 @@ class Target:
         if not self.sequence_parallel and any(strategy.sp for strategy in plan.strategies):
             problems.append(f"sequence parallelism (+sp): {self.name} does not run it — use --target megatron-core "
                             "or megatron-deepspeed")
+        indivisible = sorted({strategy.tp for strategy in plan.strategies
+                              if strategy.sp and model.sequence_length % strategy.tp})
+        if indivisible:
+            problems.append(f"sequence parallelism (+sp) with TP {indivisible[0]}: the sequence of "
+                            f"{model.sequence_length} tokens is sliced over the TP group, so TP must divide it — use a "
+                            "sequence length TP divides, or no +sp there")
         if any(strategy.selective for strategy in plan.strategies):
             if self.selective_recompute is None:
                 problems.append(f"selective recomputation (+sel): {self.name} does not run it — use --target "

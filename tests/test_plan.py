@@ -131,3 +131,21 @@ def test_expressibility_per_target():
     assert "refuses ZeRO-2 and ZeRO-3" in message and "use --target runtime" in message
     zero3 = UniformConfig.parse("pp=2,zero=3,micro=1").to_plan(job)
     assert any("distributed optimizer" in p for p in expressibility_problems(zero3, job.model, "megatron-core"))
+
+
+def test_megatron_targets_refuse_sequence_parallelism_tp_does_not_divide():
+    """Megatron's scatter to the sequence-parallel region asserts that TP divides the sequence
+    (megatron.core.tensor_parallel.mappings); a plan whose +sp TP does not is refused with what would work."""
+    from gbmw.targets import get_target
+
+    model = load_job("gpt-tiny_cpu-x4").model
+    strategies = [Strategy.parse("tp4+sp")] * model.num_layers
+    assert model.sequence_length % 4 == 0  # the bundled job: every TP divides its sequence
+    odd = model.model_copy(update={"sequence_length": model.sequence_length + 2})
+    target = get_target("megatron-core")
+    assert not target.layers_allowed(odd, strategies).any()
+    assert target.layers_allowed(model, strategies).all()
+    problems = target._technique_problems(type("P", (), {"strategies": strategies})(), odd)
+    assert problems == [f"sequence parallelism (+sp) with TP 4: the sequence of {model.sequence_length + 2} tokens is "
+                        "sliced over the TP group, so TP must divide it — use a sequence length TP divides, or no +sp "
+                        "there"]

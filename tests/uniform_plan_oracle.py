@@ -15,7 +15,8 @@ definitions (gbmw.targets, gbmw.spaces) rather than read from the search:
   innermost (first), DeepSpeed's pipeline refusing ZeRO-2/3 when P > 1; with and without +sp for trees with TP on
   the Megatron targets; recomputation none, full, and selective (megatron-core always, Megatron-DeepSpeed only
   where the attention is not flash); baselines — their one tree, GPipe recomputing every block. A layout is used
-  when its TP degree divides every layer's attention and key/value heads and its data-parallel degree divides b;
+  when its TP degree divides every layer's attention and key/value heads (and, with +sp, the sequence length:
+  Megatron's scatter to the sequence-parallel region asserts it) and its data-parallel degree divides b;
 * partitions: pp = 1 — all layers; otherwise the space's rules. The closed-form rules of gbmw.stock_partitions
   (`uniform`, `parameters`, `even`, `first-last`) ARE the space's definition, so the oracle calls them (it does not
   re-derive DeepSpeed's or Megatron's splits). GPipe's rule is the time-balanced split (gbmw.balance, the paper's
@@ -174,7 +175,8 @@ def _runs_on_every_layer(layout: Layout, job: JobSpec, micro_batch: int) -> bool
     data = math.prod(degree for axis, degree in layout.block.dims if axis != "tp")
     heads_ok = all(heads == 0 or heads % tp == 0 for layer in job.model.layers
                    for heads in (layer.attention_heads, layer.kv_heads))
-    return heads_ok and micro_batch % data == 0
+    sequence_ok = not layout.block.sp or job.model.sequence_length % tp == 0  # +sp slices the sequence over TP
+    return heads_ok and sequence_ok and micro_batch % data == 0
 
 
 @dataclass(frozen=True)
