@@ -44,8 +44,9 @@ Pruning by an incumbent (the best plan found so far, of time T_best for this set
 whose m · N + S + U plus the least no-sync time of every layer outside it is above T_best cannot be part of a
 faster plan (T ≥ (m − 1) · N_i + Σ_j N_j + S_i + U_i), and likewise for partial partitions. Memory-aware: every
 stage must fit the budget with its own stash, so gbmw.stage_knapsack_bound bounds the other stages' max and Σ of N
-(`partition_tables`) for stage options, partial partitions and partial first stages, and gbmw.stage_suffix_bound
-what the last stage's remaining layers add within the memory its partial plan has left.
+(`partition_tables`, with the least boundary sends of gbmw.stage_boundary_floor) for stage options, partial
+partitions and partial stages; gbmw.stage_suffix_bound what the last stage's remaining layers add within the memory
+its partial plan has left, and gbmw.stage_segment_bound the same for a first or middle stage over its possible ends.
 """
 
 from __future__ import annotations
@@ -60,7 +61,8 @@ from gbmw.framework_memory import ADAM_CHUNK_ELEMENTS
 from gbmw.pareto import backtrack
 from gbmw.stage_cost import StageCosts
 from gbmw.stage_knapsack_bound import fill_s, partition_tables, stage_bound_tables
-from gbmw.stage_segment_bound import SegmentTimeBound
+from gbmw.stage_boundary_floor import boundary_floors_s
+from gbmw.stage_segment_bound import StageCompletionBound
 from gbmw.stage_suffix_bound import SuffixTimeBound
 from gbmw.stage_search import cost_classes
 from gbmw.whole_plan_frontier import MemoryGrid, extend_candidates, nondominated, time_columns
@@ -182,10 +184,10 @@ class WholePlanSearch:
         self.least_params_suffix = suffix(params)
         # [i, layer]: min max and min Σ of LB_j over the stages before stage i (layers [0, layer)) and from stage i
         # on (layers [layer, L)), under the budget every stage of a plan fits
-        self.before_max, self.before_sum, self.after_max, self.after_sum = partition_tables(
-            stage_bound_tables(costs, allowed, float(budget_bytes)))
+        partitions = partition_tables(stage_bound_tables(costs, allowed, float(budget_bytes)))
+        self.before_max, self.before_sum, self.after_max, self.after_sum = partitions
+        self._completion = StageCompletionBound(costs, allowed, partitions, boundary_floors_s(costs, allowed)[1])
         self._suffix: SuffixTimeBound | None = None
-        self._segment: SegmentTimeBound | None = None
         self._nodes: dict[tuple, _Node] = {}
         self._options: dict[tuple, tuple] = {}
         self._stages: dict[tuple[int, int], list[StageOptions | None]] = {}
@@ -228,20 +230,16 @@ class WholePlanSearch:
 
     # ------------------------------------------------------------------ stage DP
 
-    def _first_stage_may_beat(self, end: int, no_sync, sync, params, stash) -> np.ndarray:
-        """Whether a plan completing partial plans of stage 0 on layers [0, end) may beat the incumbent: stage 0 ends
-        at some e, its layers [end, e) fit the memory left (gbmw.stage_segment_bound), the later stages take layers
-        [e, L) and their max and Σ of N are at least `after_max`, `after_sum` (gbmw.stage_knapsack_bound)."""
-        if self._segment is None:
-            self._segment = SegmentTimeBound(self.costs, self.allowed, self.costs.in_flight[0])
-        ends = np.arange(end, self.layers - self.pp + 2)
+    def _stage_may_beat(self, stage_indices: tuple, done: int, no_sync, sync, params, stash) -> np.ndarray:
+        """Whether a plan completing partial plans of `done` layers of one of `stage_indices` (the first stage, or the
+        middle ones sharing the DP) may beat the incumbent (gbmw.stage_segment_bound)."""
         free = self.budget - stash - self.reserve_per_parameter * np.minimum(params, float(ADAM_CHUNK_ELEMENTS))
-        return self._segment.may_beat(end, ends, no_sync, sync + params * self.step_s, free, self.after_max[1, ends],
-                                      self.after_sum[1, ends], self.m, self.limit_s * (1 + INCUMBENT_SLACK))
+        return self._completion.may_beat(stage_indices, done, no_sync, sync + params * self.step_s, free, self.m,
+                                         self.limit_s * (1 + INCUMBENT_SLACK))
 
     def _last_stage_may_beat(self, end: int, first: int, no_sync, sync, params, stash) -> np.ndarray:
-        """Whether T may beat the incumbent: T ≥ m · N_last + the other stages' least time (as `extend_candidates`), N_last at least N so far + what
-        layers [end, L) add within the memory left (gbmw.stage_suffix_bound)."""
+        """Whether T may beat the incumbent: T ≥ m · N_last + the other stages' least time (as `extend_candidates`),
+        N_last at least N so far + what layers [end, L) add within the memory left (gbmw.stage_suffix_bound)."""
         if self._suffix is None:
             self._suffix = SuffixTimeBound(self.costs, self.allowed, self.costs.in_flight[-1])
         rest_s = np.maximum(self._suffix.lower_s(end, self.budget - stash), self.least_suffix_s[end])
@@ -282,6 +280,8 @@ class WholePlanSearch:
         # layers still to come bound it (their least time, m-fold, and their least memory).
         node_key: tuple = ("root", costs.in_flight[stage_index], stage_index > 0) + (("last", first) if last else ())
         node = self._nodes.setdefault(node_key, _Node.root())
+        sharing = (0,) if stage_index == 0 else tuple(i for i in range(1, self.pp - 1) if costs.in_flight[i]
+                                                      == costs.in_flight[stage_index])
         seen_side = False
         found: list[StageOptions | None] = [None] * (last_end - first)
         inside_s = 0.0
@@ -308,7 +308,7 @@ class WholePlanSearch:
                     rest_s = max(self.least_prefix_s[-1] - inside_s, 0.0)
                     rest = (0.0, 0.0, 0.0, rest_s, self.pp)
                 bound = (partial(self._last_stage_may_beat, layer + 1, first) if last else
-                         partial(self._first_stage_may_beat, layer + 1) if stage_index == 0 else None)
+                         partial(self._stage_may_beat, sharing, layer + 1 - first))
                 child = self._nodes[node_key] = self._extend(node, options, transition, rest_s, rest, bound)
             node = child
             if len(node) == 0:
