@@ -12,7 +12,10 @@ Prints, each measured in this run on one pinned core:
 3. the default memory grid against 1 MiB cells on the bundled jobs (same samples/s?);
 4. the paper's 8-device comparison grid (8 models × 4 budgets × every variant and baseline) under a minute;
 5. with --hetu: both searches for one batch size on the LLaMA-7B jobs, their time ratio, and both plans
-   costed by gbmw's estimator.
+   costed by gbmw's estimator;
+6. `--exact` on the jobs where it was slowest (issue 13), each in a child process stopped after --exact-limit-s:
+   seconds and samples/s; with --base CHECKOUT (e.g. `git worktree add /tmp/base main`) the same run on that
+   checkout's gbmw beside it, so a speed-up is measured in one run and the plans' samples/s compared.
 """
 
 from __future__ import annotations
@@ -50,6 +53,14 @@ COMPLETE_SEARCH_JOBS = [
     ("gpt3-65b_h100-80g-x64", None),
 ]
 TARGET_JOB = "gpt3-65b_h100-80g-x64"
+SLOW_EXACT_JOBS = [  # (job, budget or None: the job's, sweep the batch)
+    ("gpt3-15b_a100-80g-x32", None, False),
+    ("gpt3-15b_a100-80g-x32", None, True),
+    ("bert-xhuge_a100-40g-x64", None, False),
+    ("bert-xhuge_a100-40g-x64", "16GiB", True),
+    ("t5-512-4-48_a100-2x8", "8GiB", True),
+    ("gpt3-65b_h100-80g-x64", None, True),
+]
 PAPER_GRID_MODELS = ["bert-huge-32", "bert-huge-48", "vit-huge-32", "vit-huge-48",
                      "t5-large-32", "t5-large-48", "swin-huge-32", "swin-huge-48"]
 PAPER_BUDGETS = ["8GiB", "12GiB", "16GiB", "20GiB"]
@@ -111,6 +122,64 @@ def exact_search(name: str, limit_s: float) -> tuple[float | None, float | None]
         child.join()
         return None, None
     return queue.get() if not queue.empty() else (None, None)
+
+
+_EXACT_CHILD = """
+import json, os, sys, time
+os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]}) if hasattr(os, "sched_setaffinity") else None
+from gbmw.jobs import load_job
+from gbmw.planner import NothingFitsError, Planner
+name, budget, sweep = sys.argv[1], sys.argv[2] or None, sys.argv[3] == "1"
+Planner(load_job("bert-huge-32_rtx-titan-x8"), batch=16, exact=True, max_pp=1, explain_failure=False).run()  # numba
+planner = Planner(load_job(name, memory_budget=budget), exact=True, explain_failure=False, **({"sweep": True} if sweep else {}))
+wall, cpu = time.perf_counter(), time.process_time()
+try:
+    speed = planner.run().estimate.samples_per_s
+except NothingFitsError:
+    speed = 0.0
+print(json.dumps([time.perf_counter() - wall, time.process_time() - cpu, speed]))
+"""
+
+
+def exact_in_checkout(checkout: str, name: str, budget: str | None, sweep: bool, limit_s: float):
+    """(wall s, CPU s, samples/s) of `--exact` on `name` with the gbmw of `checkout`, or None past `limit_s`."""
+    import json
+    import subprocess
+
+    env = dict(os.environ, PYTHONPATH=os.path.abspath(checkout))
+    try:
+        done = subprocess.run([sys.executable, "-c", _EXACT_CHILD, name, budget or "", "1" if sweep else "0"],
+                              env=env, capture_output=True, text=True, timeout=limit_s, cwd=os.path.abspath(checkout))
+    except subprocess.TimeoutExpired:
+        return None
+    if done.returncode != 0:
+        raise RuntimeError(f"{name} in {checkout}: {done.stderr.strip().splitlines()[-1:]}")
+    return tuple(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def slow_exact_jobs(limit_s: float, base: str | None) -> None:
+    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+    title = "6. --exact on the slowest jobs (complete exact search, one child process each)"
+    table = Table(title=title + (f"; base: {base}" if base else ""))
+    columns = ["job", "budget", "batch", "s", "CPU s", "samples/s"]
+    if base:
+        columns += ["base s", "base CPU s", "base samples/s", "same samples/s"]
+    for column in columns:
+        table.add_column(column, justify="left" if column == "job" else "right")
+
+    def cells(result):
+        return ["> limit", "", ""] if result is None else [f"{result[0]:.2f}", f"{result[1]:.2f}", f"{result[2]:.4f}"]
+
+    for name, budget, sweep in SLOW_EXACT_JOBS:
+        ours = exact_in_checkout(here, name, budget, sweep, limit_s)
+        row = [name, budget or "job's", "sweep" if sweep else "job's", *cells(ours)]
+        if base:
+            theirs = exact_in_checkout(base, name, budget, sweep, limit_s)
+            same = "" if ours is None or theirs is None else "yes" if ours[2] == theirs[2] else "NO"
+            row += [*cells(theirs), same]
+        table.add_row(*row)
+        console.print(f"   {' | '.join(row)}")
+    console.print(table)
 
 
 def grid_against_1mib() -> None:
@@ -193,10 +262,11 @@ def main() -> None:
     parser.add_argument("--hetu", action="store_true", help="also run hetu-galvatron side by side")
     parser.add_argument("--hetu-python", default=os.path.join(os.path.dirname(__file__), "..", ".venv-hetu", "bin",
                                                               "python"))
-    parser.add_argument("--sections", default="1,2,3,4", help="which sections to run (5 needs --hetu)")
+    parser.add_argument("--sections", default="1,2,3,4,6", help="which sections to run (5 needs --hetu)")
     parser.add_argument("--exact-limit-s", type=float, default=300.0,
-                        help="stop the exact search of section 2 after this many seconds (default 300)")
+                        help="stop each exact search of sections 2 and 6 after this many seconds (default 300)")
     parser.add_argument("--hetu-jobs", default=",".join(HETU_JOBS), help="jobs for section 5")
+    parser.add_argument("--base", help="section 6: also run each job with the gbmw of this checkout (before/after)")
     args = parser.parse_args()
     sections = set(args.sections.split(",")) | ({"5"} if args.hetu else set())
 
@@ -219,6 +289,8 @@ def main() -> None:
         paper_grid()
     if "5" in sections:
         side_by_side(os.path.abspath(args.hetu_python), args.hetu_jobs.split(","))
+    if "6" in sections:
+        slow_exact_jobs(args.exact_limit_s, args.base)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,8 @@ most once — and its no-sync time is
 
     N_j ≥ Σ_{l∈[a,c)} c_no_sync(s_l, l)                                                                          (ii)
 
-(the transitions R of Eq. (4) and the sends to neighbouring stages are ≥ 0). For any λ ≥ 0, adding λ · (E_f,j − E)
+(the transitions R of Eq. (4) are ≥ 0; the sends to neighbouring stages are at least the floors of
+gbmw.stage_boundary_floor, added to LB_j below). For any λ ≥ 0, adding λ · (E_f,j − E)
 ≤ 0 to (ii) and taking each layer's least term gives weak duality for this multiple-choice knapsack:
 
     N_j ≥ LB_j(a, c) = max_λ  Σ_{l∈[a,c)} min_s [c_no_sync(s, l) + λ · mem_j(s, l)] − λ · E,
@@ -48,6 +49,7 @@ from __future__ import annotations
 import numpy as np
 
 from gbmw.bounds import BOUND_SLACK, least_state_bytes
+from gbmw.stage_boundary_floor import boundary_floors_s, with_boundary_floors
 from gbmw.stage_cost import StageCosts
 
 LAMBDA_POINTS = 24
@@ -133,7 +135,8 @@ def partition_tables(stage_bounds: list[np.ndarray]) -> tuple[np.ndarray, ...]:
 
 def stage_bound_tables(costs: StageCosts, allowed: np.ndarray, budget_bytes: float) -> list[np.ndarray]:
     """[stage index] → LB_j(a, c) tables (`stage_time_lower_bounds`) of the setting of `costs`, stage j with its own
-    in-flight micro-batches (rounded down, see `_rounded_down`), among the strategies `allowed` per layer."""
+    in-flight micro-batches (rounded down, see `_rounded_down`), among the strategies `allowed` per layer, plus the
+    least time its stage boundaries add (gbmw.stage_boundary_floor)."""
     tables = costs.tables
     no_sync = np.where(allowed, tables.time_no_grad_sync_s, np.inf)
     states = least_state_bytes(costs)
@@ -147,7 +150,9 @@ def stage_bound_tables(costs: StageCosts, allowed: np.ndarray, budget_bytes: flo
         if in_flight not in by_in_flight:
             by_in_flight[in_flight] = stage_time_lower_bounds(no_sync, states + in_flight * forward, budget_bytes,
                                                               lambdas)
-    return [by_in_flight[_rounded_down(k)] for k in costs.in_flight]
+    receive_floor, send_floor = boundary_floors_s(costs, allowed)
+    return [with_boundary_floors(by_in_flight[_rounded_down(k)], j, costs.pp, receive_floor, send_floor)
+            for j, k in enumerate(costs.in_flight)]
 
 
 def memory_aware_throughput_bound(costs: StageCosts, allowed: np.ndarray, budget_bytes: float) -> float:

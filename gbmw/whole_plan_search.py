@@ -44,8 +44,9 @@ Pruning by an incumbent (the best plan found so far, of time T_best for this set
 whose m · N + S + U plus the least no-sync time of every layer outside it is above T_best cannot be part of a
 faster plan (T ≥ (m − 1) · N_i + Σ_j N_j + S_i + U_i), and likewise for partial partitions. Memory-aware: every
 stage must fit the budget with its own stash, so gbmw.stage_knapsack_bound bounds the other stages' max and Σ of N
-(`partition_tables`) for stage options, partial partitions and partial first stages, and gbmw.stage_suffix_bound
-what the last stage's remaining layers add within the memory its partial plan has left.
+(`partition_tables`, with the least boundary sends of gbmw.stage_boundary_floor) for stage options, partial
+partitions and partial stages; gbmw.stage_suffix_bound what the last stage's remaining layers add within the memory
+its partial plan has left, and gbmw.stage_segment_bound the same for a first or middle stage over its possible ends.
 """
 
 from __future__ import annotations
@@ -60,6 +61,8 @@ from gbmw.framework_memory import ADAM_CHUNK_ELEMENTS
 from gbmw.pareto import backtrack
 from gbmw.stage_cost import StageCosts
 from gbmw.stage_knapsack_bound import fill_s, partition_tables, stage_bound_tables
+from gbmw.stage_boundary_floor import boundary_floors_s
+from gbmw.stage_segment_bound import StageCompletionBound
 from gbmw.stage_suffix_bound import SuffixTimeBound
 from gbmw.stage_search import cost_classes
 from gbmw.whole_plan_frontier import MemoryGrid, extend_candidates, nondominated, time_columns
@@ -181,8 +184,9 @@ class WholePlanSearch:
         self.least_params_suffix = suffix(params)
         # [i, layer]: min max and min Σ of LB_j over the stages before stage i (layers [0, layer)) and from stage i
         # on (layers [layer, L)), under the budget every stage of a plan fits
-        self.before_max, self.before_sum, self.after_max, self.after_sum = partition_tables(
-            stage_bound_tables(costs, allowed, float(budget_bytes)))
+        partitions = partition_tables(stage_bound_tables(costs, allowed, float(budget_bytes)))
+        self.before_max, self.before_sum, self.after_max, self.after_sum = partitions
+        self._completion = StageCompletionBound(costs, allowed, partitions, boundary_floors_s(costs, allowed)[1])
         self._suffix: SuffixTimeBound | None = None
         self._nodes: dict[tuple, _Node] = {}
         self._options: dict[tuple, tuple] = {}
@@ -226,24 +230,21 @@ class WholePlanSearch:
 
     # ------------------------------------------------------------------ stage DP
 
-    def _first_stage_lower_s(self, end: int, no_sync, sync, params, stash) -> np.ndarray:
-        """T of any plan completing partial plans of stage 0 on layers [0, end) is at least this: stage 0 ends at some
-        e (its N then at least N + the least time of layers [end, e)), the later stages take layers [e, L) and their
-        max and Σ of N are at least `after_max`, `after_sum` (gbmw.stage_knapsack_bound); S and U only grow."""
-        ends = np.arange(end, self.layers - self.pp + 2)
-        first_s = no_sync[:, None] + (self.least_prefix_s[ends] - self.least_prefix_s[end])[None, :]
-        slowest = np.maximum(first_s, self.after_max[1, ends][None, :])
-        lower = (fill_s(self.m, slowest) + first_s + self.after_sum[1, ends][None, :]).min(axis=1)
-        return lower + sync + params * self.step_s
+    def _stage_may_beat(self, stage_indices: tuple, done: int, no_sync, sync, params, stash) -> np.ndarray:
+        """Whether a plan completing partial plans of `done` layers of one of `stage_indices` (the first stage, or the
+        middle ones sharing the DP) may beat the incumbent (gbmw.stage_segment_bound)."""
+        free = self.budget - stash - self.reserve_per_parameter * np.minimum(params, float(ADAM_CHUNK_ELEMENTS))
+        return self._completion.may_beat(stage_indices, done, no_sync, sync + params * self.step_s, free, self.m,
+                                         self.limit_s * (1 + INCUMBENT_SLACK))
 
-    def _last_stage_lower_s(self, end: int, first: int, no_sync, sync, params, stash) -> np.ndarray:
-        """T ≥ m · N_last + the other stages' least time (as `extend_candidates`), N_last at least N so far + what
-        layers [end, L) add within the memory left (gbmw.stage_suffix_bound)."""
+    def _last_stage_may_beat(self, end: int, first: int, no_sync, sync, params, stash) -> np.ndarray:
+        """Whether T may beat the incumbent: T ≥ m · N_last + the other stages' least time (as `extend_candidates`),
+        N_last at least N so far + what layers [end, L) add within the memory left (gbmw.stage_suffix_bound)."""
         if self._suffix is None:
             self._suffix = SuffixTimeBound(self.costs, self.allowed, self.costs.in_flight[-1])
         rest_s = np.maximum(self._suffix.lower_s(end, self.budget - stash), self.least_suffix_s[end])
         return (self.m * (no_sync + rest_s) + sync + self.step_s * (params + self.least_params_suffix[end])
-                + self.least_prefix_s[first] + self.least_sync_suffix_s[end])
+                + self.least_prefix_s[first] + self.least_sync_suffix_s[end]) <= self.limit_s * (1 + INCUMBENT_SLACK)
 
     def _extend(self, node: _Node, options, transition: np.ndarray, rest_s: float,
                 rest: tuple = (0.0, 0.0, 0.0, 0.0, 0), lower_bound=None) -> _Node:
@@ -261,9 +262,8 @@ class WholePlanSearch:
         else:  # see `time_columns`
             times = [n_no_sync, n_no_sync + n_sync]
         keep = nondominated(np.stack(memory + times, axis=1), n_layout)
-        if lower_bound is not None:  # T of any completion (the next two methods)
-            lower = lower_bound(n_no_sync[keep], n_sync[keep], n_params[keep], n_stash[keep])
-            keep = keep[lower <= self.limit_s * (1 + INCUMBENT_SLACK)]
+        if lower_bound is not None:  # whether any completion may beat the incumbent (the next two methods)
+            keep = keep[lower_bound(n_no_sync[keep], n_sync[keep], n_params[keep], n_stash[keep])]
         return _Node(n_stash[keep], n_excess[keep], n_no_sync[keep], n_sync[keep], n_params[keep], n_layout[keep],
                      strategy[n_option[keep]], n_parent[keep], node, node.depth + 1)
 
@@ -280,6 +280,8 @@ class WholePlanSearch:
         # layers still to come bound it (their least time, m-fold, and their least memory).
         node_key: tuple = ("root", costs.in_flight[stage_index], stage_index > 0) + (("last", first) if last else ())
         node = self._nodes.setdefault(node_key, _Node.root())
+        sharing = (0,) if stage_index == 0 else tuple(i for i in range(1, self.pp - 1) if costs.in_flight[i]
+                                                      == costs.in_flight[stage_index])
         seen_side = False
         found: list[StageOptions | None] = [None] * (last_end - first)
         inside_s = 0.0
@@ -305,8 +307,8 @@ class WholePlanSearch:
                 else:  # shared by every first layer: all P stages share the layers outside the prefix
                     rest_s = max(self.least_prefix_s[-1] - inside_s, 0.0)
                     rest = (0.0, 0.0, 0.0, rest_s, self.pp)
-                bound = (partial(self._last_stage_lower_s, layer + 1, first) if last else
-                         partial(self._first_stage_lower_s, layer + 1) if stage_index == 0 else None)
+                bound = (partial(self._last_stage_may_beat, layer + 1, first) if last else
+                         partial(self._stage_may_beat, sharing, layer + 1 - first))
                 child = self._nodes[node_key] = self._extend(node, options, transition, rest_s, rest, bound)
             node = child
             if len(node) == 0:
