@@ -39,7 +39,7 @@ from gbmw.errors import GbmwError
 from gbmw.planner import Planner
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from megatron_lm_arguments import GPT_JOBS, GRID_JOBS  # noqa: E402
+from megatron_lm_arguments import GPT_JOBS, GRID_JOBS, import_from_checkout  # noqa: E402
 
 TARGET = "megatron-deepspeed"
 PRETRAIN_GPT_DEFAULTS = {"tokenizer_type": "GPT2BPETokenizer"}
@@ -56,18 +56,7 @@ def import_arguments(path: str | None):
     root = Path(path).expanduser().resolve()
     if not (root / "megatron" / "arguments.py").is_file():
         sys.exit(f"--megatron-deepspeed {root}: no megatron/arguments.py there; clone microsoft/Megatron-DeepSpeed")
-    sys.path.insert(0, str(root))
-    for name in [name for name in sys.modules if name == "megatron" or name.startswith("megatron.")]:
-        del sys.modules[name]  # megatron-core, imported by gbmw's adapters, would shadow the checkout's package
-    try:
-        with contextlib.redirect_stderr(io.StringIO()):
-            import megatron.arguments as arguments
-    except ModuleNotFoundError as error:
-        sys.exit(f"Megatron-DeepSpeed's megatron package imports {error.name!r}, not installed here: "
-                 f".venv/bin/pip install {error.name} torch==2.13.0")
-    if not Path(arguments.__file__).resolve().is_relative_to(root):
-        sys.exit(f"megatron.arguments came from {arguments.__file__}, not from {root}")
-    return arguments
+    return import_from_checkout(root, "megatron.arguments", "Megatron-DeepSpeed")
 
 
 def argument_sets() -> tuple[list[tuple[str, gbmw.JobSpec, gbmw.Plan]], list[str]]:

@@ -62,20 +62,28 @@ def megatron_lm_checkout(path: str | None) -> Path:
     return root
 
 
-def import_arguments(root: Path):
-    """Megatron-LM's megatron.training.arguments, from the checkout (which goes first on sys.path)."""
+def import_from_checkout(root: Path, module: str, what: str):
+    """`module` (a megatron.… module) from the checkout at `root`, which goes first on sys.path; `what` names the
+    checkout in messages. A missing dependency or a module found elsewhere ends the benchmark with one line."""
+    import importlib
+
     sys.path.insert(0, str(root))
     for name in [name for name in sys.modules if name == "megatron" or name.startswith("megatron.")]:
         del sys.modules[name]  # a megatron-core imported earlier would shadow the checkout's package
     try:
         with contextlib.redirect_stderr(io.StringIO()):
-            import megatron.training.arguments as arguments
+            imported = importlib.import_module(module)
     except ModuleNotFoundError as error:
-        sys.exit(f"Megatron-LM's megatron/training imports {error.name!r}, not installed here: "
-                 f".venv/bin/pip install {error.name}")
-    if not Path(arguments.__file__).resolve().is_relative_to(root):
-        sys.exit(f"megatron.training.arguments came from {arguments.__file__}, not from {root}")
-    return arguments
+        sys.exit(f"{what}'s {module} imports {error.name!r}, not installed here: "
+                 f".venv/bin/pip install {error.name} torch==2.13.0")
+    if not Path(imported.__file__).resolve().is_relative_to(root):
+        sys.exit(f"{module} came from {imported.__file__}, not from {root}")
+    return imported
+
+
+def import_arguments(root: Path):
+    """Megatron-LM's megatron.training.arguments, from the checkout."""
+    return import_from_checkout(root, "megatron.training.arguments", "Megatron-LM")
 
 
 def argument_sets() -> list[tuple[str, gbmw.JobSpec, gbmw.Plan]]:

@@ -50,6 +50,16 @@ def _train_plans(rank, world_size, runs):
             for model, strategies, partition, micro_batches, max_grad_norm in runs]
 
 
+def train_plan_table(plans, processes: int) -> dict:
+    """{plan id: (losses, full weights)} for the rows (id, model, processes, strategies, partition, micro-batches) of
+    `plans` that run on `processes` processes, all trained in one spawn without clipping."""
+    chosen = [plan for plan in plans if plan[2] == processes]
+    runs = [(model, strategies, partition, micro_batches, None)
+            for _, model, _, strategies, partition, micro_batches in chosen]
+    per_rank = run_distributed(processes, _train_plans, runs, timeout_s=600)
+    return {plan[0]: collect([rank_results[index] for rank_results in per_rank]) for index, plan in enumerate(chosen)}
+
+
 def _family(model):
     return "llama" if model.startswith("llama") else "gpt-bert"
 

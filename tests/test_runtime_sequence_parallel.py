@@ -17,9 +17,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from dist_fixture import run_distributed  # noqa: E402
-from runtime_reference import collect  # noqa: E402
-from test_runtime_equivalence import _train_plans, assert_same_training, reference  # noqa: E402
+from test_runtime_equivalence import assert_same_training, reference, train_plan_table  # noqa: E402
 
 pytestmark = pytest.mark.dist
 
@@ -37,12 +35,7 @@ _results = {}
 
 def _trained(processes, plan_id):
     if processes not in _results:
-        plans = [plan for plan in PLANS if plan[2] == processes]
-        runs = [(model, strategies, partition, micro_batches, None)
-                for _, model, _, strategies, partition, micro_batches in plans]
-        per_rank = run_distributed(processes, _train_plans, runs, timeout_s=600)
-        _results[processes] = {plan[0]: collect([rank_results[index] for rank_results in per_rank])
-                               for index, plan in enumerate(plans)}
+        _results[processes] = train_plan_table(PLANS, processes)
     return _results[processes][plan_id]
 
 

@@ -52,7 +52,7 @@ from gbmw.stock_partitions import PARTITION_RULES
 from gbmw.targets import get_target
 from whole_plan_oracle import (AGREE, FASTER, INVENTED, MISSED, OUTSIDE, OVER_BUDGET, PLACEHOLDER_BUDGET_BYTES,
                                SLOWER, Choices, Setting, TinyJob, compositions, draw_budget, oracle_settings,
-                               random_tiny_job, with_budget)
+                               Case, random_tiny_job, with_budget)
 
 TARGET_SPACES = ("deepspeed", "megatron-deepspeed", "megatron-core")
 BASELINE_SPACES = ("ddp", "megatron-tp", "fsdp", "gpipe", "deepspeed-3d")
@@ -293,23 +293,13 @@ def plan_key(plan: Plan) -> tuple:
 # ---------------------------------------------------------------------------------------------------- cases
 
 
-@dataclass
-class UniformCase:
-    """A random tiny job in a uniform space, with a budget drawn from its brute-force frontier."""
-
-    tiny: TinyJob
-    space: str
-    budget_bytes: int
-    budget_kind: str
-    oracle: UniformPlanOracle
+class UniformCase(Case):
+    """A random tiny job in a uniform space (`variant` names the space), with a budget drawn from its brute-force
+    frontier; its oracle is a UniformPlanOracle."""
 
     @property
-    def job(self) -> JobSpec:
-        return with_budget(self.tiny.job, self.budget_bytes)
-
-    @property
-    def summary(self) -> str:
-        return f"{self.space}: {self.tiny.summary}, budget {self.budget_bytes} B ({self.budget_kind})"
+    def space(self) -> str:
+        return self.variant
 
 
 def random_uniform_case(source, spaces: tuple[str, ...] = UNIFORM_SPACES, work_cap: int = 20_000) -> UniformCase:
