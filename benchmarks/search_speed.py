@@ -15,7 +15,9 @@ Prints, each measured in this run on one pinned core:
    costed by gbmw's estimator;
 6. `--exact` on the jobs where it was slowest (issue 13), each in a child process stopped after --exact-limit-s:
    seconds and samples/s; with --base CHECKOUT (e.g. `git worktree add /tmp/base main`) the same run on that
-   checkout's gbmw beside it, so a speed-up is measured in one run and the plans' samples/s compared.
+   checkout's gbmw beside it, so a speed-up is measured in one run and the plans' samples/s compared;
+7. what the default (approximate) mode gives up: the paper's 8-device grid searched in both modes, cell by cell
+   in one run — seconds in all, and how many cells `--exact` finds a faster plan for, and by how much.
 """
 
 from __future__ import annotations
@@ -257,12 +259,37 @@ def side_by_side(venv_python: str, jobs=HETU_JOBS) -> None:
     console.print(table)
 
 
+def paper_grid_both_modes() -> None:
+    """Section 7: every cell of section 4's grid with the default search and with `exact=True`, side by side."""
+    rows = [(variant, target) for kind, variant, target in ROWS if kind != "target"]
+    seconds, faster = {False: 0.0, True: 0.0}, []
+    cells = default_faster = 0
+    for model in PAPER_GRID_MODELS:
+        for budget in PAPER_BUDGETS:
+            job = load_job(f"{model}_rtx-titan-x8", memory_budget=budget)
+            for variant, target in rows:
+                speed = {}
+                for exact in (False, True):
+                    plan, took_s, _ = timed_plan(job, variant=variant, target=target, exact=exact)
+                    seconds[exact] += took_s
+                    speed[exact] = plan.estimate.samples_per_s if plan else 0.0
+                cells += 1
+                if speed[True] > speed[False] * (1 + 1e-9):
+                    ratio = speed[True] / speed[False] if speed[False] else float("inf")
+                    faster.append((ratio, f"{model} {budget} {variant}"))
+                default_faster += speed[False] > speed[True] * (1 + 1e-9)  # a bug in --exact if ever
+    worst = max(faster, default=(1.0, "none"))
+    console.print(f"7. the paper's 8-device grid in both modes: {cells} cells, default {seconds[False]:.1f} s, --exact "
+                  f"{seconds[True]:.1f} s; --exact finds a faster plan in {len(faster)} cells (at most "
+                  f"{worst[0]:.3f}×: {worst[1]}); the default finds a faster one in {default_faster}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--hetu", action="store_true", help="also run hetu-galvatron side by side")
     parser.add_argument("--hetu-python", default=os.path.join(os.path.dirname(__file__), "..", ".venv-hetu", "bin",
                                                               "python"))
-    parser.add_argument("--sections", default="1,2,3,4,6", help="which sections to run (5 needs --hetu)")
+    parser.add_argument("--sections", default="1,2,3,4,6", help="which sections to run (5 needs --hetu; 7, a few minutes, only when named)")
     parser.add_argument("--exact-limit-s", type=float, default=300.0,
                         help="stop each exact search of sections 2 and 6 after this many seconds (default 300)")
     parser.add_argument("--hetu-jobs", default=",".join(HETU_JOBS), help="jobs for section 5")
@@ -291,6 +318,8 @@ def main() -> None:
         side_by_side(os.path.abspath(args.hetu_python), args.hetu_jobs.split(","))
     if "6" in sections:
         slow_exact_jobs(args.exact_limit_s, args.base)
+    if "7" in sections:
+        paper_grid_both_modes()
 
 
 if __name__ == "__main__":
