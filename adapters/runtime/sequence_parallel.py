@@ -33,9 +33,12 @@ SEQUENCE_DIM = 1
 
 
 def _shard(x: torch.Tensor, group: Any) -> torch.Tensor:
-    """This rank's contiguous slice of the sequence."""
+    """This rank's slice of the sequence, always a copy of its own: with one sample per micro-batch the slice of a
+    [1, tokens, hidden] tensor is already contiguous, so `.contiguous()` would return a view, and a view saved for
+    backward (the next norm's input) keeps the whole sequence's tensor alive — t times the slice (measured at full
+    scale: LLaMA-7B, TP 4, 24 MiB more per +sp block than the estimate)."""
     size, rank = dist.get_world_size(group), dist.get_rank(group)
-    return x.chunk(size, SEQUENCE_DIM)[rank].contiguous()
+    return x.chunk(size, SEQUENCE_DIM)[rank].clone(memory_format=torch.contiguous_format)
 
 
 def has_reduce_scatter(group: Any) -> bool:
