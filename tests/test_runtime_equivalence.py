@@ -50,6 +50,18 @@ def _train_plans(rank, world_size, runs):
             for model, strategies, partition, micro_batches, max_grad_norm in runs]
 
 
+_tables = {}
+
+
+def trained_from(plans, processes: int, plan_id: str):
+    """(losses, full weights) of `plan_id` among `plans`, training all of `plans` that run on `processes` processes
+    in one spawn on first use (train_plan_table)."""
+    key = (tuple(plan[0] for plan in plans), processes)
+    if key not in _tables:
+        _tables[key] = train_plan_table(plans, processes)
+    return _tables[key][plan_id]
+
+
 def train_plan_table(plans, processes: int) -> dict:
     """{plan id: (losses, full weights)} for the rows (id, model, processes, strategies, partition, micro-batches) of
     `plans` that run on `processes` processes, all trained in one spawn without clipping."""

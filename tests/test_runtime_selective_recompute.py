@@ -24,7 +24,7 @@ torch = pytest.importorskip("torch")
 
 from dist_fixture import run_distributed  # noqa: E402
 from runtime_reference import architecture, collect  # noqa: E402
-from test_runtime_equivalence import _train_plans, assert_same_training, reference, train_plan_table  # noqa: E402
+from test_runtime_equivalence import _train_plans, assert_same_training, reference, trained_from  # noqa: E402
 
 pytestmark = pytest.mark.dist
 
@@ -37,20 +37,13 @@ PLANS = [
     ("llama-sel-tp4", "llama-tiny", 4, ["dp2-tp2", "tp4+sp+sel", "sdp4+sel", "tp2-sdp2+sp+sel", "tp4+ckpt", "tp4"],
      [6], 2),
 ]
-_results = {}
-
-
-def _trained(processes, plan_id):
-    if processes not in _results:
-        _results[processes] = train_plan_table(PLANS, processes)
-    return _results[processes][plan_id]
 
 
 @pytest.mark.parametrize("plan_id, model, processes, strategies, partition, micro_batches", PLANS,
                          ids=[plan[0] for plan in PLANS])
 def test_selective_recomputation_matches_single_process(plan_id, model, processes, strategies, partition,
                                                         micro_batches):
-    assert_same_training(*_trained(processes, plan_id), *reference(model))
+    assert_same_training(*trained_from(PLANS, processes, plan_id), *reference(model))
 
 
 # ---------------------------------------------------------------------------------------------- dropout masks

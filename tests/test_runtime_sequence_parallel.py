@@ -17,7 +17,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from test_runtime_equivalence import assert_same_training, reference, train_plan_table  # noqa: E402
+from test_runtime_equivalence import assert_same_training, reference, trained_from  # noqa: E402
 
 pytestmark = pytest.mark.dist
 
@@ -30,16 +30,9 @@ PLANS = [
     ("llama-sp-mixed", "llama-tiny", 2, ["tp2", "tp2+sp", "dp2+ckpt", "tp2+sp+ckpt", "z1dp2", "tp2"], [6], 2),
     ("llama-sp-tp4", "llama-tiny", 4, ["dp2-tp2", "tp4+sp", "sdp4+ckpt", "tp2-sdp2+sp", "tp4+sp+ckpt", "tp4"], [6], 2),
 ]
-_results = {}
-
-
-def _trained(processes, plan_id):
-    if processes not in _results:
-        _results[processes] = train_plan_table(PLANS, processes)
-    return _results[processes][plan_id]
 
 
 @pytest.mark.parametrize("plan_id, model, processes, strategies, partition, micro_batches", PLANS,
                          ids=[plan[0] for plan in PLANS])
 def test_sequence_parallel_matches_single_process(plan_id, model, processes, strategies, partition, micro_batches):
-    assert_same_training(*_trained(processes, plan_id), *reference(model))
+    assert_same_training(*trained_from(PLANS, processes, plan_id), *reference(model))

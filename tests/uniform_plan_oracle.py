@@ -52,7 +52,7 @@ from gbmw.stock_partitions import PARTITION_RULES
 from gbmw.targets import get_target
 from whole_plan_oracle import (AGREE, FASTER, INVENTED, MISSED, OUTSIDE, OVER_BUDGET, PLACEHOLDER_BUDGET_BYTES,
                                SLOWER, Choices, Setting, TinyJob, compositions, draw_budget, oracle_settings,
-                               Case, random_tiny_job, with_budget)
+                               Case, Verdict, random_tiny_job, with_budget)
 
 TARGET_SPACES = ("deepspeed", "megatron-deepspeed", "megatron-core")
 BASELINE_SPACES = ("ddp", "megatron-tp", "fsdp", "gpipe", "deepspeed-3d")
@@ -322,17 +322,8 @@ def random_uniform_case(source, spaces: tuple[str, ...] = UNIFORM_SPACES, work_c
     return UniformCase(tiny, space, budget, kind, oracle)
 
 
-@dataclass(frozen=True)
-class UniformVerdict:
-    kind: str
-    oracle: UniformPlan | None
-    plan: Plan | None
-
-    @property
-    def ratio(self) -> float | None:
-        if self.oracle is None or self.plan is None:
-            return None
-        return self.plan.estimate.samples_per_s / self.oracle.samples_per_s
+UniformVerdict = Verdict
+"""The planner's answer for a uniform case against the uniform brute force's (its oracle plan a UniformPlan)."""
 
 
 def check_uniform_planner(case: UniformCase, exact: bool) -> UniformVerdict:
