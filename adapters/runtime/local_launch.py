@@ -16,10 +16,15 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import time
 import uuid
 from typing import Sequence
 
 from gbmw.errors import GbmwError
+
+
+RANK_ZERO_FIRST_S = 2.0
+"""How long the other ranks wait before leaving with an error only rank 0 prints (it needs well under a second)."""
 
 
 def threads_per_process(num_processes: int) -> int:
@@ -64,6 +69,10 @@ def check_under_launcher(num_processes: int) -> None:
     if launched != num_processes:
         error = GbmwError(f"--nproc-per-node {num_processes}: a launcher already started {launched} process(es) on "
                           "this node; drop --nproc-per-node under torchrun or deepspeed, or run gbmw alone with it")
-        # every rank reads the same environment and finds the same problem: rank 0 alone prints it (gbmw.cli)
+        # every rank reads the same environment and finds the same problem: rank 0 alone prints it (gbmw.cli). No
+        # collective orders the ranks here, so the others wait a moment before leaving: a launcher that sees one of
+        # them exit first terminates rank 0 before its line is out (seen on CI).
         error.all_ranks = os.environ.get("RANK", "0") != "0"
+        if error.all_ranks:
+            time.sleep(RANK_ZERO_FIRST_S)
         raise error
