@@ -14,18 +14,18 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gbmw.baselines import UniformConfig
-from gbmw.bundled import resolve_recipe
-from gbmw.cluster_spec import load_cluster
-from gbmw.estimate import estimate_plan
+from gbmw.cost.estimate import estimate_plan
 from gbmw.errors import GbmwError
-from gbmw.files import shown, write_new_file
-from gbmw.jobs import JobSpec
-from gbmw.models import load_model
+from gbmw.handwritten.uniform_config import UniformConfig
 from gbmw.plan import Plan, replace_estimate
-from gbmw.planner import Planner
-from gbmw.schema import parse_bytes
-from gbmw.targets import STOCK_TARGETS
+from gbmw.search.planner import Planner
+from gbmw.space.targets import STOCK_TARGETS
+from gbmw.specs.bundled import resolve_recipe
+from gbmw.specs.cluster_spec import load_cluster
+from gbmw.specs.files import shown, write_new_file
+from gbmw.specs.jobs import JobSpec
+from gbmw.specs.models import load_model
+from gbmw.specs.schema import parse_bytes
 
 from . import deepspeed as ds
 from . import megatron

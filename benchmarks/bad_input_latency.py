@@ -4,7 +4,7 @@
     .venv/bin/python benchmarks/bad_input_latency.py --launchers  # + whole commands under 2-process launchers
 
 Issue 15's target is one clear line within a second (a few seconds under a launcher). Every case of the corpus
-runs in-process through `gbmw.cli.main` in a fresh folder, as the test runs it; this prints the median and the
+runs in-process through `gbmw.cli.main.main` in a fresh folder, as the test runs it; this prints the median and the
 slowest cases, and the share answered within a second. `--launchers` also times three user errors as whole commands
 (a new Python process, torch imported where the command needs it) alone, under gbmw's own launcher
 (`--nproc-per-node 2`) and under `torchrun --standalone --nproc_per_node 2`, side by side in one run: a bad flag
@@ -28,8 +28,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from test_bad_inputs import CASES, write_files  # noqa: E402
 
-from gbmw.cli import main as gbmw_main  # noqa: E402
-
+from gbmw.cli.main import main as gbmw_main  # noqa: E402
 
 LAUNCHER_ERRORS = {
     "bad flag": ["train", "gpt-tiny_cpu-x4", "--steps", "1"],

@@ -70,7 +70,7 @@ def main() -> None:
                                      "memory_budget: 1GiB\n")
 
     from gbmw.plan import plan_from_strategy_names
-    from gbmw.jobs import load_job
+    from gbmw.specs.jobs import load_job
 
     job = load_job(folder / "job.yaml")
     for name, make in PLANS.items():

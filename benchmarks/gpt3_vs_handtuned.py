@@ -15,11 +15,11 @@ import tempfile
 from pathlib import Path
 
 from gbmw import __version__
-from gbmw.baselines import load_handtuned
-from gbmw.compare import compare_handtuned
-from gbmw.report import handtuned_rows
-from gbmw.bundled import RECIPES_DIR
-from gbmw.jobs import load_job
+from gbmw.cli.compare import compare_handtuned
+from gbmw.cli.report import handtuned_rows
+from gbmw.handwritten.handtuned_config import load_handtuned
+from gbmw.specs.bundled import RECIPES_DIR
+from gbmw.specs.jobs import load_job
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -8,7 +8,7 @@ dependency of gbmw. This module has two halves:
   search reads (layer times and memory, collective bandwidths, overlap coefficient), so that both
   tools see the same layer costs, bandwidths, memory budget and batch; `run_hetu_search` runs the
   search as a subprocess with the venv's python and times it; `hetu_plan_to_gbmw` converts hetu's
-  output config into a gbmw Plan that `gbmw.estimate` can cost.
+  output config into a gbmw Plan that `gbmw.cost.estimate` can cost.
 * In hetu's environment: `python hetu_galvatron.py --hetu-runner HETU-ARGS...` is the subprocess.
   It replaces the GPU-only modules that `galvatron.core` imports eagerly (apex, flash-attn, ...)
   with inert placeholders, runs the search through hetu's llama_hf entry points, and prints one
@@ -163,11 +163,11 @@ def write_hetu_inputs(job: "gbmw.JobSpec", folder: str | os.PathLike, batch: int
     are gbmw's `forward_time_per_sample_s` (profiled time or FLOPs / sustained FLOP/s).
     Layer memory: parameter size such that hetu's 4x (model states) equals gbmw's bytes of
     model states per parameter, forward stash per sample for each TP degree, and the checkpointed
-    stash (the block's input). Hardware: bus bandwidths and collective times from gbmw.comm.CommModel.
+    stash (the block's input). Hardware: bus bandwidths and collective times from gbmw.cost.comm.CommModel.
     """
-    from gbmw.comm import CommModel
-    from gbmw.layer_cost import CostSettings, forward_time_per_sample_s
-    from gbmw.model_states import state_bytes
+    from gbmw.cost.comm import CommModel
+    from gbmw.cost.layer_cost import CostSettings, forward_time_per_sample_s
+    from gbmw.cost.model_states import state_bytes
 
     folder = Path(folder)
     profiles, hardware = folder / "profiles", folder / "hardware"
@@ -594,7 +594,7 @@ def main(argv: list[str] | None = None) -> int:
     options = parser.parse_args(argv)
 
     import gbmw
-    import gbmw.planner
+    import gbmw.search.planner
 
     job = gbmw.load_job(options.job)
     batch = options.batch if options.batch is not None else job.global_batch
@@ -618,7 +618,7 @@ def main(argv: list[str] | None = None) -> int:
           f"(budget {estimate.memory_budget_bytes / 2**30:.2f} GiB), stage peak GiB {gib}")
     if options.gbmw:
         started = time.perf_counter()
-        ours = gbmw.planner.Planner(job, batch=batch).run()
+        ours = gbmw.search.planner.Planner(job, batch=batch).run()
         elapsed = time.perf_counter() - started
         ours_estimate = gbmw.estimate(job, ours)
         gib = [f"{b / 2**30:.2f}" for b in ours_estimate.stage_peak_memory_bytes]

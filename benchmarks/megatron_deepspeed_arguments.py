@@ -33,10 +33,10 @@ from pathlib import Path
 
 import gbmw
 from gbmw.adapters.megatron import launch_line, plan_to_megatron_args
-from gbmw.baselines import load_handtuned
-from gbmw.bundled import RECIPES_DIR
 from gbmw.errors import GbmwError
-from gbmw.planner import Planner
+from gbmw.handwritten.handtuned_config import load_handtuned
+from gbmw.search.planner import Planner
+from gbmw.specs.bundled import RECIPES_DIR
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from megatron_lm_arguments import GPT_JOBS, GRID_JOBS, import_from_checkout  # noqa: E402

@@ -32,10 +32,10 @@ from pathlib import Path
 
 import gbmw
 from gbmw.adapters.megatron import launch_line, plan_to_megatron_args
-from gbmw.baselines import load_handtuned
-from gbmw.bundled import RECIPES_DIR
 from gbmw.errors import GbmwError
-from gbmw.planner import Planner
+from gbmw.handwritten.handtuned_config import load_handtuned
+from gbmw.search.planner import Planner
+from gbmw.specs.bundled import RECIPES_DIR
 
 GPT_JOBS = ("gpt3-15b_a100-80g-x32", "gpt3-39b_a100-80g-x32", "gpt3-65b_a100-80g-x32", "gpt3-65b_h100-80g-x64",
             "llama-7b_a100-80g-x32", "llama-7b_a100-80g-x8")

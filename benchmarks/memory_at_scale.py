@@ -27,10 +27,10 @@ from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from gbmw.adapters.profile.fake_memory import track_rank, with_traced_micro_batches  # noqa: E402
-from gbmw.estimate import estimate_plan  # noqa: E402
-from gbmw.jobs import load_job  # noqa: E402
+from gbmw.cost.estimate import estimate_plan  # noqa: E402
 from gbmw.plan import plan_from_strategy_names  # noqa: E402
-from gbmw.planner import Planner  # noqa: E402
+from gbmw.search.planner import Planner  # noqa: E402
+from gbmw.specs.jobs import load_job  # noqa: E402
 
 GIB = 2**30
 TARGET = 0.03

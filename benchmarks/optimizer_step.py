@@ -25,10 +25,10 @@ def worker(rank: int, port: int, steps: int) -> None:
     from gbmw.adapters.runtime.groups import GroupPool
     from gbmw.adapters.runtime.local_adam import LocalShardAdam
     from gbmw.adapters.runtime.model import synthetic_batch
-    from gbmw.models import load_architecture
     from gbmw.plan import plan_from_strategy_names
-    from gbmw.bundled import resolve_recipe
-    from gbmw.jobs import load_job
+    from gbmw.specs.bundled import resolve_recipe
+    from gbmw.specs.jobs import load_job
+    from gbmw.specs.models import load_architecture
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)

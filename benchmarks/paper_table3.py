@@ -15,7 +15,7 @@ without TP or recomputation) beside the paper's Table 2 measurement.
 
 The models are costed as the paper's testbed ran them, not as gbmw's runtime would (which calls fused SDPA and
 keeps no s×s scores): standard attention that stashes the softmax output, the dropout mask and output, and the
-raw scores QKᵀ as well (`attention: standard-with-raw-scores`, gbmw.transformer_layers.block_layer). That last
+raw scores QKᵀ as well (`attention: standard-with-raw-scores`, gbmw.specs.transformer_layers.block_layer). That last
 tensor is what the paper's Table 2 shows: per layer its activation sizes grow by gbmw's accounting plus exactly one
 score tensor per attention (the diagnostic line prints the totals). Table 2's "MB" are MiB (2^20 bytes), as torch
 reports memory; read as 10^6 bytes, ViT-Huge's per-layer growth would not match any whole set of tensors.
@@ -39,14 +39,14 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from gbmw.bundled import resolve_recipe
-from gbmw.cluster_spec import load_cluster
-from gbmw.jobs import JobSpec
-from gbmw.model_spec import ModelSpec
-from gbmw.models import build_model, load_model
-from gbmw.nothing_fits import NothingFitsError
-from gbmw.planner import Planner
-from gbmw.schema import parse_bytes
+from gbmw.search.nothing_fits import NothingFitsError
+from gbmw.search.planner import Planner
+from gbmw.specs.bundled import resolve_recipe
+from gbmw.specs.cluster_spec import load_cluster
+from gbmw.specs.jobs import JobSpec
+from gbmw.specs.model_spec import ModelSpec
+from gbmw.specs.models import build_model, load_model
+from gbmw.specs.schema import parse_bytes
 
 DATA = Path(__file__).with_name("paper_table3.yaml")
 ROW_VARIANTS = {

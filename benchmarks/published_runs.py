@@ -31,15 +31,15 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-from gbmw.architectures import GPTArchitecture
-from gbmw.baselines import UniformConfig
-from gbmw.bundled import resolve_recipe
-from gbmw.cluster_spec import ClusterSpec, load_cluster
-from gbmw.estimate import estimate_plan
-from gbmw.jobs import JobSpec
-from gbmw.models import build_model
+from gbmw.cost.estimate import estimate_plan
+from gbmw.handwritten.uniform_config import UniformConfig
 from gbmw.plan import Plan
-from gbmw.targets import get_target
+from gbmw.space.targets import get_target
+from gbmw.specs.architectures import GPTArchitecture
+from gbmw.specs.bundled import resolve_recipe
+from gbmw.specs.cluster_spec import ClusterSpec, load_cluster
+from gbmw.specs.jobs import JobSpec
+from gbmw.specs.models import build_model
 
 DATA = Path(__file__).with_name("published_runs.yaml")
 MEAN_TARGET, MAX_TARGET = 0.10, 0.20
@@ -239,7 +239,7 @@ def main() -> int:
     for name, reason in skipped:
         console.print(f"  {name}: {reason}")
     if args.json:
-        from gbmw.files import write_new_file
+        from gbmw.specs.files import write_new_file
 
         write_new_file(args.json, json.dumps([dict(vars(row), error=row.error) for row in costed], indent=1))
     return 0 if mean <= MEAN_TARGET and worst <= MAX_TARGET else 1

@@ -101,7 +101,7 @@ DEEPSPEED_STAGE = {"zero3": 3, "zero2": 2, "dp": 0}
 
 
 def _architecture():
-    from gbmw.architectures import parse_architecture
+    from gbmw.specs.architectures import parse_architecture
 
     return parse_architecture(MODEL, MODEL["name"])
 
@@ -112,8 +112,8 @@ class GbmwSide:
     def __init__(self, strategy: str):
         from gbmw.adapters.runtime.engine import AdamSettings, HybridEngine
         from gbmw.adapters.runtime.groups import GroupPool
-        from gbmw.models import build_model
         from gbmw.plan import plan_from_strategy_names
+        from gbmw.specs.models import build_model
 
         architecture = _architecture()
         spec = build_model(architecture, "fp32")

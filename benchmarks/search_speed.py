@@ -35,9 +35,9 @@ if hasattr(os, "sched_setaffinity"):
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from gbmw.compare import ROWS  # noqa: E402
-from gbmw.planner import NothingFitsError, Planner  # noqa: E402
-from gbmw.jobs import load_job  # noqa: E402
+from gbmw.cli.compare import ROWS  # noqa: E402
+from gbmw.search.planner import NothingFitsError, Planner  # noqa: E402
+from gbmw.specs.jobs import load_job  # noqa: E402
 
 console = Console(highlight=False, width=140)
 
@@ -129,8 +129,8 @@ def exact_search(name: str, limit_s: float) -> tuple[float | None, float | None]
 _EXACT_CHILD = """
 import json, os, sys, time
 os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]}) if hasattr(os, "sched_setaffinity") else None
-from gbmw.jobs import load_job
-from gbmw.planner import NothingFitsError, Planner
+from gbmw.search.planner import NothingFitsError, Planner
+from gbmw.specs.jobs import load_job
 name, budget, sweep = sys.argv[1], sys.argv[2] or None, sys.argv[3] == "1"
 Planner(load_job("bert-huge-32_rtx-titan-x8"), batch=16, exact=True, max_pp=1, explain_failure=False).run()  # numba
 planner = Planner(load_job(name, memory_budget=budget), exact=True, explain_failure=False, **({"sweep": True} if sweep else {}))
@@ -188,7 +188,7 @@ def grid_against_1mib() -> None:
     table = Table(title="3. Default memory grid vs 1 MiB cells on every bundled job (its batch, or a sweep)")
     for column in ("job", "grid MiB", "samples/s (grid)", "samples/s (1 MiB)", "same plan speed", "s (grid)", "s (1 MiB)"):
         table.add_column(column, justify="left" if column == "job" else "right")
-    from gbmw.bundled import RECIPES_DIR
+    from gbmw.specs.bundled import RECIPES_DIR
 
     jobs = [(path.stem, None) for path in sorted((RECIPES_DIR / "jobs").glob("*.yaml"))]
     same = 0

@@ -38,8 +38,18 @@ os.environ.setdefault("NUMBA_NUM_THREADS", "1")
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 
 from uniform_plan_oracle import check_uniform_planner, describe_uniform_plan, random_uniform_case  # noqa: E402
-from whole_plan_oracle import (AGREE, FASTER, INVENTED, MISSED, OUTSIDE, OVER_BUDGET, SLOWER,  # noqa: E402
-                               check_planner, describe_plan, random_case)
+from whole_plan_oracle import (  # noqa: E402
+    AGREE,
+    FASTER,
+    INVENTED,
+    MISSED,
+    OUTSIDE,
+    OVER_BUDGET,
+    SLOWER,
+    check_planner,
+    describe_plan,
+    random_case,
+)
 
 MODES = {"exact": True, "default": False}
 NEVER = (FASTER, OUTSIDE, OVER_BUDGET, INVENTED)

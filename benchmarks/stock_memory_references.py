@@ -34,12 +34,13 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from gbmw.baselines import UniformConfig, load_handtuned
-from gbmw.bundled import resolve_recipe
-from gbmw.estimate import plan_stage_estimates
-from gbmw.jobs import JobSpec
-from gbmw.cluster_spec import load_cluster
-from gbmw.models import load_model
+from gbmw.cost.estimate import plan_stage_estimates
+from gbmw.handwritten.handtuned_config import load_handtuned
+from gbmw.handwritten.uniform_config import UniformConfig
+from gbmw.specs.bundled import resolve_recipe
+from gbmw.specs.cluster_spec import load_cluster
+from gbmw.specs.jobs import JobSpec
+from gbmw.specs.models import load_model
 
 ROOT = Path(__file__).resolve().parent.parent
 CLUSTER = "a100-80g-x32"

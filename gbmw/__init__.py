@@ -1,5 +1,16 @@
 """gbmw: Galvatron-BMW automatic hybrid parallelism for Transformer training.
 
+The parts, bottom to top (each imports only those below it):
+
+    specs/        model, cluster and job specs; HF import; safe file reading and schemas
+    space/        Strategy and decision trees; search spaces; targets and their partition rules
+    plan.py       the Plan contract (and ranks.py, its rank math; errors.py, the errors a user can cause)
+    cost/         the estimator: layer, communication, memory, stage and pipeline cost
+    search/       the outer loop, stage DP, exact search, bounds, partitions
+    handwritten/  uniform and published hand-tuned configurations as plans
+    cli/          the `gbmw` command, tables and figures, compare
+    adapters/     (gbmw.adapters) DeepSpeed, Megatron, the hybrid runtime, profiling; need torch
+
 The planner API (no torch needed):
 
     import gbmw
@@ -12,16 +23,16 @@ The planner API (no torch needed):
     plan.save("plan.yaml"); gbmw.Plan.load("plan.yaml")
 """
 
-from gbmw.baselines import UniformConfig
-from gbmw.cluster_spec import ClusterSpec, load_cluster
-from gbmw.estimate import estimate_plan as estimate
+from gbmw.cost.estimate import estimate_plan as estimate
 from gbmw.errors import GbmwError, PlanError, SpecError
-from gbmw.jobs import JobSpec, load_job
-from gbmw.model_spec import LayerSpec, ModelSpec
+from gbmw.handwritten.uniform_config import UniformConfig
 from gbmw.plan import Estimate, Plan, plan_from_strategy_names
-from gbmw.nothing_fits import NothingFitsError
-from gbmw.planner import Planner, plan_job
-from gbmw.space import Strategy, enumerate_strategies
+from gbmw.search.nothing_fits import NothingFitsError
+from gbmw.search.planner import Planner, plan_job
+from gbmw.space.strategy import Strategy, enumerate_strategies
+from gbmw.specs.cluster_spec import ClusterSpec, load_cluster
+from gbmw.specs.jobs import JobSpec, load_job
+from gbmw.specs.model_spec import LayerSpec, ModelSpec
 from gbmw.version import __version__
 
 

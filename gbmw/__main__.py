@@ -2,6 +2,6 @@
 
 import sys
 
-from gbmw.cli import main
+from gbmw.cli.main import main
 
 sys.exit(main())

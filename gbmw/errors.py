@@ -33,5 +33,5 @@ class DistributedError(GbmwError):
 
 
 def error_line(error: BaseException) -> str:
-    """The one line a user sees for a GbmwError (gbmw.cli prints it on stderr)."""
+    """The one line a user sees for a GbmwError (gbmw.cli.main prints it on stderr)."""
     return f"gbmw: error: {error}"

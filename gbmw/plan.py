@@ -17,14 +17,15 @@ from typing import Any
 import yaml
 
 from gbmw.errors import GbmwError, PlanError
-from gbmw.files import load_yaml_text, read_text, shown, write_new_file
-from gbmw.schema import MAX_DEVICES, MAX_GLOBAL_BATCH, MAX_LAYERS, check_kind
-from gbmw.model_spec import PRECISIONS, ModelSpec
-from gbmw.pipeline_schedules import SCHEDULES
-from gbmw.space import Strategy
-from gbmw.targets import TARGETS
+from gbmw.space.strategy import Strategy
+from gbmw.space.targets import TARGETS
+from gbmw.specs.files import load_yaml_text, read_text, shown, write_new_file
+from gbmw.specs.model_spec import PRECISIONS, ModelSpec
+from gbmw.specs.schema import MAX_DEVICES, MAX_GLOBAL_BATCH, MAX_LAYERS, check_kind
 
 PLAN_FORMAT_VERSION = 1
+SCHEDULES = ("1f1b", "gpipe")
+"""The pipeline schedules a plan may name; gbmw.cost.pipeline_schedules prices them."""
 
 
 @dataclass(frozen=True)
@@ -67,12 +68,12 @@ class Plan:
     strategies: tuple[Strategy, ...]
     """One per layer of the model."""
     target: str = "runtime"
-    """What will run it (gbmw.targets): runtime, deepspeed, megatron-deepspeed or megatron-core."""
+    """What will run it (gbmw.space.targets): runtime, deepspeed, megatron-deepspeed or megatron-core."""
     schedule: str = "1f1b"
     """Pipeline schedule: `1f1b` (1F1B-flush, the runtime's) or `gpipe` (baselines only)."""
     virtual_stages: int = 1
     """Model chunks per pipeline device: > 1 is interleaved 1F1B (Megatron's virtual pipeline stages), each
-    stage's Transformer blocks cut into that many equal chunks (gbmw.pipeline_schedules)."""
+    stage's Transformer blocks cut into that many equal chunks (gbmw.cost.pipeline_schedules)."""
     estimate: Estimate | None = None
     provenance: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
     """gbmw version, search settings and seconds, or how a hand-written plan was made."""

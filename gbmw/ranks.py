@@ -4,7 +4,7 @@ slice of a micro-batch each rank holds (paper Sec. 6, "communication group pool"
 Global ranks are laid out with the pipeline outermost (Takeaway #1: PP across the slowest links): stage s
 owns ranks [s·G, (s+1)·G) with G = N / pp. Inside a stage, a layer's strategy numbers the G local ranks in
 mixed radix over its dims, innermost first (`tp2-dp4`: local rank = tp_index + 2·dp_index), so the ranks of
-one group along an axis are `Strategy.stride(axis)` apart. The cost model (gbmw.comm, the transition cost R)
+one group along an axis are `Strategy.stride(axis)` apart. The cost model (gbmw.cost.comm, the transition cost R)
 and the runtime (its process-group pool, Slice-Gather, tied weights) both read their layouts from here.
 """
 
@@ -15,7 +15,7 @@ from functools import lru_cache
 
 from gbmw.errors import PlanError
 from gbmw.plan import Plan
-from gbmw.space import DATA_PARALLEL_AXES, Strategy
+from gbmw.space.strategy import DATA_PARALLEL_AXES, Strategy
 
 
 def axis_digits(local_rank: int, strategy: Strategy) -> dict[str, int]:

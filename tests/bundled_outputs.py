@@ -20,7 +20,7 @@ import json
 import sys
 from pathlib import Path
 
-from gbmw.cli import main as gbmw_main
+from gbmw.cli.main import main as gbmw_main
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = Path(__file__).resolve().parent / "golden" / "bundled"

@@ -14,12 +14,9 @@ import sys
 
 import pytest
 
-from gbmw.cluster_spec import ClusterSpec
-
-from gbmw.jobs import JobSpec
-
-from gbmw.model_spec import LayerSpec, LayerTimings, ModelSpec
-
+from gbmw.specs.cluster_spec import ClusterSpec
+from gbmw.specs.jobs import JobSpec
+from gbmw.specs.model_spec import LayerSpec, LayerTimings, ModelSpec
 
 RUNTIME_LIBRARIES = ("torch", "deepspeed", "megatron")
 NON_UNIT_TIERS = ("torch", "dist", "gpu")

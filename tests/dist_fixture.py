@@ -38,7 +38,7 @@ def _worker(rank: int, world_size: int, port: int, function, args, results) -> N
     finally:
         if dist.is_initialized():
             finish_distributed(completed)
-        # Leave without the interpreter's shutdown, as `gbmw` does under a launcher (gbmw.cli.main): gloo's threads
+        # Leave without the interpreter's shutdown, as `gbmw` does under a launcher (gbmw.cli.main.main): gloo's threads
         # can abort it now and then ("terminate called without an active exception", status -6, seen on CI after a
         # finished two-rank run). The queue's feeder thread hands over what was put first.
         results.close()

@@ -12,12 +12,11 @@ from pathlib import Path
 
 import torch
 
-from gbmw.models import load_architecture
-from gbmw.plan import plan_from_strategy_names
-from gbmw.models import build_model
 from gbmw.adapters.runtime.model import build_layer, initial_value, layer_names, synthetic_batch
 from gbmw.adapters.runtime.tensor_parallel import TensorParallel
 from gbmw.adapters.runtime.tied_weights import HEAD_WEIGHT, ties_embeddings
+from gbmw.plan import plan_from_strategy_names
+from gbmw.specs.models import build_model, load_architecture
 
 RECIPES = Path(__file__).resolve().parent.parent / "recipes" / "models"
 LEARNING_RATE = 1e-3

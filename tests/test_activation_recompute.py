@@ -3,13 +3,13 @@ Activation Recomputation in Large Transformer Models" (2022), Sec. 4–5 and Tab
 
 import numpy as np
 import pytest
-
 from conftest import make_cluster
-from gbmw.comm import CommModel
-from gbmw.layer_cost import CostSettings, layer_costs
-from gbmw.model_spec import ModelSpec
-from gbmw.space import Strategy
-from gbmw.transformer_layers import BlockShape, block_layer
+
+from gbmw.cost.comm import CommModel
+from gbmw.cost.layer_cost import CostSettings, layer_costs
+from gbmw.space.strategy import Strategy
+from gbmw.specs.model_spec import ModelSpec
+from gbmw.specs.transformer_layers import BlockShape, block_layer
 
 # GPT-3-like blocks (their Table 3's models): sequence 2048, and the 22B/175B/530B/1T widths and heads.
 GPT3_BLOCKS = [(2048, 6144, 64), (2048, 12288, 96), (2048, 20480, 128), (2048, 25600, 160)]
@@ -115,11 +115,11 @@ def test_strategy_names_round_trip_and_refuse_bad_combinations():
 
 
 def test_search_offers_what_each_target_runs():
-    """gbmw's runtime is offered +sp in Transformer blocks only and no +sel (it runs +sel plans; gbmw.targets says why
+    """gbmw's runtime is offered +sp in Transformer blocks only and no +sel (it runs +sel plans; gbmw.space.targets says why
     its search leaves +sel out); megatron-core both; Megatron-DeepSpeed no +sel on a model
     with flash attention (its flash path recomputes nothing), so no plan it is given can be refused for that."""
-    from gbmw.jobs import load_job
-    from gbmw.planner import Planner
+    from gbmw.search.planner import Planner
+    from gbmw.specs.jobs import load_job
 
     job = load_job("gpt-tiny_cpu-x4")  # flash attention, 4 devices
 

@@ -13,9 +13,10 @@ import yaml
 
 torch = pytest.importorskip("torch")
 
-from gbmw.cli import main  # noqa: E402
 from runtime_reference import make_plan  # noqa: E402
 from test_bad_inputs import assert_one_line  # noqa: E402
+
+from gbmw.cli.main import main  # noqa: E402
 
 pytestmark = pytest.mark.torch
 

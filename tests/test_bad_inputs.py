@@ -4,7 +4,7 @@ command and input kind (job, model, cluster, plan, HF config.json, ds_config, ha
 property tests that generate malformed YAML/JSON and random field values.
 
 Each case is (id, argv, expected part of the message, files): `files` are written into a fresh folder `{d}` first;
-the command runs in-process through `gbmw.cli.main`. The checkpoint cases (torch) are in test_bad_checkpoints.py.
+the command runs in-process through `gbmw.cli.main.main`. The checkpoint cases (torch) are in test_bad_checkpoints.py.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gbmw.cli import main
+from gbmw.cli.main import main
 
 JOB = "model: gpt-tiny\ncluster: cpu-x4\nprecision: fp32\nglobal_batch: 16\nmemory_budget: 2.4MiB\n"
 MODEL = ("name: m\nfamily: gpt\nnum_layers: 4\nhidden_size: 64\nnum_heads: 4\nseq_length: 32\nvocab_size: 128\n"
@@ -62,8 +62,8 @@ def cluster_job(cluster_text: str) -> dict:
 
 
 def good_plan() -> dict:
-    from gbmw.baselines import UniformConfig
-    from gbmw.jobs import load_job
+    from gbmw.handwritten.uniform_config import UniformConfig
+    from gbmw.specs.jobs import load_job
 
     return UniformConfig.parse("micro=1").to_plan(load_job("gpt-tiny_cpu-x4")).to_dict()
 
@@ -527,7 +527,7 @@ def test_random_bad_values_of_number_flags(flag, value, tmp_path_factory, capsys
 @PROPERTY
 @given(value=st.text(max_size=12) | st.integers(max_value=0).map(str) | st.sampled_from(["-1GiB", "0B", "nan", "9EiB"]))
 def test_random_bad_memory_flags(value, tmp_path_factory, capsys):
-    from gbmw.schema import parse_bytes
+    from gbmw.specs.schema import parse_bytes
 
     try:
         parse_bytes(value, "x")

@@ -6,7 +6,6 @@ tests/bundled_outputs.py). A change meant to change plans re-records them (`pyth
 import json
 
 import pytest
-
 from bundled_outputs import GOLDEN, bundled_jobs, differences, dumps, job_outputs
 
 EXACT_IN_CI = {"bert-huge-48_rtx-titan-x8", "gpt-tiny_cpu-x4", "gpt3-65b_h100-80g-x64", "llama-7b_a100-80g-x8",

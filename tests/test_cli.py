@@ -8,11 +8,11 @@ import sys
 
 import pytest
 
-from gbmw.cli import main
+from gbmw.cli.main import main
 
 
 def run(*args):
-    result = subprocess.run([sys.executable, "-m", "gbmw.cli", *args], capture_output=True, text=True, timeout=120)
+    result = subprocess.run([sys.executable, "-m", "gbmw.cli.main", *args], capture_output=True, text=True, timeout=120)
     return result.returncode, result.stdout, result.stderr
 
 
@@ -130,7 +130,7 @@ def test_plan_errors_are_one_line(args, message):
 
 @pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
 def test_written_files_get_the_users_usual_permissions(tmp_path, umask, mode):
-    """An output is written to a private temporary file and linked into place (gbmw.files); it must end with the
+    """An output is written to a private temporary file and linked into place (gbmw.specs.files); it must end with the
     mode a plain open() gives under the user's umask, not mkstemp's 0600, which hides it from the job's group."""
     previous = os.umask(umask)
     try:

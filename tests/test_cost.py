@@ -3,18 +3,19 @@
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
-
 from conftest import make_cluster, make_job, make_layer, make_model, with_timings
-from gbmw.comm import CommModel
-from gbmw.estimate import estimate_plan, plan_stage_estimates
-from gbmw.layer_cost import CostSettings, layer_costs
-from gbmw.model_states import state_bytes
-from gbmw.ranks import transition_fraction
-from gbmw.pipeline_schedules import pipeline_time_s
-from gbmw.stage_cost import StageCosts, stage_estimate, strategy_tables
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gbmw.cost.comm import CommModel
+from gbmw.cost.estimate import estimate_plan, plan_stage_estimates
+from gbmw.cost.layer_cost import CostSettings, layer_costs
+from gbmw.cost.model_states import state_bytes
+from gbmw.cost.pipeline_schedules import pipeline_time_s
+from gbmw.cost.stage_cost import StageCosts, stage_estimate, strategy_tables
 from gbmw.plan import plan_from_strategy_names
-from gbmw.space import Strategy, enumerate_strategies
+from gbmw.ranks import transition_fraction
+from gbmw.space.strategy import Strategy, enumerate_strategies
 
 
 def costs(name, micro_batch=8, precision="fp32", layer=None, cluster=None, framework="gbmw-runtime"):
@@ -247,11 +248,11 @@ def test_random_plans_cost_at_least_their_compute_and_model_states(layers, pp, m
 def test_profiled_overheads_and_optimizer_step_add_exactly():
     """A measured per-call overhead adds to every layer call (backward = 2 × forward when unmeasured), and a
     measured optimizer step adds once per iteration for the stage's parameters (the tied copy counted once)."""
-    from gbmw.estimate import estimate_plan
-    from gbmw.layer_cost import tp_local_parameters
-    from gbmw.jobs import load_job
-    from gbmw.model_spec import ModelTimings
+    from gbmw.cost.estimate import estimate_plan
+    from gbmw.cost.layer_cost import tp_local_parameters
     from gbmw.plan import plan_from_strategy_names
+    from gbmw.specs.jobs import load_job
+    from gbmw.specs.model_spec import ModelTimings
 
     job = load_job("gpt-tiny_cpu-x4")
     # TP only: its all-reduces block (no overlap with compute), so added compute adds exactly.
@@ -279,9 +280,9 @@ def test_profiled_call_timings_add_what_compute_and_collectives_leave_out(strate
     """A layer profiled at batch b under TP 2 / FSDP2 over 2 / checkpointing is charged, per call, exactly
     what that timing shows beyond the compute and modelled collectives of the same call (and nothing when
     the timing is fully explained)."""
-    from gbmw.comm import CommModel
-    from gbmw.layer_cost import CostSettings, collective_time_s, layer_costs
-    from gbmw.jobs import load_job
+    from gbmw.cost.comm import CommModel
+    from gbmw.cost.layer_cost import CostSettings, collective_time_s, layer_costs
+    from gbmw.specs.jobs import load_job
 
     job = load_job("gpt-tiny_cpu-x4")
     settings, comm = CostSettings(job.cluster, job.precision, job.optimizer), CommModel(job.cluster)
@@ -314,9 +315,9 @@ def test_profiled_call_timings_add_what_compute_and_collectives_leave_out(strate
 def test_a_checkpointed_tp_layer_repeats_its_forward_framework_cost():
     """tp2+ckpt recomputes the forward, so it pays the profiled TP forward's unexplained cost twice; tp2 and
     dp2+ckpt are unaffected by tp2_forward_time_s."""
-    from gbmw.comm import CommModel
-    from gbmw.layer_cost import CostSettings, collective_time_s, layer_costs
-    from gbmw.jobs import load_job
+    from gbmw.cost.comm import CommModel
+    from gbmw.cost.layer_cost import CostSettings, collective_time_s, layer_costs
+    from gbmw.specs.jobs import load_job
 
     job = load_job("gpt-tiny_cpu-x4")
     settings, comm = CostSettings(job.cluster, job.precision, job.optimizer), CommModel(job.cluster)

@@ -20,10 +20,10 @@ from golden import check_golden
 
 import gbmw
 from gbmw.adapters import deepspeed as ds
-from gbmw.baselines import UniformConfig
 from gbmw.errors import GbmwError, PlanError
+from gbmw.handwritten.uniform_config import UniformConfig
 from gbmw.plan import Plan, plan_from_strategy_names
-from gbmw.planner import Planner
+from gbmw.search.planner import Planner
 
 GOLDEN = Path(__file__).parent / "golden" / "deepspeed"
 

@@ -26,9 +26,9 @@ import os
 from pathlib import Path
 
 import pytest
-
 from dist_fixture import run_distributed
-from gbmw.cli import main
+
+from gbmw.cli.main import main
 
 pytestmark = pytest.mark.dist
 
@@ -76,7 +76,7 @@ def _small_cluster(folder: Path, devices: int) -> Path:
     """The a100-80g-x8 recipe on 1 or 2 devices: every plan fits 1 or 2 processes."""
     import yaml
 
-    from gbmw.bundled import RECIPES_DIR
+    from gbmw.specs.bundled import RECIPES_DIR
 
     cluster = yaml.safe_load((RECIPES_DIR / "clusters" / "a100-80g-x8.yaml").read_text())
     cluster.update(name=f"a100-80g-x{devices}", devices_per_node=devices)
@@ -187,7 +187,7 @@ def _pipeline_zero0(folder: Path) -> dict:
     engine with bf16, where DeepSpeed also accumulates in the model's dtype only."""
     from gbmw import uniform_plan
     from gbmw.adapters import deepspeed as ds
-    from gbmw.jobs import load_job
+    from gbmw.specs.jobs import load_job
 
     job_path = folder / "pipeline-job.yaml"
     job_path.write_text(f"model: gpt-tiny\ncluster: {_small_cluster(folder, 2)}\nprecision: bf16\n")

@@ -14,7 +14,6 @@ A plan and its twin with selective recomputation (+sel) change the estimated pea
 one (`test_selective_recomputation_frees_what_the_estimator_says`)."""
 
 import pytest
-
 from dist_fixture import run_distributed
 
 pytestmark = [pytest.mark.torch, pytest.mark.dist]
@@ -38,12 +37,13 @@ PLANS = [  # (job, processes, per-layer strategies (embedding, 4 blocks, head), 
 
 
 def _peaks(rank, world_size, job_name, strategies, partition, micro_batches):
+    import torch.distributed as dist
+
     from gbmw.adapters.profile.fake_memory import step_peak, track_rank
     from gbmw.adapters.runtime.engine import AdamSettings
     from gbmw.adapters.runtime.groups import GroupPool
-    from gbmw.jobs import load_job
     from gbmw.plan import plan_from_strategy_names
-    import torch.distributed as dist
+    from gbmw.specs.jobs import load_job
 
     job = load_job(job_name)
     plan = plan_from_strategy_names(job.model, world_size, strategies, partition, 8 * micro_batches, micro_batches)
@@ -73,7 +73,7 @@ def late_collective_bytes(job, plan, layer: int, strategy) -> int:
     Seen under load on the gpt-tiny +sp plan (W = 65,536 B, bound 98,304 B): excesses in 7 of 27 runs, of 63,488
     (W − 2,048: one whole buffer alive at a moment 2,048 B below the fake peak; 4 times), 30,720 (W/2 − 2,048) and
     21,496 B, and 14,328 B in an earlier session."""
-    from gbmw.layer_cost import tp_local_parameters
+    from gbmw.cost.layer_cost import tp_local_parameters
 
     late = 0
     if any(strategy.degree(axis) > 1 for axis in ("sdp", "z1dp", "z2dp")):
@@ -109,8 +109,8 @@ SELECTIVE_TWINS = [
 def _job_as(job_name, precision, dropout):
     """The job's model with dropout on or off, trained in `precision` (the CPU cluster's fp32 rates stand in for
     bf16's: only memory is compared)."""
-    from gbmw.jobs import load_job
-    from gbmw.models import build_model
+    from gbmw.specs.jobs import load_job
+    from gbmw.specs.models import build_model
 
     job = load_job(job_name)
     device = job.cluster.device
@@ -129,7 +129,7 @@ def test_selective_recomputation_frees_what_the_estimator_says(job_name, process
     """What +sel changes in each stage's peak, traced (fake tensors, the runtime's real step) and estimated, agree to
     the byte: the fp32 log-sum-exp of each row of every block's core, per micro-batch in flight (the runtime's
     attention keeps no s×s scores; gbmw.adapters.runtime.attention_core_recompute), and nothing for the core rebuilt
-    in backward (gbmw.activation_recompute.selective_rebuilt_bytes). The whole peaks of these tiny models differ
+    in backward (gbmw.cost.activation_recompute.selective_rebuilt_bytes). The whole peaks of these tiny models differ
     from the estimate by fixed amounts the estimator does not price (the CPU kernels' temporaries, gloo's buffers),
     the same in both twins, so the change is what is compared. Catches: +sel ignored by the runtime (traced change 0
     against 2–8 KiB), the estimator pricing +sel as standard attention's 5·a·s² (its change 40× the log-sum-exp's),
@@ -138,7 +138,7 @@ def test_selective_recomputation_frees_what_the_estimator_says(job_name, process
     (a GPU's flash kernel works in tiles) make the core's backward the block's peak, and the rebuilt log-sum-exp
     counts there."""
     from gbmw.adapters.profile.fake_memory import track_rank, with_traced_micro_batches
-    from gbmw.estimate import estimate_plan
+    from gbmw.cost.estimate import estimate_plan
     from gbmw.plan import plan_from_strategy_names
 
     job = _job_as(job_name, precision, dropout)

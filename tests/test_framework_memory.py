@@ -1,4 +1,4 @@
-"""What gbmw's runtime allocates beyond model states and activations (gbmw.framework_memory), priced exactly: the
+"""What gbmw's runtime allocates beyond model states and activations (gbmw.cost.framework_memory), priced exactly: the
 16-bit weight copy each micro-batch keeps under autocast, a checkpointed layer's copy during recomputation, the fp32
 residual stream, the received input a later stage keeps, ZeRO-1/2's own shard, the optimizer step's √v reserve,
 and a tied weight held twice by sharded layers."""
@@ -8,10 +8,10 @@ from __future__ import annotations
 import pytest
 from conftest import make_cluster, make_layer, make_model
 
-from gbmw.comm import CommModel
-from gbmw.layer_cost import CostSettings, layer_costs
-from gbmw.space import Strategy
-from gbmw.stage_cost import StageCosts, stage_estimate, strategy_tables
+from gbmw.cost.comm import CommModel
+from gbmw.cost.layer_cost import CostSettings, layer_costs
+from gbmw.cost.stage_cost import StageCosts, stage_estimate, strategy_tables
+from gbmw.space.strategy import Strategy
 
 pytestmark = pytest.mark.unit
 
@@ -60,7 +60,7 @@ def test_the_runtime_backward_holds_the_gradients_in_and_out_and_the_layer_works
 
 
 def test_block_workspace_is_the_mlp_up_projection_and_the_largest_matrix():
-    from gbmw.transformer_layers import BlockShape, block_layer
+    from gbmw.specs.transformer_layers import BlockShape, block_layer
 
     shape = BlockShape(tokens=16, hidden=8, heads=2, head_dim=4, kv_heads=2, ffn=32, attended_tokens=16)
     layer = block_layer("b", "decoder", shape, 2, dropout=False, flash=True)
@@ -111,5 +111,5 @@ def test_sharded_layers_hold_a_tied_weight_twice_and_every_stage_keeps_the_step_
     # Adam's √v (4 bytes) for every parameter the stage steps — the tied weight once — up to the runtime's chunk
     assert replicated.peak_memory_bytes == pytest.approx(replicated.forward_backward_peak_bytes + 4 * (3000 - 800))
     assert sharded.peak_memory_bytes == pytest.approx(sharded.forward_backward_peak_bytes + 4 * 3000 / 8)
-    from gbmw.framework_memory import step_reserve_bytes
+    from gbmw.cost.framework_memory import step_reserve_bytes
     assert step_reserve_bytes(4, 10**9) == 4 * 2**24

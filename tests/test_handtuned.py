@@ -3,11 +3,11 @@ and is at least as fast as each one that fits."""
 
 import pytest
 
-from gbmw.baselines import load_handtuned
-from gbmw.compare import compare_handtuned
+from gbmw.cli.compare import compare_handtuned
 from gbmw.errors import SpecError
-from gbmw.bundled import RECIPES_DIR
-from gbmw.jobs import load_job
+from gbmw.handwritten.handtuned_config import load_handtuned
+from gbmw.specs.bundled import RECIPES_DIR
+from gbmw.specs.jobs import load_job
 
 CONFIGS = sorted(path.stem for path in (RECIPES_DIR / "handtuned").glob("*.yaml"))
 

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from gbmw.errors import GbmwError, SpecError
-from gbmw.hf_import import import_hf_config
-from gbmw.jobs import load_job
-from gbmw.models import load_model
+from gbmw.specs.hf_import import import_hf_config
+from gbmw.specs.jobs import load_job
+from gbmw.specs.models import load_model
 
 CONFIGS = Path(__file__).parent / "hf_configs"
 
@@ -107,7 +107,7 @@ def test_sliding_window_changes_flops_only_with_flash_attention_beyond_the_windo
     def square_flops(seq: int) -> float:  # the same model with no window: the full score matrix
         notes: list[str] = []
         arch = import_hf_config(path, seq, True, notes).model_copy(update={"sliding_window": None})
-        from gbmw.models import build_model
+        from gbmw.specs.models import build_model
         return build_model(arch, "bf16").layers[1].forward_flops_per_sample
 
     assert block_flops(4096, True) == square_flops(4096)  # within the window: nothing skipped
@@ -152,7 +152,7 @@ def test_sequence_length_on_an_image_model_is_refused(tmp_path):
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gbmw.cli", *args], capture_output=True, text=True, timeout=300)
+    return subprocess.run([sys.executable, "-m", "gbmw.cli.main", *args], capture_output=True, text=True, timeout=300)
 
 
 def test_cli_seq_length_and_flash_attention(tmp_path):
@@ -217,7 +217,7 @@ def test_megatron_arguments_say_what_the_hf_config_says(tmp_path, target):
 
 @pytest.mark.torch
 def test_profile_model_at_the_sequence_length_asked(tmp_path):
-    from gbmw.cli import main
+    from gbmw.cli.main import main
 
     output = tmp_path / "profile.yaml"
     assert main(["profile", "model", "gpt-tiny", "--seq-length", "16", "--repeats", "1", "--min-seconds", "0",

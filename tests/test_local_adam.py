@@ -1,5 +1,5 @@
 """The runtime's Adam (gbmw.adapters.runtime.local_adam) steps in chunks, slicing tensors larger than a chunk, so
-its √v temporaries stay within the reserve the estimator keeps (gbmw.framework_memory) — with the same result,
+its √v temporaries stay within the reserve the estimator keeps (gbmw.cost.framework_memory) — with the same result,
 bit for bit, as torch.optim.Adam over whole tensors (the update is element-wise; each slice advances a copy of
 the step count, the parameter's own count once)."""
 

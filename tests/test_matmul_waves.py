@@ -1,15 +1,15 @@
-"""Tile and wave quantization of matmuls (gbmw.matmul_waves), by hand, and as layer_cost charges it."""
+"""Tile and wave quantization of matmuls (gbmw.cost.matmul_waves), by hand, and as layer_cost charges it."""
 
 import numpy as np
 import pytest
 from conftest import make_cluster, make_layer, make_model
 
-from gbmw.comm import CommModel
-from gbmw.cluster_spec import ClusterSpec
-from gbmw.layer_cost import CostSettings, layer_costs
-from gbmw.matmul_waves import linear_wave_loss_s, matmul_time_s, wave_efficiency
-from gbmw.model_spec import Matmul
-from gbmw.space import Strategy
+from gbmw.cost.comm import CommModel
+from gbmw.cost.layer_cost import CostSettings, layer_costs
+from gbmw.cost.matmul_waves import linear_wave_loss_s, matmul_time_s, wave_efficiency
+from gbmw.space.strategy import Strategy
+from gbmw.specs.cluster_spec import ClusterSpec
+from gbmw.specs.model_spec import Matmul
 
 pytestmark = pytest.mark.unit
 

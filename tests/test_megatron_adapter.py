@@ -1,5 +1,5 @@
 """Megatron adapter: golden argument lists, plan → args → plan round trips, megatron-core's own
-validation of the configs, refusals with the target's reasons (gbmw.targets), the micro-batch arithmetic.
+validation of the configs, refusals with the target's reasons (gbmw.space.targets), the micro-batch arithmetic.
 
 Regenerate the golden files after an intended change with
     GBMW_UPDATE_GOLDEN=1 python -m pytest tests/test_megatron_adapter.py
@@ -17,20 +17,13 @@ import pytest
 from golden import check_golden
 
 import gbmw
-from gbmw.adapters.megatron import (
-    TARGETS,
-    launch_line,
-    megatron_blocks_per_stage,
-    megatron_args_to_plan,
-    plan_target,
-    plan_to_megatron_args,
-    plan_to_megatron_core_configs,
-)
+from gbmw.adapters.megatron import (TARGETS, launch_line, megatron_args_to_plan, megatron_blocks_per_stage, plan_target,
+                                    plan_to_megatron_args, plan_to_megatron_core_configs)
 from gbmw.errors import GbmwError, PlanError
 from gbmw.plan import Plan, plan_from_strategy_names
-from gbmw.stock_partitions import megatron_partition
-from gbmw.targets import get_target
-from gbmw.space import Strategy
+from gbmw.space.stock_partitions import megatron_partition
+from gbmw.space.strategy import Strategy
+from gbmw.space.targets import get_target
 
 GOLDEN_DIR = Path(__file__).parent / "golden" / "megatron"
 UNEVEN_39B = "uneven:tp8-z1dp2:24,26:1536:768"
@@ -207,7 +200,7 @@ def test_sequence_parallel_and_selective_flags_and_their_refusals():
 def test_planner_chooses_interleaving_for_megatron_core_and_its_plan_round_trips():
     """On llama-7b over 8 A100s the megatron-core search interleaves (64 micro-batches on 4 stages: the bubble
     matters); the search's iteration time is estimate_plan's for that plan, and the arguments read back to it."""
-    from gbmw.estimate import estimate_plan
+    from gbmw.cost.estimate import estimate_plan
 
     job = job_named("llama-7b_a100-80g-x8")
     plan = gbmw.Planner(job, target="megatron-core").run()
@@ -350,9 +343,9 @@ def test_megatron_core_configs_construct(name):
                          [(48, 4, 10, 12), (48, 2, 23, 25), (80, 8, 3, None), (80, 8, None, 17), (48, 4, None, None)])
 def test_blocks_per_stage_equals_megatron_core(num_blocks, pp, first, last):
     pytest.importorskip("megatron.core")
+    import torch
     from megatron.core.transformer import TransformerConfig
     from megatron.core.transformer.transformer_block import get_num_layers_to_build
-    import torch
 
     config = TransformerConfig(num_layers=num_blocks, hidden_size=64, num_attention_heads=8,
                                pipeline_model_parallel_size=pp, pipeline_dtype=torch.float32,

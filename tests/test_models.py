@@ -6,10 +6,10 @@ import pytest
 import yaml
 
 from gbmw.errors import SpecError
-from gbmw.architectures import parse_architecture
-from gbmw.hf_import import import_hf_config
-from gbmw.models import build_model, load_model
-from gbmw.bundled import RECIPES_DIR
+from gbmw.specs.architectures import parse_architecture
+from gbmw.specs.bundled import RECIPES_DIR
+from gbmw.specs.hf_import import import_hf_config
+from gbmw.specs.models import build_model, load_model
 
 # The paper's Table 2 parameter counts.
 PAPER_PARAMETERS = {

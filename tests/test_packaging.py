@@ -21,7 +21,7 @@ def test_adapters_live_under_the_gbmw_namespace(tmp_path):
 
 
 def test_planner_does_not_import_torch(tmp_path):
-    code = "import sys, gbmw, gbmw.cli, gbmw.estimate, gbmw.report\nprint('torch' in sys.modules)\n"
+    code = "import sys, gbmw, gbmw.cli.main, gbmw.cost.estimate, gbmw.cli.report\nprint('torch' in sys.modules)\n"
     result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert result.stdout.strip() == "False", result.stderr
 
@@ -34,8 +34,8 @@ def test_an_installed_wheel_plans_its_bundled_jobs(tmp_path):
     (wheel,) = (tmp_path / "wheel").glob("gbmw-*.whl")
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)
-    code = ("import gbmw, gbmw.bundled\n"
-            "print(gbmw.__file__, gbmw.bundled.RECIPES_DIR, sep='\\n')\n"
+    code = ("import gbmw, gbmw.specs.bundled\n"
+            "print(gbmw.__file__, gbmw.specs.bundled.RECIPES_DIR, sep='\\n')\n"
             "print(gbmw.plan_job(gbmw.load_job('gpt-tiny_cpu-x4')).estimate.fits)\n")
     environment = dict(os.environ, PYTHONPATH=str(site))  # before the editable install's path finder
     ran = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=environment, capture_output=True, text=True,

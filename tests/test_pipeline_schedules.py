@@ -1,4 +1,4 @@
-"""Pipeline schedules (gbmw.pipeline_schedules) and the kernel-level parts of a layer's and a stage's cost: the
+"""Pipeline schedules (gbmw.cost.pipeline_schedules) and the kernel-level parts of a layer's and a stage's cost: the
 interleaved stash and bubble against their closed forms in the literature, stage synchronisations that run at the
 same time, memory-bound traffic at the memory bandwidth, flash attention at its own rate, Megatron's scatter-gather
 pipeline send, and the optimizer step's traffic."""
@@ -10,13 +10,13 @@ from dataclasses import dataclass
 import pytest
 from conftest import make_cluster, make_layer, make_model
 
-from gbmw.comm import CommModel
-from gbmw.layer_cost import CostSettings, forward_compute_s
-from gbmw.model_states import state_bytes, step_traffic_bytes
-from gbmw.pipeline_schedules import in_flight_micro_batches, pipeline_time_s
-from gbmw.space import Strategy
-from gbmw.stage_cost import StageCosts, stage_estimate, strategy_tables
-from gbmw.transformer_layers import BlockShape, block_layer
+from gbmw.cost.comm import CommModel
+from gbmw.cost.layer_cost import CostSettings, forward_compute_s
+from gbmw.cost.model_states import state_bytes, step_traffic_bytes
+from gbmw.cost.pipeline_schedules import in_flight_micro_batches, pipeline_time_s
+from gbmw.cost.stage_cost import StageCosts, stage_estimate, strategy_tables
+from gbmw.space.strategy import Strategy
+from gbmw.specs.transformer_layers import BlockShape, block_layer
 
 pytestmark = pytest.mark.unit
 

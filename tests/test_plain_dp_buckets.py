@@ -2,7 +2,6 @@
 makes stays within the optimizer step's reserve; training still equals single-process training."""
 
 import pytest
-
 from dist_fixture import run_distributed
 
 pytestmark = [pytest.mark.torch]

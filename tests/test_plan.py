@@ -1,15 +1,15 @@
 """Plan: validation with arithmetic, exact YAML round trip, atomic never-overwriting saves, uniform configs."""
 
 import pytest
-
 from conftest import make_layer, make_model
-from gbmw.baselines import UniformConfig
-from gbmw.estimate import estimate_plan
+
+from gbmw.cost.estimate import estimate_plan
 from gbmw.errors import GbmwError, PlanError
+from gbmw.handwritten.uniform_config import UniformConfig
 from gbmw.plan import Plan, plan_from_strategy_names
-from gbmw.stock_partitions import megatron_partition
-from gbmw.jobs import load_job
-from gbmw.space import Strategy
+from gbmw.space.stock_partitions import megatron_partition
+from gbmw.space.strategy import Strategy
+from gbmw.specs.jobs import load_job
 
 
 def small_plan(**overrides):
@@ -112,7 +112,7 @@ def test_uniform_config_errors(spec, message):
 
 
 def test_expressibility_per_target():
-    from gbmw.targets import TARGETS
+    from gbmw.space.targets import TARGETS
 
     def expressibility_problems(plan, model, target):
         return TARGETS[target].problems(plan, model)
@@ -136,7 +136,7 @@ def test_expressibility_per_target():
 def test_megatron_targets_refuse_sequence_parallelism_tp_does_not_divide():
     """Megatron's scatter to the sequence-parallel region asserts that TP divides the sequence
     (megatron.core.tensor_parallel.mappings); a plan whose +sp TP does not is refused with what would work."""
-    from gbmw.targets import get_target
+    from gbmw.space.targets import get_target
 
     model = load_job("gpt-tiny_cpu-x4").model
     strategies = [Strategy.parse("tp4+sp")] * model.num_layers

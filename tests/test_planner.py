@@ -5,16 +5,16 @@ import itertools
 
 import numpy as np
 import pytest
-
 from conftest import make_cluster, make_job, make_layer, make_model, with_timings
-from gbmw.balance import memory_balanced_partition
-from gbmw.estimate import estimate_plan
+
+from gbmw.cost.estimate import estimate_plan
 from gbmw.plan import Plan
-from gbmw.planner import NothingFitsError, Planner
-from gbmw.spaces import VARIANTS
-from gbmw.jobs import load_job
-from gbmw.model_spec import ModelTimings
-from gbmw.space import enumerate_strategies
+from gbmw.search.balance import memory_balanced_partition
+from gbmw.search.planner import NothingFitsError, Planner
+from gbmw.space.spaces import VARIANTS
+from gbmw.space.strategy import enumerate_strategies
+from gbmw.specs.jobs import load_job
+from gbmw.specs.model_spec import ModelTimings
 
 
 def tiny_job(budget_bytes, layers=3):
@@ -137,7 +137,7 @@ def test_fixed_batch_and_targets_respect_their_constraints():
             assert not axes & {"z2dp", "sdp"}  # DeepSpeed's pipeline engine refuses ZeRO-2/3
         if target == "megatron-core":
             assert axes <= {"tp", "dp", "z1dp"}
-    # Each target is costed by what it runs (gbmw.model_states, gbmw.framework_memory): the runtime's larger space
+    # Each target is costed by what it runs (gbmw.cost.model_states, gbmw.cost.framework_memory): the runtime's larger space
     # does not make its plan faster than megatron-core's, whose 16-bit weights leave more memory for activations.
     assert Planner(job, explain_failure=False).run().estimate.fits
 
@@ -234,10 +234,10 @@ def test_exact_search_equals_brute_force_with_profiled_call_costs(budget_gib):
     """With profiled per-call costs (TP/SDP/ckpt timings, Slice-Gather, p2p) the search still finds the
     estimator's optimum, and the transition cost R the search and the estimate read is the Slice-Gather's exchange
     plus the profiled call's unexplained overhead, for every layout pair."""
-    from gbmw.comm import CommModel
-    from gbmw.layer_cost import CostSettings
+    from gbmw.cost.comm import CommModel
+    from gbmw.cost.layer_cost import CostSettings
+    from gbmw.cost.stage_cost import StageCosts, strategy_tables
     from gbmw.ranks import transition_fraction
-    from gbmw.stage_cost import StageCosts, strategy_tables
 
     job = profiled_tiny_job(budget_gib * 2**30)
     expected = brute_force_single_stage(job)
@@ -256,7 +256,7 @@ def test_exact_search_equals_brute_force_with_profiled_call_costs(budget_gib):
 
 
 def test_profiled_transfers_add_to_every_transition_and_pipeline_send():
-    from gbmw.comm import CommModel
+    from gbmw.cost.comm import CommModel
     from gbmw.plan import plan_from_strategy_names
 
     job = profiled_tiny_job(3 * 2**30)

@@ -3,22 +3,13 @@
 import pytest
 from dist_fixture import run_distributed
 
-from gbmw.errors import GbmwError, SpecError
-from gbmw.cluster_spec import load_cluster
-
 from gbmw.adapters.profile.cluster_profiler import profile_cluster  # imports torch only when it measures
 from gbmw.adapters.profile.cluster_yaml import build_cluster_spec, cluster_yaml_text
-from gbmw.adapters.profile.link_fit import (
-    CollectiveTiming,
-    check_collectives,
-    check_link_levels,
-    check_sizes,
-    default_link_levels,
-    fit_link,
-    fit_timings,
-    parse_link_levels,
-)
+from gbmw.adapters.profile.link_fit import (CollectiveTiming, check_collectives, check_link_levels, check_sizes,
+                                            default_link_levels, fit_link, fit_timings, parse_link_levels)
 from gbmw.adapters.profile.overlap import OverlapMeasurement
+from gbmw.errors import GbmwError, SpecError
+from gbmw.specs.cluster_spec import load_cluster
 
 SIZES = (2**12, 2**16, 2**20, 2**24)
 

@@ -6,9 +6,10 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from dist_fixture import run_distributed  # noqa: E402
-from gbmw.cli import main  # noqa: E402
-from gbmw.models import build_model, load_model  # noqa: E402
 from runtime_reference import architecture  # noqa: E402
+
+from gbmw.cli.main import main  # noqa: E402
+from gbmw.specs.models import build_model, load_model  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
@@ -21,7 +22,7 @@ def profiled():
 
 
 def test_measured_activations_equal_analytic(profiled):
-    """Every byte autograd keeps for the runtime's layers is what gbmw.models charges (flash attention, fp32)."""
+    """Every byte autograd keeps for the runtime's layers is what gbmw.specs.models charges (flash attention, fp32)."""
     analytic = build_model(architecture("gpt-tiny"), "fp32")
     for expected, measured in zip(analytic.layers, profiled.layers):
         assert measured.boundary_activation_bytes_per_sample == expected.boundary_activation_bytes_per_sample
@@ -57,8 +58,8 @@ def test_tp_split_measured_on_two_processes():
 
 def test_profile_yaml_loads_into_the_planner(tmp_path, profiled):
     from gbmw.adapters.profile.model_profiler import model_spec_yaml
-    from gbmw.planner import plan_job
-    from gbmw.jobs import load_job
+    from gbmw.search.planner import plan_job
+    from gbmw.specs.jobs import load_job
 
     (tmp_path / "gpt-tiny-profile.yaml").write_text(model_spec_yaml(profiled))
     (tmp_path / "job.yaml").write_text("model: gpt-tiny-profile.yaml\ncluster: cpu-x4\nprecision: fp32\n"
@@ -69,7 +70,7 @@ def test_profile_yaml_loads_into_the_planner(tmp_path, profiled):
     plan = plan_job(job, batch=16)
     assert plan.estimate.fits
     analytic_job = load_job("gpt-tiny_cpu-x4")
-    from gbmw.estimate import estimate_plan  # the measured times, not FLOPs, price the same plan
+    from gbmw.cost.estimate import estimate_plan  # the measured times, not FLOPs, price the same plan
 
     assert estimate_plan(job, plan).iteration_time_s != estimate_plan(analytic_job, plan).iteration_time_s
 

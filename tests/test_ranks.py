@@ -4,9 +4,9 @@ import pytest
 
 from gbmw.errors import PlanError
 from gbmw.plan import plan_from_strategy_names
-from gbmw.jobs import load_job
-from gbmw.space import Strategy
 from gbmw.ranks import RankLayout, activation_layout, plan_group_ranks
+from gbmw.space.strategy import Strategy
+from gbmw.specs.jobs import load_job
 
 
 def test_tp_innermost_groups_are_consecutive():

@@ -2,7 +2,6 @@
 (gbmw.adapters.runtime.sharding.ReduceScatterInFlight), and training still equals single-process training."""
 
 import pytest
-
 from dist_fixture import run_distributed
 
 pytestmark = [pytest.mark.torch, pytest.mark.dist]

@@ -3,7 +3,6 @@ backward restores only CUDA's autocast state) and with a pipeline (fp32 residual
 trains what the single-process fp32 reference trains, to bf16's precision."""
 
 import pytest
-
 from dist_fixture import run_distributed
 
 pytestmark = [pytest.mark.torch, pytest.mark.dist]

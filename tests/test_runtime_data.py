@@ -15,8 +15,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from gbmw.cli import main  # noqa: E402
 from runtime_reference import make_plan, reference_training  # noqa: E402
+
+from gbmw.cli.main import main  # noqa: E402
 
 pytestmark = pytest.mark.torch  # one process; the launcher test is marked dist
 

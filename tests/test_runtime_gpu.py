@@ -5,7 +5,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from runtime_reference import architecture, make_plan, reference_training, LEARNING_RATE  # noqa: E402
+from runtime_reference import LEARNING_RATE, architecture, make_plan, reference_training  # noqa: E402
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
@@ -59,7 +59,7 @@ def test_validate_reports_the_device_peak_beside_the_estimate():
 
     from gbmw.adapters.profile.validate import PlanRun, measure_plans, predicted_terms
     from gbmw.adapters.runtime.launch import init_distributed
-    from gbmw.jobs import load_job
+    from gbmw.specs.jobs import load_job
 
     context = init_distributed()
     try:

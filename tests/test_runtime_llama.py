@@ -92,15 +92,15 @@ def _saved_bytes(loss, parameters):
 @pytest.mark.parametrize("model", ["llama-tiny", "gpt-tiny"])
 def test_a_block_keeps_what_the_estimator_charges(model):
     """One fp32 block on one device saves exactly the estimator's boundary + intermediate bytes per sample
-    (gbmw.transformer_layers; for LLaMA: RMSNorm's one fp32 statistic per token, three ffn-wide SwiGLU tensors,
+    (gbmw.specs.transformer_layers; for LLaMA: RMSNorm's one fp32 statistic per token, three ffn-wide SwiGLU tensors,
     Q, K, V at their own widths and flash attention's log-sum-exp; the rotary angle tables are not saved). GPT's
     block, whose accounting the memory benchmarks validate at scale, checks the counting itself."""
     import torch
+    from runtime_reference import architecture
 
     from gbmw.adapters.runtime.model import build_layer, initial_value
     from gbmw.adapters.runtime.tensor_parallel import TensorParallel
-    from gbmw.models import build_model
-    from runtime_reference import architecture
+    from gbmw.specs.models import build_model
 
     arch = architecture(model)
     block = build_layer(arch, "decoder.0", TensorParallel.single())

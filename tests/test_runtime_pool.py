@@ -1,7 +1,6 @@
 """The group pool on real processes (gloo on CPU): every group of a mixed plan exists and reduces correctly."""
 
 import pytest
-
 from dist_fixture import run_distributed
 
 torch = pytest.importorskip("torch")
@@ -16,7 +15,7 @@ def _reduce_over_every_group(rank, world_size, names, partition):
 
     from gbmw.adapters.runtime.groups import GroupPool
     from gbmw.plan import plan_from_strategy_names
-    from gbmw.jobs import load_job
+    from gbmw.specs.jobs import load_job
 
     job = load_job("bert-huge-32_rtx-titan-x8")
     model = job.model.model_copy(update={"layers": job.model.layers[:len(names)]})
@@ -58,7 +57,7 @@ def _wrong_world(rank, world_size):
     from gbmw.adapters.runtime.groups import GroupPool
     from gbmw.errors import PlanError
     from gbmw.plan import plan_from_strategy_names
-    from gbmw.jobs import load_job
+    from gbmw.specs.jobs import load_job
 
     job = load_job("bert-huge-32_rtx-titan-x8")
     model = job.model.model_copy(update={"layers": job.model.layers[:2]})

@@ -2,7 +2,7 @@
 
 import pytest
 
-from gbmw.pipeline_schedules import in_flight_micro_batches
+from gbmw.cost.pipeline_schedules import in_flight_micro_batches
 
 pytestmark = pytest.mark.torch
 

@@ -96,7 +96,8 @@ def _block_gradients(model, recompute_core: bool, seed: int = 0, device: str = "
 def test_one_block_recomputes_its_core_with_the_same_masks(model, monkeypatch):
     """In one process: a +sel block's gradients equal the plain block's bit for bit, and a recomputation that does
     not restore the generator state (what this test exists to catch) changes them."""
-    from gbmw.adapters.runtime import attention_core_recompute, model as runtime_model
+    from gbmw.adapters.runtime import attention_core_recompute
+    from gbmw.adapters.runtime import model as runtime_model
 
     plain = _block_gradients(model, recompute_core=False)
     assert all(torch.equal(a, b) for a, b in zip(_block_gradients(model, recompute_core=True), plain))
@@ -118,7 +119,8 @@ def test_one_block_on_cuda_recomputes_its_core_with_the_same_masks(model, monkey
     checkpoint restores for the recomputation. Their fp32 backward may accumulate with atomics (not bit for bit), so
     gradients are compared at 1e-4 of each tensor's largest element: ~10³ fp32 roundings, while another mask (the
     state not restored, checked below) changes them by O(1)."""
-    from gbmw.adapters.runtime import attention_core_recompute, model as runtime_model
+    from gbmw.adapters.runtime import attention_core_recompute
+    from gbmw.adapters.runtime import model as runtime_model
 
     def close(mine, expected):
         return all(torch.allclose(a, b, rtol=0.0, atol=1e-4 * float(b.abs().max())) for a, b in zip(mine, expected))
@@ -159,7 +161,7 @@ def test_gbmw_train_runs_a_selective_plan_under_torchrun(strategies, tmp_path):
 @pytest.mark.parametrize("model", ["gpt-tiny+dropout", "llama-tiny+dropout"])
 def test_backward_repeats_the_cores_forward_flops_the_estimator_prices(model):
     """A +sel block runs, beyond the plain block's forward and backward, exactly the attention core's forward FLOPs
-    that the estimator's recomputation time prices (gbmw.activation_recompute.selective_recompute_s:
+    that the estimator's recomputation time prices (gbmw.cost.activation_recompute.selective_recompute_s:
     `attention_core_flops_per_sample`, QKᵀ and scores × V, on the flash-costed model the runtime target plans with),
     counted by torch's FlopCounterMode over the matmuls the CPU's recomputing attention runs (with dropout; torch
     does not count its fused CPU kernel). Catches the core recomputed twice or not at all (0 or 2× the FLOPs), or
@@ -168,7 +170,7 @@ def test_backward_repeats_the_cores_forward_flops_the_estimator_prices(model):
 
     from gbmw.adapters.runtime.model import build_layer
     from gbmw.adapters.runtime.tensor_parallel import TensorParallel
-    from gbmw.models import build_model, model_as_run
+    from gbmw.specs.models import build_model, model_as_run
 
     arch, samples = architecture(model), 3
     counted = []

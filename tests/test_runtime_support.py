@@ -1,13 +1,13 @@
 """What gbmw's runtime cannot train is said when planning for it (`gbmw plan`, default `--target runtime`) in one
-line, and `gbmw train` refuses with the same sentence (gbmw.runtime_support)."""
+line, and `gbmw train` refuses with the same sentence (gbmw.space.runtime_support)."""
 
 from pathlib import Path
 
 import pytest
 
-from gbmw.cli import main
-from gbmw.jobs import load_job
-from gbmw.runtime_support import runtime_refusal, runtime_warning
+from gbmw.cli.main import main
+from gbmw.space.runtime_support import runtime_refusal, runtime_warning
+from gbmw.specs.jobs import load_job
 
 JOBS = sorted(path.stem for path in (Path(__file__).resolve().parent.parent / "recipes" / "jobs").glob("*.yaml"))
 
@@ -31,7 +31,7 @@ def test_a_layer_list_has_no_modules_to_build():
 
 
 def test_hf_features_the_runtime_does_not_build_are_refused():
-    from gbmw.architectures import parse_architecture
+    from gbmw.specs.architectures import parse_architecture
 
     base = dict(family="gpt", name="m", num_layers=2, hidden_size=64, num_heads=4, seq_length=32, vocab_size=100,
                 bias=False, norm="rms", gated_mlp=True, position_embedding="rotary")

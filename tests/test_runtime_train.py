@@ -14,8 +14,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from dist_fixture import free_port  # noqa: E402
-from gbmw.cli import main  # noqa: E402
 from runtime_reference import make_plan  # noqa: E402
+
+from gbmw.cli.main import main  # noqa: E402
 
 pytestmark = pytest.mark.torch  # in one process; the launcher tests are marked dist
 
@@ -167,7 +168,7 @@ def test_a_checkpoint_gets_the_users_usual_permissions(one_device_checkpoint):
     mkdir() gives under the user's umask, not mkdtemp's 0700, which hides it from the job's group."""
     import stat
 
-    from gbmw.files import permissions_as_created
+    from gbmw.specs.files import permissions_as_created
 
     folder, _ = one_device_checkpoint
     assert stat.S_IMODE((folder / "checkpoint").stat().st_mode) == permissions_as_created(0o777)

@@ -1,6 +1,6 @@
 """The stage DPs against exhaustive enumeration (up to 6 layers, 4 strategies, with transition costs).
 
-gbmw.pareto is exact: it equals the fastest plan whose E_all fits. gbmw.grid_frontier (the grid, the
+gbmw.search.stage_dp.pareto is exact: it equals the fastest plan whose E_all fits. gbmw.search.stage_dp.grid_frontier (the grid, the
 paper's Eq. (4)) equals exhaustive enumeration of C(L, E_fwd) for every forward budget, and its answer
 after the overall-memory check always fits and is optimal when no layer has a backward extra.
 """
@@ -9,11 +9,12 @@ import itertools
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from gbmw.pareto import Frontier
-from gbmw.grid_frontier import GridFrontier
-from gbmw.layer_options import LayerOptions
+from gbmw.search.stage_dp.grid_frontier import GridFrontier
+from gbmw.search.stage_dp.layer_options import LayerOptions
+from gbmw.search.stage_dp.pareto import Frontier
 
 
 def evaluate(plan, case):

@@ -6,15 +6,16 @@ import random
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
-
 from conftest import make_cluster, make_job, make_layer, make_model
-from gbmw.bounds import cannot_fit, least_state_bytes
-from gbmw.planner import Planner
-from gbmw.step_reserve_search import StepReserveSearch
-from gbmw.stage_cost import stage_estimate
-from gbmw.whole_plan_frontier import MemoryGrid
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from whole_plan_oracle import Choices, Setting, WholePlanOracle, random_tiny_job, with_budget
+
+from gbmw.cost.stage_cost import stage_estimate
+from gbmw.search.bounds.setting_bounds import cannot_fit, least_state_bytes
+from gbmw.search.exact.whole_plan_frontier import MemoryGrid
+from gbmw.search.planner import Planner
+from gbmw.search.stage_dp.step_reserve_search import StepReserveSearch
 
 pytestmark = pytest.mark.unit
 

@@ -11,13 +11,14 @@ comparison on 200 seeded cases and prints a diagnosis per disagreement.
 import itertools
 
 import pytest
-from hypothesis import HealthCheck, Phase, given, settings, strategies as st
-
 from conftest import make_cluster
-from gbmw.spaces import search_space
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
 from whole_plan_oracle import (AGREE, MISSED, ORACLE_SPACES, SLOWER, Choices, WholePlanOracle, check_planner,
                                compositions, describe_plan, draw_budget, exact_peak_budgets, oracle_strategies,
                                random_case, random_tiny_job, with_budget)
+
+from gbmw.space.spaces import search_space
 
 pytestmark = pytest.mark.unit
 
@@ -29,7 +30,7 @@ CASES = dict(deadline=None, derandomize=True, database=None, phases=(Phase.expli
 @pytest.mark.parametrize("variant", sorted(ORACLE_SPACES))
 @pytest.mark.parametrize("devices", [2, 4, 8])
 def test_oracle_enumerates_the_variants_strategies(variant, devices):
-    """The oracle's hand-written per-layer choices are gbmw.spaces' for every group size."""
+    """The oracle's hand-written per-layer choices are gbmw.space.spaces' for every group size."""
     cluster = make_cluster(nodes=1, devices_per_node=devices)
     space = search_space(variant)
     for pp in space.pipeline_degrees(cluster, None):

@@ -14,17 +14,18 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, Phase, given, settings, strategies as st
-
 from conftest import make_cluster, make_job
-from gbmw.architectures import GPTArchitecture
-from gbmw.models import build_model
-from gbmw.spaces import search_space
-from gbmw.targets import get_target
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
 from uniform_plan_oracle import (UNIFORM_SPACES, UniformCase, UniformPlanOracle, check_uniform_planner,
                                  describe_uniform_plan, planner_arguments, random_uniform_case, space_layouts,
                                  space_pipeline_degrees)
 from whole_plan_oracle import AGREE, MISSED, SLOWER, Choices, TinyJob, random_tiny_job
+
+from gbmw.space.spaces import search_space
+from gbmw.space.targets import get_target
+from gbmw.specs.architectures import GPTArchitecture
+from gbmw.specs.models import build_model
 
 pytestmark = pytest.mark.unit
 
@@ -42,7 +43,7 @@ def _tiny_gpt(layers: int = 6, heads: int = 4, attention: str = "standard", hidd
 
 
 def _planner_layouts(space_name: str, job, pp: int) -> set:
-    """(block strategy, other layers' strategy) of every group gbmw.spaces gives the search at `pp`."""
+    """(block strategy, other layers' strategy) of every group gbmw.space.spaces gives the search at `pp`."""
     arguments = planner_arguments(space_name)
     space = search_space(arguments.get("variant", "gbmw"), arguments.get("target", "runtime"))
     target = get_target(space.target)
@@ -60,7 +61,7 @@ def _planner_layouts(space_name: str, job, pp: int) -> set:
 @pytest.mark.parametrize("devices, per_node", [(2, 2), (4, 4), (4, 1), (8, 8), (8, 4), (8, 2)])
 @pytest.mark.parametrize("attention", ["standard", "flash"])
 def test_oracle_enumerates_the_spaces_layouts(space_name, devices, per_node, attention):
-    """The oracle's hand-written pipeline degrees and layouts are gbmw.spaces' (targets and baselines)."""
+    """The oracle's hand-written pipeline degrees and layouts are gbmw.space.spaces' (targets and baselines)."""
     job = make_job(_tiny_gpt(layers=10, attention=attention), make_cluster(nodes=devices // per_node,
                                                                             devices_per_node=per_node))
     arguments = planner_arguments(space_name)

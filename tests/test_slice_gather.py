@@ -7,7 +7,7 @@ import itertools
 import pytest
 
 from gbmw.ranks import activation_layout
-from gbmw.space import Strategy
+from gbmw.space.strategy import Strategy
 
 pytestmark = [pytest.mark.torch]
 

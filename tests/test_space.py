@@ -1,7 +1,7 @@
 import pytest
 
 from gbmw.errors import PlanError
-from gbmw.space import Strategy, enumerate_strategies, space_by_pipeline_degree
+from gbmw.space.strategy import Strategy, enumerate_strategies, space_by_pipeline_degree
 
 
 @pytest.mark.parametrize(

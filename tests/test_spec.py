@@ -3,10 +3,10 @@
 import pytest
 
 from gbmw.errors import SpecError
-from gbmw.bundled import RECIPES_DIR
-from gbmw.cluster_spec import load_cluster
-from gbmw.jobs import load_job
-from gbmw.schema import parse_bytes
+from gbmw.specs.bundled import RECIPES_DIR
+from gbmw.specs.cluster_spec import load_cluster
+from gbmw.specs.jobs import load_job
+from gbmw.specs.schema import parse_bytes
 
 JOBS = sorted(path.stem for path in (RECIPES_DIR / "jobs").glob("*.yaml"))
 CLUSTERS = sorted((RECIPES_DIR / "clusters").glob("*.yaml"))

@@ -1,14 +1,14 @@
-"""The least send/receive time of a stage boundary (gbmw.stage_boundary_floor), added to each stage's lower bound
-(gbmw.stage_knapsack_bound), keeps the bound below the no-sync time of every stage of every plan of the brute
+"""The least send/receive time of a stage boundary (gbmw.search.bounds.stage_boundary_floor), added to each stage's lower bound
+(gbmw.search.bounds.stage_knapsack_bound), keeps the bound below the no-sync time of every stage of every plan of the brute
 force's frontier (on a budget equal to the plan's peak); with the floors doubled the same check fails on some of
 these jobs, so it can tell floors that are too high."""
 
 import numpy as np
 import pytest
-
-import gbmw.stage_knapsack_bound as knapsack
-from gbmw.stage_boundary_floor import with_boundary_floors
 from test_stage_segment_bound import SEEDS, frontier_plans
+
+import gbmw.search.bounds.stage_knapsack_bound as knapsack
+from gbmw.search.bounds.stage_boundary_floor import with_boundary_floors
 
 pytestmark = pytest.mark.unit
 

@@ -1,4 +1,4 @@
-"""The memory-aware throughput bound (gbmw.stage_knapsack_bound) is an upper bound of every fitting plan of its
+"""The memory-aware throughput bound (gbmw.search.bounds.stage_knapsack_bound) is an upper bound of every fitting plan of its
 setting: each stage's Lagrangian bound is below every choice that fits, the partition DP is exact, and the whole
 bound is at least the brute force's best samples/s of the setting (tests/whole_plan_oracle.py) on every budget
 where that best changes. The planner skips settings by it, so a bound above no plan would lose plans in both
@@ -8,13 +8,14 @@ import itertools
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
-
-from gbmw.planner import NothingFitsError, Planner
-from gbmw.stage_knapsack_bound import (memory_aware_throughput_bound, partition_bounds, stage_time_lower_bounds,
-                                       trade_rates, lambda_grid)
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from test_search_bounds import tied_job
 from whole_plan_oracle import Choices, Setting, WholePlanOracle, random_tiny_job, with_budget
+
+from gbmw.search.bounds.stage_knapsack_bound import (lambda_grid, memory_aware_throughput_bound, partition_bounds,
+                                                     stage_time_lower_bounds, trade_rates)
+from gbmw.search.planner import NothingFitsError, Planner
 
 pytestmark = pytest.mark.unit
 
@@ -167,11 +168,11 @@ def test_the_planner_skips_settings_by_it_and_stays_exact(monkeypatch, seed, fro
 @settings(max_examples=25, **CASES)
 @given(st.data())
 def test_partition_tables_bound_the_stages_of_every_fitting_plan(data):
-    """The exact search prunes by `partition_tables` (gbmw.whole_plan_search): for every plan of the brute force's
+    """The exact search prunes by `partition_tables` (gbmw.search.exact.whole_plan_search): for every plan of the brute force's
     frontier, on a budget equal to its peak, the stages before each boundary have max N and Σ N at least
     `before_max`/`before_sum` there, and the stages from it on at least `after_max`/`after_sum`."""
-    from gbmw.estimate import plan_stage_estimates
-    from gbmw.stage_knapsack_bound import partition_tables, stage_bound_tables
+    from gbmw.cost.estimate import plan_stage_estimates
+    from gbmw.search.bounds.stage_knapsack_bound import partition_tables, stage_bound_tables
 
     choose = Choices(data.draw)
     variant = choose.choice(["gbmw", "bmw", "1f1b+bi-obj"])

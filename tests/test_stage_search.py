@@ -1,16 +1,17 @@
-"""The stage search and the estimate read one stage cost model (gbmw.stage_cost): whatever strategies the search
+"""The stage search and the estimate read one stage cost model (gbmw.cost.stage_cost): whatever strategies the search
 returns for a stage, stage_estimate of those strategies gives the objective and memory the search found."""
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
-
 from conftest import make_cluster, make_layer, make_model
-from gbmw.comm import CommModel
-from gbmw.layer_cost import CostSettings
-from gbmw.space import enumerate_strategies
-from gbmw.stage_cost import StageCosts, stage_estimate, strategy_tables
-from gbmw.stage_search import StageSearch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gbmw.cost.comm import CommModel
+from gbmw.cost.layer_cost import CostSettings
+from gbmw.cost.stage_cost import StageCosts, stage_estimate, strategy_tables
+from gbmw.search.stage_dp.stage_search import StageSearch
+from gbmw.space.strategy import enumerate_strategies
 
 # Relative tolerance of sums of the same terms added in another order: each of the ≤ 2·8 + 2 additions of a
 # stage (layer times, transitions, sends) rounds by at most 2^-53 of the running total, so 1e-12 allows ~4500
@@ -76,8 +77,8 @@ def test_search_value_is_the_estimate_of_what_it_returns(values, tie_head, pp, m
 
 def test_a_tied_layer_may_only_name_an_earlier_layer():
     from gbmw.errors import SpecError
-    from gbmw.model_spec import ModelSpec
-    from gbmw.schema import validate_as
+    from gbmw.specs.model_spec import ModelSpec
+    from gbmw.specs.schema import validate_as
 
     embedding = make_layer("embedding", kind="embedding", tied_to="head", tied_parameter_count=100)
     head = make_layer("head", kind="head")

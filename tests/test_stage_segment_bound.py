@@ -1,4 +1,4 @@
-"""The bound the exact search prunes the partial plans of the first and middle stages by (gbmw.stage_segment_bound)
+"""The bound the exact search prunes the partial plans of the first and middle stages by (gbmw.search.bounds.stage_segment_bound)
 never prunes a plan of the brute force's frontier: for every such plan (on a budget equal to its peak, the tightest
 memory it fits) and every prefix of each of its non-last stages, a partial plan at least as slow and as heavy as
 that prefix is kept with the plan's own time as the incumbent's. The same check with the stash over-counted by one
@@ -9,16 +9,16 @@ import random
 
 import numpy as np
 import pytest
-
-from gbmw.bounds import least_state_bytes
-from gbmw.pipeline_schedules import pipeline_time_s
-from gbmw.planner import Planner
-from gbmw.stage_boundary_floor import boundary_floors_s
-from gbmw.stage_cost import stage_estimate
-from gbmw.stage_knapsack_bound import partition_tables, stage_bound_tables
-from gbmw.stage_segment_bound import StageCompletionBound
-from gbmw.stage_suffix_bound import SuffixTimeBound
 from whole_plan_oracle import WholePlanOracle, random_tiny_job, with_budget
+
+from gbmw.cost.pipeline_schedules import pipeline_time_s
+from gbmw.cost.stage_cost import stage_estimate
+from gbmw.search.bounds.setting_bounds import least_state_bytes
+from gbmw.search.bounds.stage_boundary_floor import boundary_floors_s
+from gbmw.search.bounds.stage_knapsack_bound import partition_tables, stage_bound_tables
+from gbmw.search.bounds.stage_segment_bound import StageCompletionBound
+from gbmw.search.bounds.stage_suffix_bound import SuffixTimeBound
+from gbmw.search.planner import Planner
 
 pytestmark = pytest.mark.unit
 

@@ -1,4 +1,4 @@
-"""The bound the exact search prunes a last stage's partial plans by (gbmw.stage_suffix_bound) is below the no-sync
+"""The bound the exact search prunes a last stage's partial plans by (gbmw.search.bounds.stage_suffix_bound) is below the no-sync
 time of every completion whose stash fits the memory left: checked against every choice of strategies for the
 remaining layers of random tiny jobs, at each choice's own stash (the tightest memory it fits)."""
 
@@ -6,12 +6,13 @@ import itertools
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
-
-from gbmw.bounds import least_state_bytes
-from gbmw.planner import Planner
-from gbmw.stage_suffix_bound import SuffixTimeBound
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from whole_plan_oracle import Choices, random_tiny_job, with_budget
+
+from gbmw.search.bounds.setting_bounds import least_state_bytes
+from gbmw.search.bounds.stage_suffix_bound import SuffixTimeBound
+from gbmw.search.planner import Planner
 
 pytestmark = pytest.mark.unit
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gbmw.cli import main
+from gbmw.cli.main import main
 
 USER_CONFIG = {
     "train_batch_size": 1536,
@@ -56,7 +56,7 @@ def test_tune_writes_a_drop_in_config_and_launch_line(tmp_path, capsys):
 
 
 def run(*args):
-    result = subprocess.run([sys.executable, "-m", "gbmw.cli", *args], capture_output=True, text=True, timeout=180)
+    result = subprocess.run([sys.executable, "-m", "gbmw.cli.main", *args], capture_output=True, text=True, timeout=180)
     return result.returncode, result.stderr
 
 

@@ -2,8 +2,8 @@
 2-process plans (model states from the tensors, stashed activations at their in-flight peak)."""
 
 import pytest
-
 from dist_fixture import run_distributed
+
 from gbmw.adapters.profile.validate import PlanValidation, relative_error, summarise  # imports torch only to run
 
 
@@ -47,9 +47,10 @@ def test_timings_keep_the_mean_of_the_fastest_quarter():
 
 def _cluster_yaml(folder):
     """The cpu-x4 recipe cut to the two processes the test launches."""
-    from gbmw.bundled import RECIPES_DIR
-    from gbmw.files import read_yaml
     import yaml
+
+    from gbmw.specs.bundled import RECIPES_DIR
+    from gbmw.specs.files import read_yaml
 
     data = read_yaml(RECIPES_DIR / "clusters" / "cpu-x4.yaml")
     data.update(name="cpu-x2", devices_per_node=2)
@@ -62,7 +63,7 @@ def _cluster_yaml(folder):
 
 def _measure(rank, world_size, job_path, plans):
     from gbmw.adapters.profile.validate import PlanRun, measure_plans, predicted_terms
-    from gbmw.jobs import load_job
+    from gbmw.specs.jobs import load_job
 
     job = load_job(job_path)
     architecture = job.model.architecture
@@ -74,7 +75,7 @@ def _measure(rank, world_size, job_path, plans):
 @pytest.mark.dist
 def test_held_memory_matches_the_estimator(tmp_path):
     from gbmw.plan import plan_from_strategy_names
-    from gbmw.jobs import load_job
+    from gbmw.specs.jobs import load_job
 
     job_path = _cluster_yaml(tmp_path)
     job = load_job(job_path)
@@ -97,7 +98,7 @@ def test_held_memory_matches_the_estimator(tmp_path):
 def _cli_without_launcher(tmp_path, monkeypatch):
     """(job path, a dp2 plan path) for `gbmw validate` run as one plain process."""
     from gbmw.plan import plan_from_strategy_names
-    from gbmw.jobs import load_job
+    from gbmw.specs.jobs import load_job
 
     monkeypatch.delenv("RANK", raising=False)
     monkeypatch.delenv("WORLD_SIZE", raising=False)
@@ -109,7 +110,7 @@ def _cli_without_launcher(tmp_path, monkeypatch):
 
 
 def test_validate_bad_input_is_one_error(tmp_path, capsys, monkeypatch):
-    from gbmw.cli import main
+    from gbmw.cli.main import main
 
     job_path, _ = _cli_without_launcher(tmp_path, monkeypatch)
     assert main(["validate", str(job_path), "--plans", str(tmp_path / "dp2.yaml")]) == 2
@@ -136,9 +137,9 @@ def test_profile_alongside_writes_the_profile_it_predicts_from(tmp_path):
     is written to the new file, loads as a job's model, and the printed prediction is the estimator's on it."""
     from gbmw.adapters.profile.validate import predicted_terms
     from gbmw.plan import Plan, plan_from_strategy_names
-    from gbmw.files import read_yaml
-    from gbmw.jobs import load_job
-    from gbmw.model_spec import ModelSpec
+    from gbmw.specs.files import read_yaml
+    from gbmw.specs.jobs import load_job
+    from gbmw.specs.model_spec import ModelSpec
 
     job_path = _cluster_yaml(tmp_path)
     job = load_job(job_path)
@@ -157,7 +158,7 @@ def test_profile_alongside_writes_the_profile_it_predicts_from(tmp_path):
 
 
 def test_profile_alongside_bad_input(tmp_path, capsys, monkeypatch):
-    from gbmw.cli import main
+    from gbmw.cli.main import main
 
     job_path, plan_path = _cli_without_launcher(tmp_path, monkeypatch)
     (tmp_path / "taken.yaml").write_text("keep")

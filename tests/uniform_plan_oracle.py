@@ -4,7 +4,7 @@ to check that `Planner(exact=True)` is exact there too (issue 13).
 A uniform space gives every layer one parallel layout (a strategy tree, with or without sequence parallelism)
 and recomputes all Transformer blocks the same way or none (embeddings and heads never), on partitions its
 framework can express. `UniformPlanOracle` enumerates, by plain loops restated from the targets' and baselines'
-definitions (gbmw.targets, gbmw.spaces) rather than read from the search:
+definitions (gbmw.space.targets, gbmw.space.spaces) rather than read from the search:
 
 * pipeline degrees: targets — every power of two P dividing the device count N with P ≤ the number of layers L;
   `ddp`, `megatron-tp`, `fsdp` — P = 1; `gpipe` — P = N (one device per stage); `deepspeed-3d` — the P its
@@ -17,15 +17,15 @@ definitions (gbmw.targets, gbmw.spaces) rather than read from the search:
   where the attention is not flash); baselines — their one tree, GPipe recomputing every block. A layout is used
   when its TP degree divides every layer's attention and key/value heads (and, with +sp, the sequence length:
   Megatron's scatter to the sequence-parallel region asserts it) and its data-parallel degree divides b;
-* partitions: pp = 1 — all layers; otherwise the space's rules. The closed-form rules of gbmw.stock_partitions
+* partitions: pp = 1 — all layers; otherwise the space's rules. The closed-form rules of gbmw.space.stock_partitions
   (`uniform`, `parameters`, `even`, `first-last`) ARE the space's definition, so the oracle calls them (it does not
-  re-derive DeepSpeed's or Megatron's splits). GPipe's rule is the time-balanced split (gbmw.balance, the paper's
+  re-derive DeepSpeed's or Megatron's splits). GPipe's rule is the time-balanced split (gbmw.search.balance, the paper's
   GPipe baseline): the oracle calls it too, and checks by brute force over every composition that no split has
   a smaller slowest-stage time;
 * megatron-core's interleaved 1F1B: v = 1, and every v ≥ 2 dividing the even share of blocks per stage on the even
-  split, when m is a multiple of P (gbmw.targets' `_interleaving_problems`).
+  split, when m is a multiple of P (gbmw.space.targets' `_interleaving_problems`).
 
-The objective is estimate_plan's samples/s on the whole Plan (`literal`: every plan priced by gbmw.estimate, no
+The objective is estimate_plan's samples/s on the whole Plan (`literal`: every plan priced by gbmw.cost.estimate, no
 stage-wise shortcut), and a plan fits when every stage peak is at most the budget (`Estimate.fits`). Nothing here
 calls the search (planner, stage_search, pareto, bounds, search_units).
 """
@@ -38,21 +38,21 @@ from bisect import bisect_right
 from dataclasses import dataclass, field
 
 import numpy as np
+from whole_plan_oracle import (AGREE, FASTER, INVENTED, MISSED, OUTSIDE, OVER_BUDGET, PLACEHOLDER_BUDGET_BYTES, SLOWER,
+                               Case, Choices, Setting, TinyJob, Verdict, compositions, draw_budget, oracle_settings,
+                               random_tiny_job, with_budget)
 
-from gbmw.balance import time_balanced_partition
-from gbmw.comm import CommModel
-from gbmw.estimate import estimate_plan
-from gbmw.jobs import JobSpec
-from gbmw.layer_cost import CostSettings
-from gbmw.models import model_as_run
+from gbmw.cost.comm import CommModel
+from gbmw.cost.estimate import estimate_plan
+from gbmw.cost.layer_cost import CostSettings
+from gbmw.cost.stage_cost import strategy_tables
 from gbmw.plan import Plan
-from gbmw.space import Strategy
-from gbmw.stage_cost import strategy_tables
-from gbmw.stock_partitions import PARTITION_RULES
-from gbmw.targets import get_target
-from whole_plan_oracle import (AGREE, FASTER, INVENTED, MISSED, OUTSIDE, OVER_BUDGET, PLACEHOLDER_BUDGET_BYTES,
-                               SLOWER, Choices, Setting, TinyJob, compositions, draw_budget, oracle_settings,
-                               Case, Verdict, random_tiny_job, with_budget)
+from gbmw.search.balance import time_balanced_partition
+from gbmw.space.stock_partitions import PARTITION_RULES
+from gbmw.space.strategy import Strategy
+from gbmw.space.targets import get_target
+from gbmw.specs.jobs import JobSpec
+from gbmw.specs.models import model_as_run
 
 TARGET_SPACES = ("deepspeed", "megatron-deepspeed", "megatron-core")
 BASELINE_SPACES = ("ddp", "megatron-tp", "fsdp", "gpipe", "deepspeed-3d")
@@ -61,7 +61,7 @@ UNIFORM_SPACES = TARGET_SPACES + BASELINE_SPACES
 
 @dataclass(frozen=True)
 class TargetRules:
-    """A stock target's configurable space, written out by hand from gbmw.targets' definitions."""
+    """A stock target's configurable space, written out by hand from gbmw.space.targets' definitions."""
 
     axes: tuple[str, ...]
     pipeline_max_zero_stage: int | None
@@ -239,7 +239,7 @@ class UniformPlanOracle:
         return list(found)
 
     def _time_balanced(self, setting: Setting, layout: Layout) -> tuple[int, ...]:
-        """GPipe's split by the layers' times (the rule gbmw.balance implements), checked to have the least
+        """GPipe's split by the layers' times (the rule gbmw.search.balance implements), checked to have the least
         slowest-stage time of every composition."""
         strategies = self.strategies(layout)
         unique = list(dict.fromkeys(strategies))
@@ -328,7 +328,7 @@ UniformVerdict = Verdict
 
 def check_uniform_planner(case: UniformCase, exact: bool) -> UniformVerdict:
     """Run gbmw's search (the thing under test) on the case and classify its answer against the oracle's."""
-    from gbmw.planner import NothingFitsError, Planner
+    from gbmw.search.planner import NothingFitsError, Planner
 
     job = case.job
     oracle = case.oracle.best(case.budget_bytes)

@@ -5,7 +5,7 @@ per-layer variants `gbmw` (the default), `bmw`, `base` and `1f1b+bi-obj` on the 
 plain loops rather than read from the search:
 
 * pipeline degrees: every power of two P dividing the device count N with P ≤ the number of layers L
-  (gbmw.space.pipeline_degrees; Planner._settings stops at P > L);
+  (gbmw.space.strategy.pipeline_degrees; Planner._settings stops at P > L);
 * micro-batch size b and count m: with a fixed global batch B every divisor b of B and m = B / b (gradient
   accumulation allowed without a pipeline, Planner's default); with a batch sweep up to B_max every b in
   {2^e, 3·2^e} ≤ B_max and EVERY power of two m ≤ B_max // b, plus B_max // b itself. The planner tries only
@@ -16,20 +16,20 @@ plain loops rather than read from the search:
   once, power-of-two degrees ≥ 2 whose product is the group size, every order; `gbmw`: at most one data-parallel
   axis beside TP; the paper's variants: never dp with sdp (Takeaway #3)), with and without CKPT where the variant
   recomputes, whose data-parallel degree divides b and whose TP degree divides the layer's attention and key/value
-  heads. `ORACLE_SPACES` writes these rules out; tests/test_search_exact.py checks them against gbmw.spaces.
+  heads. `ORACLE_SPACES` writes these rules out; tests/test_search_exact.py checks them against gbmw.space.spaces.
 
 The objective is gbmw's own estimate: a whole plan's samples/s and its stages' peak memory are estimate_plan's
-(gbmw.estimate), and a plan fits when every stage's peak is at most the budget, as `Estimate.fits` says.
+(gbmw.cost.estimate), and a plan fits when every stage's peak is at most the budget, as `Estimate.fits` says.
 `literal=True` calls estimate_plan on every whole Plan of the space (slow: about 0.5 ms a plan). The default mode
 computes the very same numbers faster and just as exactly:
 
 1. estimate_plan prices a plan as `pipeline_time_s(stages, m)` over `stage_estimate(costs, i, first, strategies)`
-   per stage, with StageCosts built from the plan's strategies (gbmw.estimate.plan_stage_estimates). A stage's
+   per stage, with StageCosts built from the plan's strategies (gbmw.cost.estimate.plan_stage_estimates). A stage's
    estimate depends on nothing outside the stage (its index, first layer, own strategies and the setting), and a
    strategy's per-layer costs do not depend on which other strategies a table holds, so the oracle builds one
    table per (P, b) over every usable strategy and prices each stage ONCE per (setting, index, first layer,
    strategies), by exhaustive itertools.product over the stage's layers.
-2. Eq. (9) as gbmw.pipeline_schedules writes it, T = (m − 1)·max N_i + Σ N_i + max S_i + max U_i, never falls when
+2. Eq. (9) as gbmw.cost.pipeline_schedules writes it, T = (m − 1)·max N_i + Σ N_i + max S_i + max U_i, never falls when
    a stage's N, S or U falls, and a whole plan's peak is the largest stage peak. So a stage option that another
    option of the same stage position matches or beats in all of (peak, N, S, U) can be replaced by it without a
    slower or larger whole plan; such options are dropped before stages are crossed, and partial crossings matched
@@ -52,20 +52,20 @@ from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import numpy as np
-
 from conftest import make_cluster, make_job, make_model
-from gbmw.architectures import GPTArchitecture, T5Architecture
-from gbmw.comm import CommModel
-from gbmw.estimate import estimate_plan
-from gbmw.jobs import JobSpec
-from gbmw.layer_cost import CostSettings
-from gbmw.model_spec import LayerSpec, LayerTimings, ModelSpec, ModelTimings
-from gbmw.models import build_model, model_as_run
-from gbmw.pipeline_schedules import pipeline_time_s
+
+from gbmw.cost.comm import CommModel
+from gbmw.cost.estimate import estimate_plan
+from gbmw.cost.layer_cost import CostSettings
+from gbmw.cost.pipeline_schedules import pipeline_time_s
+from gbmw.cost.stage_cost import StageCosts, StageEstimate, stage_estimate, strategy_tables
 from gbmw.plan import Plan
-from gbmw.space import Strategy
-from gbmw.stage_cost import StageCosts, StageEstimate, stage_estimate, strategy_tables
-from gbmw.targets import get_target
+from gbmw.space.strategy import Strategy
+from gbmw.space.targets import get_target
+from gbmw.specs.architectures import GPTArchitecture, T5Architecture
+from gbmw.specs.jobs import JobSpec
+from gbmw.specs.model_spec import LayerSpec, LayerTimings, ModelSpec, ModelTimings
+from gbmw.specs.models import build_model, model_as_run
 
 PLACEHOLDER_BUDGET_BYTES = 2**50
 """The budget a job is built with before one is chosen from its frontier (`with_budget`)."""
@@ -76,7 +76,7 @@ PLACEHOLDER_BUDGET_BYTES = 2**50
 
 @dataclass(frozen=True)
 class OracleSpace:
-    """One variant's per-layer choices, restated from gbmw.spaces by hand."""
+    """One variant's per-layer choices, restated from gbmw.space.spaces by hand."""
 
     axes: tuple[str, ...]
     ckpt: bool
@@ -629,7 +629,7 @@ def in_space(job: JobSpec, variant: str, plan: Plan) -> bool:
 
 def check_planner(case: Case, exact: bool, **planner_options) -> Verdict:
     """Run gbmw's search (the thing under test) on the case and classify its answer against the oracle's."""
-    from gbmw.planner import NothingFitsError, Planner
+    from gbmw.search.planner import NothingFitsError, Planner
 
     job = case.job
     oracle = case.oracle.best(case.budget_bytes)

@@ -6,7 +6,7 @@ Every key below is DeepSpeed's, as documented in "DeepSpeed Configuration JSON"
 `runtime/zero/config.py` (`DeepSpeedZeroConfig`), `runtime/precision_config.py` and
 `runtime/activation_checkpointing/config.py` (checked against deepspeed 0.19.8).
 
-What a Plan becomes (a plan DeepSpeed can run: one layout for every layer, gbmw.targets):
+What a Plan becomes (a plan DeepSpeed can run: one layout for every layer, gbmw.space.targets):
 
 * Batch — DeepSpeed's identity `train_batch_size = train_micro_batch_size_per_gpu ×
   gradient_accumulation_steps × DP`, with DP = N / (TP × PP) the data-parallel size its engine
@@ -33,34 +33,17 @@ keeps of the user's although gbmw sets it, and changes although gbmw does not ow
 
 from __future__ import annotations
 
-from .ds_config import (
-    DEEPSPEED_TARGETS,
-    deepspeed_partition_balanced,
-    deepspeed_partition_uniform,
-    deepspeed_partitions,
-    ds_config_to_plan_fields,
-    pipeline_partition_method,
-    plan_layout,
-    plan_to_ds_config,
-)
-from .user_config import (
-    BATCH_KEYS,
-    OWNED_KEY_ALIASES,
-    OWNED_KEYS,
-    OWNED_SECTIONS,
-    batch_consistency_problems,
-    check_batch_consistency,
-    dumps_config,
-    load_user_config,
-    merge_into_user_config,
-    resolve_batch,
-    write_ds_config,
-)
-from .validation import validate_with_deepspeed
+from .ds_config import (DEEPSPEED_TARGETS, deepspeed_partition_balanced, deepspeed_partition_uniform,
+                        deepspeed_partitions, ds_config_to_plan_fields, pipeline_partition_method, plan_layout,
+                        plan_to_ds_config)
+from .user_config import (BATCH_KEYS, OWNED_KEY_ALIASES, OWNED_KEYS, OWNED_SECTIONS, batch_consistency_problems,
+                          check_batch_consistency, dumps_config, load_user_config, merge_into_user_config,
+                          resolve_batch, write_ds_config)
 
 # tests/test_deepspeed_adapter.py walks emitted configs with these two helpers (as ds._paths, ds._get).
 from .user_config import _get as _get
 from .validation import _paths as _paths
+from .validation import validate_with_deepspeed
 
 __all__ = [
     "BATCH_KEYS",

@@ -10,13 +10,12 @@ from typing import Any
 
 from gbmw.errors import GbmwError, PlanError
 from gbmw.plan import Plan
-from gbmw.stock_partitions import least_spread_partition, uniform_first_partition
-from gbmw.targets import AXIS_OF_ZERO_STAGE, ZERO_STAGE_OF_AXIS, get_target
-from gbmw.jobs import JobSpec
-from gbmw.model_spec import ModelSpec
+from gbmw.space.stock_partitions import least_spread_partition, uniform_first_partition
+from gbmw.space.targets import AXIS_OF_ZERO_STAGE, ZERO_STAGE_OF_AXIS, get_target
+from gbmw.specs.jobs import JobSpec
+from gbmw.specs.model_spec import ModelSpec
 
 from .user_config import check_batch_consistency, resolve_batch
-
 
 DEEPSPEED_TARGETS = ("deepspeed", "megatron-deepspeed")
 
@@ -130,14 +129,14 @@ def _activation_checkpointing_section() -> dict[str, Any]:
 # ----------------------------------------------------------------------------------------------
 
 
-# DeepSpeed's partition methods are gbmw.stock_partitions' rules (the planner needs them without torch);
+# DeepSpeed's partition methods are gbmw.space.stock_partitions' rules (the planner needs them without torch);
 # tests/test_deepspeed_adapter.py checks them against DeepSpeed's own functions.
 deepspeed_partition_uniform = uniform_first_partition
 deepspeed_partition_balanced = least_spread_partition
 
 
 def deepspeed_partitions(model: ModelSpec, pp: int, target: str = "deepspeed") -> dict[str, list[int]]:
-    """The partition each PipelineModule method of `target` gives `model` over `pp` stages (gbmw.targets):
+    """The partition each PipelineModule method of `target` gives `model` over `pp` stages (gbmw.space.targets):
     `uniform` and `parameters` for DeepSpeed; `type:transformer` for Megatron-DeepSpeed, whose GPTModelPipe
     balances the count of ParallelTransformerLayerPipe layers — Megatron's even split of blocks."""
     return {method: list(partition) for method, partition in get_target(target).partitions(model, pp).items()}

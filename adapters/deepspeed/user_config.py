@@ -10,10 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from gbmw.errors import GbmwError
-from gbmw.files import check_bounds, read_text, shown, write_new_file
+from gbmw.specs.files import check_bounds, read_text, shown, write_new_file
 
 from .kept_settings import USER_TUNED_KEYS, grad_accum_dtype_change, in_users_spelling, user_tuned
-
 
 BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
 
@@ -150,7 +149,7 @@ def _finite_at_least(value: Any, low: float) -> bool:
 
 
 MAX_BATCH = 2**20
-"""Largest batch value read from a ds_config (gbmw.schema.MAX_GLOBAL_BATCH)."""
+"""Largest batch value read from a ds_config (gbmw.specs.schema.MAX_GLOBAL_BATCH)."""
 PRECISION_SECTIONS = ("fp16", "bf16", "bfloat16")
 
 

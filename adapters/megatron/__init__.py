@@ -2,7 +2,7 @@
 
 A stock Megatron job runs a *uniform 3D* plan: one layout for every layer — TP on consecutive
 ranks, data parallelism outside it, pipeline stages outermost — one recomputation setting for all
-Transformer blocks, and Megatron's pipeline split. `gbmw.targets` decides whether a
+Transformer blocks, and Megatron's pipeline split. `gbmw.space.targets` decides whether a
 plan is one; this package only translates the plans it accepts. Targets:
 
 * ``megatron-core`` (alias ``megatron-lm``): NVIDIA Megatron-LM's ``pretrain_gpt.py``, whose model is
@@ -51,14 +51,7 @@ from .arguments import plan_to_megatron_args
 from .arguments_to_plan import DEEPSPEED_REFUSED_FLAGS, UNMODELLED_FLAGS, megatron_args_to_plan
 from .core_configs import plan_to_megatron_core_configs
 from .launch import LAUNCHERS, launch_line
-from .layout import (
-    TARGETS,
-    MegatronLayout,
-    gpt_architecture,
-    megatron_blocks_per_stage,
-    megatron_layout,
-    plan_target,
-)
+from .layout import TARGETS, MegatronLayout, gpt_architecture, megatron_blocks_per_stage, megatron_layout, plan_target
 
 __all__ = [
     "DEEPSPEED_REFUSED_FLAGS",

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from gbmw.architectures import GPTArchitecture
 from gbmw.errors import GbmwError, PlanError
-from gbmw.jobs import JobSpec
 from gbmw.plan import Plan
+from gbmw.specs.architectures import GPTArchitecture
+from gbmw.specs.jobs import JobSpec
 
 from .layout import gpt_architecture, megatron_layout
 
@@ -98,7 +98,7 @@ def plan_to_megatron_args(
     if layout.first_stage_blocks is not None:
         args += ["--decoder-first-pipeline-num-layers", str(layout.first_stage_blocks),
                  "--decoder-last-pipeline-num-layers", str(layout.last_stage_blocks)]
-    if plan.virtual_stages > 1:  # gbmw.targets has checked: megatron-core, blocks per stage divisible by v
+    if plan.virtual_stages > 1:  # gbmw.space.targets has checked: megatron-core, blocks per stage divisible by v
         if layout.first_stage_blocks is not None:
             raise PlanError(f"virtual_stages {plan.virtual_stages} with uneven first/last stages: gbmw emits "
                             "interleaved pipelines for an even split only")

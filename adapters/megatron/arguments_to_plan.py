@@ -6,17 +6,16 @@ from __future__ import annotations
 import argparse
 from typing import Sequence
 
-from gbmw.architectures import GPTArchitecture
 from gbmw.errors import GbmwError
-from gbmw.jobs import JobSpec
 from gbmw.plan import Plan
-from gbmw.stock_partitions import megatron_stage_partition
-from gbmw.targets import AXIS_OF_ZERO_STAGE, get_target
-from gbmw.space import Strategy
+from gbmw.space.stock_partitions import megatron_stage_partition
+from gbmw.space.strategy import Strategy
+from gbmw.space.targets import AXIS_OF_ZERO_STAGE, get_target
+from gbmw.specs.architectures import GPTArchitecture
+from gbmw.specs.jobs import JobSpec
 
 from .arguments import _architecture_values, _flag
 from .layout import gpt_architecture, megatron_blocks_per_stage, plan_target
-
 
 #: Flags that change the parallel layout or memory in ways a gbmw Plan does not describe; reading
 #: them back would silently drop their meaning, so `megatron_args_to_plan` refuses them.

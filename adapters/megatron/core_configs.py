@@ -11,11 +11,10 @@ import warnings
 from typing import Any
 
 from gbmw.errors import GbmwError
-from gbmw.jobs import JobSpec
 from gbmw.plan import Plan
+from gbmw.specs.jobs import JobSpec
 
 from .layout import gpt_architecture, megatron_layout
-
 
 # ----------------------------------------------------------------------------------------------
 # Plan → megatron-core's own config dataclasses

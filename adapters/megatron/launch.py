@@ -8,12 +8,11 @@ import shlex
 from typing import Sequence
 
 from gbmw.errors import GbmwError
-from gbmw.jobs import JobSpec
 from gbmw.plan import Plan
+from gbmw.specs.jobs import JobSpec
 
 from .arguments import plan_to_megatron_args
 from .layout import plan_target
-
 
 LAUNCHERS = ("torchrun", "deepspeed")
 

@@ -5,19 +5,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gbmw.architectures import GPTArchitecture
 from gbmw.errors import GbmwError, PlanError
-from gbmw.jobs import JobSpec
 from gbmw.plan import Plan
-from gbmw.stock_partitions import blocks_per_stage, megatron_partition
-from gbmw.targets import ZERO_STAGE_OF_AXIS, get_target
-
+from gbmw.space.stock_partitions import blocks_per_stage, megatron_partition
+from gbmw.space.targets import ZERO_STAGE_OF_AXIS, get_target
+from gbmw.specs.architectures import GPTArchitecture
+from gbmw.specs.jobs import JobSpec
 
 TARGETS = ("megatron-core", "megatron-lm", "megatron-deepspeed")
 
 
 def plan_target(target: str) -> str:
-    """The gbmw.targets target a Megatron front end is checked as (`megatron-lm` runs megatron-core)."""
+    """The gbmw.space.targets target a Megatron front end is checked as (`megatron-lm` runs megatron-core)."""
     if target not in TARGETS:
         raise GbmwError(f"Megatron target {target!r} is unknown; targets are {list(TARGETS)}")
     return get_target(target).name
@@ -94,7 +93,7 @@ class MegatronLayout:
 
 
 def megatron_layout(plan: Plan, job: JobSpec, target: str) -> MegatronLayout:
-    """Read the Megatron layout off `plan`, refusing (gbmw.targets) what `target` cannot run."""
+    """Read the Megatron layout off `plan`, refusing (gbmw.space.targets) what `target` cannot run."""
     model = job.model
     if len(plan.strategies) != model.num_layers or plan.num_devices != job.cluster.num_devices:
         raise PlanError(

@@ -23,21 +23,10 @@ from gbmw.errors import GbmwError, SpecError
 
 from .cluster_yaml import build_cluster_spec, cluster_yaml_text, format_size, print_fits
 from .collective_timing import DEFAULT_REPEATS, _Ranks, _ranks, _slowest, measure_collectives
-from .link_fit import (
-    COLLECTIVES,
-    check_collectives,
-    check_link_levels,
-    check_sizes,
-    default_link_levels,
-    fit_timings,
-    power_of_two_group_sizes,
-)
-from .overlap import (
-    default_matmul_dim,
-    measure_matmul_tflops,
-    measure_memory_bandwidth_gb_per_s,
-    measure_overlap_slowdown,
-)
+from .link_fit import (COLLECTIVES, check_collectives, check_link_levels, check_sizes, default_link_levels, fit_timings,
+                       power_of_two_group_sizes)
+from .overlap import (default_matmul_dim, measure_matmul_tflops, measure_memory_bandwidth_gb_per_s,
+                      measure_overlap_slowdown)
 
 DEFAULT_SIZES_BYTES_CPU: tuple[int, ...] = (2**12, 2**16, 2**20, 2**22, 2**24)
 """4 KiB … 16 MiB: gloo moves ~1 GB/s, so the largest takes ~20 ms."""
@@ -95,7 +84,7 @@ def profile_cluster(output_path: str | Path, name: str | None = None,
     """
     from rich.console import Console
 
-    from gbmw.files import write_new_file
+    from gbmw.specs.files import write_new_file
 
     ranks = _ranks()
     output_path = Path(output_path)
@@ -131,7 +120,7 @@ def profile_cluster(output_path: str | Path, name: str | None = None,
         f"{overlap.all_reduces} all_reduce of {format_size(overlap.message_bytes)} over all {ranks.world_size} ranks, "
         f"alone {overlap.compute_alone_s * 1e3:.4g} / {overlap.communication_alone_s * 1e3:.4g} ms, at once "
         f"{overlap.compute_overlapped_s * 1e3:.4g} / {overlap.communication_overlapped_s * 1e3:.4g} ms; "
-        "f solves max(c, g) + (f − 1)·min(c, g) = the overlapped wall time (gbmw/layer_cost.py)")]
+        "f solves max(c, g) + (f − 1)·min(c, g) = the overlapped wall time (gbmw/cost/layer_cost.py)")]
     if peak_tflops is None:
         precisions = ["fp32"] + (["fp16", "bf16"] if ranks.is_cuda and _supports_bf16() else [])
         say(f"matmul rate: {', '.join(precisions)}")

@@ -44,8 +44,8 @@ def build_cluster_spec(name: str, timings: Sequence[CollectiveTiming], overlap_s
     `sustained_tflops` map precisions (`fp32`, `bf16`, …) to TFLOP/s; `sources` describe how the device
     figures were obtained and must start with "measured: " or cite an http address.
     """
-    from gbmw.cluster_spec import ClusterSpec
-    from gbmw.schema import validate_as
+    from gbmw.specs.cluster_spec import ClusterSpec
+    from gbmw.specs.schema import validate_as
 
     try:
         world_size = int(link_levels[-1][1]) if link_levels else 0
@@ -107,7 +107,7 @@ def cluster_yaml_text(mapping: Mapping[str, Any], timings: Sequence[CollectiveTi
     """The YAML with a comment header listing every fit and the raw fast-quarter times behind it."""
     when = datetime.datetime.now().isoformat(timespec="seconds")
     lines = [f"# Profiled by `gbmw profile cluster` on {when} ({platform.node() or 'unknown host'}).",
-             "# Fits t = a + bytes·b in the planner's convention (gbmw/comm.py); links use the all_reduce rows.",
+             "# Fits t = a + bytes·b in the planner's convention (gbmw/cost/comm.py); links use the all_reduce rows.",
              "# collective, ranks per group: latency µs per step, bus bandwidth GB/s; fast-quarter times per message size"]
     fastest: dict[tuple[str, int], list[str]] = {}
     for timing in timings:

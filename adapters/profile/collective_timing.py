@@ -3,7 +3,7 @@ every rank; torch is imported inside the functions).
 
 Every rank runs the same measurements (NCCL tensors on the rank's CUDA device, gloo tensors on the CPU).
 For each group size g (2, 4, … up to the world size) the ranks split into groups of g consecutive ranks
-that all run at once — the planner's convention (gbmw/comm.py): a level's bandwidth is what a collective
+that all run at once — the planner's convention (gbmw/cost/comm.py): a level's bandwidth is what a collective
 reaches when every device of every island takes part. Per message size: one untimed warm-up, then
 `repeats` repetitions, each after a barrier; a repetition's time is the slowest rank's (all-reduce MAX);
 the mean of the fastest quarter of repetitions is kept (timing.py says why). p2p: the first half of each
@@ -22,17 +22,8 @@ from typing import Any
 
 from gbmw.errors import GbmwError, SpecError
 
-from .link_fit import (
-    COLLECTIVES,
-    ELEMENT_BYTES,
-    LAUNCH_HINT,
-    CollectiveTiming,
-    _is_power_of_two,
-    check_collectives,
-    check_sizes,
-    check_world_size,
-    power_of_two_group_sizes,
-)
+from .link_fit import (COLLECTIVES, ELEMENT_BYTES, LAUNCH_HINT, CollectiveTiming, _is_power_of_two, check_collectives,
+                       check_sizes, check_world_size, power_of_two_group_sizes)
 from .timing import fast_mean_s
 
 DEFAULT_REPEATS = 10

@@ -22,8 +22,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed._tools.mem_tracker import MemTracker
 
-from gbmw.jobs import JobSpec
 from gbmw.plan import Plan
+from gbmw.specs.jobs import JobSpec
 
 from ..runtime.engine import AdamSettings, HybridEngine
 from ..runtime.groups import GroupPool

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from ..runtime.model import build_layer, initial_value, layer_names, synthetic_batch
-from ..runtime.tensor_parallel import TensorParallel, shard_for_rank, partition_dims
+from ..runtime.tensor_parallel import TensorParallel, partition_dims, shard_for_rank
 from .timing import fast_quarter
 
 

@@ -23,8 +23,8 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from gbmw.models import build_model
-from gbmw.model_spec import LayerTimings, ModelSpec, ModelTimings
+from gbmw.specs.model_spec import LayerTimings, ModelSpec, ModelTimings
+from gbmw.specs.models import build_model
 
 from ..runtime.model import layer_names
 from ..runtime.tensor_parallel import TensorParallel
@@ -194,9 +194,9 @@ def run_profile_model(model_reference: str, precision: str, output: str, batches
     from pathlib import Path
 
     from gbmw.errors import SpecError
-    from gbmw.models import load_architecture
-    from gbmw.files import write_new_file
-    from gbmw.bundled import resolve_recipe
+    from gbmw.specs.bundled import resolve_recipe
+    from gbmw.specs.files import write_new_file
+    from gbmw.specs.models import load_architecture
 
     from ..runtime.launch import finish_distributed, start_after_checking
     from ..runtime.model import check_runtime_supports

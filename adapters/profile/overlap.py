@@ -4,7 +4,7 @@ initialised on every rank; torch is imported inside the functions).
 - Overlap slowdown (`measure_overlap_slowdown`): a matmul loop and an all-reduce loop of about equal
   length, alone and at once (paper Sec. 5: overlapped compute and communication both slow down). The
   factor f is the one that makes the estimator's overlapped time max(c, g) + (f − 1)·min(c, g)
-  (gbmw/layer_cost.py) equal the measured wall time.
+  (gbmw/cost/layer_cost.py) equal the measured wall time.
 - Matmul rate (`measure_matmul_tflops`): a square matmul on every rank at once (the slowest rank's),
   fp32 without TF32 (on CUDA also fp16 and bf16); the device's matmul rate (`sustained_tflops`).
 - Memory bandwidth (`measure_memory_bandwidth_gb_per_s`): a STREAM copy of a large tensor on every rank at

@@ -75,7 +75,7 @@ def summarise(errors: list[float]) -> dict[str, float]:
 
 def predicted_terms(job, plan) -> tuple[float, tuple[float, ...], tuple[float, ...], tuple[float, ...]]:
     """(iteration s, per-stage states + stash, per-stage backward extra, per-stage peak) from the estimator."""
-    from gbmw.estimate import estimate_plan, plan_stage_estimates
+    from gbmw.cost.estimate import estimate_plan, plan_stage_estimates
 
     stages = plan_stage_estimates(job, plan)
     held = tuple(stage.model_state_bytes + stage.stashed_activation_bytes for stage in stages)
@@ -195,8 +195,8 @@ def run_validate(job_reference: str, plan_paths: list[str], steps: int, warmup: 
     on measurements taken in the same seconds as the runs it predicts, whatever phase the machine is in."""
     import os
 
-    from gbmw.jobs import load_job
     from gbmw.plan import Plan
+    from gbmw.specs.jobs import load_job
 
     from ..runtime.launch import finish_distributed, start_after_checking
     from ..runtime.train import refuse_what_the_runtime_does_not_run
@@ -263,7 +263,7 @@ def run_validate(job_reference: str, plan_paths: list[str], steps: int, warmup: 
 def _with_profile(job, profiler, output: str, rank: int, say: Callable[[str], None], rounds: list[int]):
     """The job with its model replaced by the profile measured alongside, over the fast `rounds` (written by
     rank 0 to `output`)."""
-    from gbmw.files import write_new_file
+    from gbmw.specs.files import write_new_file
 
     from .model_profiler import model_spec_yaml
 

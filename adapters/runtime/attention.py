@@ -5,7 +5,7 @@ Q, K, V, the output and the log-sum-exp of each row for backward (Dao et al., Fl
 attention dropout drawn again in backward from a saved RNG state. On a CPU torch's fused kernel has no dropout:
 with dropout SDPA falls back to its math path, which saves the s × s scores, probabilities and dropout mask of
 every head — memory no GPU run allocates, which would make the CPU's trace of the runtime (gbmw.adapters.profile
-.fake_memory) disagree with the GPU's and with the estimator's flash accounting (gbmw.transformer_layers).
+.fake_memory) disagree with the GPU's and with the estimator's flash accounting (gbmw.specs.transformer_layers).
 
 `RecomputingAttention` is that missing kernel for the CPU: the same mathematics as the math path (softmax in
 fp32, inverted dropout on the probabilities), computed a few (sample, head) pairs at a time so the s × s scores exist

@@ -31,8 +31,8 @@ import yaml
 from pydantic import Field
 
 from gbmw.errors import CheckpointError, GbmwError
-from gbmw.files import permissions_as_created, read_yaml, shown
-from gbmw.schema import MAX_DEVICES, MAX_LAYERS, Frozen, Items, validate_as
+from gbmw.specs.files import permissions_as_created, read_yaml, shown
+from gbmw.specs.schema import MAX_DEVICES, MAX_LAYERS, Frozen, Items, validate_as
 
 from .engine import HybridEngine
 from .launch import agree

@@ -32,7 +32,7 @@ from torch import nn
 
 from gbmw.errors import PlanError
 from gbmw.plan import Plan
-from gbmw.space import Strategy
+from gbmw.space.strategy import Strategy
 
 from .groups import GroupPool
 from .local_adam import LocalShardAdam

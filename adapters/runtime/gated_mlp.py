@@ -4,7 +4,7 @@ Eq. 6): FFN(x) = (Swish(x·W) ∘ x·V)·W₂, with Swish = SiLU(z) = z·σ(z).
 `swiglu(gate, up)` is one autograd function that keeps only its two inputs for backward and recomputes σ there
 (as Megatron's fused bias-SwiGLU does): with the down projection keeping its own input, the MLP stashes three
 ffn-wide tensors per token — gate, up and their product — which is what the estimator charges for a gated MLP
-(gbmw.transformer_layers: `up_outputs + 1` tensors). torch's composite `F.silu(gate) * up` would also keep
+(gbmw.specs.transformer_layers: `up_outputs + 1` tensors). torch's composite `F.silu(gate) * up` would also keep
 SiLU's output (a fourth). Forward forms the product in fp32 at least and returns the inputs' dtype; backward
 computes in the inputs' dtype (as Megatron's bias-SwiGLU backward does), in place where it can, so its working set
 beside the two gradients it returns is one more ffn-wide tensor (σ) — not five fp32 ones.

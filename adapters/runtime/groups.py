@@ -6,7 +6,7 @@ from __future__ import annotations
 from gbmw.errors import PlanError
 from gbmw.plan import Plan
 from gbmw.ranks import RankLayout, plan_group_ranks
-from gbmw.space import Strategy
+from gbmw.space.strategy import Strategy
 
 
 class GroupPool:

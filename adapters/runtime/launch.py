@@ -114,7 +114,7 @@ def agree(problem: str | None, error: type[GbmwError] = GbmwError) -> None:
     """Every rank raises the same `error` when any rank has a problem — the first such rank's message, naming that
     rank where it is another — so no rank waits in a collective for a peer that stopped, and every rank exits with
     the same status. Rank 0 prints it at once, before any rank leaves (so a launcher cannot stop rank 0 before it has
-    said why), and the error is marked `all_ranks` (gbmw.cli prints nothing more). A peer that died meanwhile is a
+    said why), and the error is marked `all_ranks` (gbmw.cli.main prints nothing more). A peer that died meanwhile is a
     DistributedError."""
     import torch.distributed as dist
 
@@ -129,7 +129,7 @@ def agree(problem: str | None, error: type[GbmwError] = GbmwError) -> None:
     for rank, message in enumerate(problems):
         if message is not None:
             raised = error(message if rank == 0 else f"{message} (reported by rank {rank})")
-            raised.all_ranks = True  # printed here, on rank 0: gbmw.cli prints nothing more
+            raised.all_ranks = True  # printed here, on rank 0: gbmw.cli.main prints nothing more
             if len(problems) > 1:
                 _stop_with_user_error_status()
             if not dist.is_initialized() or dist.get_rank() == 0:

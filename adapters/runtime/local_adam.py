@@ -13,7 +13,7 @@ saving are unchanged.
 
 The update runs ADAM_CHUNK_ELEMENTS elements at a time (whole tensors, or slices of a larger one): torch's
 multi-tensor Adam allocates √v for every element it updates at once, so one call over a stage would need 4 bytes
-per parameter beside the states; chunks bound that to 64 MiB (the reserve gbmw.framework_memory prices). The
+per parameter beside the states; chunks bound that to 64 MiB (the reserve gbmw.cost.framework_memory prices). The
 arithmetic is element-wise, so the result is the same bit for bit.
 """
 
@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 from torch.optim.adam import adam as functional_adam
 
-from gbmw.framework_memory import ADAM_CHUNK_ELEMENTS
+from gbmw.cost.framework_memory import ADAM_CHUNK_ELEMENTS
 
 from .sharding import local_value
 

@@ -1,7 +1,7 @@
 """`gbmw train … --nproc-per-node N`: start N local processes as `torchrun --standalone` does, and end as gbmw ends.
 
 torchrun reports any worker's non-zero exit by re-raising `ChildFailedError` from its `@record`-decorated main, so a
-user error that rank 0 already printed in one line (gbmw.cli.main) is followed by torchrun's own Python traceback
+user error that rank 0 already printed in one line (gbmw.cli.main.main) is followed by torchrun's own Python traceback
 and a failure table, and torchrun exits with status 1 rather than the workers' 2. Nothing in torchrun turns that
 off. This launcher runs the same machinery (torch.distributed.launcher.api.elastic_launch: a c10d rendezvous on a
 free local port, no restarts) from inside gbmw, so it can catch that exception: the workers' one line stays the only
@@ -21,7 +21,6 @@ import uuid
 from typing import Sequence
 
 from gbmw.errors import GbmwError
-
 
 RANK_ZERO_FIRST_S = 2.0
 """How long the other ranks wait before leaving with an error only rank 0 prints (it needs well under a second)."""
@@ -69,7 +68,7 @@ def check_under_launcher(num_processes: int) -> None:
     if launched != num_processes:
         error = GbmwError(f"--nproc-per-node {num_processes}: a launcher already started {launched} process(es) on "
                           "this node; drop --nproc-per-node under torchrun or deepspeed, or run gbmw alone with it")
-        # every rank reads the same environment and finds the same problem: rank 0 alone prints it (gbmw.cli). No
+        # every rank reads the same environment and finds the same problem: rank 0 alone prints it (gbmw.cli.main). No
         # collective orders the ranks here, so the others wait a moment before leaving: a launcher that sees one of
         # them exit first terminates rank 0 before its line is out (seen on CI).
         error.all_ranks = os.environ.get("RANK", "0") != "0"

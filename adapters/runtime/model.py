@@ -1,6 +1,6 @@
 """The runtime's Transformer layers, built one plan layer at a time (GPT decoder and BERT encoder stacks).
 
-The planner's ModelSpec (gbmw.models) lists the layers `embedding`, `decoder.<i>` / `encoder.<i>` and
+The planner's ModelSpec (gbmw.specs.models) lists the layers `embedding`, `decoder.<i>` / `encoder.<i>` and
 `head`; `build_layer(architecture, name, tp)` builds exactly that layer as a module, so a plan's
 per-layer strategies map 1:1 onto modules and parameter names are `<layer>.<parameter>`
 (`decoder.3.attention.qkv.weight`) in every plan — the key of plan-independent checkpoints.
@@ -12,7 +12,7 @@ rows of the fused QKV matrix) so a column split over TP ranks gives each rank wh
 Supported here: GPT-2/3-style decoders (LayerNorm, learned positions, GELU MLP, optional biases), LLaMA-style
 decoders (RMSNorm: rms_norm; SwiGLU: gated_mlp; rotary positions: rotary; grouped-query attention; untied head)
 and BERT encoders (post-norm, token types, MLM + next-sentence heads). What it cannot build (T5, ViT, Swin) is
-refused by `check_runtime_supports` with the sentence `gbmw plan` prints for such a model (gbmw.runtime_support).
+refused by `check_runtime_supports` with the sentence `gbmw plan` prints for such a model (gbmw.space.runtime_support).
 With grouped-query attention the fused QKV matrix is grouped per key/value head, [kv_heads, (its query heads, k, v),
 head_dim] rows (Megatron's layout), so a column split over TP ranks gives each rank whole groups (the planner keeps
 the TP degree a divisor of kv_heads). The gated MLP's two up-projections are separate column-parallel matrices
@@ -34,8 +34,8 @@ import torch.utils.checkpoint
 from torch import nn
 
 from gbmw.errors import PlanError
-from gbmw.architectures import BERTArchitecture, GPTArchitecture
-from gbmw.runtime_support import runtime_refusal
+from gbmw.space.runtime_support import runtime_refusal
+from gbmw.specs.architectures import BERTArchitecture, GPTArchitecture
 
 from .attention import attention
 from .attention_core_recompute import recomputed_attention
@@ -56,7 +56,7 @@ def padded_vocab_size(vocab_size: int) -> int:
 
 
 def check_runtime_supports(architecture: Any, precision: str | None = None) -> None:
-    """One clear error saying what the runtime cannot train (gbmw.runtime_support, also said by `gbmw plan`)."""
+    """One clear error saying what the runtime cannot train (gbmw.space.runtime_support, also said by `gbmw plan`)."""
     refusal = runtime_refusal(architecture, precision)
     if refusal is not None:
         raise PlanError(refusal)

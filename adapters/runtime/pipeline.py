@@ -2,7 +2,7 @@
 
 Stage i of P runs min(P − i − 1, m) warm-up forwards, then alternates one forward and one backward
 until every micro-batch has gone forward, then drains the remaining backwards. At most min(P − i, m)
-micro-batches are in flight on stage i — what gbmw.pipeline_schedules.in_flight_micro_batches charges for memory.
+micro-batches are in flight on stage i — what gbmw.cost.pipeline_schedules.in_flight_micro_batches charges for memory.
 Neighbouring stages exchange activations forward and gradients backward with paired non-blocking
 send/recv (Megatron's send_forward_recv_backward / send_backward_recv_forward), so two neighbours
 never both block in a send.

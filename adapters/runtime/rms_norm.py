@@ -2,7 +2,7 @@
 RMS(x) = √(mean(x²) + ε), the norm of LLaMA-style decoders (no mean subtraction, no bias).
 
 Written as one autograd function so that backward keeps what LayerNorm's fused kernel keeps — the input and one
-fp32 statistic per token (1/RMS), which is what the estimator charges (gbmw.transformer_layers: "RMSNorm: 1/rms
+fp32 statistic per token (1/RMS), which is what the estimator charges (gbmw.specs.transformer_layers: "RMSNorm: 1/rms
 only") — where torch's composite `nn.RMSNorm` on a CPU also saves the normalised input (a third tensor of the
 input's size). Computed in fp32 at least (as autocast runs LayerNorm); the output has the input's dtype
 (the fp32 residual stream), as LayerNorm's has under autocast.

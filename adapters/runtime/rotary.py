@@ -6,7 +6,7 @@ and Megatron's default): x ↦ x·cos θ + rotate_half(x)·sin θ with rotate_ha
 θ_{p,i} = p · base^(−2i/d). The rotation is orthogonal, so backward rotates the gradient back by −θ:
 dx = dy·cos θ − rotate_half(dy·sin θ). As one autograd function it keeps nothing of the activations' size for
 backward (only the s × d/2-sized angle tables, which it recomputes): the attention kernel keeps the rotated Q and
-K, which is all the estimator charges for them (gbmw.transformer_layers).
+K, which is all the estimator charges for them (gbmw.specs.transformer_layers).
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ its shard at entry (`scatter_sequence`) and all-gathers its output at exit (`gat
 layers of any strategy connect unchanged (gbmw.adapters.runtime.redistribute).
 
 The reduce-scatter is the backend's own where it has one (NCCL: each rank sends (n−1)/n of the tensor, as
-gbmw.comm prices it); gloo has none, and there it is an in-place all-reduce and this rank's slice
+gbmw.cost.comm prices it); gloo has none, and there it is an in-place all-reduce and this rank's slice
 (`has_reduce_scatter`): the same sum, twice the traffic — a CPU test runtime's cost.
 """
 
@@ -42,7 +42,7 @@ def _shard(x: torch.Tensor, group: Any) -> torch.Tensor:
 
 
 def has_reduce_scatter(group: Any) -> bool:
-    """Whether `group`'s backend has a reduce-scatter that sends (n−1)/n of the tensor from each rank, as gbmw.comm
+    """Whether `group`'s backend has a reduce-scatter that sends (n−1)/n of the tensor from each rank, as gbmw.cost.comm
     prices it: NCCL's (CUDA) and any backend but gloo's, the fake one of adapters/profile/fake_memory included (it
     stands for the GPU run). gloo (CPU) only emulates it: in torch 2.13 its `reduce_scatter_single` and
     `reduce_scatter` clone the whole input, all-reduce the clone and copy this rank's slice out

@@ -14,7 +14,7 @@ Which implementation and why:
   rank's TP slice) and runs on gloo. `sdp` frees the gathered parameters after forward and gathers
   them again for backward; `z1dp`/`z2dp` keep them gathered from forward to backward
   (`reshard_after_forward=False`). Gradients follow ZeRO's stages as the estimator prices them
-  (gbmw/layer_cost.py): `sdp` and `z2dp` reduce-scatter every micro-batch and accumulate sharded gradients;
+  (gbmw/cost/layer_cost.py): `sdp` and `z2dp` reduce-scatter every micro-batch and accumulate sharded gradients;
   `z1dp` accumulates unsharded gradients and reduce-scatters them once, on the last micro-batch. (After
   that reduce-scatter FSDP2 keeps only the shard, so between iterations ZeRO-1 holds less than the
   estimator's unsharded gradients.)
@@ -41,9 +41,9 @@ import torch.distributed as dist
 from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
+from gbmw.cost.framework_memory import ADAM_CHUNK_ELEMENTS
 from gbmw.errors import PlanError
-from gbmw.framework_memory import ADAM_CHUNK_ELEMENTS
-from gbmw.space import DATA_PARALLEL_AXES, Strategy
+from gbmw.space.strategy import DATA_PARALLEL_AXES, Strategy
 
 SHARDED_FLAVOURS = ("sdp", "z2dp", "z1dp")
 ALLREDUCE_BUCKET_ELEMENTS = ADAM_CHUNK_ELEMENTS
@@ -119,7 +119,7 @@ def synchronise_plain_gradients(layers: list[tuple[LayerDataParallel, nn.Module]
     ALLREDUCE_BUCKET_ELEMENTS elements per group (layers in stage order, groups in first-use order: the same on
     every rank of the group), as DDP and DeepSpeed bucket them. A gradient larger than a bucket is reduced in place.
     The bucket is the only copy: the estimator's reserve for the optimizer step (the same number of fp32 elements,
-    gbmw.framework_memory.step_reserve_bytes) covers it, as the two never coexist."""
+    gbmw.cost.framework_memory.step_reserve_bytes) covers it, as the two never coexist."""
     buckets: dict = {}
     for data_parallel, module in layers:
         if data_parallel.sharded or data_parallel.size == 1:

@@ -123,7 +123,7 @@ def _as_autocast_linear(forward, x: torch.Tensor) -> torch.Tensor:
     """megatron-core's linear (output only), giving what autocast makes `nn.Linear` give on one device: an output
     in the autocast dtype. megatron adds its fp32 bias after the 16-bit matmul, an fp32 output the next op would
     save at twice the bytes of the single-device layer's. Its input stays as given (a norm's fp32 output, which
-    megatron's autograd function saves: gbmw.framework_memory prices it)."""
+    megatron's autograd function saves: gbmw.cost.framework_memory prices it)."""
     device = x.device.type
     if not torch.is_autocast_enabled(device):
         return forward(x)[0]

@@ -43,7 +43,7 @@ def _same_slicing(first, second) -> bool:
 def share_tied_weight(architecture: Any, embedding_layer, head_module, head_strategy) -> bool:
     """When the head sits on the embedding's stage with the same slicing and no ZeRO sharding, make it use the
     embedding's Parameter itself: one copy in memory (what the estimator charges) and no gradient exchange."""
-    from .sharding import data_parallel_flavour, SHARDED_FLAVOURS
+    from .sharding import SHARDED_FLAVOURS, data_parallel_flavour
 
     if not ties_embeddings(architecture) or not _same_slicing(embedding_layer.strategy, head_strategy):
         return False

@@ -17,7 +17,7 @@ before it) is sample permutation_e[g mod n] of epoch e = ⌊g / n⌋, where perm
 resumed under another plan (the checkpoint records `consumed_samples` and the seed) reads the data it would have
 read.
 
-Every problem with the files is one `DataError` line (gbmw.cli exits with status 2): a missing file, an index
+Every problem with the files is one `DataError` line (gbmw.cli.main exits with status 2): a missing file, an index
 that is not Megatron's or does not match its .bin, a dtype that is not integer, too few tokens for one sample,
 and — checked on every batch read — a token id outside [0, vocab_size).
 """

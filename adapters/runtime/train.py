@@ -87,9 +87,9 @@ def refuse_what_the_runtime_does_not_run(plan, plan_path: str) -> None:
 
 def _read_inputs(job_reference: str, plan_path: str, settings: TrainSettings):
     """The plan and the architecture the runtime builds, checked against the job and the --save folder."""
-    from gbmw.jobs import load_job
     from gbmw.plan import Plan
-    from gbmw.runtime_support import runtime_refusal
+    from gbmw.space.runtime_support import runtime_refusal
+    from gbmw.specs.jobs import load_job
 
     job = load_job(job_reference)
     plan = Plan.load(plan_path)

@@ -24,8 +24,8 @@ TARGET = "megatron-deepspeed"
 def render(model: str) -> dict[str, str]:
     from gbmw.adapters import deepspeed as ds
     from gbmw.adapters import megatron
-    from gbmw.planner import Planner
-    from gbmw.jobs import load_job
+    from gbmw.search.planner import Planner
+    from gbmw.specs.jobs import load_job
 
     job = load_job(f"{model}_a100-80g-x32")
     plan = Planner(job, target=TARGET).run()

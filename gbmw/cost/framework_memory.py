@@ -1,0 +1,126 @@
+"""What a framework allocates beyond its model states (gbmw.cost.model_states) and the layers' stashed activations.
+
+gbmw's runtime, as torch's MemTracker sees its real train step (benchmarks/memory_at_scale.py,
+gbmw.adapters.profile.fake_memory):
+* 16-bit training runs the layers under autocast over fp32 weights. Autocast casts each weight a layer uses to
+  16 bits once per forward and `nn.Linear` saves that copy for backward, so every micro-batch in flight keeps a
+  16-bit copy of the weights of its one-device layers (2 bytes per parameter) — except an embedding (the lookup
+  runs in fp32) and a checkpointed layer, which makes its copy again during the recomputation in backward.
+  (The engine runs autocast without its cast cache, so a copy nobody saves is freed at once.)
+* Under autocast the residual stream stays fp32 (the embedding looks up fp32 weights; a later stage casts the
+  16-bit activation it receives to fp32 and keeps the received tensor for its backward too), and each norm saves
+  its fp32 input: every sub-block keeps its input in 4 bytes where a 16-bit framework keeps 2
+  (`fp32_residual_extra_share`: (4 − d) / d more than the layer's 16-bit accounting, gbmw.specs.transformer_layers).
+  A stage after the first also holds the received 16-bit input itself (`keeps_received_input`).
+  Its TP layers (megatron-core's autograd functions) save their input as given — a norm's fp32 output, where
+  `nn.Linear` saves a 16-bit cast — so a TP layer keeps each sub-block's normalised input in 4 bytes too
+  (`fp32_tp_input_extra_share`); they give 16-bit outputs as `nn.Linear` does (gbmw.adapters.runtime
+  .tensor_parallel) and cast their weights again in backward rather than keep a copy.
+* ZeRO-1/2 layers (FSDP2 with `reshard_after_forward=False`) keep the gathered fp32 weights from the first
+  forward to the backward: while micro-batches run they hold whole weights, as ZeRO-1/2's model states say
+  (the shard alone only between iterations), and their own shard beside them (`kept_shard_bytes_per_parameter`).
+  With one micro-batch, ZeRO-1 reduce-scatters each layer's gradients right after its backward, as ZeRO-2 does,
+  and holds less than the unsharded gradients priced.
+* A sharded layer (FSDP2: ZeRO-1/2/3) gathers its weights into one flat buffer of the whole layer's weights and
+  copies them out to the layer's parameters: while the layer is gathered, the buffer and the copies exist at once
+  (`gather_buffer_bytes_per_parameter`). ZeRO-1/2 layers are resharded after each micro-batch's backward, so
+  every micro-batch's forward gathers them again.
+* A layer's backward holds, beside the stash, the gradients of its output (received) and its input (sent on),
+  its widest activation gradient and the gradient of its largest weight before that is added to the
+  parameter's gradient (gbmw.specs.transformer_layers' backward workspace;
+  `prices_backward_workspace`). Megatron accumulates weight gradients straight into its fp32 main gradients; the
+  stock targets' workspaces are not modelled.
+* A sequence-parallel layer (+sp; Korthikanti et al. 2022, Sec. 4.2.2) stashes its column-parallel linears' inputs
+  as sequence slices and all-gathers them again (16-bit) for the weight gradients in backward: beside its backward
+  workspace it holds one whole-sequence 16-bit input (`sequence_parallel_gather_share`; Megatron keeps the same
+  all-gather buffer, not modelled for the stock targets).
+* Sharded layers (FSDP2) shard a tied weight separately in each of its two layers, so a stage holding both
+  holds its states twice; unsharded layers share one tensor.
+* The optimizer step: torch's multi-tensor Adam computes √v into a new fp32 tensor (4 bytes per parameter it
+  steps) before the update (torch.optim.adam._multi_tensor_adam). The runtime steps ADAM_CHUNK_ELEMENTS
+  elements at a time (gbmw.adapters.runtime.local_adam), so a stage needs 4 bytes × min(the parameters it
+  steps, ADAM_CHUNK_ELEMENTS) beside its states at the step: a reserve it keeps free (`step_reserve_bytes`).
+  The same reserve holds the flat buckets in which it all-reduces plain-DP gradients just before the step (at most
+  ADAM_CHUNK_ELEMENTS fp32 elements, and no more than the parameters it steps: gbmw.adapters.runtime.sharding).
+Megatron's and DeepSpeed's fused Adam update in place, and their 16-bit weights are what the layers compute with.
+"""
+
+from __future__ import annotations
+
+from gbmw.space.strategy import Strategy
+
+AUTOCAST_COPY_BYTES = 2
+ADAM_SQRT_TEMPORARY_BYTES = 4
+ADAM_CHUNK_ELEMENTS = 2**24
+"""Elements gbmw's runtime updates in one multi-tensor Adam call (64 MiB of √v temporaries)."""
+FP32_BYTES = 4
+
+
+def runs_autocast(framework: str, precision: str) -> bool:
+    """gbmw's runtime in 16 bits: fp32 weights, layers under autocast."""
+    return framework == "gbmw-runtime" and precision in ("bf16", "fp16")
+
+
+def autocast_weight_copy_bytes(framework: str, precision: str, tp: int) -> int:
+    """Bytes per (TP-local) parameter of the 16-bit weight copy a micro-batch keeps from forward to backward:
+    `nn.Linear` (one device) saves it; megatron-core's TP linears (tp > 1) save the fp32 weight and cast again."""
+    return AUTOCAST_COPY_BYTES if runs_autocast(framework, precision) and tp == 1 else 0
+
+
+def fp32_residual_extra_share(framework: str, precision: str, activation_bytes: int) -> float:
+    """Extra bytes per byte of a layer's residual-stream inputs (16-bit accounting) that the framework keeps."""
+    return (FP32_BYTES - activation_bytes) / activation_bytes if runs_autocast(framework, precision) else 0.0
+
+
+def fp32_tp_input_extra_share(framework: str, precision: str, activation_bytes: int, tp: int) -> float:
+    """Extra bytes per byte of a layer's residual-stream inputs (16-bit accounting) for the fp32 normalised inputs
+    its TP linears save (gbmw's runtime under autocast with tp > 1: one per sub-block, the size of its input)."""
+    return fp32_residual_extra_share(framework, precision, activation_bytes) if tp > 1 else 0.0
+
+
+def keeps_received_input(framework: str, precision: str) -> bool:
+    """Whether a stage after the first keeps the 16-bit activation it received beside its fp32 copy."""
+    return runs_autocast(framework, precision)
+
+
+def kept_shard_bytes_per_parameter(framework: str, strategy: Strategy, weight_bytes: float) -> float:
+    """Weight bytes per (TP-local) parameter a ZeRO-1/2 layer holds beside its gathered weights: gbmw's runtime
+    (FSDP2 without resharding after forward) keeps its own shard too, 1/(ZeRO degree) of the weights."""
+    shards = strategy.degree("z1dp") * strategy.degree("z2dp")
+    if framework != "gbmw-runtime" or shards == 1 or strategy.degree("sdp") > 1:
+        return 0.0
+    return weight_bytes / shards
+
+
+def gather_buffer_bytes_per_parameter(framework: str, strategy: Strategy, weight_bytes: float) -> float:
+    """Bytes per (TP-local) parameter of the flat all-gather buffer a sharded layer holds while it gathers."""
+    sharded = any(strategy.degree(axis) > 1 for axis in ("sdp", "z1dp", "z2dp"))
+    return weight_bytes if framework == "gbmw-runtime" and sharded else 0.0
+
+
+def prices_backward_workspace(framework: str) -> bool:
+    """Whether a layer's backward workspace (gbmw.specs.model_spec.LayerSpec) is priced for this framework: gbmw's
+    runtime, where the memory benchmark checks it (benchmarks/memory_at_scale.py)."""
+    return framework == "gbmw-runtime"
+
+
+def shares_tied_weights(framework: str, strategy: Strategy) -> bool:
+    """Whether a stage whose two tied layers use `strategy` holds the tied weight (and its states) once."""
+    sharded = any(strategy.degree(axis) > 1 for axis in ("sdp", "z1dp", "z2dp"))
+    return not (framework == "gbmw-runtime" and sharded)
+
+
+def step_temporary_bytes(framework: str, optimizer: str) -> int:
+    """Bytes of the optimizer step's temporaries per parameter it steps (before the chunk cap)."""
+    return ADAM_SQRT_TEMPORARY_BYTES if framework == "gbmw-runtime" and optimizer == "adam" else 0
+
+
+def step_reserve_bytes(bytes_per_parameter: float, stepped_parameters: float) -> float:
+    """What a stage stepping `stepped_parameters` keeps free for the step: its temporaries, one chunk at most."""
+    return bytes_per_parameter * min(stepped_parameters, ADAM_CHUNK_ELEMENTS)
+
+
+def sequence_parallel_gather_share(framework: str, strategy: Strategy) -> float:
+    """Bytes per byte of a layer's 16-bit input (per sample) that its backward holds as the all-gathered input of
+    its column-parallel linears under +sp: gbmw's runtime's (gbmw.adapters.runtime.sequence_parallel)."""
+    return 1.0 if framework == "gbmw-runtime" and strategy.sp else 0.0

@@ -1,0 +1,312 @@
+"""The cost of one layer under one strategy: time, and memory in bytes (paper Sec. 5; Eq. (1)–(3)'s O_f, O_b,
+O_ms and the per-layer time c(l, S) of Eq. (4)).
+
+For one micro-batch of `micro_batch` samples entering a stage whose group has G devices, a layer under
+strategy S (data-parallel ways d, TP degree t) processes micro_batch / d samples per device:
+
+* compute: forward = per-sample time × samples / t where profiled; otherwise kernel by kernel: the matmul FLOPs
+  at the device's measured matmul rate (flash attention's at its measured attention rate), plus the memory-bound
+  kernels' traffic at its measured memory bandwidth (TP divides both inside its split regions, not the norms,
+  dropout and residual adds outside them);
+  backward = 2 × forward unless profiled; CKPT adds one forward (recompute) before backward, selective
+  recomputation the attention core's forward; sequence parallelism divides the norms', dropout's and residual
+  adds' traffic by TP too (gbmw.cost.activation_recompute). On a device with a
+  known multiprocessor count, each linear matmul of that micro-batch's shape (rows = samples × tokens, TP-split
+  features) also pays the time its tile waves lose, forward and backward (gbmw.cost.matmul_waves).
+* TP: the layer's all-reduces in forward and as many in backward (and again in the recompute).
+* DP/SDP: SDP all-gathers parameters before forward and backward and reduce-scatters gradients
+  every micro-batch (DeepSpeed ZeRO-3 keeps no unsharded gradients across micro-batches);
+  DP all-reduces gradients once per iteration, on the last micro-batch (Appendix C); ZeRO-1
+  reduce-scatters gradients and all-gathers updated parameters then; ZeRO-2 reduce-scatters every
+  micro-batch and all-gathers parameters on the last. Backward DP/SDP communication overlaps
+  backward compute and both slow down by the cluster's overlap factor f while they share the
+  device: time = max(c, g) + (f - 1) · min(c, g).
+* memory (bytes per device): model states per framework, precision and optimizer (gbmw.cost.model_states), divided by the sharding
+  axes, and what the framework allocates beyond them (gbmw.cost.framework_memory); forward-stashed activations O_f (boundary + intermediate, or boundary only under CKPT,
+  without the attention core's s×s tensors under selective recomputation, TP's replicated part divided by TP
+  under sequence parallelism: Korthikanti et al. 2022, Table 2);
+  backward extra O_b (the recomputed intermediates of a CKPT layer, the gathered parameters and
+  gradients of an SDP layer); model states O_ms.
+
+gbmw.cost.stage_cost adds what depends on the stage (transitions, pipeline sends, the 1F1B stash).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from gbmw.cost.activation_recompute import (selective_freed_bytes, selective_rebuilt_bytes, selective_recompute_s,
+                                            sequence_parallel_divisor)
+from gbmw.cost.comm import CommModel
+from gbmw.cost.framework_memory import (autocast_weight_copy_bytes, fp32_residual_extra_share,
+                                        fp32_tp_input_extra_share, gather_buffer_bytes_per_parameter,
+                                        kept_shard_bytes_per_parameter, prices_backward_workspace,
+                                        sequence_parallel_gather_share)
+from gbmw.cost.matmul_waves import linear_wave_loss_s
+from gbmw.cost.model_states import StateBytes, sharded_bytes_per_parameter, state_bytes
+from gbmw.space.strategy import DATA_PARALLEL_AXES, Strategy
+from gbmw.specs.cluster_spec import ClusterSpec
+from gbmw.specs.model_spec import ACTIVATION_DTYPE_BYTES, ModelSpec
+
+
+@dataclass(frozen=True)
+class CostSettings:
+    """What the costs depend on besides the layers and strategies."""
+
+    cluster: ClusterSpec
+    precision: str
+    optimizer: str = "adam"
+    framework: str = "gbmw-runtime"
+    """What runs the plan (gbmw.space.targets' Target.framework): it decides the bytes kept per parameter."""
+
+    @property
+    def states(self) -> StateBytes:
+        return state_bytes(self.framework, self.precision, self.optimizer)
+
+
+@dataclass
+class LayerCosts:
+    """Per-layer costs for one strategy (arrays over layers), one micro-batch."""
+
+    time_s: np.ndarray
+    """Layer time on the last micro-batch (gradient synchronisation included)."""
+    time_no_grad_sync_s: np.ndarray
+    """Layer time on the other micro-batches."""
+    forward_memory_bytes: np.ndarray
+    """O_f: activations stashed from forward to backward (one micro-batch)."""
+    backward_memory_bytes: np.ndarray
+    """O_b: extra memory only while this layer runs backward."""
+    model_state_bytes: np.ndarray
+    """O_ms: parameters, gradients and optimizer states held throughout."""
+    samples_per_device: float
+    optimizer_parameters: np.ndarray
+    """Parameters this device's optimizer steps (TP-local, divided by every ZeRO degree of the strategy)."""
+
+
+def model_state_bytes_per_parameter(strategy: Strategy, settings: CostSettings) -> float:
+    """Bytes of model states per (TP-local) parameter on one device under `strategy`'s sharding."""
+    return (sharded_bytes_per_parameter(strategy, settings.states)
+            + kept_shard_bytes_per_parameter(settings.framework, strategy, settings.states.weights))
+
+
+def tp_local_parameters(model: ModelSpec, tp: int) -> np.ndarray:
+    arrays = model.arrays
+    return arrays.tp_split_parameter_count / tp + (arrays.parameter_count - arrays.tp_split_parameter_count)
+
+
+def forward_time_per_sample_s(model: ModelSpec, settings: CostSettings) -> np.ndarray:
+    """Measured per-sample forward time where profiled, else FLOPs / the matmul rate (profiled models only)."""
+    arrays = model.arrays
+    analytic = arrays.forward_flops_per_sample / settings.cluster.sustained_flops(settings.precision)
+    return np.where(arrays.has_measured_time, arrays.forward_time_per_sample_s, analytic)
+
+
+def forward_compute_s(model: ModelSpec, settings: CostSettings, samples: float, tp: int,
+                      sequence_parallel: bool = False) -> np.ndarray:
+    """One forward pass of `samples` samples on one device at TP degree `tp`: the profiled time, or the matmuls
+    at the measured matmul rate plus the memory-bound kernels' traffic at the measured memory bandwidth (with
+    `sequence_parallel`, TP also divides the traffic of the norms, dropout and residual adds: gbmw.cost.activation_recompute)."""
+    arrays = model.arrays
+    bandwidth = settings.cluster.memory_bandwidth_bytes_per_s
+    flash = arrays.forward_flash_attention_flops_per_sample
+    split = ((arrays.forward_flops_per_sample - flash) / settings.cluster.sustained_flops(settings.precision)
+             + flash / settings.cluster.attention_flops(settings.precision)
+             + arrays.forward_tp_split_memory_traffic_bytes_per_sample / bandwidth)
+    whole = arrays.forward_memory_traffic_bytes_per_sample / bandwidth
+    analytic = split * samples / tp + whole * samples / (tp if sequence_parallel else 1)
+    measured = arrays.forward_time_per_sample_s * samples / tp + arrays.forward_overhead_s
+    return np.where(arrays.has_measured_time, measured, analytic)
+
+
+def matmul_wave_loss_s(model: ModelSpec, settings: CostSettings, samples: float, tp: int) -> tuple[np.ndarray, np.ndarray]:
+    """(forward, backward) per layer: what the linear matmuls of `samples` samples at TP degree `tp` lose to their
+    tile waves beyond their FLOPs at the sustained rate (gbmw.cost.matmul_waves); 0 for profiled layers and on devices
+    without a multiprocessor count."""
+    multiprocessors = settings.cluster.device.multiprocessors
+    arrays = model.arrays
+    if multiprocessors is None:
+        return np.zeros(model.num_layers), np.zeros(model.num_layers)
+    out_features = np.where(arrays.matmul_splits_out, arrays.matmul_out_features / tp, arrays.matmul_out_features)
+    in_features = np.where(arrays.matmul_splits_out, arrays.matmul_in_features, arrays.matmul_in_features / tp)
+    forward, backward = linear_wave_loss_s(arrays.matmul_rows_per_sample * samples, out_features, in_features,
+                                           settings.cluster.sustained_flops(settings.precision), multiprocessors)
+    analytic = ~arrays.has_measured_time
+    return forward * analytic, backward * analytic
+
+
+def _framework_overheads_s(model: ModelSpec, strategy: Strategy, settings: CostSettings, comm: CommModel,
+                           parameter_bytes: float, gradient_bytes: float) -> tuple[np.ndarray, np.ndarray]:
+    """Per call: what profiled TP-2 / SDP-2 / checkpointed timings show beyond compute and the modelled
+    collectives (the runtime's megatron-core, FSDP2 and checkpoint_wrapper bookkeeping), and the part of it
+    a checkpointed layer's recomputed forward repeats (TP's forward share). 0 for analytic models and for
+    strategies without tp, sdp or ckpt."""
+    arrays = model.arrays
+    overhead, recompute_overhead = np.zeros(model.num_layers), np.zeros(model.num_layers)
+    batch = arrays.profiled_batch
+    if not batch.any():
+        return overhead, recompute_overhead
+    forward_per_sample = forward_time_per_sample_s(model, settings)
+    backward_per_sample = np.where(arrays.has_measured_backward, arrays.backward_time_per_sample_s,
+                                   2 * forward_per_sample)
+    backward_per_call = np.where(arrays.has_measured_backward, arrays.backward_overhead_s, 2 * arrays.forward_overhead_s)
+
+    def charged_compute(tp: int) -> np.ndarray:
+        """Forward + backward compute of one call of `batch` samples as layer_costs charges it at TP `tp`."""
+        return (forward_per_sample + backward_per_sample) * batch / tp + arrays.forward_overhead_s + backward_per_call
+
+    if strategy.tp > 1:
+        tp_comm = 2 * collective_time_s(comm.allreduce_s, arrays.tp_allreduce_bytes_per_sample * batch, 2, 1)
+        overhead += np.where(arrays.tp2_time_s > 0,
+                             np.maximum(0.0, arrays.tp2_time_s - charged_compute(2) - tp_comm), 0.0)
+        if strategy.ckpt:
+            forward_charged = forward_per_sample * batch / 2 + arrays.forward_overhead_s + tp_comm / 2
+            recompute_overhead += np.where(arrays.tp2_forward_time_s > 0,
+                                           np.maximum(0.0, arrays.tp2_forward_time_s - forward_charged), 0.0)
+    if strategy.degree("sdp") > 1:
+        gathers = 2 * collective_time_s(comm.allgather_s, arrays.parameter_count * parameter_bytes, 2, 1)
+        scatter = collective_time_s(comm.reduce_scatter_s, arrays.parameter_count * gradient_bytes, 2, 1)
+        overhead += np.where(arrays.sdp2_time_s > 0,
+                             np.maximum(0.0, arrays.sdp2_time_s - charged_compute(1) - gathers - scatter), 0.0)
+    if strategy.ckpt:
+        recompute = forward_per_sample * batch + arrays.forward_overhead_s
+        overhead += np.where(arrays.ckpt_time_s > 0,
+                             np.maximum(0.0, arrays.ckpt_time_s - charged_compute(1) - recompute), 0.0)
+    return overhead, recompute_overhead
+
+
+def layer_costs(
+    model: ModelSpec, strategy: Strategy, micro_batch: float, settings: CostSettings, comm: CommModel
+) -> LayerCosts:
+    """c(l, S), O_f(l, S), O_b(l, S), O_ms(l, S) of every layer l under one strategy S."""
+    arrays = model.arrays
+    states = settings.states
+    parameter_bytes, gradient_bytes = states.weights, states.gradients
+    tp = strategy.tp
+    samples = micro_batch / strategy.data_parallel
+    slowdown = settings.cluster.overlap_slowdown
+
+    # Compute.
+    forward_compute = forward_compute_s(model, settings, samples, tp, strategy.sp)
+    backward_compute = np.where(arrays.has_measured_backward,
+                                arrays.backward_time_per_sample_s * samples / tp + arrays.backward_overhead_s,
+                                2.0 * forward_compute)
+    forward_wave_loss, backward_wave_loss = matmul_wave_loss_s(model, settings, samples, tp)
+    forward_compute = forward_compute + forward_wave_loss
+    backward_compute = backward_compute + backward_wave_loss  # 0 for profiled layers
+
+    # Tensor-parallel all-reduces (blocking, not overlapped).
+    tp_stride = strategy.stride("tp") if tp > 1 else 1
+    tp_forward = collective_time_s(comm.allreduce_s, arrays.tp_allreduce_bytes_per_sample * samples, tp, tp_stride)
+
+    # Data-parallel communication of this layer's (TP-local) parameters and gradients.
+    local_parameters = tp_local_parameters(model, tp)
+    every_micro_batch = np.zeros(model.num_layers)  # backward, overlappable
+    forward_gather = np.zeros(model.num_layers)
+    last_micro_batch = np.zeros(model.num_layers)  # backward, overlappable, once per iteration
+    shard = 1
+    for axis, degree in strategy.dims:
+        if axis not in DATA_PARALLEL_AXES:
+            continue
+        stride = strategy.stride(axis)
+        shard_parameters = local_parameters / shard
+        if axis == "sdp":
+            gather = collective_time_s(comm.allgather_s, shard_parameters * parameter_bytes, degree, stride)
+            forward_gather += gather
+            every_micro_batch += gather + collective_time_s(comm.reduce_scatter_s, shard_parameters * gradient_bytes, degree, stride)
+            shard *= degree
+        elif axis == "z2dp":
+            every_micro_batch += collective_time_s(comm.reduce_scatter_s, shard_parameters * gradient_bytes, degree, stride)
+            last_micro_batch += collective_time_s(comm.allgather_s, shard_parameters * parameter_bytes, degree, stride)
+        elif axis == "z1dp":
+            last_micro_batch += collective_time_s(comm.reduce_scatter_s, shard_parameters * gradient_bytes, degree, stride)
+            last_micro_batch += collective_time_s(comm.allgather_s, shard_parameters * parameter_bytes, degree, stride)
+        else:  # dp
+            last_micro_batch += collective_time_s(comm.allreduce_s, shard_parameters * gradient_bytes, degree, stride)
+
+    call_overhead, recompute_overhead = _framework_overheads_s(model, strategy, settings, comm, parameter_bytes,
+                                                               gradient_bytes)
+
+    def overlapped(compute: np.ndarray, communication: np.ndarray) -> np.ndarray:
+        return np.maximum(compute, communication) + (slowdown - 1.0) * np.minimum(compute, communication)
+
+    forward = forward_compute + tp_forward + forward_gather + call_overhead
+    recompute = (forward_compute + tp_forward + recompute_overhead) if strategy.ckpt else selective_recompute_s(
+        model, samples, strategy, settings.cluster.sustained_flops(settings.precision),
+        settings.cluster.attention_flops(settings.precision), settings.cluster.memory_bandwidth_bytes_per_s)
+    backward_common = tp_forward + recompute
+    time_no_sync = forward + backward_common + overlapped(backward_compute, every_micro_batch)
+    time_sync = forward + backward_common + overlapped(backward_compute, every_micro_batch + last_micro_batch)
+
+    # Memory.
+    boundary = arrays.boundary_activation_bytes_per_sample * samples
+    intermediate = (
+        arrays.intermediate_activation_bytes_per_sample + arrays.intermediate_tp_split_activation_bytes_per_sample / tp
+    ) * samples
+    # What gbmw's runtime keeps beyond the 16-bit accounting under autocast (gbmw.cost.framework_memory; not for
+    # embeddings, which keep token ids): the one-device layers' 16-bit weight copy, and fp32 residual-stream inputs.
+    not_embedding = np.array([layer.kind != "embedding" for layer in model.layers])
+    weight_copy = local_parameters * autocast_weight_copy_bytes(settings.framework, settings.precision,
+                                                                strategy.tp) * not_embedding
+    d = ACTIVATION_DTYPE_BYTES[model.precision]
+    residual_share = fp32_residual_extra_share(settings.framework, settings.precision, d)
+    fp32_share = residual_share * not_embedding
+    tp_input_share = fp32_tp_input_extra_share(settings.framework, settings.precision, d, strategy.tp) * not_embedding
+    residual_inputs = np.maximum(arrays.tp_allreduce_bytes_per_sample, arrays.boundary_activation_bytes_per_sample)
+    boundary = boundary * (1 + fp32_share)
+    intermediate = intermediate + (fp32_share * (residual_inputs - arrays.boundary_activation_bytes_per_sample)
+                                   + tp_input_share * residual_inputs) * samples
+    # sequence parallelism splits the replicated activations over TP (not an embedding's token ids); selective
+    # recomputation drops the attention core's stash and rebuilds it while the layer runs backward
+    if strategy.sp:
+        sp_divisor = sequence_parallel_divisor(strategy)
+        boundary = np.where(not_embedding, boundary / sp_divisor, boundary)
+        split_part = arrays.intermediate_tp_split_activation_bytes_per_sample * samples / tp
+        intermediate = (intermediate - split_part) / sp_divisor + split_part
+    core = selective_freed_bytes(model, samples, strategy)
+    if strategy.ckpt:
+        forward_memory, backward_memory = boundary, intermediate + weight_copy
+    else:
+        forward_memory = boundary + intermediate - core + weight_copy
+        workspace_priced = prices_backward_workspace(settings.framework)
+        backward_memory = selective_rebuilt_bytes(model, samples, strategy, workspace_priced)
+    sdp = strategy.degree("sdp")
+    if sdp > 1:  # the gathered full parameters and unscattered gradients of the running layer
+        backward_memory = backward_memory + local_parameters * (parameter_bytes + gradient_bytes) * (1 - 1 / sdp)
+    if prices_backward_workspace(settings.framework):  # backward's working set beside the stash
+        kinds = np.array([layer.kind for layer in model.layers])
+        residual = arrays.boundary_activation_bytes_per_sample
+        # the gradients of the layer's output (received) and input (sent on), in the residual stream's dtype
+        gradient_in_out = (np.where(kinds == "embedding", 0.0, residual)
+                           + np.where(kinds == "head", 0.0, np.where(kinds == "embedding",
+                                                                      arrays.tp_allreduce_bytes_per_sample, residual)))
+        backward_memory = backward_memory + (gradient_in_out * (1 + residual_share) * samples
+                                             + (arrays.backward_workspace_tp_split_bytes_per_sample * samples
+                                                + arrays.largest_weight_gradient_tp_split_bytes) / tp)
+        # +sp: the column-parallel linears' input all-gathered again for their weight gradients
+        backward_memory = backward_memory + np.where(kinds == "embedding", 0.0, residual) * samples * (
+            sequence_parallel_gather_share(settings.framework, strategy))
+    # the framework's all-gather buffer while the layer gathers (a forward transient, bounded by the backward term)
+    backward_memory = backward_memory + local_parameters * gather_buffer_bytes_per_parameter(
+        settings.framework, strategy, parameter_bytes)
+    held_states = local_parameters * model_state_bytes_per_parameter(strategy, settings)
+    return LayerCosts(
+        time_s=time_sync,
+        time_no_grad_sync_s=time_no_sync,
+        forward_memory_bytes=forward_memory,
+        backward_memory_bytes=backward_memory,
+        model_state_bytes=held_states,
+        samples_per_device=samples,
+        optimizer_parameters=local_parameters / (sdp * strategy.degree("z2dp") * strategy.degree("z1dp")),
+    )
+
+
+def collective_time_s(function, message_bytes: np.ndarray, size: int, stride: int) -> np.ndarray:
+    """A collective time function of gbmw.cost.comm applied to each layer's message (times are affine in the
+    size); a layer with nothing to send costs nothing."""
+    if size <= 1:
+        return np.zeros_like(message_bytes)
+    base = function(0.0, size, stride)
+    per_byte = function(1.0, size, stride) - base
+    return np.where(message_bytes > 0, base + per_byte * message_bytes, 0.0)

@@ -1,0 +1,81 @@
+"""What each framework keeps per parameter — the model states O_ms of Eq. (2) — and how ZeRO shards them.
+
+Bytes per parameter, as each framework documents or implements it (Adam; mixed precision is bf16/fp16):
+
+framework       precision   weights   gradients   optimizer    source
+gbmw-runtime    any         4         4           8            gbmw's runtime: fp32 weights under autocast,
+                                                               fp32 gradients, Adam's two fp32 moments
+megatron        bf16        2         4           12           Megatron-LM docs, "Distributed Optimizer": bf16
+                fp16        2         2           16           parameters with fp32 main gradients keep 18
+                fp32        4         4           8            bytes (6 + 12/d distributed), fp16 20 (4 + 16/d),
+                                                               fp32 16 (8 + 8/d)
+deepspeed       bf16/fp16   2         2           16           DeepSpeed's estimate_zero2_model_states_mem_needs:
+                fp32        4         4           8            16-bit weights and gradients, then fp32 gradients,
+                                                               fp32 weights and Adam's moments (18/d with ZeRO-2)
+SGD (no momentum) keeps the weights and gradients and, in mixed precision, an fp32 master copy (any framework).
+
+The optimizer step is memory-bound: per parameter it steps, it reads and writes the optimizer's states, reads the
+gradient (twice: the gradient norm for clipping, then the update) and writes the weights — and, where the weights
+are themselves the fp32 master copy (no 16-bit copy), reads them too (`step_traffic_bytes`).
+
+Sharding follows ZeRO (Rajbhandari et al., Sec. 5): ZeRO-1 (z1dp, Megatron's distributed optimizer) divides the
+optimizer column by its degree, ZeRO-2 (z2dp) the gradients too, ZeRO-3 (sdp) everything. The weights are also
+what SDP all-gathers and the gradients what data parallelism reduces, so their sizes set those messages too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gbmw.space.strategy import Strategy
+
+
+@dataclass(frozen=True)
+class StateBytes:
+    """Bytes per parameter a framework keeps: the weights layers compute with, the gradients it accumulates and
+    reduces, and what its optimizer holds (fp32 master weights, moments, fp32 gradient copies)."""
+
+    weights: int
+    gradients: int
+    optimizer: int
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.gradients + self.optimizer
+
+
+_ADAM = {
+    ("gbmw-runtime", "fp32"): StateBytes(4, 4, 8),
+    ("gbmw-runtime", "bf16"): StateBytes(4, 4, 8),
+    ("gbmw-runtime", "fp16"): StateBytes(4, 4, 8),
+    ("megatron", "fp32"): StateBytes(4, 4, 8),
+    ("megatron", "bf16"): StateBytes(2, 4, 12),
+    ("megatron", "fp16"): StateBytes(2, 2, 16),
+    ("deepspeed", "fp32"): StateBytes(4, 4, 8),
+    ("deepspeed", "bf16"): StateBytes(2, 2, 16),
+    ("deepspeed", "fp16"): StateBytes(2, 2, 16),
+}
+_SGD = {"fp32": StateBytes(4, 4, 0), "bf16": StateBytes(2, 2, 4), "fp16": StateBytes(2, 2, 4)}
+FRAMEWORKS = ("gbmw-runtime", "megatron", "deepspeed")
+
+
+def state_bytes(framework: str, precision: str, optimizer: str) -> StateBytes:
+    """The bytes per parameter `framework` keeps training in `precision` with `optimizer` (see the module table)."""
+    if optimizer == "sgd":
+        return _SGD[precision]
+    return _ADAM[framework, precision]
+
+
+def sharded_bytes_per_parameter(strategy: Strategy, states: StateBytes) -> float:
+    """Bytes of model states per (TP-local) parameter on one device under `strategy`'s ZeRO sharding."""
+    zero3 = strategy.degree("sdp")
+    zero2 = zero3 * strategy.degree("z2dp")
+    zero1 = zero2 * strategy.degree("z1dp")
+    return states.weights / zero3 + states.gradients / zero2 + states.optimizer / zero1
+
+
+def step_traffic_bytes(states: StateBytes) -> int:
+    """Bytes the optimizer step moves per parameter it steps (the module's accounting): Adam with a 16-bit copy,
+    e.g. Megatron bf16, 2·12 + 2·4 + 2 = 34; gbmw's runtime (fp32 weights are the master) 2·8 + 2·4 + 2·4 = 32."""
+    master_is_weights = states.weights >= 4
+    return 2 * states.optimizer + 2 * states.gradients + states.weights * (2 if master_is_weights else 1)

@@ -1,0 +1,158 @@
+"""Fixed, hand-written configurations costed by the same estimator as the planner's plans.
+
+`UniformConfig` is a Megatron/DeepSpeed-style 3D configuration — one TP degree, one pipeline
+degree, data parallelism over what remains, one ZeRO stage, one recomputation setting and a
+per-rank micro-batch — as written on the command line:
+
+    gbmw estimate JOB --uniform tp=8,pp=2,zero=1,ckpt=full,micro=1
+
+It becomes a Plan with the same strategy on every layer (TP innermost on consecutive ranks,
+data parallel outside it, pipeline outermost, as Megatron lays out ranks) and Megatron's even
+pipeline split.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gbmw.errors import GbmwError, PlanError
+from gbmw.plan import Plan
+from gbmw.space.stock_partitions import megatron_partition
+from gbmw.space.strategy import RECOMPUTE_LEVELS, Strategy
+from gbmw.space.targets import AXIS_OF_ZERO_STAGE, get_target
+from gbmw.specs.files import shown
+from gbmw.specs.jobs import JobSpec
+from gbmw.specs.model_spec import ModelSpec
+from gbmw.specs.schema import MAX_DEVICES, MAX_GLOBAL_BATCH
+
+UNIFORM_KEYS = {
+    "tp": "tensor-parallel degree (power of two)",
+    "pp": "pipeline degree (power of two)",
+    "dp": "data-parallel degree (optional; must equal devices / (tp * pp))",
+    "zero": "ZeRO stage 0-3 (3 = sharded data parallel)",
+    "ckpt": "activation recomputation: full, selective (the attention core) or none",
+    "sp": "sequence parallelism with TP: on or off (default off)",
+    "micro": "micro-batch size per data-parallel rank (Megatron --micro-batch-size)",
+    "batch": "global batch (optional; default the job's global_batch)",
+    "target": "what runs it: runtime (default), deepspeed, megatron-deepspeed or megatron-core",
+}
+
+
+@dataclass(frozen=True)
+class UniformConfig:
+    tp: int = 1
+    pp: int = 1
+    dp: int | None = None
+    zero: int = 0
+    ckpt: str = "none"
+    sp: bool = False
+    micro: int = 1
+    batch: int | None = None
+    target: str = "runtime"
+    """What runs the configuration (gbmw.space.targets): its framework decides the memory per parameter."""
+
+    @classmethod
+    def parse(cls, text: str) -> "UniformConfig":
+        values: dict[str, object] = {}
+        known = ", ".join(f"{k} ({v})" for k, v in UNIFORM_KEYS.items())
+        items = [part.strip() for part in text.split(",") if part.strip()]
+        if not items:
+            raise PlanError(f"--uniform {shown(text)}: empty; write key=value pairs joined by ',', e.g. "
+                            f"tp=8,pp=2,zero=1,ckpt=full,micro=1 (keys: {known})")
+        for item in items:
+            key, sep, value = item.partition("=")
+            key = key.strip()
+            if not sep or key not in UNIFORM_KEYS:
+                raise PlanError(f"--uniform: cannot read {shown(item)}; write key=value pairs joined by ',' with keys: "
+                                f"{known}")
+            if key in values:
+                raise PlanError(f"--uniform: {key} is given twice ({key}={values[key]} and {shown(item)}); give it once")
+            value = value.strip()
+            if key == "target":
+                try:
+                    values[key] = get_target(value).name
+                except GbmwError as error:
+                    raise PlanError(f"--uniform target={shown(value)}: {str(error).split('; ', 1)[-1]}") from None
+                continue
+            if key == "ckpt":
+                if value not in RECOMPUTE_LEVELS:
+                    raise PlanError(
+                        f"--uniform ckpt={shown(value)}: write full (every Transformer block recomputed), selective "
+                        "(their attention cores) or none"
+                    )
+                values[key] = value
+                continue
+            if key == "sp":
+                if value.lower() not in ("on", "off", "true", "false"):
+                    raise PlanError(f"--uniform sp={shown(value)}: write on or off (sequence parallelism with TP)")
+                values[key] = value.lower() in ("on", "true")
+                continue
+            try:
+                number = int(value)
+            except ValueError:
+                raise PlanError(f"--uniform {key}={shown(value)}: must be an integer ({UNIFORM_KEYS[key]})") from None
+            if number < (0 if key == "zero" else 1):
+                raise PlanError(f"--uniform {key}={number}: must be positive ({UNIFORM_KEYS[key]})")
+            if number > (MAX_GLOBAL_BATCH if key in ("micro", "batch") else MAX_DEVICES):
+                raise PlanError(f"--uniform {key}={number}: too large ({UNIFORM_KEYS[key]})")
+            if key == "zero" and number > 3:
+                raise PlanError(f"--uniform zero={number}: ZeRO stages are 0, 1, 2 and 3")
+            values[key] = number
+        return cls(**values)  # type: ignore[arg-type]
+
+    def to_plan(self, job: JobSpec) -> Plan:
+        devices = job.cluster.num_devices
+        if devices % (self.tp * self.pp):
+            raise PlanError(
+                f"--uniform tp={self.tp}, pp={self.pp}: devices({devices}) % (tp * pp = {self.tp * self.pp}) != 0"
+            )
+        dp = devices // (self.tp * self.pp)
+        if self.dp is not None and self.dp != dp:
+            raise PlanError(
+                f"--uniform dp={self.dp}: devices({devices}) / (tp({self.tp}) * pp({self.pp})) = {dp}; "
+                f"leave dp out or set it to {dp}"
+            )
+        global_batch = self.batch or job.global_batch
+        if global_batch is None:
+            raise PlanError(f"--uniform: job {job.name} has no global_batch; add batch=N to --uniform")
+        micro_batch = self.micro * dp
+        if global_batch % micro_batch:
+            raise PlanError(
+                f"--uniform: global batch {global_batch} is not a multiple of micro({self.micro}) * dp({dp}) = "
+                f"{micro_batch}; DeepSpeed's identity is train_batch = micro * grad_accum * dp"
+            )
+        strategies = self.layer_strategies(job.model, dp)
+        plan = Plan(
+            model=job.model.name,
+            cluster=job.cluster.name,
+            num_devices=devices,
+            precision=job.precision,
+            global_batch=global_batch,
+            micro_batch=micro_batch,
+            num_micro_batches=global_batch // micro_batch,
+            pp=self.pp,
+            partition=tuple(megatron_partition(job.model, self.pp)),
+            strategies=strategies,
+            target=self.target,
+            provenance={"made_by": "uniform", "config": self.describe()},
+        )
+        plan.check_against(job.model, devices)
+        get_target(self.target).check(plan, job.model)
+        return plan
+
+    def layer_strategies(self, model: ModelSpec, dp: int) -> tuple[Strategy, ...]:
+        """One strategy per layer of `model`: TP innermost, then `dp`-way data parallelism at the config's ZeRO
+        stage; recomputation on Transformer blocks only (stock frameworks never recompute embeddings or heads); with sp=on
+        sequence parallelism on every layer, or on the blocks alone where the target runs it there only (gbmw's
+        runtime)."""
+        dims = ((("tp", self.tp),) if self.tp > 1 else ()) + (((AXIS_OF_ZERO_STAGE[self.zero], dp),) if dp > 1 else ())
+        if self.sp and self.tp < 2:
+            raise PlanError(f"--uniform sp=on with tp={self.tp}: sequence parallelism splits TP's replicated "
+                            "regions; it needs tp >= 2")
+        plain = Strategy(dims, sp=self.sp and not get_target(self.target).sequence_parallel_blocks_only)
+        block = Strategy(dims, sp=self.sp).with_recompute(self.ckpt)
+        return tuple(block if layer.is_block else plain for layer in model.layers)
+
+    def describe(self) -> str:
+        return f"tp={self.tp},pp={self.pp},zero={self.zero},ckpt={self.ckpt}{',sp=on' if self.sp else ''},micro={self.micro}" + (
+            f",batch={self.batch}" if self.batch else "") + (f",target={self.target}" if self.target != "runtime" else "")

@@ -1,0 +1,152 @@
+"""The exact search's frontier machinery (gbmw.search.exact.whole_plan_search): memory on an exact grid, the numba kernel that
+extends a stage's partial plans by one layer, and the non-dominated filter with the time columns Eq. (9) allows."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+
+# ---------------------------------------------------------------------------------------------------- memory
+
+
+class MemoryGrid:
+    """Memory terms on a grid of `step_bytes` (a power of two) on which every sum the search and stage_estimate
+    form is exact in float64: all terms are multiples of the step and every sum stays below 2^53 steps."""
+
+    def __init__(self, largest_sum: float):
+        self.step_bytes = 2.0 ** (math.ceil(math.log2(max(largest_sum, 1.0))) - 52)
+        self.rounded = False
+        """Some term was not on the grid and was rounded up."""
+
+    def up(self, values) -> np.ndarray:
+        """`values` rounded up to the grid (unchanged where already on it)."""
+        values = np.asarray(values, dtype=np.float64)
+        on_grid = np.ceil(values / self.step_bytes) * self.step_bytes
+        self.rounded = self.rounded or bool((on_grid != values).any())
+        return on_grid
+
+
+# ---------------------------------------------------------------------------------------------------- kernels
+
+
+@njit(cache=True)
+def extend_candidates(stash, excess, no_sync, sync, params, layout,
+                       o_no_sync, o_sync, o_stash, o_forward, o_backward, o_params, o_layout,
+                       transition, budget, reserve_per_parameter, chunk, m, step_s, rest_s, limit_s,
+                       rest_stash, rest_carry, rest_params, later_s, sharing_stages):
+    """Every kept partial plan × every option of the next layer that can still fit and still beat the incumbent.
+    `rest_s` bounds from below what the layers outside the partial plan add to Eq. (9); `rest_stash`, `rest_carry`
+    and `rest_params` what later layers of the same stage surely add to its stash, to E (each adds at least
+    O_ms + (k − 1) · O_f: its forward memory can lower the excess by at most O_f) and to its parameters (0 when the
+    stage may end here). `later_s` bounds the no-sync time of layers outside the partial plan that `sharing_stages`
+    stages, this one included, share with it (the first stage: the layers after it, over this and the later
+    stages; a middle stage: every other layer, over all P): the slowest of them takes at least the average,
+    (N + later_s) / sharing_stages (0: not used)."""
+    points, options = stash.shape[0], o_no_sync.shape[0]
+    capacity = points * options
+    n_stash = np.empty(capacity)
+    n_excess = np.empty(capacity)
+    n_no_sync = np.empty(capacity)
+    n_sync = np.empty(capacity)
+    n_params = np.empty(capacity)
+    n_layout = np.empty(capacity, np.int64)
+    n_option = np.empty(capacity, np.int64)
+    n_parent = np.empty(capacity, np.int64)
+    count = 0
+    for o in range(options):
+        for p in range(points):
+            s = stash[p] + o_stash[o]
+            x = excess[p] - o_forward[o]
+            if x < o_backward[o]:
+                x = o_backward[o]
+            q = params[p] + o_params[o]
+            least = max(s + x + rest_carry, s + rest_stash)
+            if least + reserve_per_parameter * min(q + rest_params, chunk) > budget:
+                continue
+            t = no_sync[p] + o_no_sync[o] + transition[layout[p], o_layout[o]]
+            y = sync[p] + o_sync[o]
+            if m * t + y + step_s * (q + rest_params) + rest_s > limit_s:
+                continue
+            if sharing_stages > 0:
+                slowest = max(t, (t + later_s) / sharing_stages)
+                if (m - 1) * slowest + t + later_s + y + step_s * q > limit_s:
+                    continue
+            n_stash[count], n_excess[count], n_no_sync[count], n_sync[count] = s, x, t, y
+            n_params[count], n_layout[count], n_option[count], n_parent[count] = q, o_layout[o], o, p
+            count += 1
+    return (n_stash[:count], n_excess[:count], n_no_sync[:count], n_sync[:count], n_params[:count],
+            n_layout[:count], n_option[:count], n_parent[:count])
+
+
+@njit(cache=True)
+def _no_worse(columns: np.ndarray, row: int, other: int, width: int) -> bool:
+    """Row `row` is no greater than row `other` in every column."""
+    for c in range(width):
+        if columns[row, c] > columns[other, c]:
+            return False
+    return True
+
+
+@njit(cache=True)
+def _nondominated(columns: np.ndarray, group: np.ndarray, order: np.ndarray) -> np.ndarray:
+    """Mask of the rows no other row of the same group matches or beats (≤) in every column (of equal rows the
+    first in `order` is kept); `order` sorts the rows by group, first column and the sum of their columns, so a row
+    can only be matched or beaten by one before it (float addition is monotone: a row no greater in every column has no
+    greater sum). The last row found to beat one is tried first: neighbours in the order are mostly beaten by the
+    same row."""
+    rows, width = columns.shape
+    keep = np.zeros(rows, np.bool_)
+    kept = np.empty(rows, np.int64)
+    kept_count = 0
+    group_start = 0
+    previous_group = -1
+    last = -1
+    for position in range(rows):
+        row = order[position]
+        if group[row] != previous_group:
+            previous_group = group[row]
+            group_start = kept_count
+            last = -1
+        if last >= 0 and _no_worse(columns, last, row, width):
+            continue
+        dominated = False
+        for k in range(kept_count - 1, group_start - 1, -1):
+            if _no_worse(columns, kept[k], row, width):
+                dominated = True
+                last = kept[k]
+                break
+        if not dominated:
+            keep[row] = True
+            kept[kept_count] = row
+            kept_count += 1
+    return keep
+
+
+def nondominated(columns: np.ndarray, group: np.ndarray | None = None) -> np.ndarray:
+    """Indices of the rows of `columns` ([rows, values]) that no other row (of the same `group`) matches or beats
+    in every value; of equal rows one is kept."""
+    rows = columns.shape[0]
+    if rows <= 1:
+        return np.arange(rows)
+    group = np.zeros(rows, np.int64) if group is None else group.astype(np.int64)
+    total = columns[:, 0].copy()
+    for c in range(1, columns.shape[1]):
+        total += columns[:, c]
+    order = np.lexsort((total, columns[:, 0], group))
+    return np.nonzero(_nondominated(np.ascontiguousarray(columns), group, order))[0]
+
+
+def time_columns(no_sync: np.ndarray, sync: np.ndarray, optimizer: np.ndarray) -> np.ndarray:
+    """Columns under which a stage (or a partial partition) that no other matches or beats is kept, given its N
+    (or Σ N), S (or max S) and U (or max U): (N, N + S, N + U, N + S + U).
+
+    Completing two alternatives A and B the same way (the same later layers and stages, so the same additions to
+    N and S, and the same other stages: a = their max N, c their max S, d their max U), Eq. (9) gives
+        T_A − T_B = (m − 1)·(max(N_A, a) − max(N_B, a)) + (N_A − N_B) + (max(S_A, c) − max(S_B, c))
+                    + (max(U_A, d) − max(U_B, d))
+                  ≤ (N_A − N_B) + max(0, S_A − S_B) + max(0, U_A − U_B)      when N_A ≤ N_B,
+    as max is monotone and 1-Lipschitz: so A is never slower when it is no worse in all four columns. That keeps
+    fewer alternatives than (N, S, U), where A must also have no more S and U."""
+    return np.stack([no_sync, no_sync + sync, no_sync + optimizer, no_sync + sync + optimizer], axis=1)

@@ -1,0 +1,170 @@
+"""What one search may choose from: the paper's variants, the fixed baselines, and the targets.
+
+A `SearchSpace` says, for each pipeline degree, which strategies a layer may take, whether all
+layers must share one (stock frameworks configure one TP/DP/ZeRO setting for the whole model),
+which pipeline schedule runs, and how the layers may be partitioned. The planner runs the same
+search over any of them, so the paper's ablations (Table 3), the baselines and the targets of
+DESIGN.md are costed alike.
+
+Variants (paper Sec. 7.1): DP+TP only and DP+PP only (Galvatron restricted to two axes), Galvatron
+(DP, SDP, TP, PP; no CKPT; GPipe-style pipeline; balanced partition), Galvatron-Base (adds CKPT and
+1F1B, Algorithm 1), 1F1B+Bi-obj (Base without CKPT but with the bi-objective partition, Algorithm 2) and
+Galvatron-BMW (everything).
+
+Baselines (paper Sec. 7.1): PyTorch DDP (pure DP), Megatron (pure TP over all devices), PyTorch
+GPipe (pure PP, one device per stage), FSDP/ZeRO-3 (pure SDP) and DeepSpeed 3D (2-way DP × TP × PP).
+PyTorch GPipe recomputes every Transformer block: PyTorch's `Pipe` and torchgpipe checkpoint every micro-batch
+but the last by default (`checkpoint='except_last'`); gbmw recomputes the last one too, so it charges one
+micro-batch's recomputation more per stage and one micro-batch's stash less.
+
+Targets (gbmw.space.targets): the same search restricted to what a stock framework can configure — one
+strategy for all layers from the target's axes, the target's strategy filter and its pipeline partitions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from gbmw.errors import GbmwError
+from gbmw.space.strategy import SEARCH_AXES, Strategy, enumerate_strategies, pipeline_degrees
+from gbmw.space.targets import Target, get_target
+from gbmw.specs.cluster_spec import ClusterSpec
+from gbmw.specs.files import shown
+from gbmw.specs.model_spec import ModelSpec
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    label: str
+    axes: tuple[str, ...] = SEARCH_AXES
+    ckpt: bool = True
+    schedule: str = "1f1b"
+    partitioning: tuple[str, ...] = ("time",)
+    """Partition methods tried, in order: `time` (time-balanced), `bi-objective` (Alg. 2, from memory-balanced),
+    or a closed-form rule of gbmw.space.stock_partitions (`uniform`, `parameters`, `even`, `first-last`)."""
+    uniform: bool = False
+    """One strategy for every layer (recomputation on all blocks or none)."""
+    recompute_always: bool = False
+    """With `uniform`: every Transformer block recomputes (never embeddings or heads) — a framework that
+    checkpoints by default, not as a choice of the search."""
+    fixed_dims: Callable[[int, int, ClusterSpec], tuple | None] | None = None
+    """(devices, pp, cluster) → the one strategy tree of a fixed baseline (None: this pp is not used)."""
+    pp_choices: Callable[[int, ClusterSpec], list[int]] | None = None
+    strategy_filter: Callable[[Strategy, int], bool] | None = None
+    """(strategy, pp) → allowed, for targets."""
+    max_pp: int | None = None
+    target: str = "runtime"
+    selective: bool = False
+    """Offer selective recomputation (+sel) beside none and full."""
+    sequence_parallel: bool = False
+    """Offer sequence parallelism (+sp) for strategies with TP."""
+
+    @classmethod
+    def for_target(cls, target: Target) -> "SearchSpace":
+        """What a stock framework can run: one strategy for every layer, from the target's definition."""
+        return cls(target.label, axes=target.axes, uniform=True, partitioning=target.partition_rules,
+                   target=target.name, strategy_filter=target.allows,
+                   selective=target.selective_recompute is not None and target.search_offers_selective,
+                   sequence_parallel=target.sequence_parallel)
+
+    def pipeline_degrees(self, cluster: ClusterSpec, max_pp: int | None) -> list[int]:
+        devices = cluster.num_devices
+        degrees = self.pp_choices(devices, cluster) if self.pp_choices else pipeline_degrees(devices)
+        limits = [limit for limit in (self.max_pp, max_pp) if limit is not None]
+        return [pp for pp in degrees if all(pp <= limit for limit in limits)]
+
+    def strategies(self, cluster: ClusterSpec, pp: int) -> list[Strategy]:
+        group = cluster.num_devices // pp
+        if self.fixed_dims is not None:
+            dims = self.fixed_dims(cluster.num_devices, pp, cluster)
+            if dims is None:
+                return []
+            return [Strategy(tuple(dims), ckpt) for ckpt in ((False, True) if self.recompute_always else (False,))]
+        prune = self.strategy_filter is None
+        candidates = enumerate_strategies(group, axes=self.axes, prune_dp_with_sdp=prune, ckpt=self.ckpt,
+                                          selective=self.selective, sequence_parallel=self.sequence_parallel)
+        if self.strategy_filter is not None:
+            candidates = [s for s in candidates if self.strategy_filter(s, pp)]
+        return candidates
+
+    def groups(self, strategies: list[Strategy], model: ModelSpec) -> list[np.ndarray]:
+        """Masks [strategy, layer] of what one search may mix: everything, or for uniform spaces one
+        mask per tree (with or without sequence parallelism) and recomputation level (embeddings and heads
+        never recompute)."""
+        if not self.uniform:
+            return [np.ones((len(strategies), model.num_layers), bool)]
+        is_block = model.is_block
+        masks = []
+        for dims, sp in dict.fromkeys((s.dims, s.sp) for s in strategies):
+            levels = dict.fromkeys(s.recompute for s in strategies)
+            for level in ([level for level in levels if level == "full"] if self.recompute_always else levels):
+                mask = np.zeros((len(strategies), model.num_layers), bool)
+                for index, strategy in enumerate(strategies):
+                    if strategy.dims == dims and strategy.sp == sp:
+                        mask[index] = np.where(is_block, strategy.recompute == level, strategy.recompute == "none")
+                if mask.any(axis=0).all():
+                    masks.append(mask)
+        return masks
+
+
+def _deepspeed_3d_dims(devices: int, pp: int, cluster: ClusterSpec):
+    """2-way DP, and TP × PP over the rest with TP the square-root share, inside a node (paper Sec. 7.1)."""
+    if devices < 4:
+        return None
+    rest = devices // 2
+    tp = min(cluster.devices_per_node, 2 ** ((rest.bit_length() - 1 + 1) // 2))
+    if rest // tp != pp:
+        return None
+    return (("tp", tp), ("z1dp", 2)) if tp > 1 else (("z1dp", 2),)
+
+
+def _deepspeed_3d_pp(devices: int, cluster: ClusterSpec) -> list[int]:
+    return [pp for pp in pipeline_degrees(devices) if _deepspeed_3d_dims(devices, pp, cluster) is not None]
+
+
+def _single_dp_axis(strategy: Strategy) -> bool:
+    return sum(axis != "tp" for axis, _ in strategy.dims) <= 1
+
+
+VARIANTS: dict[str, SearchSpace] = {
+    "dp+tp": SearchSpace("Galvatron (DP+TP)", axes=("dp", "tp"), ckpt=False, schedule="gpipe", max_pp=1),
+    "dp+pp": SearchSpace("Galvatron (DP+PP)", axes=("dp",), ckpt=False, schedule="gpipe"),
+    "galvatron": SearchSpace("Galvatron", ckpt=False, schedule="gpipe"),
+    "base": SearchSpace("Galvatron-Base"),
+    "1f1b+bi-obj": SearchSpace("Galvatron (1F1B+Bi-obj)", ckpt=False, partitioning=("time", "bi-objective")),
+    "bmw": SearchSpace("Galvatron-BMW", partitioning=("time", "bi-objective")),
+    "gbmw": SearchSpace(
+        "gbmw (BMW + ZeRO-1/2)", axes=("dp", "z1dp", "z2dp", "sdp", "tp"), partitioning=("time", "bi-objective"),
+        strategy_filter=lambda s, pp: _single_dp_axis(s), sequence_parallel=True,
+    ),
+}
+DEFAULT_VARIANT = "gbmw"
+
+BASELINES: dict[str, SearchSpace] = {
+    "ddp": SearchSpace("PyTorch DDP (DP)", ckpt=False, fixed_dims=lambda n, pp, c: (("dp", n),) if pp == 1 else None,
+                       pp_choices=lambda n, c: [1]),
+    "megatron-tp": SearchSpace("Megatron (TP)", ckpt=False, fixed_dims=lambda n, pp, c: (("tp", n),) if pp == 1 else None,
+                               pp_choices=lambda n, c: [1]),
+    "gpipe": SearchSpace("PyTorch GPipe (PP)", ckpt=False, schedule="gpipe", fixed_dims=lambda n, pp, c: (),
+                         pp_choices=lambda n, c: [n], uniform=True, recompute_always=True),
+    "fsdp": SearchSpace("FSDP/ZeRO-3 (SDP)", ckpt=False, fixed_dims=lambda n, pp, c: (("sdp", n),) if pp == 1 else None,
+                        pp_choices=lambda n, c: [1]),
+    "deepspeed-3d": SearchSpace("DeepSpeed 3D", ckpt=False, fixed_dims=_deepspeed_3d_dims, pp_choices=_deepspeed_3d_pp,
+                                partitioning=("even", "uniform")),
+}
+
+
+def search_space(variant: str = DEFAULT_VARIANT, target: str = "runtime") -> SearchSpace:
+    """The space for a target (its own constraints) or, for the runtime, a variant or baseline."""
+    if get_target(target).name != "runtime":
+        return SearchSpace.for_target(get_target(target))
+    if variant in VARIANTS:
+        return VARIANTS[variant]
+    if variant in BASELINES:
+        return BASELINES[variant]
+    raise GbmwError(
+        f"variant {shown(variant)} is unknown; variants: {', '.join(VARIANTS)}; baselines: {', '.join(BASELINES)}"
+    )

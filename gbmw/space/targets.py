@@ -1,0 +1,316 @@
+"""What will run a plan, defined once per target: the search's strategy filter, the expressibility check,
+the pipeline partitions and the emitters' mappings (ZeRO stage ↔ data-parallel axis, partition method
+names) all derive from these definitions (DESIGN.md, "Target").
+
+* `runtime` — gbmw's own hybrid runtime: any strategy per layer, any partition.
+* `deepspeed` — ZeRO and DeepSpeed's pipeline engine: one layout for the whole model, no TP, one ZeRO stage
+  (≤ 1 with a pipeline), the PipelineModule's `uniform` or `parameters` partitions.
+* `megatron-deepspeed` — Megatron TP (innermost, consecutive ranks) inside DeepSpeed ZeRO (≤ 1 with a
+  pipeline); GPTModelPipe's `type:transformer` partition, which is Megatron's even split of blocks.
+* `megatron-core` — uniform TP and PP, plain DP or the distributed optimizer (ZeRO-1), an even split or
+  uneven first and last stages (`--decoder-first/last-pipeline-num-layers`), and interleaved 1F1B on an even split
+  (the planner tries every number of equal chunks per stage: `--num-layers-per-virtual-pipeline-stage`).
+
+Stock frameworks recompute all Transformer blocks or none (never embeddings or heads) and run 1F1B. The
+Megatron targets also run sequence parallelism (every layer with TP) and selective recomputation of the attention
+core (Megatron-DeepSpeed only where attention is not flash). gbmw's runtime runs sequence parallelism per layer, in
+Transformer blocks (not embeddings or heads: `sequence_parallel_blocks_only`), and selective recomputation of any
+block (gbmw.adapters.runtime.attention_core_recompute) — but its search does not offer +sel (`search_offers_selective`).
+The runtime's attention is fused (`fused_attention`): it keeps no s×s scores, so recomputing the core frees only the
+fp32 log-sum-exp of each row, 4·a bytes a token (GPT-3 175B: 384 bytes against the block's 34·h ≈ 418 KB with 16-bit
+activations, 0.09 %: below the estimator's 3 % error at scale, benchmarks/memory_at_scale.py), and repeats the core's
+forward in backward, 4·s·h FLOPs a token. Per byte freed that is s·d_head FLOPs, against (24·h² + 4·s·h) / (32·h)
+for full recomputation (+ckpt: all but the layer's 2·h-byte input) — 262 144 against 9 472 for GPT-3 175B at
+s = 2048, dearer by more than an order of magnitude for any model with d_head ≥ 64 and s ≥ h/4 — so +sel could win
+only within a few bytes a token of the budget's edge, a choice made on the estimate's noise, while a third
+recomputation level would make every layer's strategy list half as long again. Plans that carry +sel (a Megatron
+target's, `--uniform ckpt=selective`) still run, priced as the runtime runs them (gbmw.cost.activation_recompute).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+import numpy as np
+
+from gbmw.errors import GbmwError, PlanError
+from gbmw.space.stock_partitions import PARTITION_RULES, RULE_DESCRIPTIONS, is_first_last_split
+from gbmw.space.strategy import AXES, Strategy
+from gbmw.specs.files import shown
+from gbmw.specs.model_spec import ModelSpec
+
+
+class PlanLayout(Protocol):
+    """What a target's checks read of a plan (gbmw.plan.Plan has it): the space sits below the Plan contract, so a
+    target judges any plan-shaped object and never imports the contract."""
+
+    strategies: tuple[Strategy, ...]
+    partition: tuple[int, ...]
+    pp: int
+    num_micro_batches: int
+    virtual_stages: int
+    schedule: str
+
+ZERO_STAGE_OF_AXIS = {"dp": 0, "z1dp": 1, "z2dp": 2, "sdp": 3}
+"""The data-parallel axis of a strategy as a ZeRO stage: DDP, ZeRO-1 (Megatron's distributed optimizer),
+ZeRO-2, ZeRO-3 (sharded data parallel)."""
+AXIS_OF_ZERO_STAGE = {stage: axis for axis, stage in ZERO_STAGE_OF_AXIS.items()}
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    label: str
+    """How plans and comparisons name the target's search space."""
+    framework: str
+    """What runs the plan, for what it keeps per parameter (gbmw.cost.model_states)."""
+    axes: tuple[str, ...]
+    """The axes its layouts may use, in the order the search enumerates them (of equally fast plans, the
+    first found wins, so the order is part of the definition)."""
+    per_layer: bool = False
+    """Each layer may take its own strategy (gbmw's runtime); a stock framework configures one layout."""
+    pipeline_max_zero_stage: int | None = None
+    """The highest ZeRO stage its pipeline engine accepts when pp > 1 (DeepSpeed's: 1); None: any."""
+    partition_methods: tuple[tuple[str, str], ...] = ()
+    """(the framework's name for a pipeline partition method, the gbmw.space.stock_partitions rule it follows)."""
+    pipeline_scatter_gather: bool = False
+    """Its pipeline sends 1/t of an activation from each TP rank and all-gathers it on the receiving stage
+    (Megatron's scatter-gather; DeepSpeed's `pipe_partitioned`, on by default with model parallelism)."""
+    interleaved_pipeline: bool = False
+    """It runs interleaved 1F1B (virtual pipeline stages, Megatron's --num-layers-per-virtual-pipeline-stage)."""
+    sequence_parallel: bool = False
+    """It runs Megatron's sequence parallelism with TP (`--sequence-parallel`; Korthikanti et al. 2022 Sec. 4.2.2),
+    for every layer with TP or none."""
+    sequence_parallel_blocks_only: bool = False
+    """Its sequence parallelism runs in Transformer blocks only (gbmw's runtime: embeddings and heads keep the whole
+    sequence); the search offers +sp to blocks alone (`layers_allowed`)."""
+    selective_recompute: str | None = None
+    """It recomputes the attention core alone (`--recompute-granularity selective`; Korthikanti et al. Sec. 5):
+    `any` attention, `standard` (not with flash attention: Megatron-DeepSpeed recomputes only its unfused core),
+    or None."""
+    search_offers_selective: bool = True
+    """Its search offers +sel where it runs it (gbmw.space.spaces.SearchSpace.for_target); gbmw's runtime runs +sel but its
+    search leaves it out: with fused attention it frees only the log-sum-exp (see the module docstring)."""
+    fused_attention: bool = False
+    """Its attention is a fused kernel whatever the model declares (gbmw's runtime calls SDPA, whose flash /
+    memory-efficient kernels keep no s×s scores: gbmw.adapters.runtime.attention); a stock framework runs the
+    attention the model declares (`attention: standard | flash`)."""
+
+    # ------------------------------------------------------------------ the search
+
+    def allows(self, strategy: Strategy, pp: int) -> bool:
+        """Whether a stock configuration can give every layer `strategy` at pipeline degree `pp`."""
+        if strategy.sp and not self.sequence_parallel or strategy.selective and self.selective_recompute is None:
+            return False
+        if self.per_layer:
+            return True
+        axes = [axis for axis, _ in strategy.dims]
+        data_axes = [axis for axis in axes if axis != "tp"]
+        if len(data_axes) > 1 or any(axis not in self.axes for axis in axes):
+            return False
+        if "tp" in axes[1:]:  # TP on consecutive ranks, data parallelism outside it
+            return False
+        return not (pp > 1 and self.pipeline_max_zero_stage is not None
+                    and any(ZERO_STAGE_OF_AXIS[axis] > self.pipeline_max_zero_stage for axis in data_axes))
+
+    def layers_allowed(self, model: ModelSpec, strategies: Sequence[Strategy]) -> np.ndarray:
+        """[strategy, layer]: where this target runs each strategy's sequence parallelism (every other pair: True).
+        Sequence parallelism slices the sequence over the TP group, so the TP degree must divide it: Megatron's
+        scatter to the sequence-parallel region asserts it (megatron.core.tensor_parallel.mappings, "First dimension
+        of the tensor should be divisible by tensor parallel size"), and gbmw's runtime slices it the same way; gbmw's
+        runtime runs it in Transformer blocks only."""
+        allowed = np.ones((len(strategies), model.num_layers), bool)
+        sp = np.array([strategy.sp for strategy in strategies], bool)
+        if sp.any():
+            divides = np.array([model.sequence_length % strategy.tp == 0 for strategy in strategies], bool)
+            blocks = model.is_block if self.sequence_parallel_blocks_only else np.ones(model.num_layers, bool)
+            allowed[sp] = blocks[None, :] & divides[sp, None]
+        return allowed
+
+    def runs_recompute_of(self, strategy: Strategy, model: ModelSpec) -> bool:
+        """Whether it runs `strategy`'s recomputation level on `model` (Megatron-DeepSpeed's selective recomputation
+        needs the unfused attention core)."""
+        if not strategy.selective:
+            return True
+        flash = model.architecture is not None and model.architecture.attention == "flash"
+        return self.selective_recompute == "any" or (self.selective_recompute == "standard" and not flash)
+
+    @property
+    def partition_rules(self) -> tuple[str, ...]:
+        return tuple(rule for _, rule in self.partition_methods)
+
+    def partitions(self, model: ModelSpec, pp: int) -> dict[str, tuple[int, ...]]:
+        """{the framework's method name: the one partition it gives `model` over `pp` stages}, for the methods
+        that are fixed by the model (not megatron-core's free first/last stage sizes)."""
+        result = {}
+        for method, rule in self.partition_methods:
+            candidates = PARTITION_RULES[rule](model, pp)
+            if len(candidates) == 1 and rule != "first-last":
+                result[method] = candidates[0]
+        return result
+
+    def partition_method(self, model: ModelSpec, partition: Sequence[int]) -> str | None:
+        """The framework's method that gives `partition` (None: it cannot run that partition)."""
+        partition = tuple(partition)
+        for method, rule in self.partition_methods:
+            if rule == "first-last" and is_first_last_split(model, partition):
+                return method
+            if partition in PARTITION_RULES[rule](model, len(partition)):
+                return method
+        return None
+
+    # ------------------------------------------------------------------ expressibility
+
+    def problems(self, plan: PlanLayout, model: ModelSpec) -> list[str]:
+        """Why this target cannot run `plan` as it is (empty if it can)."""
+        target = self.name
+        problems = self._technique_problems(plan, model) + self._interleaving_problems(plan, model)
+        if self.per_layer:
+            return problems + self._sequence_parallel_layer_problems(plan, model)
+        blocks = [layer.is_block for layer in model.layers]
+        trees = {strategy.dims for strategy in plan.strategies}
+        if len(trees) > 1:
+            problems.append(f"{_describe_runs(plan)}; a {target} job has one parallel layout for every layer")
+        if len({strategy.recompute for strategy, block in zip(plan.strategies, blocks) if block}) > 1:
+            problems.append(f"some Transformer blocks recompute and others do not (or at another granularity); "
+                            f"{target} recomputes all blocks the same way or none")
+        if any(strategy.recompute != "none" for strategy, block in zip(plan.strategies, blocks) if not block):
+            problems.append(f"an embedding or head layer recomputes; {target} recomputes Transformer blocks only")
+        if len({strategy.sp for strategy in plan.strategies}) > 1:
+            problems.append(f"some layers run sequence parallelism (+sp) and others do not; {target} runs it for "
+                            "every layer or none")
+        if plan.schedule != "1f1b":
+            problems.append(f"schedule {plan.schedule}; {target} runs 1F1B")
+
+        names = ", ".join(dict.fromkeys(strategy.layout_name for strategy in plan.strategies))
+        data_axes = {axis for tree in trees for axis, _ in tree if axis != "tp"}
+        for tree in trees:
+            axes = [axis for axis, _ in tree]
+            tree_data = [axis for axis in axes if axis != "tp"]
+            if len(tree_data) > 1:
+                problems.append(f"a layout mixes {' and '.join(tree_data)}; {target} has one ZeRO stage")
+            if "tp" in axes and axes[0] != "tp":
+                problems.append(f"a layout puts TP outside data parallelism; {target} places TP on consecutive "
+                                "ranks")
+        if "tp" not in self.axes and any(axis == "tp" for tree in trees for axis, _ in tree):
+            problems.append(f"{names} uses TP; plain DeepSpeed has none — use --target megatron-deepspeed")
+        limit = self.pipeline_max_zero_stage
+        if limit is not None and plan.pp > 1 and any(ZERO_STAGE_OF_AXIS[axis] > limit for axis in data_axes):
+            problems.append(f"{names} with pp={plan.pp}: DeepSpeed's pipeline engine refuses ZeRO-2 and ZeRO-3 — use "
+                            "ZeRO-1")
+        if data_axes - set(self.axes):
+            problems.append(f"{names}: {target} offers DP or its distributed optimizer (ZeRO-1) — use "
+                            "megatron-deepspeed")
+        if plan.pp > 1 and self.partition_method(model, plan.partition) is None:
+            offered = []
+            for _, rule in self.partition_methods:
+                candidates = PARTITION_RULES[rule](model, plan.pp)
+                shown = f" ({list(candidates[0])})" if len(candidates) == 1 and rule != "first-last" else ""
+                offered.append(RULE_DESCRIPTIONS[rule] + (shown or " (none for this model)" * (not candidates)))
+            problems.append(f"partition {list(plan.partition)} is not {' nor '.join(offered)}")
+        return problems
+
+    def _technique_problems(self, plan: PlanLayout, model: ModelSpec) -> list[str]:
+        """Why this target cannot run `plan`'s sequence parallelism or selective recomputation (empty if it can)."""
+        problems = []
+        if not self.sequence_parallel and any(strategy.sp for strategy in plan.strategies):
+            problems.append(f"sequence parallelism (+sp): {self.name} does not run it — use --target megatron-core "
+                            "or megatron-deepspeed")
+        indivisible = sorted({strategy.tp for strategy in plan.strategies
+                              if strategy.sp and model.sequence_length % strategy.tp})
+        if indivisible:
+            problems.append(f"sequence parallelism (+sp) with TP {indivisible[0]}: the sequence of "
+                            f"{model.sequence_length} tokens is sliced over the TP group, so TP must divide it — use a "
+                            "sequence length TP divides, or no +sp there")
+        if any(strategy.selective for strategy in plan.strategies):
+            if self.selective_recompute is None:
+                problems.append(f"selective recomputation (+sel): {self.name} does not run it — use --target "
+                                "megatron-core")
+            elif not all(self.runs_recompute_of(strategy, model) for strategy in plan.strategies):
+                problems.append(f"selective recomputation (+sel) with flash attention: {self.name} recomputes only "
+                                "its unfused attention core — use --target megatron-core, or full recomputation")
+        return problems
+
+    def _sequence_parallel_layer_problems(self, plan: PlanLayout, model: ModelSpec) -> list[str]:
+        """Why this target cannot run `plan`'s +sp outside Transformer blocks (empty if it can)."""
+        if not self.sequence_parallel_blocks_only:
+            return []
+        outside = [index for index, (strategy, layer) in enumerate(zip(plan.strategies, model.layers))
+                   if strategy.sp and not layer.is_block]
+        if not outside:
+            return []
+        return [f"layer(s) {outside} use sequence parallelism (+sp) outside the Transformer blocks; {self.name} runs "
+                "it in Transformer blocks only"]
+
+    def _interleaving_problems(self, plan: PlanLayout, model: ModelSpec) -> list[str]:
+        """Why this target cannot interleave `plan`'s pipeline (empty for plain 1F1B)."""
+        v = plan.virtual_stages
+        if v == 1:
+            return []
+        if not self.interleaved_pipeline:
+            return [f"virtual_stages {v}: {self.name} runs plain 1F1B, not interleaved — use --target megatron-core"]
+        problems = []
+        if plan.num_micro_batches % plan.pp:
+            problems.append(f"virtual_stages {v} with {plan.num_micro_batches} micro-batches: interleaved 1F1B needs "
+                            f"a multiple of pp={plan.pp}")
+        ends = np.cumsum(plan.partition).tolist()
+        blocks = [int(model.is_block[end - count:end].sum()) for count, end in zip(plan.partition, ends)]
+        if any(count % v for count in blocks):
+            problems.append(f"virtual_stages {v}: the stages hold {blocks} Transformer blocks; each must be a "
+                            f"multiple of {v} (equal chunks)")
+        return problems
+
+    def check(self, plan: PlanLayout, model: ModelSpec) -> None:
+        """Raise PlanError with every reason this target cannot run `plan`."""
+        problems = self.problems(plan, model)
+        if problems:
+            advice = "" if self.per_layer else (f" — use --target runtime, or plan again with --target {self.name}")
+            raise PlanError(f"{self.name} cannot run this plan: " + "; ".join(problems) + advice)
+
+
+def _describe_runs(plan: PlanLayout) -> str:
+    """`layers 0-11 use tp2-dp8 and 12-49 use sdp16` (runs across stage boundaries, first three)."""
+    runs: list[list] = []
+    for index, strategy in enumerate(plan.strategies):
+        if runs and runs[-1][2] == strategy.name:
+            runs[-1][1] = index
+        else:
+            runs.append([index, index, strategy.name])
+    parts = [f"{a}-{b} use {name}" if b > a else f"{a} uses {name}" for a, b, name in runs]
+    return "layers " + " and ".join(parts[:3]) + (" …" if len(parts) > 3 else "")
+
+
+TARGETS: dict[str, Target] = {
+    "runtime": Target("runtime", "gbmw runtime", "gbmw-runtime", AXES, per_layer=True, fused_attention=True,
+                      sequence_parallel=True, sequence_parallel_blocks_only=True, selective_recompute="any",
+                      search_offers_selective=False),
+    "deepspeed": Target(
+        "deepspeed", "DeepSpeed (ZeRO + pipeline engine)", "deepspeed", ("dp", "z1dp", "z2dp", "sdp"),
+        pipeline_max_zero_stage=1,
+        partition_methods=(("uniform", "uniform"), ("parameters", "parameters")),
+    ),
+    "megatron-deepspeed": Target(
+        "megatron-deepspeed", "Megatron-DeepSpeed", "deepspeed", ("tp", "dp", "z1dp", "z2dp", "sdp"),
+        pipeline_max_zero_stage=1,
+        partition_methods=(("type:transformer", "even"),),
+        pipeline_scatter_gather=True, sequence_parallel=True, selective_recompute="standard",
+    ),
+    "megatron-core": Target(
+        "megatron-core", "Megatron-Core", "megatron", ("tp", "dp", "z1dp"),
+        partition_methods=(("even", "even"), ("first-last", "first-last")),
+        pipeline_scatter_gather=True, interleaved_pipeline=True, sequence_parallel=True, selective_recompute="any",
+    ),
+}
+STOCK_TARGETS = tuple(name for name, target in TARGETS.items() if not target.per_layer)
+"""The targets a stock framework runs (what `gbmw tune` rewrites configs for)."""
+ALIASES = {"megatron-lm": "megatron-core"}
+"""NVIDIA Megatron-LM's pretrain_gpt.py runs megatron-core's model."""
+
+
+def get_target(name: str) -> Target:
+    """The target `name` (or an alias of one); one GbmwError naming the known targets otherwise."""
+    name = ALIASES.get(name, name)
+    if name not in TARGETS:
+        raise GbmwError(f"--target {shown(name)} is unknown; targets: {', '.join(TARGETS)}")
+    return TARGETS[name]

@@ -1,0 +1,239 @@
+"""Model architectures as recipes describe them: the Transformer families gbmw plans (GPT, BERT, T5, ViT,
+Swin) as typed, validated records — widths, depths, heads, sequence lengths, and the options that change
+costs (gated MLPs, RMSNorm, rotary positions, grouped-query attention, flash attention, dropout).
+
+`gbmw.specs.models` turns an architecture into the planner's per-layer costs; the runtime builds its modules
+from the same record, and the Megatron emitter reads its flags from it. A ModelSpec carries the
+architecture it was built from, so nothing downstream re-reads the model's file.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import Field, TypeAdapter, ValidationError, model_validator
+
+from gbmw.errors import SpecError
+from gbmw.specs.files import shown
+from gbmw.specs.schema import MAX_LAYERS, MAX_SEQUENCE, MAX_WIDTH, Frozen, Items, check_kind, describe_validation_error
+
+
+class _Architecture(Frozen):
+    name: str
+    source: str = ""
+    dropout: bool = True
+    """Dropout layers stash 1-byte masks (Korthikanti et al.); modern LLMs train without."""
+    attention: Literal["standard", "flash", "standard-with-raw-scores"] = "standard"
+    """`flash` stashes no s×s attention scores (a log-sum-exp per row instead); `standard-with-raw-scores` also
+    stashes the raw scores QKᵀ before scaling and softmax, as the paper's testbed did (gbmw.specs.transformer_layers)."""
+
+    @model_validator(mode="after")
+    def _heads_divide(self) -> "_Architecture":
+        for hidden, heads in self._head_pairs():
+            if heads < 1 or hidden % heads != 0:
+                raise ValueError(f"hidden size {hidden} is not divisible by {heads} attention heads")
+        return self
+
+    def _head_pairs(self) -> list[tuple[int, int]]:
+        return []
+
+
+class GPTArchitecture(_Architecture):
+    """Decoder-only language model (GPT-2/3; LLaMA with `gated_mlp`, `norm: rms`, `bias: false`)."""
+
+    family: Literal["gpt"]
+    num_layers: int = Field(ge=1, le=MAX_LAYERS)
+    hidden_size: int = Field(ge=1, le=MAX_WIDTH)
+    num_heads: int = Field(ge=1, le=MAX_WIDTH)
+    num_kv_heads: int | None = Field(default=None, ge=1, le=MAX_WIDTH)
+    """Grouped-query attention; None means as many as `num_heads`."""
+    head_dim: int | None = Field(default=None, ge=1, le=MAX_WIDTH)
+    """Width of one attention head; None means hidden_size / num_heads (Mistral-Nemo: 128 with 32 heads on a
+    hidden size of 5120, so the attention is 4096 wide)."""
+    ffn_hidden_size: int | None = Field(default=None, ge=1, le=MAX_WIDTH)
+    """None means 4 × hidden_size."""
+    seq_length: int = Field(ge=1, le=MAX_SEQUENCE)
+    """Tokens per training sample."""
+    max_position_embeddings: int | None = Field(default=None, ge=1, le=MAX_SEQUENCE)
+    """The longest sequence the model takes (the rows of a learned position table); None means seq_length."""
+    vocab_size: int = Field(ge=1, le=MAX_WIDTH)
+    gated_mlp: bool = False
+    bias: bool = True
+    """Biases on every linear layer (Q, K, V, the attention output projection, the MLP)."""
+    qkv_bias: bool | None = None
+    """Biases on the Q, K and V projections; None means as `bias` (Qwen2: true, with `bias` false)."""
+    norm: Literal["layer", "rms"] = "layer"
+    position_embedding: Literal["learned", "rotary"] = "learned"
+    rope_theta: float = Field(default=10000.0, gt=0, le=1e12)
+    """Rotary base frequency; no effect on costs (the model's runtime reads it)."""
+    sliding_window: int | None = Field(default=None, ge=1, le=MAX_SEQUENCE)
+    """Each query attends to at most this many keys (Mistral-7B v0.1: 4096); None: the whole causal prefix.
+    Only flash attention skips the keys outside the window; standard attention computes the whole score matrix
+    and masks it, so the window changes costs only with `attention: flash` and a sequence longer than it."""
+    tie_embeddings: bool = True
+
+    def _head_pairs(self) -> list[tuple[int, int]]:
+        return [] if self.head_dim is not None else [(self.hidden_size, self.num_heads)]
+
+    @property
+    def attention_head_dim(self) -> int:
+        """The width of one attention head."""
+        return self.head_dim or self.hidden_size // self.num_heads
+
+    @property
+    def attended_tokens(self) -> int:
+        """Keys per query whose scores are computed (gbmw.specs.transformer_layers.BlockShape.attended_tokens)."""
+        if self.attention == "flash" and self.sliding_window is not None:
+            return min(self.seq_length, self.sliding_window)
+        return self.seq_length
+
+    @model_validator(mode="after")
+    def _kv_heads_divide(self) -> "GPTArchitecture":
+        if self.num_kv_heads is not None and self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}: "
+                             "grouped-query attention shares each key/value head among equal groups")
+        if self.max_position_embeddings is not None and self.seq_length > self.max_position_embeddings:
+            raise ValueError(f"seq_length {self.seq_length} exceeds max_position_embeddings "
+                             f"{self.max_position_embeddings}: the model takes at most "
+                             f"{self.max_position_embeddings} tokens per sample")
+        return self
+
+
+class BERTArchitecture(_Architecture):
+    """Encoder-only masked language model with an MLM head and a pooler."""
+
+    family: Literal["bert"]
+    num_layers: int = Field(ge=1, le=MAX_LAYERS)
+    hidden_size: int = Field(ge=1, le=MAX_WIDTH)
+    num_heads: int = Field(ge=1, le=MAX_WIDTH)
+    ffn_hidden_size: int | None = Field(default=None, ge=1, le=MAX_WIDTH)
+    seq_length: int = Field(ge=1, le=MAX_SEQUENCE)
+    vocab_size: int = Field(ge=1, le=MAX_WIDTH)
+    max_position_embeddings: int | None = Field(default=None, ge=1, le=MAX_SEQUENCE)
+    type_vocab_size: int = Field(default=2, ge=0, le=MAX_WIDTH)
+
+    def _head_pairs(self) -> list[tuple[int, int]]:
+        return [(self.hidden_size, self.num_heads)]
+
+    @model_validator(mode="after")
+    def _positions_cover_the_sequence(self) -> "BERTArchitecture":
+        if self.max_position_embeddings is not None and self.seq_length > self.max_position_embeddings:
+            raise ValueError(f"seq_length {self.seq_length} exceeds max_position_embeddings "
+                             f"{self.max_position_embeddings}: the position table has no row for the later tokens")
+        return self
+
+
+class T5Architecture(_Architecture):
+    """Encoder-decoder; the encoder and decoder sequence lengths may differ (T5-512/4)."""
+
+    family: Literal["t5"]
+    num_encoder_layers: int = Field(ge=1, le=MAX_LAYERS // 2)
+    num_decoder_layers: int = Field(ge=1, le=MAX_LAYERS // 2)
+    hidden_size: int = Field(ge=1, le=MAX_WIDTH)
+    num_heads: int = Field(ge=1, le=MAX_WIDTH)
+    head_dim: int | None = Field(default=None, ge=1, le=MAX_WIDTH)
+    """T5's d_kv; None means hidden_size / num_heads."""
+    ffn_hidden_size: int = Field(ge=1, le=MAX_WIDTH)
+    encoder_seq_length: int = Field(ge=1, le=MAX_SEQUENCE)
+    decoder_seq_length: int = Field(ge=1, le=MAX_SEQUENCE)
+    vocab_size: int = Field(ge=1, le=MAX_WIDTH)
+    gated_mlp: bool = False
+    tie_embeddings: bool = True
+
+    def _head_pairs(self) -> list[tuple[int, int]]:
+        return [] if self.head_dim is not None else [(self.hidden_size, self.num_heads)]
+
+
+class ViTArchitecture(_Architecture):
+    """Vision Transformer: patch embedding, a class token, encoder blocks, a classifier head."""
+
+    family: Literal["vit"]
+    num_layers: int = Field(ge=1, le=MAX_LAYERS)
+    hidden_size: int = Field(ge=1, le=MAX_WIDTH)
+    num_heads: int = Field(ge=1, le=MAX_WIDTH)
+    ffn_hidden_size: int | None = Field(default=None, ge=1, le=MAX_WIDTH)
+    image_size: int = Field(ge=1, le=MAX_SEQUENCE)
+    patch_size: int = Field(ge=1, le=MAX_SEQUENCE)
+    num_channels: int = Field(default=3, ge=1, le=MAX_WIDTH)
+    num_classes: int = Field(default=1000, ge=1, le=MAX_WIDTH)
+
+    def _head_pairs(self) -> list[tuple[int, int]]:
+        return [(self.hidden_size, self.num_heads)]
+
+    @model_validator(mode="after")
+    def _patches_tile(self) -> "ViTArchitecture":
+        if self.image_size % self.patch_size != 0:
+            raise ValueError(f"image_size {self.image_size} is not a multiple of patch_size {self.patch_size}")
+        return self
+
+
+class SwinArchitecture(_Architecture):
+    """Swin Transformer: stages of windowed-attention blocks at halving resolution and doubling width."""
+
+    family: Literal["swin"]
+    embed_dim: int = Field(ge=1, le=MAX_WIDTH)
+    depths: Items[Annotated[int, Field(ge=1, le=MAX_LAYERS // 16)]] = Field(min_length=1, max_length=16)
+    num_heads: Items[Annotated[int, Field(ge=1, le=MAX_WIDTH)]] = Field(min_length=1, max_length=16)
+    window_size: int = Field(default=7, ge=1, le=MAX_SEQUENCE)
+    image_size: int = Field(default=224, ge=1, le=MAX_SEQUENCE)
+    patch_size: int = Field(default=4, ge=1, le=MAX_SEQUENCE)
+    num_channels: int = Field(default=3, ge=1, le=MAX_WIDTH)
+    mlp_ratio: float = Field(default=4.0, gt=0, le=64)
+    num_classes: int = Field(default=1000, ge=1, le=MAX_WIDTH)
+
+    def _head_pairs(self) -> list[tuple[int, int]]:
+        return [(self.embed_dim * 2**stage, heads) for stage, heads in enumerate(self.num_heads)]
+
+    @model_validator(mode="after")
+    def _stages_consistent(self) -> "SwinArchitecture":
+        if len(self.depths) != len(self.num_heads):
+            raise ValueError(f"depths has {len(self.depths)} stages but num_heads has {len(self.num_heads)}")
+        side = self.image_size // self.patch_size
+        if side % 2 ** (len(self.depths) - 1) != 0:
+            raise ValueError(
+                f"image_size/patch_size = {side} patches per side cannot halve {len(self.depths) - 1} times"
+            )
+        return self
+
+
+Architecture = Annotated[
+    Union[GPTArchitecture, BERTArchitecture, T5Architecture, ViTArchitecture, SwinArchitecture],
+    Field(discriminator="family"),
+]
+"""Any family's architecture; pydantic picks the type by `family`."""
+FAMILIES = ("gpt", "bert", "t5", "vit", "swin")
+_ARCHITECTURE = TypeAdapter(Architecture)
+
+
+def parse_architecture(data: dict[str, Any], where: str) -> Any:
+    """Validate an architecture mapping (needs `family`) with field-level errors."""
+    family = data.get("family")
+    if family not in FAMILIES:
+        check_kind(data, "model", where)
+        raise SpecError(f"{where}: field `family`: value {shown(family)} — must be one of {list(FAMILIES)}")
+    try:
+        return _ARCHITECTURE.validate_python(data, strict=True)
+    except ValidationError as error:
+        # pydantic prefixes the discriminator value to each location; drop it.
+        message = describe_validation_error(error, where).replace(f"`{family}.", "`")
+        raise SpecError(message) from None
+
+
+def apply_training_settings(data: dict[str, Any], seq_length: int | None, flash_attention: bool | None,
+                            where: str) -> Any:
+    """Validate an architecture mapping trained at `seq_length` tokens per sample (None: as the mapping says) with
+    flash attention on or off (None: as the mapping says). A T5 model takes the length for its encoder and decoder;
+    an image model's sequence comes from its image and patch sizes and takes none."""
+    data = dict(data)
+    if seq_length is not None:
+        family = data.get("family")
+        if family in ("gpt", "bert"):
+            data["seq_length"] = seq_length
+        elif family == "t5":
+            data["encoder_seq_length"] = data["decoder_seq_length"] = seq_length
+        else:
+            raise SpecError(f"{where}: a sequence length ({seq_length}) was given, but a {family} model's tokens are "
+                            "its image patches (image_size / patch_size); drop --seq-length / `seq_length`")
+    if flash_attention is not None:
+        data["attention"] = "flash" if flash_attention else "standard"
+    return parse_architecture(data, where)

@@ -1,0 +1,211 @@
+"""A Hugging Face config.json (GPT-2, LLaMA/Mistral/Qwen2, BERT/RoBERTa, T5/mT5, ViT) read into gbmw's
+architecture types, from the file alone (no transformers import, nothing downloaded or executed).
+
+What the file does not say is asked of the user: the training sequence length (a config states only the longest
+the model takes, `max_position_embeddings`; used, with a note, when none is given) and whether attention is fused
+(flash attention stores no score matrix; standard attention is assumed, with a note, when not said).
+
+Facts of the architectures that the config leaves implicit (from each model's Hugging Face modeling code):
+LLaMA has biases on q/k/v/o only with `attention_bias` and on the MLP only with `mlp_bias`; Mistral has none;
+Qwen2 always has q/k/v biases and no others. `head_dim`, where given, sets the attention width
+(heads × head_dim, which need not equal hidden_size). Mixture-of-experts models are refused, whatever their
+`model_type`: gbmw costs dense Transformers only.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from gbmw.errors import SpecError
+from gbmw.specs.architectures import apply_training_settings, parse_architecture
+from gbmw.specs.files import read_json, shown
+
+_MOE_FIELDS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts", "num_experts_per_tok",
+               "num_experts_per_token", "moe_intermediate_size", "moe_layer_freq", "expert_interval")
+"""Fields that only a mixture-of-experts config sets to a number of experts (or their width): Mixtral's
+`num_local_experts`, Qwen2-MoE's `num_experts`, DeepSeek's `n_routed_experts`, DiscoResearch mixtral-7b-8expert's
+`num_experts` (its model_type is `mistral`)."""
+_MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "dbrx", "olmoe", "jamba",
+              "granitemoe", "phimoe", "switch_transformers", "nllb_moe")
+_LLAMA_LIKE = ("llama", "mistral", "qwen2")
+_HF_KEYS_OF_LLAMA_BERT_VIT = {"num_layers": "num_hidden_layers", "num_heads": "num_attention_heads",
+                              "num_kv_heads": "num_key_value_heads", "ffn_hidden_size": "intermediate_size"}
+_HF_KEYS = {"gpt2": {"num_layers": "n_layer", "hidden_size": "n_embd", "num_heads": "n_head", "ffn_hidden_size": "n_inner",
+                     "max_position_embeddings": "n_positions"},
+            "t5": {"num_encoder_layers": "num_layers", "hidden_size": "d_model", "head_dim": "d_kv",
+                   "ffn_hidden_size": "d_ff"},
+            **{kind: _HF_KEYS_OF_LLAMA_BERT_VIT for kind in (*_LLAMA_LIKE, "bert", "roberta", "vit")}}
+_HF_KEYS["mt5"] = _HF_KEYS["t5"]
+"""gbmw's architecture field → the config.json key it is read from, where the names differ: an error about a field
+names the key the user wrote."""
+
+
+def import_hf_config(path: str | Path, seq_length: int | None = None, flash_attention: bool | None = None,
+                     notes: list[str] | None = None) -> Any:
+    """An architecture from a Hugging Face config.json (GPT-2, LLaMA-style, BERT/RoBERTa, T5, ViT), trained at
+    `seq_length` tokens per sample (None: the model's maximum) with flash attention or not (None: standard).
+    Lines worth telling the user (defaults taken) are appended to `notes`."""
+    path = Path(path)
+    notes = [] if notes is None else notes
+    config = read_json(path, "Hugging Face config.json")
+    if not isinstance(config, dict):
+        raise SpecError(f"{path}: expected a JSON object, got {type(config).__name__}")
+    model_type = config.get("model_type")
+    name = config.get("_name_or_path") or path.parent.name or path.stem
+    where = str(path)
+    _refuse_mixture_of_experts(config, where)
+
+    def need(*keys: str) -> Any:
+        for key in keys:
+            if key in config and config[key] is not None:
+                return config[key]
+        raise SpecError(f"{where}: field `{keys[0]}` is required for model_type {shown(model_type)}")
+
+    if model_type == "gpt2":
+        positions_field = "n_positions" if "n_positions" in config else "n_ctx"
+        data = dict(
+            family="gpt", num_layers=need("n_layer"), hidden_size=need("n_embd"), num_heads=need("n_head"),
+            ffn_hidden_size=config.get("n_inner"), max_position_embeddings=need("n_positions", "n_ctx"),
+            vocab_size=need("vocab_size"), tie_embeddings=config.get("tie_word_embeddings", True),
+        )
+    elif model_type in _LLAMA_LIKE:
+        positions_field = "max_position_embeddings"
+        data = dict(
+            family="gpt", num_layers=need("num_hidden_layers"), hidden_size=need("hidden_size"),
+            num_heads=need("num_attention_heads"), num_kv_heads=config.get("num_key_value_heads"),
+            head_dim=config.get("head_dim"), ffn_hidden_size=need("intermediate_size"),
+            max_position_embeddings=need("max_position_embeddings"), vocab_size=need("vocab_size"),
+            gated_mlp=True, norm="rms", position_embedding="rotary",
+            tie_embeddings=config.get("tie_word_embeddings", False), dropout=False,
+            rope_theta=config.get("rope_theta", 10000.0), **_llama_biases(config, model_type, where),
+            sliding_window=_sliding_window(config, model_type, where),
+        )
+        if isinstance(data["rope_theta"], int) and not isinstance(data["rope_theta"], bool):
+            data["rope_theta"] = float(data["rope_theta"])
+    elif model_type in ("bert", "roberta"):
+        positions_field = "max_position_embeddings"
+        data = dict(
+            family="bert", num_layers=need("num_hidden_layers"), hidden_size=need("hidden_size"),
+            num_heads=need("num_attention_heads"), ffn_hidden_size=need("intermediate_size"),
+            max_position_embeddings=need("max_position_embeddings"),
+            vocab_size=need("vocab_size"), type_vocab_size=config.get("type_vocab_size", 2),
+        )
+    elif model_type in ("t5", "mt5"):
+        positions_field = "n_positions"
+        data = dict(
+            family="t5", num_encoder_layers=need("num_layers"),
+            num_decoder_layers=config.get("num_decoder_layers") or need("num_layers"),
+            hidden_size=need("d_model"), num_heads=need("num_heads"), head_dim=need("d_kv"),
+            ffn_hidden_size=need("d_ff"), vocab_size=need("vocab_size"),
+            gated_mlp=str(config.get("feed_forward_proj", "relu")).startswith("gated"),
+            tie_embeddings=config.get("tie_word_embeddings", True),
+        )
+    elif model_type == "vit":
+        positions_field = ""
+        data = dict(
+            family="vit", num_layers=need("num_hidden_layers"), hidden_size=need("hidden_size"),
+            num_heads=need("num_attention_heads"), ffn_hidden_size=need("intermediate_size"),
+            image_size=need("image_size"), patch_size=need("patch_size"),
+            num_channels=config.get("num_channels", 3),
+            num_classes=len(config["id2label"]) if isinstance(config.get("id2label"), dict) else 1000,
+        )
+    else:
+        raise SpecError(
+            f"{where}: field `model_type`: value {shown(model_type)} — supported: gpt2, llama, mistral, qwen2, "
+            "bert, roberta, t5, mt5, vit; or write a model recipe YAML (see recipes/models/)"
+        )
+    data = {key: value for key, value in data.items() if value is not None}
+    if seq_length is None and positions_field:
+        # T5's relative positions have no maximum; its configs' n_positions (512) is the length it was trained at.
+        seq_length = config.get(positions_field, 512) if model_type in ("t5", "mt5") else data.get(
+            "max_position_embeddings")
+        notes.append(f"{where}: trained at {seq_length} tokens per sample, the config's `{positions_field}` (no "
+                     "sequence length given); set yours with --seq-length or the job's `seq_length`")
+    elif seq_length is not None and seq_length > data.get("max_position_embeddings", seq_length):
+        raise SpecError(
+            f"{where}: field `{positions_field}`: value {data['max_position_embeddings']} — the model takes at most "
+            f"{data['max_position_embeddings']} tokens per sample, but a sequence length of {seq_length} was asked "
+            f"for (--seq-length or the job's `seq_length`); give at most {data['max_position_embeddings']}"
+        )
+    if flash_attention is None and model_type != "vit":
+        notes.append(f"{where}: attention costed as standard, every head's score matrix stored (the default; the "
+                     "runtime target fuses it anyway); give --flash-attention or the job's `flash_attention: true` if "
+                     "your training uses FlashAttention")
+    try:
+        architecture = apply_training_settings({"name": str(name), "source": f"Hugging Face config {path}", **data},
+                                               seq_length, flash_attention, where)
+    except SpecError as error:
+        message = str(error)
+        for field, key in _HF_KEYS.get(model_type, {}).items():
+            message = message.replace(f"field `{field}`", f"field `{key}`")
+        raise SpecError(message) from None
+    if architecture.family == "gpt" and architecture.sliding_window is not None \
+            and architecture.seq_length > architecture.sliding_window:
+        notes.append(f"{where}: sliding window {architecture.sliding_window} < {architecture.seq_length} tokens: "
+                     + ("flash attention computes only the window's scores" if architecture.attention == "flash"
+                        else "standard attention computes every score and masks those outside the window (with "
+                             "--flash-attention only the window is computed)"))
+    return architecture
+
+
+def _refuse_mixture_of_experts(config: dict[str, Any], where: str) -> None:
+    """One error naming the field that makes the model a mixture of experts."""
+    for field in _MOE_FIELDS:
+        value = config.get(field)
+        if value is not None and value is not False and value != 0 and not (field == "num_experts" and value == 1):
+            raise SpecError(
+                f"{where}: field `{field}`: value {shown(value)} — a mixture-of-experts model (model_type "
+                f"{shown(config.get('model_type'))}); gbmw costs dense Transformers only (no expert parallelism, "
+                "no routed FFNs), so its parameters, FLOPs and memory cannot be planned"
+            )
+    if config.get("model_type") in _MOE_TYPES:
+        raise SpecError(
+            f"{where}: field `model_type`: value {shown(config.get('model_type'))} — a mixture-of-experts "
+            "architecture; gbmw costs dense Transformers only (no expert parallelism, no routed FFNs)"
+        )
+
+
+def _llama_biases(config: dict[str, Any], model_type: str, where: str) -> dict[str, bool]:
+    """`bias` (every linear layer) and `qkv_bias` of a LLaMA-style model, as its modeling code builds them."""
+    if model_type == "qwen2":
+        return {"bias": False, "qkv_bias": True}
+    if model_type == "mistral":
+        return {"bias": False}
+    attention, mlp = config.get("attention_bias", False), config.get("mlp_bias", False)
+    for field, value in (("attention_bias", attention), ("mlp_bias", mlp)):
+        if not isinstance(value, bool):
+            raise SpecError(f"{where}: field `{field}`: value {shown(value)} — must be true or false")
+    if attention != mlp:
+        raise SpecError(
+            f"{where}: fields `attention_bias` {str(attention).lower()} and `mlp_bias` {str(mlp).lower()} — gbmw "
+            "models biases on every linear layer or on none (or on q/k/v only, as Qwen2); write a model recipe YAML "
+            "with `bias` and `qkv_bias` for the nearest layout"
+        )
+    return {"bias": attention}
+
+
+def _sliding_window(config: dict[str, Any], model_type: str, where: str) -> int | None:
+    """The attention window of every block, or None where no block has one. Qwen2 windows only with
+    `use_sliding_window`, and then only the blocks from `max_window_layers` on; a config's `layer_types` names each
+    block's attention. A model whose blocks differ is refused: gbmw gives every block the same attention."""
+    window = config.get("sliding_window")
+    if not isinstance(window, int) or isinstance(window, bool) or window <= 0:
+        return None
+    if model_type == "qwen2" and not config.get("use_sliding_window", False):
+        return None
+    layers = config.get("num_hidden_layers")
+    types = config.get("layer_types")
+    if isinstance(types, list):
+        windowed = sum(kind == "sliding_attention" for kind in types)
+    elif model_type == "qwen2" and isinstance(layers, int):
+        windowed = max(0, layers - int(config.get("max_window_layers", 28)))
+    else:
+        windowed = layers
+    if windowed == 0:
+        return None
+    if windowed != layers:
+        raise SpecError(f"{where}: field `sliding_window`: value {window} — {windowed} of {layers} blocks attend "
+                        "through the window and the others to the whole sequence; gbmw gives every block the same "
+                        "attention, so this model cannot be costed as it is")
+    return window

@@ -1,0 +1,98 @@
+"""A job: a model on a cluster with a precision, an optimizer and batch settings — what `gbmw` plans.
+
+A job file names its model and cluster (bundled recipe names, or paths relative to the job file); loading it
+builds the ModelSpec and ClusterSpec and fixes the per-device memory budget.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+
+from gbmw.errors import SpecError
+from gbmw.specs.bundled import resolve_recipe
+from gbmw.specs.cluster_spec import ClusterSpec, load_cluster
+from gbmw.specs.files import read_yaml
+from gbmw.specs.model_spec import ModelSpec, Precision
+from gbmw.specs.models import load_model
+from gbmw.specs.schema import MAX_GLOBAL_BATCH, MAX_SEQUENCE, Frozen, MemorySize, parse_bytes, validate_as
+
+
+class JobSpec(Frozen):
+    """A model on a cluster with a precision, an optimizer and batch settings: what `gbmw` plans."""
+
+    name: str
+    model: ModelSpec
+    cluster: ClusterSpec
+    precision: Precision
+    optimizer: Literal["adam", "sgd"] = "adam"
+    global_batch: int | None = Field(default=None, ge=1, le=MAX_GLOBAL_BATCH)
+    """Fixed global batch (samples per iteration); None lets the planner sweep."""
+    max_global_batch: int = Field(default=4096, ge=1, le=MAX_GLOBAL_BATCH)
+    """Upper end of the planner's batch sweep."""
+    memory_budget_bytes: int = Field(gt=0)
+    """Memory the plan may use per device (the cluster's usable memory unless the job overrides it)."""
+    source_path: str = ""
+    """The job file it was loaded from ("" for a job built in memory)."""
+    notes: tuple[str, ...] = ()
+    """What loading assumed that the user should hear (an HF config's default sequence length, say)."""
+
+
+class JobFile(Frozen):
+    """The YAML of a job: which model and cluster (recipe names or paths relative to the job file)."""
+
+    name: str | None = Field(default=None, min_length=1, max_length=200)
+    description: str = ""
+    model: str
+    """A model recipe name (recipes/models/NAME.yaml), a model YAML path, or an HF config.json path."""
+    cluster: str
+    """A cluster recipe name (recipes/clusters/NAME.yaml) or a cluster YAML path."""
+    precision: Precision
+    optimizer: Literal["adam", "sgd"] = "adam"
+    global_batch: int | None = Field(default=None, ge=1, le=MAX_GLOBAL_BATCH)
+    max_global_batch: int = Field(default=4096, ge=1, le=MAX_GLOBAL_BATCH)
+    memory_budget: MemorySize | None = None
+    """Per-device memory the plan may use; default: the device memory less `reserved_memory`."""
+    seq_length: int | None = Field(default=None, ge=1, le=MAX_SEQUENCE)
+    """Tokens per training sample; default: the model file's (an HF config.json: its max_position_embeddings)."""
+    flash_attention: bool | None = None
+    """Attention is fused (FlashAttention: no score matrix stored); default: as the model file says (HF: no)."""
+
+
+def load_job(path: str | Path, memory_budget: str | int | None = None, seq_length: int | None = None,
+             flash_attention: bool | None = None) -> JobSpec:
+    """Load a job file (or a bundled job recipe by name) with its model and cluster resolved.
+
+    `memory_budget` (e.g. "16GiB"), `seq_length` and `flash_attention` override the job's.
+    """
+    path = resolve_recipe(str(path), "jobs")
+    job = validate_as(JobFile, read_yaml(path), str(path))
+    model_path = resolve_recipe(job.model, "models", path.parent)
+    cluster_path = resolve_recipe(job.cluster, "clusters", path.parent)
+    cluster = load_cluster(cluster_path)
+    notes: list[str] = []
+    model = load_model(model_path, job.precision, seq_length or job.seq_length,
+                       job.flash_attention if flash_attention is None else flash_attention, notes)
+    cluster.sustained_flops(job.precision)  # fails early, naming the precisions the device supports
+    if memory_budget is not None:
+        budget = parse_bytes(memory_budget, "--memory")
+    elif job.memory_budget is not None:
+        budget = int(job.memory_budget)
+    else:
+        budget = cluster.usable_memory_bytes
+    if budget <= 0:
+        raise SpecError(f"{path}: memory budget {budget} bytes is not positive; give e.g. --memory 16GiB")
+    return JobSpec(
+        name=job.name or path.stem,
+        model=model,
+        cluster=cluster,
+        precision=job.precision,
+        optimizer=job.optimizer,
+        global_batch=job.global_batch,
+        max_global_batch=job.max_global_batch,
+        memory_budget_bytes=budget,
+        source_path=str(path),
+        notes=tuple(notes),
+    )

@@ -1,0 +1,334 @@
+"""What the planner knows of a model: a ModelSpec of LayerSpecs (shapes), measured timings where a profile
+gave them (their own types), and the architecture it was built from.
+
+Units are in the field names (`_bytes`, `_flops`, `_s`). Terms follow the paper (Sec. 3.1): a layer's
+*boundary* activation is its input tensor, its *intermediate* activations are what its backward pass needs
+from inside it; model states are parameters, gradients and optimizer states. A ModelSpec is built from an
+architecture by `gbmw.specs.models`, or read from a layer list (a profile, or written by hand).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Literal
+
+import numpy as np
+from pydantic import Field, model_validator
+
+from gbmw.errors import SpecError
+from gbmw.specs.architectures import Architecture
+from gbmw.specs.schema import (MAX_COUNT, MAX_GLOBAL_BATCH, MAX_LAYERS, MAX_QUANTITY, MAX_SEQUENCE, MAX_WIDTH, Frozen,
+                               Items)
+
+Precision = Literal["fp32", "fp16", "bf16"]
+PRECISIONS: tuple[str, ...] = ("fp32", "fp16", "bf16")
+
+#: Bytes of one activation element under each training precision (16-bit activations in mixed precision).
+ACTIVATION_DTYPE_BYTES: dict[str, int] = {"fp32": 4, "fp16": 2, "bf16": 2}
+
+NON_BLOCK_KINDS = ("embedding", "head")
+"""Layer kinds that are not Transformer blocks: stock frameworks recompute blocks only, and Megatron's
+pipeline split counts blocks only."""
+
+
+class LayerTimings(Frozen):
+    """What `gbmw profile model` measured of one layer on one device (times in seconds)."""
+
+    forward_time_per_sample_s: float = Field(ge=0, le=MAX_QUANTITY)
+    """Forward time per sample; without timings, time is `forward_flops_per_sample` over sustained FLOP/s."""
+    backward_time_per_sample_s: float | None = Field(default=None, ge=0, le=MAX_QUANTITY)
+    """Backward time per sample; None: 2 × the forward time."""
+    forward_overhead_s: float = Field(default=0.0, ge=0, le=MAX_QUANTITY)
+    """Time of one forward call that does not grow with the samples (kernel launches, Python): the
+    intercept of time against batch size."""
+    backward_overhead_s: float = Field(default=0.0, ge=0, le=MAX_QUANTITY)
+    """The same for one backward call."""
+    profiled_batch: int | None = Field(default=None, ge=1, le=MAX_GLOBAL_BATCH)
+    """Samples of the calls `tp2_time_s`, `sdp2_time_s` and `ckpt_time_s` timed."""
+    tp2_time_s: float | None = Field(default=None, ge=0, le=MAX_QUANTITY)
+    """Forward + backward of the layer on `profiled_batch` samples with TP 2 (the runtime's megatron-core
+    layers), inside whole-model passes where every layer is TP 2. What the estimator does not explain of it
+    (compute / 2, its TP all-reduces) is charged as a per-call overhead to every TP layer — framework costs
+    the paper's estimator leaves out."""
+    tp2_forward_time_s: float | None = Field(default=None, ge=0, le=MAX_QUANTITY)
+    """The forward part of `tp2_time_s`: a checkpointed TP layer repeats it (with its framework cost) in
+    backward."""
+    sdp2_time_s: float | None = Field(default=None, ge=0, le=MAX_QUANTITY)
+    """The same with every layer sharded 2 ways by FSDP2; the unexplained part (beyond compute, the two
+    all-gathers and the reduce-scatter) is charged per call to every SDP layer."""
+    ckpt_time_s: float | None = Field(default=None, ge=0, le=MAX_QUANTITY)
+    """Forward + backward of the layer on `profiled_batch` samples on one device with activation
+    checkpointing (torch's checkpoint_wrapper), inside whole-model passes where every layer is checkpointed;
+    what is not explained by forward + backward + the recomputed forward is charged per call to every
+    checkpointed layer."""
+
+
+class Matmul(Frozen):
+    """One linear layer's matmul in the forward pass: an input of `rows_per_sample` rows per sample times an
+    `in_features` × `out_features` weight (gbmw.cost.matmul_waves prices its shape)."""
+
+    rows_per_sample: int = Field(ge=1, le=MAX_SEQUENCE)
+    """Input rows per sample (tokens; 1 for a pooled classifier)."""
+    out_features: int = Field(ge=1, le=MAX_WIDTH)
+    in_features: int = Field(ge=1, le=MAX_WIDTH)
+    tp_split: Literal["out", "in"]
+    """Which dimension TP divides: `out` for a column-parallel (or vocabulary-parallel) linear, `in` for a
+    row-parallel one."""
+
+
+class LayerSpec(Frozen):
+    """One layer of the model as the planner sees it (an embedding, a Transformer block, a head)."""
+
+    name: str
+    """Unique name, e.g. `decoder.17`; used in plans, tables and the runtime's parameter names."""
+    kind: str
+    """What the layer is: `embedding`, `encoder`, `decoder`, `cross_decoder`, `patch_merging`, `head`…"""
+    parameter_count: int = Field(ge=0, le=MAX_COUNT)
+    """All parameters of the layer (a tied copy included: see `tied_to`)."""
+    tp_split_parameter_count: int = Field(ge=0, le=MAX_COUNT)
+    """The part of `parameter_count` that tensor parallelism divides (weights of column/row-parallel
+    linears, vocabulary-parallel embeddings); the rest (norms, some biases) is replicated."""
+    forward_flops_per_sample: float = Field(ge=0, le=MAX_QUANTITY)
+    """Floating-point operations of one forward pass for one sample."""
+    boundary_activation_bytes_per_sample: float = Field(ge=0, le=MAX_QUANTITY)
+    """The layer's input, stashed for backward and sent between pipeline stages (Sec. 3.1 `bnd`).
+    Replicated across the ranks of a TP group."""
+    intermediate_activation_bytes_per_sample: float = Field(ge=0, le=MAX_QUANTITY)
+    """Activations stashed inside the layer that TP does not divide (norm inputs, dropout masks of
+    the residual stream)."""
+    intermediate_tp_split_activation_bytes_per_sample: float = Field(ge=0, le=MAX_QUANTITY)
+    """Activations stashed inside the layer that TP divides (attention scores, MLP hidden)."""
+    side_input_bytes_per_sample: float = Field(default=0.0, ge=0, le=MAX_QUANTITY)
+    """A second input carried alongside the boundary, e.g. the encoder output every T5 decoder layer
+    reads. Stashed once per pipeline stage and sent between stages with the boundary."""
+    forward_flash_attention_flops_per_sample: float = Field(default=0.0, ge=0, le=MAX_QUANTITY)
+    """The part of `forward_flops_per_sample` a fused (flash) attention kernel runs — scores QKᵀ and scores × V —
+    at the device's attention rate rather than its matmul rate; 0 without flash attention."""
+    attention_core_activation_bytes_per_sample: float = Field(default=0.0, ge=0, le=MAX_QUANTITY)
+    """The part of `intermediate_tp_split_activation_bytes_per_sample` the attention core stashes — softmax output,
+    dropout mask and dropout output, a·s² per sample each (a flash kernel: its fp32 log-sum-exp) — which selective
+    recomputation does not stash (Korthikanti et al. 2022, Sec. 5: the 5·a·s²·b of Eq. (1)). 0: no attention."""
+    attention_core_flops_per_sample: float = Field(default=0.0, ge=0, le=MAX_QUANTITY)
+    """Forward FLOPs of the attention core (QKᵀ and scores × V): what selective recomputation repeats in backward."""
+    attention_core_memory_traffic_bytes_per_sample: float = Field(default=0.0, ge=0, le=MAX_QUANTITY)
+    """The attention core's memory-bound traffic (softmax, dropout over the scores; part of
+    `forward_tp_split_memory_traffic_bytes_per_sample`), repeated by selective recomputation."""
+    forward_memory_traffic_bytes_per_sample: float = Field(default=0.0, ge=0, le=MAX_QUANTITY)
+    """Bytes the forward pass's memory-bound kernels (norms, dropout, residual adds) read and write for one sample
+    outside the TP-split regions; they run at the device's memory bandwidth. 0: time from the matmuls alone."""
+    forward_tp_split_memory_traffic_bytes_per_sample: float = Field(default=0.0, ge=0, le=MAX_QUANTITY)
+    """The same inside the TP-split regions (attention core, MLP activation, the vocabulary's logits): TP divides it."""
+    backward_workspace_tp_split_bytes_per_sample: float = Field(default=0.0, ge=0, le=MAX_QUANTITY)
+    """The widest activation gradient the layer's backward holds beside its stash, per sample (the MLP's
+    up-projection gradient, a head's logits gradient); TP divides it. 0: not modelled."""
+    largest_weight_gradient_tp_split_bytes: float = Field(default=0.0, ge=0, le=MAX_QUANTITY)
+    """The gradient of the layer's largest weight matrix in the dtype backward computes it in, whole before it is
+    added to the parameter's gradient (bytes; TP divides it). 0: not modelled."""
+    matmuls: Items[Matmul] = Field(default=(), max_length=16)
+    """The layer's linear matmuls, whose FLOPs are part of `forward_flops_per_sample`, for their shape-dependent
+    rate (gbmw.cost.matmul_waves); empty: every FLOP at the sustained rate."""
+    tp_allreduce_bytes_per_sample: float = Field(default=0.0, ge=0, le=MAX_QUANTITY)
+    """Bytes all-reduced within the TP group per sample in the forward pass (the backward pass
+    all-reduces as many); 0 for layers TP cannot split."""
+    attention_heads: int = Field(default=0, ge=0, le=MAX_WIDTH)
+    """Query heads of the layer's attention (0: no attention); TP must divide it."""
+    kv_heads: int = Field(default=0, ge=0, le=MAX_WIDTH)
+    """Key/value heads (grouped-query attention; 0: as many as attention_heads); TP must divide it."""
+    tied_to: str | None = None
+    """Name of a layer whose parameters this one shares (an output head tied to the embedding)."""
+    tied_parameter_count: int = Field(default=0, ge=0, le=MAX_COUNT)
+    """The part of `parameter_count` shared with `tied_to` (TP divides it): not counted again in the
+    model's parameter total, nor in a stage that holds both layers."""
+    timings: LayerTimings | None = None
+    """Measured times (a profile); None: times follow from the FLOPs (analytic models)."""
+
+    @property
+    def is_block(self) -> bool:
+        """A Transformer block (or a patch merging between Swin stages), not an embedding or a head."""
+        return self.kind not in NON_BLOCK_KINDS
+
+    @property
+    def stashed_activation_bytes_per_sample(self) -> float:
+        """Boundary + intermediate activations of one sample with no TP and no checkpointing."""
+        return (
+            self.boundary_activation_bytes_per_sample
+            + self.intermediate_activation_bytes_per_sample
+            + self.intermediate_tp_split_activation_bytes_per_sample
+        )
+
+    @model_validator(mode="after")
+    def _split_within_total(self) -> "LayerSpec":
+        if self.tied_parameter_count and self.tied_to is None:
+            raise ValueError(f"tied_parameter_count ({self.tied_parameter_count}) needs tied_to: the layer it shares with")
+        if self.tied_parameter_count > self.tp_split_parameter_count:
+            raise ValueError(
+                f"tied_parameter_count ({self.tied_parameter_count}) > tp_split_parameter_count "
+                f"({self.tp_split_parameter_count}): tied weights are vocabulary-parallel under TP"
+            )
+        if self.tp_split_parameter_count > self.parameter_count:
+            raise ValueError(
+                f"tp_split_parameter_count ({self.tp_split_parameter_count}) > "
+                f"parameter_count ({self.parameter_count}): TP can divide at most all parameters"
+            )
+        return self
+
+
+class ModelTimings(Frozen):
+    """What `gbmw profile model` measured of the model as a whole (the optimizer step) and, on the profiling
+    pair of processes, of one runtime call between layers (Slice-Gather) and between stages (p2p)."""
+
+    optimizer_step_s_per_parameter: float | None = Field(default=None, ge=0, le=MAX_QUANTITY)
+    """Optimizer step time per parameter on the profiled device; the estimator adds the slowest stage's
+    step to each iteration."""
+    slice_gather_time_s: float | None = Field(default=None, ge=0, le=MAX_QUANTITY)
+    """One Slice-Gather of the runtime (forward and backward) between a layout sliced in two and a replicated
+    one, on a micro-batch's hidden state of `slice_gather_bytes`. What the exchange model does not explain of
+    it is charged to every transition R."""
+    slice_gather_bytes: float | None = Field(default=None, ge=0, le=MAX_QUANTITY)
+    """The full micro-batch's boundary activation in that measurement (bytes)."""
+    p2p_time_s: float | None = Field(default=None, ge=0, le=MAX_QUANTITY)
+    """One pipeline transfer of the runtime (paired isend/irecv, waited) of `p2p_bytes`; what the cluster's
+    p2p model does not explain of it is charged to every stage-to-stage transfer."""
+    p2p_bytes: float | None = Field(default=None, ge=0, le=MAX_QUANTITY)
+    """The message of that measurement (bytes)."""
+
+
+class ModelSpec(Frozen):
+    """A model as a sequence of layers, with the precision its activation bytes were computed for."""
+
+    name: str
+    family: str
+    """`gpt`, `bert`, `t5`, `vit`, `swin`, `profiled`, …"""
+    precision: Precision
+    """Training precision the activation bytes assume (16-bit activations for fp16/bf16)."""
+    sequence_length: int = Field(ge=1, le=MAX_SEQUENCE)
+    """Tokens per sample of the main stack (encoder length for T5; patches for vision models)."""
+    hidden_size: int = Field(ge=1, le=MAX_WIDTH)
+    """Width of the main stack (the widest stage for Swin); used by Megatron-style formulas."""
+    layers: Items[LayerSpec] = Field(min_length=1, max_length=MAX_LAYERS + 16)
+    source: str = ""
+    """Where the shape comes from (paper, HF config, profile)."""
+    architecture: Architecture | None = None
+    """The architecture the layers were built (or profiled) from: what the runtime builds modules from and
+    the Megatron emitter reads its model flags from. None for a hand-written layer list."""
+    timings: ModelTimings | None = None
+    """Model-wide measurements of a profile; None for analytic models (those costs are then not modelled)."""
+
+    @model_validator(mode="after")
+    def _layers_consistent(self) -> "ModelSpec":
+        names = [layer.name for layer in self.layers]
+        duplicates = sorted({name for name in names if names.count(name) > 1})
+        if duplicates:
+            raise ValueError(f"layer names must be unique; repeated: {duplicates}")
+        for index, layer in enumerate(self.layers):
+            if layer.tied_to is not None and layer.tied_to not in names:
+                raise ValueError(
+                    f"layers[{index}] ({layer.name}) is tied_to {layer.tied_to!r}, which is not a layer "
+                    f"of this model; known layers include {names[:3]}…"
+                )
+            if layer.tied_to is not None and names.index(layer.tied_to) >= index:
+                raise ValueError(
+                    f"layers[{index}] ({layer.name}) is tied_to {layer.tied_to!r}, which does not come before it; "
+                    "name the tie on the later layer (a head names the embedding it shares weights with)"
+                )
+        return self
+
+    def model_copy(self, *, update=None, deep: bool = False) -> "ModelSpec":
+        """pydantic's copy, without the cached `arrays` of the original (they would describe the old layers)."""
+        copy = super().model_copy(update=update, deep=deep)
+        copy.__dict__.pop("arrays", None)
+        return copy
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    @property
+    def parameter_count(self) -> int:
+        """Unique parameters: a layer tied to another is not counted twice."""
+        return sum(layer.parameter_count - layer.tied_parameter_count for layer in self.layers)
+
+    @property
+    def forward_flops_per_sample(self) -> float:
+        return float(sum(layer.forward_flops_per_sample for layer in self.layers))
+
+    @property
+    def is_block(self) -> np.ndarray:
+        """[layer]: whether each layer is a Transformer block (LayerSpec.is_block)."""
+        return np.array([layer.is_block for layer in self.layers])
+
+    def require_architecture(self, needed_by: str) -> Architecture:
+        """The architecture, or one SpecError saying that `needed_by` cannot do without it."""
+        if self.architecture is None:
+            raise SpecError(
+                f"model {self.name}: a layer list (hand-written, or a profile without `architecture`) has costs but "
+                f"no architecture; {needed_by} needs the model recipe it was made from (family, hidden_size, …)"
+            )
+        return self.architecture
+
+    def measured(self, field: str) -> float | None:
+        """A model-wide measurement of `timings` (None for analytic models or when not measured)."""
+        return None if self.timings is None else getattr(self.timings, field)
+
+    @functools.cached_property
+    def arrays(self) -> "LayerArrays":
+        return LayerArrays(self.layers)
+
+
+class LayerArrays:
+    """The layer fields of a ModelSpec as numpy arrays (one entry per layer) for vectorised costing; a timing a
+    layer lacks reads as 0 (`has_measured_time` / `has_measured_backward` say which layers have them)."""
+
+    def __init__(self, layers: tuple[LayerSpec, ...]):
+        def column(field: str) -> np.ndarray:
+            return np.array([float(getattr(layer, field) or 0.0) for layer in layers])
+
+        def timing(field: str) -> np.ndarray:
+            return np.array([float(getattr(layer.timings, field, None) or 0.0) for layer in layers])
+
+        self.parameter_count = column("parameter_count")
+        self.tp_split_parameter_count = column("tp_split_parameter_count")
+        self.forward_flops_per_sample = column("forward_flops_per_sample")
+        self.boundary_activation_bytes_per_sample = column("boundary_activation_bytes_per_sample")
+        self.intermediate_activation_bytes_per_sample = column("intermediate_activation_bytes_per_sample")
+        self.intermediate_tp_split_activation_bytes_per_sample = column(
+            "intermediate_tp_split_activation_bytes_per_sample"
+        )
+        self.side_input_bytes_per_sample = column("side_input_bytes_per_sample")
+        self.tied_parameter_count = column("tied_parameter_count")
+        self.tp_allreduce_bytes_per_sample = column("tp_allreduce_bytes_per_sample")
+        self.backward_workspace_tp_split_bytes_per_sample = column("backward_workspace_tp_split_bytes_per_sample")
+        self.largest_weight_gradient_tp_split_bytes = column("largest_weight_gradient_tp_split_bytes")
+        self.forward_flash_attention_flops_per_sample = column("forward_flash_attention_flops_per_sample")
+        self.forward_memory_traffic_bytes_per_sample = column("forward_memory_traffic_bytes_per_sample")
+        self.attention_core_activation_bytes_per_sample = column("attention_core_activation_bytes_per_sample")
+        self.attention_core_flops_per_sample = column("attention_core_flops_per_sample")
+        self.attention_core_memory_traffic_bytes_per_sample = column("attention_core_memory_traffic_bytes_per_sample")
+        self.forward_tp_split_memory_traffic_bytes_per_sample = column("forward_tp_split_memory_traffic_bytes_per_sample")
+        self.has_measured_time = np.array([layer.timings is not None for layer in layers])
+        # [layer, matmul]: the layers' linear matmuls, padded with zero-sized ones
+        width = max([len(layer.matmuls) for layer in layers] + [1])
+        shapes = np.zeros((len(layers), width, 4))
+        for row, layer in enumerate(layers):
+            for index, matmul in enumerate(layer.matmuls):
+                shapes[row, index] = (matmul.rows_per_sample, matmul.out_features, matmul.in_features,
+                                      matmul.tp_split == "out")
+        self.matmul_rows_per_sample, self.matmul_out_features, self.matmul_in_features = (
+            shapes[..., 0], shapes[..., 1], shapes[..., 2])
+        self.matmul_splits_out = shapes[..., 3].astype(bool)
+        self.forward_time_per_sample_s = timing("forward_time_per_sample_s")
+        self.has_measured_backward = np.array(
+            [layer.timings is not None and layer.timings.backward_time_per_sample_s is not None for layer in layers]
+        )
+        self.backward_time_per_sample_s = timing("backward_time_per_sample_s")
+        self.forward_overhead_s = timing("forward_overhead_s")
+        self.backward_overhead_s = timing("backward_overhead_s")
+        self.profiled_batch = timing("profiled_batch")
+        self.tp2_time_s = timing("tp2_time_s")
+        self.tp2_forward_time_s = timing("tp2_forward_time_s")
+        self.sdp2_time_s = timing("sdp2_time_s")
+        self.ckpt_time_s = timing("ckpt_time_s")
+        names = [layer.name for layer in layers]
+        self.tied_to_index = np.array(
+            [names.index(layer.tied_to) if layer.tied_to is not None else -1 for layer in layers]
+        )

@@ -1,0 +1,253 @@
+"""Analytic costs of one layer of each kind — a Transformer block, a token embedding, a language-model head,
+a classifier head — from tensor shapes and dtypes (paper Sec. 5).
+
+The activation accounting per block is Korthikanti et al., "Reducing Activation Recomputation in Large
+Transformer Models" (2022), Sec. 4.1: with 16-bit activations and 1-byte dropout masks a GPT block stashes
+s·h·(34 + 5·a·s/h) bytes per sample, of which s·h·(10) stays whole under TP and the rest is divided. FLOPs
+count 2 per multiply-add of every matmul, so 3× the forward FLOPs of all layers is Megatron's model-FLOPs
+formula 72·B·s·L·h²·(1 + s/6h + V/12hL).
+
+Memory traffic: the bytes the forward pass's memory-bound kernels read and write, per sample, counted as unfused
+PyTorch runs them — a norm reads its input and writes its output (2·d per element), dropout also writes a
+1-byte mask (2·d + 1), a residual add reads two tensors and writes one (3·d), an activation reads its input(s)
+and writes its output; without flash attention the scores are written, read and written by the softmax (and
+by dropout), and read by the scores × V matmul (4·d, or 6·d + 1 with dropout, per score); flash attention
+reads Q, K, V and writes its output. Matmul inputs and outputs are the matmuls' own traffic (in their FLOP/s).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gbmw.specs.model_spec import LayerSpec, Matmul
+
+TOKEN_ID_BYTES = 8  # int64 token ids are the input of an embedding layer
+
+
+@dataclass(frozen=True)
+class BlockShape:
+    """Shapes of one Transformer block for one sample."""
+
+    tokens: int
+    hidden: int
+    heads: int
+    head_dim: int
+    kv_heads: int
+    ffn: int
+    attended_tokens: int
+    """Keys each query attends to: the sequence, or a window (Swin)."""
+    gated_mlp: bool = False
+    bias: bool = True
+    qkv_bias: bool | None = None
+    """Biases on Q, K and V; None means as `bias` (Qwen2 has them with no other linear bias)."""
+    norm: str = "layer"
+    cross_attention_tokens: int = 0
+    """Encoder tokens read by a cross-attention sub-block (T5 decoder); 0 for none."""
+    extra_params: int = 0
+    """Parameters outside the matmuls and norms (relative position biases), replicated under TP."""
+
+
+def block_layer(name: str, kind: str, shape: BlockShape, dtype_bytes: int, dropout: bool, flash: bool,
+                raw_scores: bool = False) -> LayerSpec:
+    """Costs of one self-attention (+ optional cross-attention) + MLP block (Korthikanti et al. Sec. 4.1).
+
+    `raw_scores`: standard attention that also stashes the raw scores QKᵀ (d bytes each) beside the softmax
+    output. The paper's testbed did: its Table 2 activation sizes per sample grow per layer by gbmw's accounting
+    plus exactly that tensor (ViT-Huge to 0.1 %, benchmarks/paper_table3.py) — consistent with the autograd of
+    its day saving the input of the scaling multiply, which current PyTorch saves only when the scale needs a
+    gradient."""
+    s, h, d = shape.tokens, shape.hidden, dtype_bytes
+    attention_width = shape.heads * shape.head_dim
+    kv_width = shape.kv_heads * shape.head_dim
+    mask = 1 if dropout else 0
+    norm_params = (2 if shape.norm == "layer" else 1) * h
+    norm_statistics = (2 if shape.norm == "layer" else 1) * 4  # fp32 bytes per token kept for the norm's backward
+    up_outputs = 2 if shape.gated_mlp else 1
+
+    def sub_block_traffic(tokens: int) -> float:
+        """The norm, the dropout after the output projection, and the residual add, per sample."""
+        return tokens * h * (2 * d + ((2 * d + 1) if dropout else 0) + 3 * d)
+
+    def attention(query_tokens: int, key_tokens: int, kv_input_tokens: int) -> dict[str, float]:
+        weights = h * attention_width + 2 * h * kv_width + attention_width * h
+        qkv_bias = shape.bias if shape.qkv_bias is None else shape.qkv_bias
+        column_biases = (attention_width + 2 * kv_width) if qkv_bias else 0
+        row_bias = h if shape.bias else 0
+        flops = (
+            2 * query_tokens * (h * attention_width + attention_width * h)
+            + 2 * kv_input_tokens * (2 * h * kv_width)
+            + 4 * query_tokens * key_tokens * attention_width  # scores QK^T and scores × V
+        )
+        scores_per_head = query_tokens * key_tokens
+        if flash:
+            score_bytes = shape.heads * query_tokens * 4  # fp32 log-sum-exp per row
+        else:
+            score_bytes = shape.heads * scores_per_head * (d + (mask + d if dropout else 0) + (d if raw_scores else 0))
+        split = (
+            query_tokens * attention_width * d  # Q
+            + 2 * kv_input_tokens * kv_width * d  # K, V
+            + score_bytes
+            + query_tokens * attention_width * d  # input of the output projection
+        )
+        # norm input, norm output, the norm's fp32 statistics per token (mean and 1/std; RMSNorm: 1/rms only),
+        # dropout mask
+        replicated = query_tokens * h * (d + d) + query_tokens * norm_statistics + query_tokens * h * mask
+        core_traffic = 2 * query_tokens * attention_width * d + 2 * kv_input_tokens * kv_width * d
+        score_traffic = 0 if flash else shape.heads * scores_per_head * ((6 * d + 1) if dropout else 4 * d)
+        core_traffic += score_traffic
+        return dict(
+            params=weights + column_biases + row_bias + norm_params,
+            tp_split=weights + column_biases,
+            flops=flops,
+            split=split,
+            replicated=replicated,
+            allreduce=query_tokens * h * d,
+            traffic=sub_block_traffic(query_tokens),
+            split_traffic=core_traffic,
+            flash_flops=4 * query_tokens * key_tokens * attention_width if flash else 0,
+            core_bytes=score_bytes,
+            core_flops=4 * query_tokens * key_tokens * attention_width,
+            core_traffic=score_traffic,
+            matmuls=(
+                # Q and K, V (one fused QKV matmul where they read the same tokens), then the output projection
+                (Matmul(rows_per_sample=query_tokens, out_features=attention_width + 2 * kv_width, in_features=h,
+                        tp_split="out"),)
+                if query_tokens == kv_input_tokens else
+                (Matmul(rows_per_sample=query_tokens, out_features=attention_width, in_features=h, tp_split="out"),
+                 Matmul(rows_per_sample=kv_input_tokens, out_features=2 * kv_width, in_features=h, tp_split="out"))
+            ) + (Matmul(rows_per_sample=query_tokens, out_features=h, in_features=attention_width, tp_split="in"),),
+        )
+
+    self_attention = attention(s, shape.attended_tokens, s)
+    mlp_weights = h * shape.ffn * up_outputs + shape.ffn * h
+    mlp = dict(
+        params=mlp_weights + ((shape.ffn * up_outputs + h) if shape.bias else 0) + norm_params,
+        tp_split=mlp_weights + (shape.ffn * up_outputs if shape.bias else 0),
+        flops=2 * s * mlp_weights,
+        split=s * shape.ffn * (up_outputs + 1) * d,  # up-projection output(s) and activation output
+        replicated=s * h * (d + d) + s * norm_statistics + s * h * mask,
+        allreduce=s * h * d,
+        traffic=sub_block_traffic(s),
+        split_traffic=s * shape.ffn * (up_outputs + 1) * d,  # the activation reads its input(s), writes its output
+        flash_flops=0,
+        core_bytes=0,
+        core_flops=0,
+        core_traffic=0,
+        matmuls=(Matmul(rows_per_sample=s, out_features=shape.ffn * up_outputs, in_features=h, tp_split="out"),
+                 Matmul(rows_per_sample=s, out_features=h, in_features=shape.ffn, tp_split="in")),
+    )
+    parts = [self_attention, mlp]
+    if shape.cross_attention_tokens:
+        parts.append(attention(s, shape.cross_attention_tokens, shape.cross_attention_tokens))
+    total = {key: sum((part[key] for part in parts), () if key == "matmuls" else 0) for key in parts[0]}
+    boundary = s * h * d
+    return LayerSpec(
+        name=name,
+        kind=kind,
+        parameter_count=int(total["params"] + shape.extra_params),
+        tp_split_parameter_count=int(total["tp_split"]),
+        forward_flops_per_sample=float(total["flops"]),
+        matmuls=total["matmuls"],
+        boundary_activation_bytes_per_sample=float(boundary),
+        # The first norm's input is the boundary itself: it is counted there, not twice.
+        intermediate_activation_bytes_per_sample=float(total["replicated"] - boundary),
+        intermediate_tp_split_activation_bytes_per_sample=float(total["split"]),
+        side_input_bytes_per_sample=float(shape.cross_attention_tokens * h * d),
+        tp_allreduce_bytes_per_sample=float(total["allreduce"]),
+        forward_flash_attention_flops_per_sample=float(total["flash_flops"]),
+        attention_core_activation_bytes_per_sample=float(total["core_bytes"]),
+        attention_core_flops_per_sample=float(total["core_flops"]),
+        attention_core_memory_traffic_bytes_per_sample=float(total["core_traffic"]),
+        forward_memory_traffic_bytes_per_sample=float(total["traffic"]),
+        forward_tp_split_memory_traffic_bytes_per_sample=float(total["split_traffic"]),
+        # backward's working set beside the stash: the gradient of the MLP's up-projection output(s), and of its
+        # largest weight matrix (an MLP projection, or the fused QKV) in the activation dtype
+        backward_workspace_tp_split_bytes_per_sample=float(s * shape.ffn * up_outputs * d),
+        largest_weight_gradient_tp_split_bytes=float(max(h * shape.ffn, h * (attention_width + 2 * kv_width)) * d),
+        attention_heads=shape.heads,
+        kv_heads=shape.kv_heads,
+    )
+
+
+def embedding_layer(
+    name: str, tokens: int, hidden: int, vocab: int, positions: int, extra_rows: int, dtype_bytes: int,
+    dropout: bool, norm: bool,
+) -> LayerSpec:
+    """Token (vocabulary-parallel under TP) + position embeddings; output all-reduced across TP."""
+    d, mask = dtype_bytes, 1 if dropout else 0
+    return LayerSpec(
+        name=name,
+        kind="embedding",
+        parameter_count=(vocab + positions + extra_rows) * hidden + (2 * hidden if norm else 0),
+        tp_split_parameter_count=vocab * hidden,
+        forward_flops_per_sample=0.0,
+        boundary_activation_bytes_per_sample=float(tokens * TOKEN_ID_BYTES),
+        intermediate_activation_bytes_per_sample=float(tokens * hidden * (mask + (d if norm else 0))),
+        intermediate_tp_split_activation_bytes_per_sample=0.0,
+        tp_allreduce_bytes_per_sample=float(tokens * hidden * d),
+        # the lookup reads and writes each row, positions are added, then dropout and the norm
+        forward_memory_traffic_bytes_per_sample=float(tokens * hidden * (
+            2 * d + (3 * d if positions else 0) + ((2 * d + 1) if dropout else 0) + (2 * d if norm else 0))),
+        # backward scatters the rows' gradients into a dense fp32 gradient of the table
+        largest_weight_gradient_tp_split_bytes=float(vocab * hidden * 4),
+    )
+
+
+def lm_head_layer(
+    name: str, tokens: int, hidden: int, vocab: int, dtype_bytes: int, tied_to: str | None, transform: bool,
+    norm_params: int,
+) -> LayerSpec:
+    """Final norm, (BERT: dense+norm transform), vocabulary projection and cross-entropy.
+
+    The vocabulary-parallel cross-entropy (Megatron's, and torch's on one device) keeps the fp32 softmax of the
+    logits, divided by TP; the logits themselves are not kept (the projection keeps its input, and a 16-bit
+    logit tensor is freed once copied to fp32). Also kept: the int64 labels, and the norms' fp32 statistics.
+    """
+    d = dtype_bytes
+    transform_weights = hidden * hidden if transform else 0
+    params = norm_params + vocab * hidden + (transform_weights + hidden + 2 * hidden if transform else 0)
+    statistics = (2 if norm_params == 2 * hidden else 1 if norm_params else 0) + (2 if transform else 0)
+    replicated = (
+        tokens * hidden * d * (3 if transform else 1)  # norm output (+ dense in, gelu in)
+        + tokens * statistics * 4  # fp32 mean and 1/std per token of each LayerNorm (RMSNorm: 1/rms)
+        + tokens * TOKEN_ID_BYTES  # the labels
+    )
+    return LayerSpec(
+        name=name,
+        kind="head",
+        parameter_count=params,
+        tp_split_parameter_count=vocab * hidden,
+        forward_flops_per_sample=float(2 * tokens * hidden * vocab + 2 * tokens * transform_weights),
+        matmuls=(Matmul(rows_per_sample=tokens, out_features=vocab, in_features=hidden, tp_split="out"),),
+        boundary_activation_bytes_per_sample=float(tokens * hidden * d),
+        intermediate_activation_bytes_per_sample=float(replicated),
+        intermediate_tp_split_activation_bytes_per_sample=float(tokens * vocab * 4),
+        tp_allreduce_bytes_per_sample=float(tokens * hidden * d),
+        # the final norm (BERT: + the transform's GELU and norm); cross-entropy reads the logits, writes their
+        # fp32 softmax and reads it for the loss
+        forward_memory_traffic_bytes_per_sample=float(tokens * hidden * d * (2 + (4 if transform else 0))),
+        forward_tp_split_memory_traffic_bytes_per_sample=float(tokens * vocab * (d + 8)),
+        # the cross-entropy's backward turns the kept fp32 softmax into the logits' gradient beside it: two fp32
+        # logit-sized tensors at once (as torch's MemTracker sees the runtime's head); the projection's weight gradient
+        backward_workspace_tp_split_bytes_per_sample=float(2 * tokens * vocab * 4),
+        largest_weight_gradient_tp_split_bytes=float(vocab * hidden * d),
+        tied_to=tied_to,
+        tied_parameter_count=vocab * hidden if tied_to else 0,
+    )
+
+
+def classifier_head(tokens: int, hidden: int, classes: int, d: int) -> LayerSpec:
+    """Final norm over all tokens, pooling, and a linear classifier (column-parallel over classes)."""
+    return LayerSpec(
+        name="head",
+        kind="head",
+        parameter_count=2 * hidden + hidden * classes + classes,
+        tp_split_parameter_count=hidden * classes + classes,
+        forward_flops_per_sample=float(2 * hidden * classes),
+        matmuls=(Matmul(rows_per_sample=1, out_features=classes, in_features=hidden, tp_split="out"),),
+        boundary_activation_bytes_per_sample=float(tokens * hidden * d),
+        intermediate_activation_bytes_per_sample=float(tokens * hidden * d),
+        intermediate_tp_split_activation_bytes_per_sample=float(classes * (d + 4)),
+        tp_allreduce_bytes_per_sample=float(hidden * d),
+        forward_memory_traffic_bytes_per_sample=float(tokens * hidden * d * 2),  # the final norm
+    )
