@@ -2,9 +2,18 @@
 
 A `Strategy` is the parallelisation of one layer over the device group of its pipeline stage
 (N / pp devices): ordered `(axis, degree)` pairs, innermost — fastest links, consecutive ranks —
-first, whether its TP runs sequence-parallel, and how much of it recomputes. Its short name is the
-dims joined by `-`, then `+sp` for sequence parallelism, then `+ckpt` (full recomputation) or `+sel`
-(selective): `tp2-dp4`, `sdp8+ckpt`, `tp4-z1dp2+sp+sel`. A group of one device is `single`.
+first, whether its TP runs sequence-parallel, over how many of its data-parallel ranks a mixture-of-experts
+layer splits its experts, and how much of it recomputes. Its short name is the dims joined by `-`, then `+epN`
+for expert parallelism, `+sp` for sequence parallelism, then `+ckpt` (full recomputation) or `+sel`
+(selective): `tp2-dp4`, `sdp8+ckpt`, `tp4-z1dp2+sp+sel`, `tp2-z1dp8+ep4+sp`. A group of one device is `single`.
+
+Expert parallelism (Lepikhin et al., "GShard", 2020; Rajbhandari et al., "DeepSpeed-MoE", 2022; megatron-core's
+`--expert-model-parallel-size`) splits a mixture-of-experts layer's routed experts over `ep` ranks of its
+data-parallel group: every rank still computes the attention of its own share of the batch, and the tokens reach
+the rank holding their experts by an all-to-all (dispatch) and come back by another (combine). The experts'
+gradients are synchronised over the remaining data-parallel ranks only (the expert-data-parallel group of
+degree dp / ep); the experts' TP degree is the layer's TP (megatron-core's default expert-TP). EP is placed
+innermost among the data-parallel ranks (megatron-core's tp-ep-dp order), so it needs one data-parallel axis.
 
 Recomputation levels (Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Models",
 2022): none; full (Sec. 3, the paper's CKPT: stash the layer input, recompute the whole layer); selective
@@ -40,6 +49,7 @@ DATA_PARALLEL_AXES = ("dp", "z1dp", "z2dp", "sdp")
 SEARCH_AXES = ("dp", "sdp", "tp")
 SINGLE_DEVICE_NAME = "single"
 _TOKEN = re.compile(r"^(dp|z1dp|z2dp|sdp|tp)(\d+)$")
+_EXPERT_SUFFIX = re.compile(r"^ep(\d+)$")
 RECOMPUTE_LEVELS = ("none", "full", "selective")
 _SUFFIXES = {"sp": "sequence parallelism", "ckpt": "full recomputation", "sel": "selective recomputation"}
 
@@ -63,6 +73,9 @@ class Strategy:
     sp: bool = False
     """Sequence parallelism with TP (Korthikanti et al. Sec. 4.2.2): the activations TP replicates are split over
     the TP ranks along the sequence. Needs a tp axis."""
+    ep: int = 1
+    """Expert parallelism: a mixture-of-experts layer's routed experts split over `ep` of its data-parallel ranks
+    (see the module). 1: every rank holds every expert. Needs one data-parallel axis whose degree `ep` divides."""
 
     def __post_init__(self) -> None:
         axes = [axis for axis, _ in self.dims]
@@ -76,6 +89,15 @@ class Strategy:
         if self.ckpt and self.selective:
             raise PlanError(f"strategy {self.name}: full (+ckpt) and selective (+sel) recomputation exclude each "
                             "other; give one")
+        if isinstance(self.ep, bool) or not isinstance(self.ep, int) or self.ep < 1:
+            raise PlanError(f"strategy {self.name}: the expert-parallel degree must be a whole number ≥ 1")
+        if self.ep > 1:
+            data_axes = [(axis, degree) for axis, degree in self.dims if axis in DATA_PARALLEL_AXES]
+            if len(data_axes) != 1 or data_axes[0][1] % self.ep:
+                shown = " × ".join(f"{axis}{degree}" for axis, degree in data_axes) or "none"
+                raise PlanError(f"strategy {self.name}: expert parallelism (+ep{self.ep}) splits the experts over "
+                                f"data-parallel ranks; it needs one data-parallel axis whose degree {self.ep} divides "
+                                f"(data-parallel axes: {shown}), e.g. tp2-dp8+ep4")
         if self.sp and self.degree("tp") < 2:
             raise PlanError(f"strategy {self.name}: sequence parallelism (+sp) splits TP's replicated regions; it "
                             "needs a tp axis of degree >= 2")
@@ -85,13 +107,18 @@ class Strategy:
         """The inverse of `name`: `tp2-dp4+ckpt` → Strategy((('tp', 2), ('dp', 4)), ckpt=True)."""
         text = name.strip()
         body, *suffixes = text.split("+")
+        expert = [suffix for suffix in suffixes if _EXPERT_SUFFIX.match(suffix)]
+        suffixes = [suffix for suffix in suffixes if not _EXPERT_SUFFIX.match(suffix)]
+        if len(expert) > 1:
+            raise PlanError(f"strategy {name!r}: expert parallelism is given {len(expert)} times; give one +epN")
+        ep = int(_EXPERT_SUFFIX.match(expert[0]).group(1)) if expert else 1
         unknown = [suffix for suffix in suffixes if suffix not in _SUFFIXES]
         if unknown or len(set(suffixes)) != len(suffixes):
             raise PlanError(
                 f"strategy {name!r}: cannot read the suffix {'+' + unknown[0] if unknown else 'given twice'}; "
-                f"suffixes are " + ", ".join(f"+{key} ({what})" for key, what in _SUFFIXES.items())
-                + ", e.g. tp4-dp2+sp+sel")
-        flags = dict(ckpt="ckpt" in suffixes, selective="sel" in suffixes, sp="sp" in suffixes)
+                f"suffixes are +epN (expert parallelism over N ranks), "
+                + ", ".join(f"+{key} ({what})" for key, what in _SUFFIXES.items()) + ", e.g. tp4-dp2+sp+sel")
+        flags = dict(ckpt="ckpt" in suffixes, selective="sel" in suffixes, sp="sp" in suffixes, ep=ep)
         if body == SINGLE_DEVICE_NAME:
             return cls((), **flags)
         dims = []
@@ -113,7 +140,7 @@ class Strategy:
     def layout_name(self) -> str:
         """The name without the recomputation suffix: what a stock framework configures for every layer."""
         body = "-".join(f"{axis}{degree}" for axis, degree in self.dims) or SINGLE_DEVICE_NAME
-        return body + ("+sp" if self.sp else "")
+        return body + (f"+ep{self.ep}" if self.ep > 1 else "") + ("+sp" if self.sp else "")
 
     @property
     def recompute(self) -> str:
@@ -160,13 +187,22 @@ class Strategy:
             stride *= degree
         raise PlanError(f"strategy {self.name} has no {axis} axis")
 
+    @cached_property
+    def expert_data_parallel(self) -> int:
+        """Ways a mixture-of-experts layer's expert gradients are synchronised: the data-parallel degree over EP."""
+        return self.data_parallel // self.ep
+
     def with_ckpt(self, ckpt: bool) -> "Strategy":
         """The same layout with full recomputation on, or with no recomputation."""
-        return Strategy(self.dims, ckpt, sp=self.sp)
+        return Strategy(self.dims, ckpt, sp=self.sp, ep=self.ep)
 
     def with_recompute(self, level: str) -> "Strategy":
         """The same layout with recomputation `level` (RECOMPUTE_LEVELS)."""
-        return Strategy(self.dims, level == "full", level == "selective", self.sp)
+        return Strategy(self.dims, level == "full", level == "selective", self.sp, self.ep)
+
+    def with_expert_parallel(self, ep: int) -> "Strategy":
+        """The same strategy with its experts split over `ep` data-parallel ranks (1: none)."""
+        return Strategy(self.dims, self.ckpt, self.selective, self.sp, ep)
 
 
 @cache

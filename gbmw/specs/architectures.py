@@ -38,6 +38,51 @@ class _Architecture(Frozen):
         return []
 
 
+class MixtureOfExperts(Frozen):
+    """The routed feed-forward of a mixture-of-experts decoder (Shazeer et al. 2017, Lepikhin et al. "GShard" 2020,
+    Jiang et al. "Mixtral of Experts" 2024; DeepSeek-MoE's shared experts, Dai et al. 2024). In each MoE block a
+    router (a linear layer, hidden → experts, no bias) scores every token, the token goes to its `top_k` experts —
+    each an MLP of the model's kind (gated or not) of width `expert_ffn_hidden_size` — and their outputs are summed
+    with the router's weights; `shared_experts` MLPs run on every token beside them. The other blocks keep the
+    model's dense MLP."""
+
+    num_experts: int = Field(ge=2, le=MAX_WIDTH)
+    """Routed experts per MoE block."""
+    top_k: int = Field(ge=1, le=MAX_WIDTH)
+    """Experts each token is routed to."""
+    expert_ffn_hidden_size: int = Field(ge=1, le=MAX_WIDTH)
+    """Width of one routed expert's MLP (Mixtral: the model's FFN; Qwen-MoE, DeepSeek: a narrower one)."""
+    shared_experts: int = Field(default=0, ge=0, le=64)
+    """MLPs every token passes through beside its routed experts (DeepSeek, Qwen2-MoE)."""
+    shared_expert_ffn_hidden_size: int | None = Field(default=None, ge=1, le=MAX_WIDTH)
+    """Width of each shared expert's MLP; None: `expert_ffn_hidden_size`."""
+    shared_expert_gate: bool = False
+    """A sigmoid gate (a hidden → 1 linear) scales the shared experts' output (Qwen2-MoE)."""
+    dense_blocks: Items[Annotated[int, Field(ge=0, le=MAX_LAYERS)]] = Field(default=(), max_length=MAX_LAYERS)
+    """Indices (from 0) of the blocks whose MLP stays dense: DeepSeek's first `first_k_dense_replace` blocks,
+    Qwen's `mlp_only_layers` and the blocks `decoder_sparse_step` skips. Every other block is an MoE block."""
+    capacity_factor: float | None = Field(default=None, gt=0, le=64)
+    """Each expert takes at most capacity_factor × (tokens × top_k / experts) tokens per micro-batch, padded to
+    exactly that many (token dropping, GShard); None: dropless (every routed token is computed)."""
+    load_imbalance: float = Field(default=1.0, ge=1.0, le=64)
+    """An ASSUMPTION, not a fact of the model: with dropless routing and expert parallelism, the routed tokens the
+    busiest rank of an EP group receives over the mean. 1.0 assumes perfectly balanced routing (what an auxiliary
+    balancing loss aims at); the estimate states it. Ignored under a capacity factor (padding fixes the load)."""
+
+    @property
+    def shared_ffn_hidden_size(self) -> int:
+        return self.shared_expert_ffn_hidden_size or self.expert_ffn_hidden_size
+
+    @model_validator(mode="after")
+    def _top_k_within_experts(self) -> "MixtureOfExperts":
+        if self.top_k > self.num_experts:
+            raise ValueError(f"top_k {self.top_k} > num_experts {self.num_experts}: a token is routed to at most "
+                             f"every expert; give top_k from 1 to {self.num_experts}")
+        if len(set(self.dense_blocks)) != len(self.dense_blocks):
+            raise ValueError(f"dense_blocks {list(self.dense_blocks)} names a block twice")
+        return self
+
+
 class GPTArchitecture(_Architecture):
     """Decoder-only language model (GPT-2/3; LLaMA with `gated_mlp`, `norm: rms`, `bias: false`)."""
 
@@ -71,9 +116,15 @@ class GPTArchitecture(_Architecture):
     Only flash attention skips the keys outside the window; standard attention computes the whole score matrix
     and masks it, so the window changes costs only with `attention: flash` and a sequence longer than it."""
     tie_embeddings: bool = True
+    moe: MixtureOfExperts | None = None
+    """Routed experts in the MLPs (a mixture-of-experts decoder); None: every block's MLP is dense."""
 
     def _head_pairs(self) -> list[tuple[int, int]]:
         return [] if self.head_dim is not None else [(self.hidden_size, self.num_heads)]
+
+    def is_moe_block(self, index: int) -> bool:
+        """Whether block `index` (from 0) routes its tokens to experts."""
+        return self.moe is not None and index not in self.moe.dense_blocks
 
     @property
     def attention_head_dim(self) -> int:
@@ -92,6 +143,9 @@ class GPTArchitecture(_Architecture):
         if self.num_kv_heads is not None and self.num_heads % self.num_kv_heads:
             raise ValueError(f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}: "
                              "grouped-query attention shares each key/value head among equal groups")
+        if self.moe is not None and any(index >= self.num_layers for index in self.moe.dense_blocks):
+            raise ValueError(f"moe.dense_blocks {list(self.moe.dense_blocks)} names a block past the last of "
+                             f"{self.num_layers} (blocks count from 0)")
         if self.max_position_embeddings is not None and self.seq_length > self.max_position_embeddings:
             raise ValueError(f"seq_length {self.seq_length} exceeds max_position_embeddings "
                              f"{self.max_position_embeddings}: the model takes at most "

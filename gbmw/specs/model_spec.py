@@ -130,6 +130,27 @@ class LayerSpec(Frozen):
     tp_allreduce_bytes_per_sample: float = Field(default=0.0, ge=0, le=MAX_QUANTITY)
     """Bytes all-reduced within the TP group per sample in the forward pass (the backward pass
     all-reduces as many); 0 for layers TP cannot split."""
+    num_experts: int = Field(default=0, ge=0, le=MAX_WIDTH)
+    """Routed experts of a mixture-of-experts block; 0: a dense layer (every `expert_*` field is then 0)."""
+    experts_per_token: int = Field(default=0, ge=0, le=MAX_WIDTH)
+    """Experts each token is routed to (top-k)."""
+    expert_parameter_count: int = Field(default=0, ge=0, le=MAX_COUNT)
+    """The routed experts' parameters: the part of `tp_split_parameter_count` that expert parallelism divides too
+    (the experts' TP is the layer's); their gradients are synchronised over the expert-data-parallel group."""
+    expert_forward_flops_per_sample: float = Field(default=0.0, ge=0, le=MAX_QUANTITY)
+    """The routed experts' forward FLOPs for one sample's tokens (part of `forward_flops_per_sample`): top-k
+    expert MLPs per token (capacity × the mean under a capacity factor)."""
+    expert_dispatch_bytes_per_sample: float = Field(default=0.0, ge=0, le=MAX_QUANTITY)
+    """One sample's routed token copies (tokens × top-k × hidden in the activation dtype): what a dispatch
+    all-to-all sends, and a combine all-to-all returns, when the experts are split over ranks."""
+    expert_activation_bytes_per_sample: float = Field(default=0.0, ge=0, le=MAX_QUANTITY)
+    """The part of `intermediate_activation_bytes_per_sample` that grows with the routed tokens a rank receives
+    (the permuted expert inputs and outputs)."""
+    expert_tp_split_activation_bytes_per_sample: float = Field(default=0.0, ge=0, le=MAX_QUANTITY)
+    """The same part of `intermediate_tp_split_activation_bytes_per_sample` (the experts' MLP hidden)."""
+    expert_load_factor: float = Field(default=1.0, ge=1.0, le=64)
+    """Routed tokens on the busiest rank of an EP group over the mean, when the experts are split over ranks: the
+    stated load-imbalance assumption of a dropless model, 1 under a capacity factor (its padding is in the counts)."""
     attention_heads: int = Field(default=0, ge=0, le=MAX_WIDTH)
     """Query heads of the layer's attention (0: no attention); TP must divide it."""
     kv_heads: int = Field(default=0, ge=0, le=MAX_WIDTH)
@@ -146,6 +167,13 @@ class LayerSpec(Frozen):
     def is_block(self) -> bool:
         """A Transformer block (or a patch merging between Swin stages), not an embedding or a head."""
         return self.kind not in NON_BLOCK_KINDS
+
+    @property
+    def active_parameter_count(self) -> float:
+        """Parameters one token passes through: all but the routed experts it is not sent to."""
+        if not self.num_experts:
+            return float(self.parameter_count)
+        return self.parameter_count - self.expert_parameter_count * (1 - self.experts_per_token / self.num_experts)
 
     @property
     def stashed_activation_bytes_per_sample(self) -> float:
@@ -165,6 +193,15 @@ class LayerSpec(Frozen):
                 f"tied_parameter_count ({self.tied_parameter_count}) > tp_split_parameter_count "
                 f"({self.tp_split_parameter_count}): tied weights are vocabulary-parallel under TP"
             )
+        if self.expert_parameter_count > self.tp_split_parameter_count - self.tied_parameter_count:
+            raise ValueError(f"expert_parameter_count ({self.expert_parameter_count}) > the untied TP-split "
+                             f"parameters ({self.tp_split_parameter_count - self.tied_parameter_count}): the experts' "
+                             "weights are split by TP")
+        if (self.num_experts == 0) != (self.experts_per_token == 0) or self.experts_per_token > self.num_experts:
+            raise ValueError(f"experts_per_token ({self.experts_per_token}) must be from 1 to num_experts "
+                             f"({self.num_experts}) in a mixture-of-experts layer, and both 0 in a dense one")
+        if self.num_experts == 0 and (self.expert_parameter_count or self.expert_forward_flops_per_sample):
+            raise ValueError("expert parameters or FLOPs in a layer with num_experts 0; give its num_experts")
         if self.tp_split_parameter_count > self.parameter_count:
             raise ValueError(
                 f"tp_split_parameter_count ({self.tp_split_parameter_count}) > "
@@ -249,6 +286,15 @@ class ModelSpec(Frozen):
         return sum(layer.parameter_count - layer.tied_parameter_count for layer in self.layers)
 
     @property
+    def active_parameter_count(self) -> float:
+        """Unique parameters one token passes through (a mixture of experts: its top-k routed experts only)."""
+        return sum(layer.active_parameter_count - layer.tied_parameter_count for layer in self.layers)
+
+    @property
+    def is_mixture_of_experts(self) -> bool:
+        return any(layer.num_experts for layer in self.layers)
+
+    @property
     def forward_flops_per_sample(self) -> float:
         return float(sum(layer.forward_flops_per_sample for layer in self.layers))
 
@@ -297,6 +343,13 @@ class LayerArrays:
         self.side_input_bytes_per_sample = column("side_input_bytes_per_sample")
         self.tied_parameter_count = column("tied_parameter_count")
         self.tp_allreduce_bytes_per_sample = column("tp_allreduce_bytes_per_sample")
+        self.num_experts = column("num_experts")
+        self.expert_parameter_count = column("expert_parameter_count")
+        self.expert_forward_flops_per_sample = column("expert_forward_flops_per_sample")
+        self.expert_dispatch_bytes_per_sample = column("expert_dispatch_bytes_per_sample")
+        self.expert_activation_bytes_per_sample = column("expert_activation_bytes_per_sample")
+        self.expert_tp_split_activation_bytes_per_sample = column("expert_tp_split_activation_bytes_per_sample")
+        self.expert_load_factor = column("expert_load_factor")
         self.backward_workspace_tp_split_bytes_per_sample = column("backward_workspace_tp_split_bytes_per_sample")
         self.largest_weight_gradient_tp_split_bytes = column("largest_weight_gradient_tp_split_bytes")
         self.forward_flash_attention_flops_per_sample = column("forward_flash_attention_flops_per_sample")

@@ -5,6 +5,7 @@ gbmw.specs.transformer_layers — and loading a model from a recipe, a layer lis
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +62,13 @@ def _build_gpt(arch: GPTArchitecture, d: int) -> tuple[list[LayerSpec], int, int
     flash, raw_scores = arch.attention == "flash", arch.attention == "standard-with-raw-scores"
     positions = (arch.max_position_embeddings or s) if arch.position_embedding == "learned" else 0
     layers = [embedding_layer("embedding", s, h, arch.vocab_size, positions, 0, d, arch.dropout, norm=False)]
-    layers += [block_layer(f"decoder.{i}", "decoder", shape, d, arch.dropout, flash, raw_scores)
+    moe = arch.moe
+    expert_shape = shape if moe is None else replace(
+        shape, experts=moe.num_experts, top_k=moe.top_k, expert_ffn=moe.expert_ffn_hidden_size,
+        shared_ffn=moe.shared_experts * moe.shared_ffn_hidden_size, shared_gate=moe.shared_expert_gate,
+        capacity_factor=moe.capacity_factor, load_imbalance=moe.load_imbalance)
+    layers += [block_layer(f"decoder.{i}", "decoder", expert_shape if arch.is_moe_block(i) else shape, d,
+                           arch.dropout, flash, raw_scores)
                for i in range(arch.num_layers)]
     norm_params = (2 if arch.norm == "layer" else 1) * h
     tied = "embedding" if arch.tie_embeddings else None

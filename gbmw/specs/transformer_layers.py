@@ -45,6 +45,15 @@ class BlockShape:
     """Encoder tokens read by a cross-attention sub-block (T5 decoder); 0 for none."""
     extra_params: int = 0
     """Parameters outside the matmuls and norms (relative position biases), replicated under TP."""
+    experts: int = 0
+    """Routed experts of a mixture-of-experts MLP (`moe_mlp`); 0: the dense MLP of width `ffn`."""
+    top_k: int = 0
+    expert_ffn: int = 0
+    shared_ffn: int = 0
+    """Width of the shared experts together (count × width: they run on every token as one MLP)."""
+    shared_gate: bool = False
+    capacity_factor: float | None = None
+    load_imbalance: float = 1.0
 
 
 def block_layer(name: str, kind: str, shape: BlockShape, dtype_bytes: int, dropout: bool, flash: bool,
@@ -119,6 +128,9 @@ def block_layer(name: str, kind: str, shape: BlockShape, dtype_bytes: int, dropo
         )
 
     self_attention = attention(s, shape.attended_tokens, s)
+    if shape.experts:
+        return _finish_block(name, kind, shape, d, [self_attention, moe_mlp(shape, d, dropout, sub_block_traffic(s))],
+                             expert_mlp=True)
     mlp_weights = h * shape.ffn * up_outputs + shape.ffn * h
     mlp = dict(
         params=mlp_weights + ((shape.ffn * up_outputs + h) if shape.bias else 0) + norm_params,
@@ -139,8 +151,75 @@ def block_layer(name: str, kind: str, shape: BlockShape, dtype_bytes: int, dropo
     parts = [self_attention, mlp]
     if shape.cross_attention_tokens:
         parts.append(attention(s, shape.cross_attention_tokens, shape.cross_attention_tokens))
+    return _finish_block(name, kind, shape, d, parts)
+
+
+def moe_mlp(shape: BlockShape, d: int, dropout: bool, sub_block_traffic: float) -> dict[str, float]:
+    """The mixture-of-experts MLP of one block for one sample (gbmw.specs.architectures.MixtureOfExperts), as
+    megatron-core's MoE layer runs it: a router (hidden → experts, replicated under TP, its fp32 probabilities
+    stashed), the tokens permuted into c = s·k copies (c = capacity × s·k/E per expert, padded, under a capacity
+    factor), the experts' MLPs on them (the experts' TP is the layer's: column- then row-parallel), and the
+    weighted sum back; the shared experts run on every token as one dense MLP.
+
+    Stashed beyond the norm: the permuted expert input and the expert output the weighted sum reads (c·h each,
+    whole on every TP rank: the experts' TP all-gathers the tokens and reduce-scatters the output, an all-reduce's
+    bytes of c·h), and the experts' hidden (c·f_e per up-projection output and the activation's output, split by
+    TP). What grows with the tokens a rank receives is reported apart (`expert_*` fields), so that the cost model
+    can charge an EP group's busiest rank its load (gbmw.cost.expert_parallel)."""
+    s, h = shape.tokens, shape.hidden
+    up = 2 if shape.gated_mlp else 1
+    mask = 1 if dropout else 0
+    norm_params = (2 if shape.norm == "layer" else 1) * h
+    norm_statistics = (2 if shape.norm == "layer" else 1) * 4
+    per_expert_token = shape.capacity_factor if shape.capacity_factor is not None else 1.0
+    copies = s * shape.top_k * per_expert_token  # routed token copies of one sample (padded under a capacity factor)
+    expert_weights = h * shape.expert_ffn * up + shape.expert_ffn * h
+    expert_biases = (shape.expert_ffn * up + h) if shape.bias else 0
+    shared_weights = h * shape.shared_ffn * up + shape.shared_ffn * h
+    shared_biases = (shape.shared_ffn * up + h) if shape.bias and shape.shared_ffn else 0
+    router_weights = h * shape.experts + (h if shape.shared_gate else 0)
+    expert_parameters = shape.experts * (expert_weights + expert_biases)
+    expert_flops = 2 * copies * expert_weights
+    expert_split = copies * shape.expert_ffn * (up + 1) * d
+    expert_whole = 2 * copies * h * d
+    return dict(
+        params=expert_parameters + shared_weights + shared_biases + router_weights + norm_params,
+        tp_split=expert_parameters + shared_weights + (shared_biases - (h if shared_biases else 0)),
+        flops=expert_flops + 2 * s * shared_weights + 2 * s * router_weights,
+        split=expert_split + s * shape.shared_ffn * (up + 1) * d,
+        replicated=s * h * (d + d) + s * norm_statistics + s * h * mask + s * shape.experts * 4 + expert_whole,
+        allreduce=copies * h * d + (s * h * d if shape.shared_ffn else 0),
+        # the norm, dropout and residual add; the permutation and un-permutation copies (each reads and writes the
+        # token copies); the router's fp32 softmax
+        traffic=sub_block_traffic + 4 * copies * h * d + s * shape.experts * 8,
+        split_traffic=expert_split + s * shape.shared_ffn * (up + 1) * d,
+        flash_flops=0, core_bytes=0, core_flops=0, core_traffic=0,
+        matmuls=(Matmul(rows_per_sample=s, out_features=shape.shared_ffn * up, in_features=h, tp_split="out"),
+                 Matmul(rows_per_sample=s, out_features=h, in_features=shape.shared_ffn, tp_split="in"))
+        if shape.shared_ffn else (),
+        workspace=copies * shape.expert_ffn * up * d,
+        largest_weight=h * shape.expert_ffn * d,
+        experts=dict(num_experts=shape.experts, experts_per_token=shape.top_k, expert_parameter_count=expert_parameters,
+                     expert_forward_flops_per_sample=float(expert_flops),
+                     expert_dispatch_bytes_per_sample=float(copies * h * d),
+                     expert_activation_bytes_per_sample=float(expert_whole),
+                     expert_tp_split_activation_bytes_per_sample=float(expert_split),
+                     expert_load_factor=1.0 if shape.capacity_factor is not None else shape.load_imbalance),
+    )
+
+
+def _finish_block(name: str, kind: str, shape: BlockShape, d: int, parts: list[dict], expert_mlp: bool = False
+                  ) -> LayerSpec:
+    """The LayerSpec of a block from its sub-blocks' costs (self-attention, the MLP or MoE MLP, cross-attention)."""
+    s, h = shape.tokens, shape.hidden
+    attention_width = shape.heads * shape.head_dim
+    kv_width = shape.kv_heads * shape.head_dim
+    up_outputs = 2 if shape.gated_mlp else 1
     total = {key: sum((part[key] for part in parts), () if key == "matmuls" else 0) for key in parts[0]}
     boundary = s * h * d
+    moe = parts[1] if expert_mlp else None
+    workspace = moe["workspace"] if moe else s * shape.ffn * up_outputs * d
+    largest_mlp = moe["largest_weight"] / d if moe else h * shape.ffn
     return LayerSpec(
         name=name,
         kind=kind,
@@ -162,10 +241,11 @@ def block_layer(name: str, kind: str, shape: BlockShape, dtype_bytes: int, dropo
         forward_tp_split_memory_traffic_bytes_per_sample=float(total["split_traffic"]),
         # backward's working set beside the stash: the gradient of the MLP's up-projection output(s), and of its
         # largest weight matrix (an MLP projection, or the fused QKV) in the activation dtype
-        backward_workspace_tp_split_bytes_per_sample=float(s * shape.ffn * up_outputs * d),
-        largest_weight_gradient_tp_split_bytes=float(max(h * shape.ffn, h * (attention_width + 2 * kv_width)) * d),
+        backward_workspace_tp_split_bytes_per_sample=float(workspace),
+        largest_weight_gradient_tp_split_bytes=float(max(largest_mlp, h * (attention_width + 2 * kv_width)) * d),
         attention_heads=shape.heads,
         kv_heads=shape.kv_heads,
+        **(moe["experts"] if moe else {}),
     )
 
 
