@@ -176,6 +176,12 @@ class Plan:
                 f"plan again for {num_devices} devices (gbmw plan) or run on {self.num_devices}"
             )
         for layer, strategy in zip(model.layers, self.strategies):
+            if strategy.ep > 1 and layer.num_experts % strategy.ep:
+                allowed = [2**e for e in range(1, 16) if layer.num_experts % 2**e == 0]
+                raise PlanError(
+                    f"layer {layer.name} has {layer.num_experts} experts, not divisible by ep={strategy.ep} "
+                    f"({strategy.name}): each rank of an EP group holds a whole share of them; EP degrees that divide "
+                    f"it: {allowed}")
             tp = strategy.tp
             for what, heads in (("attention heads", layer.attention_heads), ("key/value heads", layer.kv_heads)):
                 if tp > 1 and heads and heads % tp:

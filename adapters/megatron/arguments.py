@@ -53,13 +53,53 @@ def _architecture_values(arch: GPTArchitecture, target: str) -> dict[str, Any]:
     return values
 
 
+def _expert_values(arch: GPTArchitecture, target: str, layout) -> dict[str, Any]:
+    """{argparse dest: value} of a mixture-of-experts model's flags (gbmw.specs.architectures.MixtureOfExperts) and
+    its expert parallelism; {} for a dense model. megatron-core: the experts' TP is the layer's, tokens are
+    dispatched by all-to-all (what gbmw.cost.expert_parallel prices) with grouped GEMMs. Megatron-DeepSpeed runs
+    DeepSpeed-MoE layers: no shared experts, expert width = --ffn-hidden-size, every k-th block an MoE block."""
+    moe = arch.moe
+    if moe is None:
+        return {}
+    moe_blocks = [0 if index in moe.dense_blocks else 1 for index in range(arch.num_layers)]
+    if target == "megatron-deepspeed":
+        interval = next((k for k in range(1, arch.num_layers + 1)
+                         if moe_blocks == [int((index + 1) % k == 0) for index in range(arch.num_layers)]), None)
+        problems = [what for what, bad in (
+            ("shared experts", moe.shared_experts > 0),
+            ("dense blocks other than every k-th (its --expert-interval)", interval is None),
+            (f"an expert width ({moe.expert_ffn_hidden_size}) other than the dense FFN's "
+             f"({arch.ffn_hidden_size or 4 * arch.hidden_size}) with dense blocks",
+             interval != 1 and moe.expert_ffn_hidden_size != (arch.ffn_hidden_size or 4 * arch.hidden_size)),
+        ) if bad]
+        if problems:
+            raise GbmwError(f"model {arch.name}: Megatron-DeepSpeed's MoE (DeepSpeed-MoE layers) cannot express "
+                            f"{'; '.join(problems)} — use --target megatron-core")
+        return {**({"ffn_hidden_size": moe.expert_ffn_hidden_size} if interval == 1 else {}),
+                "num_experts": moe.num_experts, "topk": moe.top_k, "expert_interval": interval,
+                "moe_expert_parallel_size": layout.expert_parallel,
+                "enable_expert_tensor_parallelism": layout.tensor_parallel > 1,
+                "disable_moe_token_dropping": moe.capacity_factor is None,
+                "moe_train_capacity_factor": moe.capacity_factor}
+    pattern = None if all(moe_blocks) else "[" + ",".join(map(str, moe_blocks)) + "]"
+    return {"num_experts": moe.num_experts, "moe_router_topk": moe.top_k,
+            "moe_ffn_hidden_size": moe.expert_ffn_hidden_size, "moe_layer_freq": pattern,
+            "moe_shared_expert_intermediate_size": moe.shared_experts * moe.shared_ffn_hidden_size or None,
+            "moe_shared_expert_gate": moe.shared_expert_gate,
+            "expert_model_parallel_size": layout.expert_parallel,
+            "expert_tensor_parallel_size": layout.tensor_parallel,
+            "moe_token_dispatcher_type": "alltoall", "moe_grouped_gemm": True,
+            "moe_expert_capacity_factor": moe.capacity_factor,
+            "moe_pad_expert_input_to_capacity": moe.capacity_factor is not None}
+
+
 def _flag(dest: str) -> str:
     return "--" + dest.replace("_", "-")
 
 
-def _architecture_args(arch: GPTArchitecture, target: str) -> list[str]:
+def _architecture_args(arch: GPTArchitecture, target: str, layout) -> list[str]:
     args: list[str] = []
-    for dest, value in _architecture_values(arch, target).items():
+    for dest, value in {**_architecture_values(arch, target), **_expert_values(arch, target, layout)}.items():
         if value is None or value is False:
             continue
         args += [_flag(dest)] if value is True else [_flag(dest), _number(value)]
@@ -108,7 +148,7 @@ def plan_to_megatron_args(
         "--micro-batch-size", str(layout.micro_batch_size),
         "--global-batch-size", str(layout.global_batch_size),
     ]
-    args += _architecture_args(arch, target)
+    args += _architecture_args(arch, target, layout)
     if plan.precision in ("bf16", "fp16"):
         args.append(f"--{plan.precision}")
     if layout.sequence_parallel:

@@ -70,6 +70,9 @@ class MegatronLayout:
     attention core)."""
     sequence_parallel: bool
     """TP runs sequence-parallel (`--sequence-parallel`); only with tensor_parallel > 1."""
+    expert_parallel: int
+    """The experts of every mixture-of-experts block split over this many data-parallel ranks
+    (`--expert-model-parallel-size`; 1 for a dense model)."""
     micro_batch_size: int
     """Samples per micro-batch per data-parallel rank: Plan.micro_batch / DP."""
     global_batch_size: int
@@ -116,6 +119,7 @@ def megatron_layout(plan: Plan, job: JobSpec, target: str) -> MegatronLayout:
         data_axis=data_axes[0] if data_axes else None,
         recompute=next((s.recompute for s, layer in zip(plan.strategies, model.layers) if layer.is_block), "none"),
         sequence_parallel=strategy.sp,
+        expert_parallel=max(s.ep for s in plan.strategies),
         micro_batch_size=plan.micro_batch // data_parallel,
         global_batch_size=plan.global_batch,
         num_micro_batches=plan.num_micro_batches,

@@ -15,6 +15,8 @@ Collective times follow the ring algorithms (Thakur et al., 2005):
   all-reduce      2(n-1)/n · M / B + 2(n-1) · α
   all-gather      (n-1)/n · M / B + (n-1) · α     (M = the gathered size)
   reduce-scatter  (n-1)/n · M / B + (n-1) · α     (M = the size before scattering)
+  all-to-all      (n-1)/n · M / B + (n-1) · α     (M = what one rank holds before the exchange: pairwise
+                                                  exchanges, each rank sending 1/n of it to each other rank)
 """
 
 from __future__ import annotations
@@ -73,6 +75,14 @@ class CommModel:
         return (size - 1) / size * gathered_bytes / bandwidth + (size - 1) * latency
 
     reduce_scatter_s = allgather_s
+
+    def alltoall_s(self, rank_bytes: float, size: int, stride: int = 1) -> float:
+        """Every rank sends 1/size of its `rank_bytes` to each other rank of the group (the dispatch and combine
+        of expert parallelism)."""
+        if size <= 1:
+            return 0.0
+        bandwidth, latency = self._rate(size, stride, None)
+        return (size - 1) / size * rank_bytes / bandwidth + (size - 1) * latency
 
     def exchange_rate(self, group_size: int) -> tuple[float, float]:
         """(bytes/s, latency s) of the Slice-Gather exchange in a group of `group_size` consecutive devices."""

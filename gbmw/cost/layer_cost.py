@@ -14,6 +14,9 @@ strategy S (data-parallel ways d, TP degree t) processes micro_batch / d samples
   known multiprocessor count, each linear matmul of that micro-batch's shape (rows = samples × tokens, TP-split
   features) also pays the time its tile waves lose, forward and backward (gbmw.cost.matmul_waves).
 * TP: the layer's all-reduces in forward and as many in backward (and again in the recompute).
+* EP (mixture-of-experts layers under `+epN`): the routed experts split over the EP group, their states synchronised
+  and sharded over the expert-data-parallel group, the dispatch and combine all-to-alls, the busiest rank's load
+  (gbmw.cost.expert_parallel).
 * DP/SDP: SDP all-gathers parameters before forward and backward and reduce-scatters gradients
   every micro-batch (DeepSpeed ZeRO-3 keeps no unsharded gradients across micro-batches);
   DP all-reduces gradients once per iteration, on the last micro-batch (Appendix C); ZeRO-1
@@ -40,6 +43,7 @@ import numpy as np
 from gbmw.cost.activation_recompute import (selective_freed_bytes, selective_rebuilt_bytes, selective_recompute_s,
                                             sequence_parallel_divisor)
 from gbmw.cost.comm import CommModel
+from gbmw.cost.expert_parallel import expert_data_parallel_group, expert_parallel_costs, expert_view
 from gbmw.cost.framework_memory import (autocast_weight_copy_bytes, fp32_residual_extra_share,
                                         fp32_tp_input_extra_share, gather_buffer_bytes_per_parameter,
                                         kept_shard_bytes_per_parameter, prices_backward_workspace,
@@ -200,8 +204,17 @@ def layer_costs(
     tp_stride = strategy.stride("tp") if tp > 1 else 1
     tp_forward = collective_time_s(comm.allreduce_s, arrays.tp_allreduce_bytes_per_sample * samples, tp, tp_stride)
 
-    # Data-parallel communication of this layer's (TP-local) parameters and gradients.
+    # Expert parallelism: the routed experts leave the data-parallel group for the expert-data-parallel one.
+    experts = expert_parallel_costs(model, strategy, samples, comm, settings.cluster.sustained_flops(settings.precision))
     local_parameters = tp_local_parameters(model, tp)
+    split_experts = strategy.ep > 1
+    dense_parameters = local_parameters - experts.expert_parameters if split_experts else local_parameters
+    rank_experts = experts.expert_parameters / strategy.ep if split_experts else np.zeros(model.num_layers)
+    device_parameters = dense_parameters + rank_experts
+    """What this rank holds of each layer before any ZeRO sharding."""
+    expert_strategy = expert_view(strategy)
+
+    # Data-parallel communication of this layer's (TP-local) parameters and gradients.
     every_micro_batch = np.zeros(model.num_layers)  # backward, overlappable
     forward_gather = np.zeros(model.num_layers)
     last_micro_batch = np.zeros(model.num_layers)  # backward, overlappable, once per iteration
@@ -209,21 +222,17 @@ def layer_costs(
     for axis, degree in strategy.dims:
         if axis not in DATA_PARALLEL_AXES:
             continue
-        stride = strategy.stride(axis)
-        shard_parameters = local_parameters / shard
+        sync = _data_parallel_sync(comm, axis, degree, strategy.stride(axis), dense_parameters / shard,
+                                   parameter_bytes, gradient_bytes)
+        forward_gather, every_micro_batch, last_micro_batch = (
+            forward_gather + sync[0], every_micro_batch + sync[1], last_micro_batch + sync[2])
         if axis == "sdp":
-            gather = collective_time_s(comm.allgather_s, shard_parameters * parameter_bytes, degree, stride)
-            forward_gather += gather
-            every_micro_batch += gather + collective_time_s(comm.reduce_scatter_s, shard_parameters * gradient_bytes, degree, stride)
             shard *= degree
-        elif axis == "z2dp":
-            every_micro_batch += collective_time_s(comm.reduce_scatter_s, shard_parameters * gradient_bytes, degree, stride)
-            last_micro_batch += collective_time_s(comm.allgather_s, shard_parameters * parameter_bytes, degree, stride)
-        elif axis == "z1dp":
-            last_micro_batch += collective_time_s(comm.reduce_scatter_s, shard_parameters * gradient_bytes, degree, stride)
-            last_micro_batch += collective_time_s(comm.allgather_s, shard_parameters * parameter_bytes, degree, stride)
-        else:  # dp
-            last_micro_batch += collective_time_s(comm.allreduce_s, shard_parameters * gradient_bytes, degree, stride)
+    if split_experts and strategy.expert_data_parallel > 1:
+        axis, degree, stride = expert_data_parallel_group(strategy)
+        sync = _data_parallel_sync(comm, axis, degree, stride, rank_experts, parameter_bytes, gradient_bytes)
+        forward_gather, every_micro_batch, last_micro_batch = (
+            forward_gather + sync[0], every_micro_batch + sync[1], last_micro_batch + sync[2])
 
     call_overhead, recompute_overhead = _framework_overheads_s(model, strategy, settings, comm, parameter_bytes,
                                                                gradient_bytes)
@@ -231,6 +240,9 @@ def layer_costs(
     def overlapped(compute: np.ndarray, communication: np.ndarray) -> np.ndarray:
         return np.maximum(compute, communication) + (slowdown - 1.0) * np.minimum(compute, communication)
 
+    forward_compute = forward_compute + experts.extra_forward_compute_s
+    backward_compute = backward_compute + 2 * experts.extra_forward_compute_s
+    tp_forward = tp_forward + experts.alltoall_forward_s  # blocking, like TP's collectives: run again in backward
     forward = forward_compute + tp_forward + forward_gather + call_overhead
     recompute = (forward_compute + tp_forward + recompute_overhead) if strategy.ckpt else selective_recompute_s(
         model, samples, strategy, settings.cluster.sustained_flops(settings.precision),
@@ -243,11 +255,11 @@ def layer_costs(
     boundary = arrays.boundary_activation_bytes_per_sample * samples
     intermediate = (
         arrays.intermediate_activation_bytes_per_sample + arrays.intermediate_tp_split_activation_bytes_per_sample / tp
-    ) * samples
+    ) * samples + experts.extra_activation_bytes
     # What gbmw's runtime keeps beyond the 16-bit accounting under autocast (gbmw.cost.framework_memory; not for
     # embeddings, which keep token ids): the one-device layers' 16-bit weight copy, and fp32 residual-stream inputs.
     not_embedding = np.array([layer.kind != "embedding" for layer in model.layers])
-    weight_copy = local_parameters * autocast_weight_copy_bytes(settings.framework, settings.precision,
+    weight_copy = device_parameters * autocast_weight_copy_bytes(settings.framework, settings.precision,
                                                                 strategy.tp) * not_embedding
     d = ACTIVATION_DTYPE_BYTES[model.precision]
     residual_share = fp32_residual_extra_share(settings.framework, settings.precision, d)
@@ -273,7 +285,8 @@ def layer_costs(
         backward_memory = selective_rebuilt_bytes(model, samples, strategy, workspace_priced)
     sdp = strategy.degree("sdp")
     if sdp > 1:  # the gathered full parameters and unscattered gradients of the running layer
-        backward_memory = backward_memory + local_parameters * (parameter_bytes + gradient_bytes) * (1 - 1 / sdp)
+        backward_memory = backward_memory + (dense_parameters * (1 - 1 / sdp) + rank_experts * (
+            1 - 1 / expert_strategy.degree("sdp"))) * (parameter_bytes + gradient_bytes)
     if prices_backward_workspace(settings.framework):  # backward's working set beside the stash
         kinds = np.array([layer.kind for layer in model.layers])
         residual = arrays.boundary_activation_bytes_per_sample
@@ -288,9 +301,11 @@ def layer_costs(
         backward_memory = backward_memory + np.where(kinds == "embedding", 0.0, residual) * samples * (
             sequence_parallel_gather_share(settings.framework, strategy))
     # the framework's all-gather buffer while the layer gathers (a forward transient, bounded by the backward term)
-    backward_memory = backward_memory + local_parameters * gather_buffer_bytes_per_parameter(
-        settings.framework, strategy, parameter_bytes)
-    held_states = local_parameters * model_state_bytes_per_parameter(strategy, settings)
+    backward_memory = backward_memory + (
+        dense_parameters * gather_buffer_bytes_per_parameter(settings.framework, strategy, parameter_bytes)
+        + rank_experts * gather_buffer_bytes_per_parameter(settings.framework, expert_strategy, parameter_bytes))
+    held_states = (dense_parameters * model_state_bytes_per_parameter(strategy, settings)
+                   + rank_experts * model_state_bytes_per_parameter(expert_strategy, settings))
     return LayerCosts(
         time_s=time_sync,
         time_no_grad_sync_s=time_no_sync,
@@ -298,8 +313,33 @@ def layer_costs(
         backward_memory_bytes=backward_memory,
         model_state_bytes=held_states,
         samples_per_device=samples,
-        optimizer_parameters=local_parameters / (sdp * strategy.degree("z2dp") * strategy.degree("z1dp")),
+        optimizer_parameters=dense_parameters / _optimizer_shards(strategy) + rank_experts / _optimizer_shards(
+            expert_strategy),
     )
+
+
+def _optimizer_shards(strategy: Strategy) -> int:
+    """Ways ZeRO divides the parameters a rank's optimizer steps."""
+    return strategy.degree("sdp") * strategy.degree("z2dp") * strategy.degree("z1dp")
+
+
+def _data_parallel_sync(comm: CommModel, axis: str, degree: int, stride: int, parameters: np.ndarray,
+                        parameter_bytes: float, gradient_bytes: float
+                        ) -> tuple[np.ndarray | float, np.ndarray | float, np.ndarray | float]:
+    """(forward gather, every micro-batch, last micro-batch) times of one data-parallel axis over `parameters` per
+    layer (module docstring: SDP gathers and reduce-scatters every micro-batch, ZeRO-2 reduce-scatters every
+    micro-batch and gathers on the last, ZeRO-1 reduce-scatters and gathers on the last, DP all-reduces on the last)."""
+    if axis == "sdp":
+        gather = collective_time_s(comm.allgather_s, parameters * parameter_bytes, degree, stride)
+        return gather, gather + collective_time_s(comm.reduce_scatter_s, parameters * gradient_bytes, degree,
+                                                  stride), 0.0
+    if axis == "z2dp":
+        return (0.0, collective_time_s(comm.reduce_scatter_s, parameters * gradient_bytes, degree, stride),
+                collective_time_s(comm.allgather_s, parameters * parameter_bytes, degree, stride))
+    if axis == "z1dp":
+        return 0.0, 0.0, (collective_time_s(comm.reduce_scatter_s, parameters * gradient_bytes, degree, stride)
+                          + collective_time_s(comm.allgather_s, parameters * parameter_bytes, degree, stride))
+    return 0.0, 0.0, collective_time_s(comm.allreduce_s, parameters * gradient_bytes, degree, stride)
 
 
 def collective_time_s(function, message_bytes: np.ndarray, size: int, stride: int) -> np.ndarray:

@@ -32,6 +32,7 @@ UNIFORM_KEYS = {
     "zero": "ZeRO stage 0-3 (3 = sharded data parallel)",
     "ckpt": "activation recomputation: full, selective (the attention core) or none",
     "sp": "sequence parallelism with TP: on or off (default off)",
+    "ep": "expert-parallel degree of a mixture-of-experts model (default 1; divides the data-parallel degree)",
     "micro": "micro-batch size per data-parallel rank (Megatron --micro-batch-size)",
     "batch": "global batch (optional; default the job's global_batch)",
     "target": "what runs it: runtime (default), deepspeed, megatron-deepspeed or megatron-core",
@@ -46,6 +47,7 @@ class UniformConfig:
     zero: int = 0
     ckpt: str = "none"
     sp: bool = False
+    ep: int = 1
     micro: int = 1
     batch: int | None = None
     target: str = "runtime"
@@ -149,10 +151,20 @@ class UniformConfig:
         if self.sp and self.tp < 2:
             raise PlanError(f"--uniform sp=on with tp={self.tp}: sequence parallelism splits TP's replicated "
                             "regions; it needs tp >= 2")
+        if self.ep > 1 and not model.is_mixture_of_experts:
+            raise PlanError(f"--uniform ep={self.ep}: model {model.name} has no experts to split; leave ep out")
+        if self.ep > 1 and dp % self.ep:
+            raise PlanError(f"--uniform ep={self.ep}: expert parallelism splits the experts over data-parallel ranks, "
+                            f"so it must divide dp = {dp}; EP degrees that do: "
+                            f"{[2**e for e in range(1, dp.bit_length()) if dp % 2**e == 0]}")
+        # EP touches the mixture-of-experts blocks only (a stock framework's one EP degree); the others stay at EP 1
         plain = Strategy(dims, sp=self.sp and not get_target(self.target).sequence_parallel_blocks_only)
         block = Strategy(dims, sp=self.sp).with_recompute(self.ckpt)
-        return tuple(block if layer.is_block else plain for layer in model.layers)
+        expert_block = block.with_expert_parallel(self.ep)
+        return tuple((expert_block if layer.num_experts else block) if layer.is_block else plain
+                     for layer in model.layers)
 
     def describe(self) -> str:
-        return f"tp={self.tp},pp={self.pp},zero={self.zero},ckpt={self.ckpt}{',sp=on' if self.sp else ''},micro={self.micro}" + (
+        return (f"tp={self.tp},pp={self.pp},zero={self.zero},ckpt={self.ckpt}{',sp=on' if self.sp else ''}"
+                f"{f',ep={self.ep}' if self.ep > 1 else ''},micro={self.micro}") + (
             f",batch={self.batch}" if self.batch else "") + (f",target={self.target}" if self.target != "runtime" else "")

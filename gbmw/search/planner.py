@@ -136,7 +136,8 @@ class Planner:
             if pp > model.num_layers:
                 self.exclusions[f"pp={pp} exceeds the model's {model.num_layers} layers"] = None
                 break
-            strategies = [s for s in self.spec.strategies(cluster, pp) if target.runs_recompute_of(s, model)]
+            strategies = [s for s in self.spec.strategies(cluster, pp, experts=model.is_mixture_of_experts)
+                          if target.runs_recompute_of(s, model)]
             heads_ok = tp_allowed(model, strategies) & target.layers_allowed(model, strategies)
             if strategies and not heads_ok.any(axis=0).all():
                 names = ", ".join(dict.fromkeys(s.layout_name for s in strategies))

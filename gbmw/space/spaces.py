@@ -61,6 +61,8 @@ class SearchSpace:
     """Offer selective recomputation (+sel) beside none and full."""
     sequence_parallel: bool = False
     """Offer sequence parallelism (+sp) for strategies with TP."""
+    expert_parallel: bool = False
+    """Offer expert parallelism (+epN) to mixture-of-experts models."""
 
     @classmethod
     def for_target(cls, target: Target) -> "SearchSpace":
@@ -68,7 +70,7 @@ class SearchSpace:
         return cls(target.label, axes=target.axes, uniform=True, partitioning=target.partition_rules,
                    target=target.name, strategy_filter=target.allows,
                    selective=target.selective_recompute is not None and target.search_offers_selective,
-                   sequence_parallel=target.sequence_parallel)
+                   sequence_parallel=target.sequence_parallel, expert_parallel=target.expert_parallel)
 
     def pipeline_degrees(self, cluster: ClusterSpec, max_pp: int | None) -> list[int]:
         devices = cluster.num_devices
@@ -76,7 +78,9 @@ class SearchSpace:
         limits = [limit for limit in (self.max_pp, max_pp) if limit is not None]
         return [pp for pp in degrees if all(pp <= limit for limit in limits)]
 
-    def strategies(self, cluster: ClusterSpec, pp: int) -> list[Strategy]:
+    def strategies(self, cluster: ClusterSpec, pp: int, experts: bool = False) -> list[Strategy]:
+        """The candidates for every layer at pipeline degree `pp`; with `experts` (a mixture-of-experts model) also
+        those with expert parallelism where the space offers it."""
         group = cluster.num_devices // pp
         if self.fixed_dims is not None:
             dims = self.fixed_dims(cluster.num_devices, pp, cluster)
@@ -85,7 +89,8 @@ class SearchSpace:
             return [Strategy(tuple(dims), ckpt) for ckpt in ((False, True) if self.recompute_always else (False,))]
         prune = self.strategy_filter is None
         candidates = enumerate_strategies(group, axes=self.axes, prune_dp_with_sdp=prune, ckpt=self.ckpt,
-                                          selective=self.selective, sequence_parallel=self.sequence_parallel)
+                                          selective=self.selective, sequence_parallel=self.sequence_parallel,
+                                          expert_parallel=experts and self.expert_parallel)
         if self.strategy_filter is not None:
             candidates = [s for s in candidates if self.strategy_filter(s, pp)]
         return candidates
@@ -98,12 +103,12 @@ class SearchSpace:
             return [np.ones((len(strategies), model.num_layers), bool)]
         is_block = model.is_block
         masks = []
-        for dims, sp in dict.fromkeys((s.dims, s.sp) for s in strategies):
+        for dims, sp, ep in dict.fromkeys((s.dims, s.sp, s.ep) for s in strategies):
             levels = dict.fromkeys(s.recompute for s in strategies)
             for level in ([level for level in levels if level == "full"] if self.recompute_always else levels):
                 mask = np.zeros((len(strategies), model.num_layers), bool)
                 for index, strategy in enumerate(strategies):
-                    if strategy.dims == dims and strategy.sp == sp:
+                    if strategy.dims == dims and strategy.sp == sp and strategy.ep == ep:
                         mask[index] = np.where(is_block, strategy.recompute == level, strategy.recompute == "none")
                 if mask.any(axis=0).all():
                     masks.append(mask)
@@ -138,7 +143,7 @@ VARIANTS: dict[str, SearchSpace] = {
     "bmw": SearchSpace("Galvatron-BMW", partitioning=("time", "bi-objective")),
     "gbmw": SearchSpace(
         "gbmw (BMW + ZeRO-1/2)", axes=("dp", "z1dp", "z2dp", "sdp", "tp"), partitioning=("time", "bi-objective"),
-        strategy_filter=lambda s, pp: _single_dp_axis(s), sequence_parallel=True,
+        strategy_filter=lambda s, pp: _single_dp_axis(s), sequence_parallel=True, expert_parallel=True,
     ),
 }
 DEFAULT_VARIANT = "gbmw"

@@ -216,15 +216,17 @@ def _ordered_factorisations(group_size: int, parts: int) -> tuple[tuple[int, ...
 
 def enumerate_strategies(
     group_size: int, axes: tuple[str, ...] = SEARCH_AXES, prune_dp_with_sdp: bool = True, ckpt: bool = True,
-    selective: bool = False, sequence_parallel: bool = False,
+    selective: bool = False, sequence_parallel: bool = False, expert_parallel: bool = False,
 ) -> list[Strategy]:
     """The decision trees over one stage's `group_size` devices (Sec. 3.2 construction rules).
 
     Each tree uses each axis at most once, innermost first, degrees from {2, 4, 8, …}; each tree
     appears without and (if `ckpt`) with activation checkpointing, and (if `selective`) with selective
     recomputation; with `sequence_parallel`, every tree with TP appears again with +sp at each level.
-    Takeaway #3 drops trees that hold both dp and sdp unless `prune_dp_with_sdp` is False. The paper's
-    candidates come first, in the paper's order (of equally fast plans the first found wins).
+    Takeaway #3 drops trees that hold both dp and sdp unless `prune_dp_with_sdp` is False. With
+    `expert_parallel` (a mixture-of-experts model), every strategy with one data-parallel axis of degree d appears
+    again with +epN for each power of two N from 2 to d. The paper's candidates come first, in the paper's order
+    (of equally fast plans the first found wins).
     """
     if not is_power_of_two(group_size):
         raise PlanError(f"group size {group_size} is not a power of two; the decision trees need 1, 2, 4, 8, …")
@@ -242,7 +244,16 @@ def enumerate_strategies(
     if sequence_parallel:
         strategies += [Strategy(tree, sp=True).with_recompute(level) for level in levels for tree in trees
                        if dict(tree).get("tp", 1) > 1]
+    if expert_parallel:
+        strategies += [strategy.with_expert_parallel(2**e) for strategy in list(strategies)
+                       for e in range(1, _single_data_parallel_degree(strategy).bit_length())]
     return strategies
+
+
+def _single_data_parallel_degree(strategy: Strategy) -> int:
+    """The degree of a strategy's one data-parallel axis; 1 where it has none or several (no EP then)."""
+    degrees = [degree for axis, degree in strategy.dims if axis in DATA_PARALLEL_AXES]
+    return degrees[0] if len(degrees) == 1 else 1
 
 
 def pipeline_degrees(num_devices: int, max_pp: int | None = None) -> list[int]:

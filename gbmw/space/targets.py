@@ -92,6 +92,13 @@ class Target:
     search_offers_selective: bool = True
     """Its search offers +sel where it runs it (gbmw.space.spaces.SearchSpace.for_target); gbmw's runtime runs +sel but its
     search leaves it out: with fused attention it frees only the log-sum-exp (see the module docstring)."""
+    expert_parallel: bool = False
+    """It splits a mixture-of-experts model's experts over data-parallel ranks (megatron-core's
+    `--expert-model-parallel-size`, Megatron-DeepSpeed's `--moe-expert-parallel-size`, gbmw's runtime); a stock
+    framework sets one EP degree, which its dense layers ignore."""
+    expert_parallel_needs_sequence_parallel: bool = False
+    """EP with TP needs sequence parallelism (megatron-core: "When using expert parallelism and tensor parallelism
+    for training, sequence parallelism must be used", megatron/core/model_parallel_config.py)."""
     fused_attention: bool = False
     """Its attention is a fused kernel whatever the model declares (gbmw's runtime calls SDPA, whose flash /
     memory-efficient kernels keep no s×s scores: gbmw.adapters.runtime.attention); a stock framework runs the
@@ -102,6 +109,9 @@ class Target:
     def allows(self, strategy: Strategy, pp: int) -> bool:
         """Whether a stock configuration can give every layer `strategy` at pipeline degree `pp`."""
         if strategy.sp and not self.sequence_parallel or strategy.selective and self.selective_recompute is None:
+            return False
+        if strategy.ep > 1 and (not self.expert_parallel or self.expert_parallel_needs_sequence_parallel
+                                and strategy.tp > 1 and not strategy.sp):
             return False
         if self.per_layer:
             return True
@@ -115,12 +125,19 @@ class Target:
                     and any(ZERO_STAGE_OF_AXIS[axis] > self.pipeline_max_zero_stage for axis in data_axes))
 
     def layers_allowed(self, model: ModelSpec, strategies: Sequence[Strategy]) -> np.ndarray:
-        """[strategy, layer]: where this target runs each strategy's sequence parallelism (every other pair: True).
+        """[strategy, layer]: where this target runs each strategy's expert parallelism (on mixture-of-experts layers
+        whose experts the EP degree divides; a per-layer target leaves dense layers at EP 1, where +ep changes
+        nothing) and sequence parallelism (every other pair: True).
         Sequence parallelism slices the sequence over the TP group, so the TP degree must divide it: Megatron's
         scatter to the sequence-parallel region asserts it (megatron.core.tensor_parallel.mappings, "First dimension
         of the tensor should be divisible by tensor parallel size"), and gbmw's runtime slices it the same way; gbmw's
         runtime runs it in Transformer blocks only."""
         allowed = np.ones((len(strategies), model.num_layers), bool)
+        ep = np.array([strategy.ep for strategy in strategies])
+        if (ep > 1).any():  # experts split whole over the EP group; a per-layer search leaves dense layers at EP 1
+            experts = model.arrays.num_experts
+            allowed &= np.where(experts[None, :] > 0, experts[None, :] % ep[:, None] == 0,
+                                (ep[:, None] == 1) | (not self.per_layer))
         sp = np.array([strategy.sp for strategy in strategies], bool)
         if sp.any():
             divides = np.array([model.sequence_length % strategy.tp == 0 for strategy in strategies], bool)
@@ -177,6 +194,9 @@ class Target:
                             f"{target} recomputes all blocks the same way or none")
         if any(strategy.recompute != "none" for strategy, block in zip(plan.strategies, blocks) if not block):
             problems.append(f"an embedding or head layer recomputes; {target} recomputes Transformer blocks only")
+        if len({strategy.ep for strategy, layer in zip(plan.strategies, model.layers) if layer.num_experts}) > 1:
+            problems.append(f"mixture-of-experts blocks with different expert-parallel degrees; {target} sets one EP "
+                            "degree for every MoE block")
         if len({strategy.sp for strategy in plan.strategies}) > 1:
             problems.append(f"some layers run sequence parallelism (+sp) and others do not; {target} runs it for "
                             "every layer or none")
@@ -223,6 +243,13 @@ class Target:
             problems.append(f"sequence parallelism (+sp) with TP {indivisible[0]}: the sequence of "
                             f"{model.sequence_length} tokens is sliced over the TP group, so TP must divide it — use a "
                             "sequence length TP divides, or no +sp there")
+        expert_degrees = sorted({strategy.ep for strategy in plan.strategies if strategy.ep > 1})
+        if expert_degrees and not self.expert_parallel:
+            problems.append(f"expert parallelism (+ep{expert_degrees[0]}): {self.name} does not split experts over "
+                            "ranks — use --target megatron-core, megatron-deepspeed or runtime")
+        elif self.expert_parallel_needs_sequence_parallel and any(
+                strategy.ep > 1 and strategy.tp > 1 and not strategy.sp for strategy in plan.strategies):
+            problems.append(f"expert parallelism with TP but no sequence parallelism: {self.name} needs +sp there")
         if any(strategy.selective for strategy in plan.strategies):
             if self.selective_recompute is None:
                 problems.append(f"selective recomputation (+sel): {self.name} does not run it — use --target "
@@ -284,7 +311,7 @@ def _describe_runs(plan: PlanLayout) -> str:
 TARGETS: dict[str, Target] = {
     "runtime": Target("runtime", "gbmw runtime", "gbmw-runtime", AXES, per_layer=True, fused_attention=True,
                       sequence_parallel=True, sequence_parallel_blocks_only=True, selective_recompute="any",
-                      search_offers_selective=False),
+                      search_offers_selective=False, expert_parallel=True),
     "deepspeed": Target(
         "deepspeed", "DeepSpeed (ZeRO + pipeline engine)", "deepspeed", ("dp", "z1dp", "z2dp", "sdp"),
         pipeline_max_zero_stage=1,
@@ -294,12 +321,13 @@ TARGETS: dict[str, Target] = {
         "megatron-deepspeed", "Megatron-DeepSpeed", "deepspeed", ("tp", "dp", "z1dp", "z2dp", "sdp"),
         pipeline_max_zero_stage=1,
         partition_methods=(("type:transformer", "even"),),
-        pipeline_scatter_gather=True, sequence_parallel=True, selective_recompute="standard",
+        pipeline_scatter_gather=True, sequence_parallel=True, selective_recompute="standard", expert_parallel=True,
     ),
     "megatron-core": Target(
         "megatron-core", "Megatron-Core", "megatron", ("tp", "dp", "z1dp"),
         partition_methods=(("even", "even"), ("first-last", "first-last")),
         pipeline_scatter_gather=True, interleaved_pipeline=True, sequence_parallel=True, selective_recompute="any",
+        expert_parallel=True, expert_parallel_needs_sequence_parallel=True,
     ),
 }
 STOCK_TARGETS = tuple(name for name, target in TARGETS.items() if not target.per_layer)
