@@ -47,11 +47,16 @@ def print_space(devices: int, space: dict[int, list[Strategy]], pruned: bool) ->
 def print_estimate(job: JobSpec, plan: Plan, estimate: Estimate) -> None:
     console = _console()
     made_by = plan.provenance.get("config") or plan.provenance.get("made_by") or plan.target
+    model = job.model
+    active = f", {model.active_parameter_count / 1e9:.2f}B active" if model.is_mixture_of_experts else ""
     console.print(
-        f"[bold]{job.name}[/bold]: {job.model.name} ({job.model.parameter_count / 1e9:.2f}B parameters, "
-        f"{job.model.num_layers} layers) on {job.cluster.name} ({plan.num_devices} × {job.cluster.device.name}), "
+        f"[bold]{job.name}[/bold]: {model.name} ({model.parameter_count / 1e9:.2f}B parameters{active}, "
+        f"{model.num_layers} layers) on {job.cluster.name} ({plan.num_devices} × {job.cluster.device.name}), "
         f"{job.precision}, {job.optimizer}"
     )
+    experts = _experts_line(job, plan)
+    if experts:
+        console.print(experts)
     console.print(
         f"plan: {made_by}; global batch {plan.global_batch} = {plan.num_micro_batches} micro-batches × "
         f"{plan.micro_batch}; pp {plan.pp}, partition {list(plan.partition)}"
@@ -79,6 +84,22 @@ def print_estimate(job: JobSpec, plan: Plan, estimate: Estimate) -> None:
         f"iteration {estimate.iteration_time_s:.3f} s · {estimate.samples_per_s:.2f} samples/s · "
         f"{estimate.model_tflops_per_device:.1f} model TFLOP/s per device (MFU {estimate.mfu:.1%})"
     )
+
+
+def _experts_line(job: JobSpec, plan: Plan) -> str | None:
+    """What a mixture-of-experts estimate assumes of the routing (gbmw.cost.expert_parallel), in one line."""
+    moe_layers = [(layer, strategy) for layer, strategy in zip(job.model.layers, plan.strategies) if layer.num_experts]
+    if not moe_layers:
+        return None
+    layer = moe_layers[0][0]
+    degrees = sorted({strategy.ep for _, strategy in moe_layers})
+    capacity = layer.expert_load_factor == 1.0 and job.model.architecture is not None and getattr(
+        job.model.architecture.moe, "capacity_factor", None) is not None
+    routing = (f"capacity factor {job.model.architecture.moe.capacity_factor:g} (padded)" if capacity else
+               f"dropless, ASSUMED load imbalance {layer.expert_load_factor:.2f} (the busiest EP rank's routed tokens "
+               "over the mean; set moe.load_imbalance in the model)")
+    return (f"experts: {len(moe_layers)} MoE blocks × {layer.num_experts} experts, top-{layer.experts_per_token}, "
+            f"EP {' / '.join(map(str, degrees))}; {routing}")
 
 
 def estimate_to_json(job: JobSpec, plan: Plan, estimate: Estimate) -> dict[str, Any]:
