@@ -33,9 +33,9 @@ def test_oracle_enumerates_the_variants_strategies(variant, devices):
     """The oracle's hand-written per-layer choices are gbmw.space.spaces' for every group size."""
     cluster = make_cluster(nodes=1, devices_per_node=devices)
     space = search_space(variant)
-    for pp in space.pipeline_degrees(cluster, None):
-        expected = space.strategies(cluster, pp)
-        found = oracle_strategies(ORACLE_SPACES[variant], devices // pp)
+    for pp, experts in itertools.product(space.pipeline_degrees(cluster, None), (False, True)):
+        expected = space.strategies(cluster, pp, experts=experts)
+        found = oracle_strategies(ORACLE_SPACES[variant], devices // pp, experts)
         assert sorted(s.name for s in found) == sorted(s.name for s in expected)
         assert len(set(found)) == len(found)
         assert space.schedule == ORACLE_SPACES[variant].schedule

@@ -16,7 +16,9 @@ plain loops rather than read from the search:
   once, power-of-two degrees ≥ 2 whose product is the group size, every order; `gbmw`: at most one data-parallel
   axis beside TP; the paper's variants: never dp with sdp (Takeaway #3)), with and without CKPT where the variant
   recomputes, whose data-parallel degree divides b and whose TP degree divides the layer's attention and key/value
-  heads. `ORACLE_SPACES` writes these rules out; tests/test_search_exact.py checks them against gbmw.space.spaces.
+  heads; `gbmw` on a mixture-of-experts model: every tree with one data-parallel axis of degree d also with expert
+  parallelism +epE for every power of two 2 ≤ E ≤ d, on the MoE blocks whose experts E divides (never on a dense
+  layer). `ORACLE_SPACES` writes these rules out; tests/test_search_exact.py checks them against gbmw.space.spaces.
 
 The objective is gbmw's own estimate: a whole plan's samples/s and its stages' peak memory are estimate_plan's
 (gbmw.cost.estimate), and a plan fits when every stage's peak is at most the budget, as `Estimate.fits` says.
@@ -88,11 +90,13 @@ class OracleSpace:
     sequence_parallel: bool = False
     """`gbmw`: every tree with TP also with +sp (Korthikanti et al. Sec. 4.2.2), at each recomputation level; the
     runtime runs it in Transformer blocks whose sequence the TP degree divides (`_runtime_runs`)."""
+    expert_parallel: bool = False
+    """`gbmw`: on a mixture-of-experts model, every strategy with one data-parallel axis also with +epE."""
 
 
 ORACLE_SPACES: dict[str, OracleSpace] = {
     "gbmw": OracleSpace(("dp", "z1dp", "z2dp", "sdp", "tp"), ckpt=True, one_data_parallel_axis=True,
-                        no_dp_with_sdp=False, sequence_parallel=True),
+                        no_dp_with_sdp=False, sequence_parallel=True, expert_parallel=True),
     "bmw": OracleSpace(("dp", "sdp", "tp"), ckpt=True, one_data_parallel_axis=False, no_dp_with_sdp=True),
     "base": OracleSpace(("dp", "sdp", "tp"), ckpt=True, one_data_parallel_axis=False, no_dp_with_sdp=True),
     "1f1b+bi-obj": OracleSpace(("dp", "sdp", "tp"), ckpt=False, one_data_parallel_axis=False, no_dp_with_sdp=True),
@@ -101,8 +105,9 @@ ORACLE_SPACES: dict[str, OracleSpace] = {
 `bi-objective`), all on gbmw's runtime target with the 1F1B schedule."""
 
 
-def oracle_strategies(space: OracleSpace, group_size: int) -> list[Strategy]:
-    """Every decision tree over `group_size` devices the variant allows, without and with CKPT."""
+def oracle_strategies(space: OracleSpace, group_size: int, experts: bool = False) -> list[Strategy]:
+    """Every decision tree over `group_size` devices the variant allows, without and with CKPT (and with each EP
+    degree its one data-parallel axis allows, for a mixture-of-experts model)."""
     degrees = [2**e for e in range(1, group_size.bit_length()) if 2**e <= group_size]
     trees: list[tuple] = [()] if group_size == 1 else []
     for count in range(1, len(space.axes) + 1):
@@ -118,8 +123,17 @@ def oracle_strategies(space: OracleSpace, group_size: int) -> list[Strategy]:
     levels = (False, True) if space.ckpt else (False,)
     plain = [Strategy(tree, ckpt) for ckpt in levels for tree in trees]
     with_tp = [tree for tree in trees if any(axis == "tp" for axis, _ in tree)]
-    return plain + ([Strategy(tree, ckpt, sp=True) for ckpt in levels for tree in with_tp]
-                    if space.sequence_parallel else [])
+    strategies = plain + ([Strategy(tree, ckpt, sp=True) for ckpt in levels for tree in with_tp]
+                          if space.sequence_parallel else [])
+    if not (experts and space.expert_parallel):
+        return strategies
+    with_ep = []
+    for strategy in strategies:
+        data = [degree for axis, degree in strategy.dims if axis != "tp"]
+        if len(data) == 1:
+            with_ep += [Strategy(strategy.dims, strategy.ckpt, sp=strategy.sp, ep=ep)
+                        for ep in degrees if data[0] % ep == 0]
+    return strategies + with_ep
 
 
 def _tp_divides_heads(strategy: Strategy, layer: LayerSpec) -> bool:
@@ -127,9 +141,11 @@ def _tp_divides_heads(strategy: Strategy, layer: LayerSpec) -> bool:
 
 
 def _runtime_runs(strategy: Strategy, layer: LayerSpec, sequence_length: int) -> bool:
-    """TP divides the layer's heads, and +sp only in a Transformer block whose sequence TP divides."""
-    return _tp_divides_heads(strategy, layer) and (not strategy.sp or (layer.is_block
-                                                                       and sequence_length % strategy.tp == 0))
+    """TP divides the layer's heads, +sp only in a Transformer block whose sequence TP divides, +ep only in a
+    mixture-of-experts block whose experts EP divides."""
+    experts_ok = strategy.ep == 1 or (layer.num_experts > 0 and layer.num_experts % strategy.ep == 0)
+    return _tp_divides_heads(strategy, layer) and experts_ok and (
+        not strategy.sp or (layer.is_block and sequence_length % strategy.tp == 0))
 
 
 def compositions(layers: int, parts: int) -> list[tuple[int, ...]]:
@@ -181,7 +197,8 @@ def oracle_work(job: JobSpec, variant: str) -> tuple[int, int]:
     space, model = ORACLE_SPACES[variant], job.model
     stage_work = whole_plans = 0
     for setting in oracle_settings(job):
-        usable = [s for s in oracle_strategies(space, job.cluster.num_devices // setting.pp)
+        usable = [s for s in oracle_strategies(space, job.cluster.num_devices // setting.pp,
+                                               model.is_mixture_of_experts)
                   if setting.micro_batch % s.data_parallel == 0]
         counts = [sum(1 for s in usable if _runtime_runs(s, layer, model.sequence_length)) for layer in model.layers]
         if 0 in counts:
@@ -271,7 +288,8 @@ class WholePlanOracle:
 
     def _allowed(self, setting: Setting) -> tuple[list[Strategy], list[list[int]]] | None:
         group = self.job.cluster.num_devices // setting.pp
-        usable = [s for s in oracle_strategies(self.space, group) if setting.micro_batch % s.data_parallel == 0]
+        usable = [s for s in oracle_strategies(self.space, group, self.model.is_mixture_of_experts)
+                  if setting.micro_batch % s.data_parallel == 0]
         allowed = [[i for i, s in enumerate(usable) if _runtime_runs(s, layer, self.model.sequence_length)]
                    for layer in self.model.layers]
         return None if not usable or not all(allowed) else (usable, allowed)
@@ -486,9 +504,18 @@ def _architecture_model(choose: Choices, layers: int, precision: str) -> tuple[M
         ties = "head tied" if tied else "head untied"
         kind = f"t5 ({encoder}+{layers - 3 - encoder} blocks, h={hidden}, {heads} heads, {ties})"
     else:
-        arch = GPTArchitecture(name="gpt-tiny", family="gpt", num_layers=layers - 2, seq_length=choose.choice(sequence),
-                               **common)
-        kind = f"gpt (h={hidden}, {heads} heads, {'tied' if tied else 'untied'})"
+        moe = None
+        if choose.flag(0.4):  # a mixture of experts: 2, 4 or 8 experts, some blocks dense
+            experts = choose.choice([2, 4, 8])
+            moe = dict(num_experts=experts, top_k=choose.integer(1, min(2, experts)),
+                       expert_ffn_hidden_size=choose.choice([hidden, 2 * hidden]),
+                       shared_experts=choose.choice([0, 0, 1]),
+                       dense_blocks=[block for block in range(layers - 2) if choose.flag(0.3)],
+                       load_imbalance=choose.choice([1.0, 1.25]))
+        arch = GPTArchitecture.model_validate(dict(name="gpt-tiny", family="gpt", num_layers=layers - 2,
+                                                   seq_length=choose.choice(sequence), moe=moe, **common))
+        kind = f"gpt (h={hidden}, {heads} heads, {'tied' if tied else 'untied'}" + (
+            f", {moe['num_experts']} experts top-{moe['top_k']}, dense blocks {moe['dense_blocks']}" if moe else "") + ")"
     return build_model(arch, precision), kind
 
 
@@ -621,7 +648,8 @@ def in_space(job: JobSpec, variant: str, plan: Plan) -> bool:
     setting = Setting(plan.pp, plan.micro_batch, plan.num_micro_batches)
     if setting not in oracle_settings(job) or plan.partition not in compositions(job.model.num_layers, plan.pp):
         return False
-    usable = set(oracle_strategies(ORACLE_SPACES[variant], job.cluster.num_devices // plan.pp))
+    usable = set(oracle_strategies(ORACLE_SPACES[variant], job.cluster.num_devices // plan.pp,
+                                   job.model.is_mixture_of_experts))
     return all(s in usable and plan.micro_batch % s.data_parallel == 0
                and _runtime_runs(s, layer, job.model.sequence_length)
                for s, layer in zip(plan.strategies, job.model.layers))
