@@ -1,4 +1,4 @@
-"""benchmarks/published_runs.py keeps working on its data file: every run it can cost is costed (its model, cluster
+"""benchmarks/published_runs.py keeps working on its data files (dense and mixture-of-experts): every run it can cost is costed (its model, cluster
 and plan build and estimate), every other run names why not, and each run cites its source. The benchmark prints
 the errors; this test asserts none of them (targets are met in benchmarks, not tests)."""
 
@@ -35,3 +35,27 @@ def test_every_costable_run_is_costed_and_every_other_says_why(benchmark):
     for run in costed:
         row = benchmark.cost(run)
         assert math.isfinite(row.predicted_s) and row.predicted_s > 0 and row.measured_s > 0, run["name"]
+
+
+def test_every_costable_moe_run_is_costed_and_every_other_says_why(benchmark):
+    """The mixture-of-experts runs (benchmarks/published_moe_runs.yaml): each costable one builds its MoE model,
+    cluster and expert-parallel plan and estimates a finite time; each other names its reasons; each cites a source
+    and, where a field comes from a recipe rather than the source, quotes the recipe."""
+    runs = yaml.safe_load(benchmark.MOE_DATA.read_text())["runs"]
+    assert runs and all(run["model"]["moe"] for run in runs)
+    assert all(run["kind"] in ("moe", "moe+cp") for run in runs)
+    costed = [run for run in runs if not benchmark.why_moe_run_not_costable(run)]
+    assert costed
+    for run in runs:
+        assert run["source"]["url"] and run["source"]["quote"], run["name"]
+        for field, recipe in (run.get("assumed_from_recipe") or {}).items():
+            assert recipe["recipe"] and recipe["url"] and recipe["quote"] and recipe["why"], (run["name"], field)
+        reasons = benchmark.why_moe_run_not_costable(run)
+        assert all(reason.strip() for reason in reasons), run["name"]
+        assert benchmark.why_not_costable(run) == ("; ".join(reasons) or None), run["name"]
+        if (run["parallelism"].get("context") or 1) > 1:
+            assert any("context parallelism" in reason for reason in reasons), run["name"]
+    for run in costed:
+        row = benchmark.cost(run)
+        assert math.isfinite(row.predicted_s) and row.predicted_s > 0 and row.measured_s > 0, run["name"]
+        assert math.isfinite(row.peak_memory_gib) and row.peak_memory_gib > 0, run["name"]
