@@ -10,8 +10,9 @@ configurations (recipes/handtuned/) that Megatron-LM or NeMo ran, an interleaved
 configurations over TP, PP, the distributed optimizer, sequence parallelism and every recomputation level. Each
 runs as one rank would see it: WORLD_SIZE from the plan, RANK 0, and the environment variables gbmw's launch line
 sets in front (CUDA_DEVICE_MAX_CONNECTIONS=1 for TP). validate_args asks the GPU for its architecture (for
-CUDA_DEVICE_MAX_CONNECTIONS); on a machine without one the answer is the plan's cluster's (Ampere 8, Hopper 9,
-Blackwell 10), given by replacing Megatron's `get_device_arch_version`. After validation, the parsed TP, PP, DP,
+CUDA_DEVICE_MAX_CONNECTIONS, and for --moe-grouped-gemm); on a machine without one the answer is the plan's cluster's
+(Ampere 8, Hopper 9, Blackwell 10), given by replacing Megatron's `get_device_arch_version` and torch's
+`get_device_capability`. After validation, the parsed TP, PP, DP,
 virtual stages, sequence parallelism, recomputation and distributed optimizer must be the plan's.
 
 The checkout is only read (its directory goes first on sys.path); nothing of it is copied into gbmw.
@@ -122,6 +123,7 @@ def check(arguments, job: gbmw.JobSpec, plan: gbmw.Plan, extra: tuple[str, ...] 
     os.environ.update(env, WORLD_SIZE=str(plan.num_devices), RANK="0", LOCAL_RANK="0")
     gpu = next((arch for name, arch in ARCHITECTURES.items() if name in job.cluster.device.name), 8)
     arguments.get_device_arch_version = lambda: gpu
+    arguments.torch.cuda.get_device_capability = lambda *device: (gpu, 0)  # --moe-grouped-gemm asks it too
     sys.argv = ["pretrain_gpt.py", *plan_to_megatron_args(plan, job, "megatron-core"), *extra]
     printed = io.StringIO()
     try:
@@ -138,6 +140,11 @@ def check(arguments, job: gbmw.JobSpec, plan: gbmw.Plan, extra: tuple[str, ...] 
                     recompute_granularity=None if strategy.recompute == "none" else strategy.recompute,
                     use_distributed_optimizer=strategy.degree("z1dp") > 1,
                     virtual_pipeline_model_parallel_size=plan.virtual_stages if plan.virtual_stages > 1 else None)
+    if job.model.is_mixture_of_experts:
+        expert = next(layer for layer in job.model.layers if layer.num_experts)
+        expected.update(num_experts=expert.num_experts, moe_router_topk=expert.experts_per_token,
+                        expert_model_parallel_size=max(s.ep for s in plan.strategies),
+                        expert_tensor_parallel_size=strategy.tp)
     wrong = [f"{key} {getattr(args, key)!r} (the plan's: {value!r})" for key, value in expected.items()
              if getattr(args, key) != value]
     return "parsed into " + "; ".join(wrong) if wrong else None
