@@ -111,7 +111,10 @@ def expected_values(job: gbmw.JobSpec, plan: gbmw.Plan) -> dict:
     from gbmw.adapters.megatron.layout import gpt_architecture, megatron_layout
 
     layout, arch = megatron_layout(plan, job, TARGET), gpt_architecture(job)
-    return dict(tensor_model_parallel_size=layout.tensor_parallel, pipeline_model_parallel_size=layout.pipeline_parallel,
+    experts = {} if arch.moe is None else dict(
+        num_experts=[arch.moe.num_experts], topk=arch.moe.top_k, moe_expert_parallel_size=layout.expert_parallel,
+        enable_expert_tensor_parallelism=layout.tensor_parallel > 1, moe_token_dropping=arch.moe.capacity_factor is not None)
+    return experts | dict(tensor_model_parallel_size=layout.tensor_parallel, pipeline_model_parallel_size=layout.pipeline_parallel,
                 data_parallel_size=layout.data_parallel, zero_stage=layout.zero_stage, deepspeed=True,
                 ds_pipeline_enabled=layout.pipeline_parallel > 1, sequence_parallel=layout.sequence_parallel,
                 recompute_granularity=None if layout.recompute == "none" else layout.recompute,
