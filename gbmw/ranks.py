@@ -121,6 +121,30 @@ class RankLayout:
         """Ranks holding the same weights but different samples: gradients are summed over them."""
         return self.group(rank, strategy, DATA_PARALLEL_AXES)
 
+    def expert_group(self, rank: int, strategy: Strategy) -> tuple[int, ...]:
+        """The expert-parallel group: the ranks that exchange tokens for a mixture-of-experts layer's experts (each
+        holds 1/ep of them). Same TP index; data-parallel indices that agree except their lowest ep-ary digit —
+        `ep` consecutive data-parallel indices (EP innermost among the data-parallel ranks, megatron-core's tp-ep-dp
+        order). (rank,) for ep = 1."""
+        return self._expert_split(rank, strategy, within=True)
+
+    def expert_data_group(self, rank: int, strategy: Strategy) -> tuple[int, ...]:
+        """The expert-data-parallel group: the ranks holding the same experts, whose expert gradients are summed —
+        data-parallel indices with the same position inside their EP group (dp / ep of them, ep apart)."""
+        return self._expert_split(rank, strategy, within=False)
+
+    def _expert_split(self, rank: int, strategy: Strategy, within: bool) -> tuple[int, ...]:
+        if strategy.ep == 1:
+            return (rank,) if within else self.data_group(rank, strategy)
+        (axis,) = [axis for axis, _ in strategy.dims if axis in DATA_PARALLEL_AXES]  # Strategy checks there is one
+        index, stride, ep = self.digits(rank, strategy)[axis], strategy.stride(axis), strategy.ep
+        base = rank - index * stride
+        if within:
+            indices = [index // ep * ep + position for position in range(ep)]
+        else:
+            indices = [index % ep + group * ep for group in range(strategy.data_parallel // ep)]
+        return tuple(base + data_index * stride for data_index in indices)
+
     def batch_shard(self, rank: int, strategy: Strategy) -> tuple[int, int]:
         """(index, count) of the micro-batch slice a global rank holds under `strategy`."""
         self._check(strategy)
@@ -154,9 +178,10 @@ def tie_partner_pairs(plan: Plan) -> list[tuple[int, int]]:
 
 def plan_group_ranks(plan: Plan) -> list[tuple[int, ...]]:
     """Every group of two or more ranks the plan uses — TP and data-parallel groups of each layer's
-    strategy, per-axis groups of multi-axis data parallelism, each stage (Slice-Gather), the first and last
-    stages together and their rank pairs (tied weights), and pipeline neighbours — once each, in a
-    deterministic order (torch.distributed.new_group must be called in the same order on every rank)."""
+    strategy, per-axis groups of multi-axis data parallelism, expert-parallel and expert-data-parallel groups
+    (+epN), each stage (Slice-Gather), the first and last stages together and their rank pairs (tied weights), and
+    pipeline neighbours — once each, in a deterministic order (torch.distributed.new_group must be called in the
+    same order on every rank)."""
     layout = RankLayout(plan.num_devices, plan.pp)
     seen: dict[tuple[int, ...], None] = {}
     for stage, (first, end) in enumerate(plan.stage_bounds):
@@ -165,6 +190,10 @@ def plan_group_ranks(plan: Plan) -> list[tuple[int, ...]]:
             for axes in axis_sets:
                 for rank in layout.stage_ranks(stage):
                     group = layout.group(rank, strategy, axes)
+                    if len(group) > 1:
+                        seen.setdefault(group, None)
+            for rank in layout.stage_ranks(stage) if strategy.ep > 1 else ():
+                for group in (layout.expert_group(rank, strategy), layout.expert_data_group(rank, strategy)):
                     if len(group) > 1:
                         seen.setdefault(group, None)
     for stage in range(plan.pp):

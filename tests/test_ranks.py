@@ -57,3 +57,33 @@ def test_plan_group_pool_is_complete_and_deterministic():
 def test_strategy_must_span_the_stage():
     with pytest.raises(PlanError, match=r"spans 4 devices but a stage has world_size\(16\) / pp\(2\) = 8"):
         RankLayout(16, 2).digits(0, Strategy.parse("tp4"))
+
+
+def test_expert_groups_are_consecutive_data_parallel_indices_inside_the_data_parallel_group():
+    """+epN (megatron-core's tp-ep-dp order): the EP group of a rank is the ep ranks of its TP index whose
+    data-parallel indices differ only in the lowest ep-ary digit; the expert-data-parallel group holds the same
+    experts (same position in their EP group). Both partition the stage and refine the data-parallel group."""
+    layout = RankLayout(16, 2)
+    strategy = Strategy.parse("tp2-dp4+ep2")
+    assert layout.expert_group(9, strategy) == (9, 11)  # dp indices 0, 1 of TP index 1 on stage 1
+    assert layout.expert_data_group(9, strategy) == (9, 13)  # dp indices 0, 2
+    assert layout.expert_group(13, strategy) == (13, 15)
+    assert layout.expert_group(0, Strategy.parse("dp8+ep8")) == tuple(range(8))
+    assert layout.expert_data_group(0, Strategy.parse("dp8+ep8")) == (0,)
+    assert layout.expert_group(3, Strategy.parse("tp2-dp4")) == (3,)
+    for name in ("tp2-dp4+ep2", "dp4-tp2+ep4", "sdp8+ep2", "tp4-dp2+ep2"):
+        strategy = Strategy.parse(name)
+        for rank in range(16):
+            ep, edp = layout.expert_group(rank, strategy), layout.expert_data_group(rank, strategy)
+            assert len(ep) == strategy.ep and len(edp) == strategy.expert_data_parallel
+            assert set(ep) | set(edp) <= set(layout.data_group(rank, strategy)) and set(ep) & set(edp) == {rank}
+            assert all(layout.expert_group(member, strategy) == ep for member in ep)
+            assert all(layout.expert_data_group(member, strategy) == edp for member in edp)
+
+
+def test_plan_group_pool_has_the_expert_groups():
+    job = load_job("bert-huge-32_rtx-titan-x8")
+    plan = plan_from_strategy_names(job.model, 8, ["tp2-dp4+ep2"] * 34, [34], 16, 4)
+    groups = plan_group_ranks(plan)
+    assert (0, 2) in groups and (5, 7) in groups  # EP groups
+    assert (0, 4) in groups and (3, 7) in groups  # expert-data-parallel groups

@@ -13,6 +13,8 @@ PLANS = [  # model, per-layer strategies (embedding, 4 blocks, head) and the par
     # LLaMA-style: 16-bit rotary tables, SwiGLU's 16-bit backward, RMSNorm in fp32 on the fp32 residual stream
     ("llama-tiny", ["tp2", "tp2+ckpt", "sdp2", "tp2", "z1dp2", "tp2"], [6]),
     ("llama-tiny", ["single", "single+ckpt", "single", "single", "single", "single"], [3, 3]),
+    # mixture of experts: 16-bit token copies dispatched and combined by all-to-all, routed in fp32, with TP experts
+    ("llama-moe-tiny", ["dp2+ep2", "tp2", "dp2+ep2+ckpt", "tp2", "dp2+ep2", "dp2"], [6]),
 ]
 
 

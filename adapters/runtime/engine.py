@@ -9,6 +9,8 @@ sharding):
 3. shard it over its data-parallel group when the strategy uses sdp/z1dp/z2dp (sharding, FSDP2);
 4. set its weights from full tensors (initial values by parameter name, or a checkpoint), sliced for
    this rank — so every plan, and single-process training, starts from the same model.
+A mixture-of-experts block holds the routed experts of its EP rank (`+epN`, experts: tokens reach them by all-to-all)
+and sums their gradients over its expert-data-parallel group, its other gradients over the data-parallel group.
 Between layers whose strategies slice the micro-batch differently the activation is re-laid
 (redistribute, Slice-Gather); stages run 1F1B (pipeline); gradients are synchronised after the last
 micro-batch (sharding); tied weights are summed across their copies (tied_weights); Adam steps.
@@ -34,6 +36,7 @@ from gbmw.errors import PlanError
 from gbmw.plan import Plan
 from gbmw.space.strategy import Strategy
 
+from .experts import ExpertParallel, gather_experts, gradient_parts, is_expert_parameter
 from .groups import GroupPool
 from .local_adam import LocalShardAdam
 from .model import TransformerBlock, build_layer, check_runtime_supports, initial_value, layer_names
@@ -67,6 +70,10 @@ class StageLayer:
     module: nn.Module
     tp: TensorParallel
     data_parallel: LayerDataParallel
+    experts: ExpertParallel
+    """The EP group of a mixture-of-experts block's routed experts (gbmw.adapters.runtime.experts)."""
+    expert_data_parallel: LayerDataParallel
+    """Over which ranks the routed experts' gradients are summed (the data-parallel group when ep is 1)."""
     layout: BatchLayout
     """Which slice of each micro-batch every rank of the stage holds for this layer."""
     split_dims: dict[str, int | None]
@@ -132,7 +139,8 @@ class HybridEngine:
 
         tp = TensorParallel(self.pool.tensor_group(strategy), strategy.tp,
                             self.layout.digits(self.rank, strategy).get("tp", 0), strategy.sp)
-        module = build_layer(self.architecture, name, tp)
+        experts = ExpertParallel.of(self.pool, strategy)
+        module = build_layer(self.architecture, name, tp, experts=experts)
         if any(parameter.device != self.device for parameter in module.parameters()):
             module = module.to(self.device)  # (under fake tensors `to` the same device would swap a tensor with itself)
         split_dims = partition_dims(module)
@@ -147,9 +155,11 @@ class HybridEngine:
         data_parallel = LayerDataParallel(data_parallel_flavour(strategy), self.pool.data_group(strategy),
                                           strategy.data_parallel)
         module = data_parallel.wrap(module, self.pool.data_mesh(strategy), self.reduce_scatter_in_flight)
+        expert_data_parallel = LayerDataParallel(data_parallel.flavour, self.pool.expert_data_group(strategy),
+                                                 strategy.expert_data_parallel)
         parameters = {_canonical(key): parameter for key, parameter in module.named_parameters()}
-        layout = BatchLayout.of(strategy)
-        return StageLayer(index, name, strategy, module, tp, data_parallel, layout, split_dims, parameters)
+        return StageLayer(index, name, strategy, module, tp, data_parallel, experts, expert_data_parallel,
+                          BatchLayout.of(strategy), split_dims, parameters)
 
     def _all_parameters(self) -> list[nn.Parameter]:
         """Every distinct parameter of the stage (a tied weight shared by two layers once)."""
@@ -234,7 +244,7 @@ class HybridEngine:
             return None if leaf is None else leaf.grad
 
         run_schedule(self.stage, self.plan.pp, count, self.links, forward, backward, self._boundary_shape)
-        synchronise_plain_gradients([(layer.data_parallel, layer.module) for layer in self.layers],
+        synchronise_plain_gradients([part for layer in self.layers for part in gradient_parts(layer)],
                                     group_key=lambda data_parallel: id(data_parallel.group))
         self.tied.synchronise_gradients()
         if self.adam.max_grad_norm is not None:
@@ -257,11 +267,11 @@ class HybridEngine:
         copy is left out (it equals the embedding's). One all-reduce over all ranks gives the exact norm."""
         squares = torch.zeros((), dtype=torch.float64, device=self.device)
         for layer in self.layers:
-            data_copies = 1 if layer.data_parallel.sharded else layer.data_parallel.size
             for key, parameter in layer.parameters.items():
                 if parameter.grad is None or self.tied.is_copy(f"{layer.name}.{key}"):
                     continue
-                copies = data_copies * (layer.tp.size if layer.split_dims[key] is None else 1)
+                data = layer.expert_data_parallel if is_expert_parameter(key) else layer.data_parallel
+                copies = (1 if data.sharded else data.size) * (layer.tp.size if layer.split_dims[key] is None else 1)
                 squares += _sum_of_squares_float64(local_value(parameter.grad)) / copies
         dist.all_reduce(squares)
         norm = squares.sqrt()
@@ -307,7 +317,7 @@ class HybridEngine:
                 for moment in ("exp_avg", "exp_avg_sq"):
                     if moment in state:
                         tensors[f"{key}#{moment}"] = gather_full(full_value(state[moment]), dim, layer.tp).cpu()
-            result[layer.name] = tensors
+            result[layer.name] = gather_experts(tensors, layer.experts, self.device)  # every EP rank's experts
         return result
 
     @torch.no_grad()

@@ -63,6 +63,14 @@ class GroupPool:
     def data_group(self, strategy: Strategy):
         return self.get(self.layout.data_group(self.rank, strategy))
 
+    def expert_group(self, strategy: Strategy):
+        """The ranks exchanging tokens for a mixture-of-experts layer's experts under `strategy` (+epN; None: ep 1)."""
+        return self.get(self.layout.expert_group(self.rank, strategy))
+
+    def expert_data_group(self, strategy: Strategy):
+        """The ranks holding the same experts under `strategy`, over which expert gradients are summed."""
+        return self.get(self.layout.expert_data_group(self.rank, strategy))
+
     def data_mesh(self, strategy: Strategy):
         """The device mesh of this rank's data-parallel group under `strategy` (a layer of this rank's stage)."""
         return self._meshes.get(self.layout.data_group(self.rank, strategy))

@@ -19,7 +19,8 @@ the TP degree a divisor of kv_heads). The gated MLP's two up-projections are sep
 (`mlp.gate`, `mlp.fc1`): a fused one would interleave gate and up rows per TP rank, and its full tensor would
 depend on the TP degree — checkpoints hold full tensors that every plan reads alike. The vocabulary is padded to a
 multiple of 128 as Megatron does (`--make-vocab-size-divisible-by`), in every plan alike, so any power-of-two TP
-degree up to 128 divides it.
+degree up to 128 divides it. A mixture-of-experts decoder's MoE blocks (`architecture.is_moe_block(i)`) have a `moe`
+MLP in place of `mlp` (gbmw.adapters.runtime.experts: `moe.router`, `moe.experts.<e>.…`, `moe.shared.…`).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from gbmw.specs.architectures import BERTArchitecture, GPTArchitecture
 
 from .attention import attention
 from .attention_core_recompute import recomputed_attention
+from .experts import ExpertParallel, MixtureOfExpertsMLP
 from .gated_mlp import swiglu
 from .rms_norm import RMSNorm
 from .rotary import ROTARY_BASE, rotate
@@ -68,8 +70,10 @@ def layer_names(architecture: Any) -> list[str]:
     return ["embedding"] + [f"{body}.{index}" for index in range(architecture.num_layers)] + ["head"]
 
 
-def build_layer(architecture: Any, name: str, tp: TensorParallel, dtype: torch.dtype = torch.float32) -> nn.Module:
-    """The module of one plan layer, its parameters uninitialised (see `initial_value`)."""
+def build_layer(architecture: Any, name: str, tp: TensorParallel, dtype: torch.dtype = torch.float32,
+                experts: ExpertParallel | None = None) -> nn.Module:
+    """The module of one plan layer, its parameters uninitialised (see `initial_value`); a mixture-of-experts block
+    holds the routed experts of its EP rank `experts` (None: all of them)."""
     bert = isinstance(architecture, BERTArchitecture)
     dropout = DROPOUT_PROBABILITY if architecture.dropout else 0.0
     if tp.sequence_parallel and (name in ("embedding", "head") or architecture.seq_length % tp.size):
@@ -79,6 +83,10 @@ def build_layer(architecture: Any, name: str, tp: TensorParallel, dtype: torch.d
         return Embedding(architecture, tp, dtype, dropout)
     if name == "head":
         return (BERTHead if bert else GPTHead)(architecture, tp, dtype)
+    moe = architecture.moe if not bert and architecture.is_moe_block(int(name.split(".")[1])) else None
+    if moe is not None and tp.sequence_parallel:
+        raise PlanError(f"layer {name}: gbmw's runtime runs mixture-of-experts blocks without sequence parallelism "
+                        "(+sp) for now; leave +sp out of this layer's strategy")
     return TransformerBlock(
         hidden=architecture.hidden_size,
         heads=architecture.num_heads,
@@ -94,6 +102,8 @@ def build_layer(architecture: Any, name: str, tp: TensorParallel, dtype: torch.d
         norm=getattr(architecture, "norm", "layer"),
         gated_mlp=getattr(architecture, "gated_mlp", False),
         rotary_base=_rotary_base(architecture),
+        moe=moe,
+        experts=experts or ExpertParallel.single(),
     )
 
 
@@ -162,7 +172,8 @@ class TransformerBlock(nn.Module):
 
     def __init__(self, hidden: int, heads: int, ffn: int, bias: bool, causal: bool, post_norm: bool, dropout: float,
                  tp: TensorParallel, dtype: torch.dtype, *, kv_heads: int | None = None, head_dim: int | None = None,
-                 norm: str = "layer", gated_mlp: bool = False, rotary_base: float | None = None):
+                 norm: str = "layer", gated_mlp: bool = False, rotary_base: float | None = None, moe: Any = None,
+                 experts: ExpertParallel = ExpertParallel.single()):
         super().__init__()
         kv_heads = kv_heads or heads
         if heads % tp.size or kv_heads % tp.size or ffn % tp.size:
@@ -177,11 +188,13 @@ class TransformerBlock(nn.Module):
         self.attention.qkv = tp.column_linear(hidden, (heads + 2 * kv_heads) * self.head_dim, bias, dtype)
         self.attention.proj = tp.row_linear(heads * self.head_dim, hidden, bias, dtype)
         self.mlp_norm = make_norm(norm, hidden, dtype)
-        self.mlp = nn.Module()
-        if gated_mlp:
-            self.mlp.gate = tp.column_linear(hidden, ffn, bias, dtype)
-        self.mlp.fc1 = tp.column_linear(hidden, ffn, bias, dtype)
-        self.mlp.fc2 = tp.row_linear(ffn, hidden, bias, dtype)
+        self.moe = None if moe is None else MixtureOfExpertsMLP(hidden, moe, bias, gated_mlp, tp, experts, dtype)
+        if moe is None:  # a mixture-of-experts block (gbmw.adapters.runtime.experts) has no dense MLP
+            self.mlp = nn.Module()
+            if gated_mlp:
+                self.mlp.gate = tp.column_linear(hidden, ffn, bias, dtype)
+            self.mlp.fc1 = tp.column_linear(hidden, ffn, bias, dtype)
+            self.mlp.fc2 = tp.row_linear(ffn, hidden, bias, dtype)
         self.gated_mlp = gated_mlp
         self.tp = tp
         self.recompute_slices = False
@@ -215,6 +228,8 @@ class TransformerBlock(nn.Module):
         return dropout(self.attention.proj(context), self.dropout, self.training)
 
     def _feed_forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.moe is not None:
+            return dropout(self.moe(x), self.dropout, self.training)
         if not self.gated_mlp:
             return dropout(self.mlp.fc2(F.gelu(self.mlp.fc1(x))), self.dropout, self.training)
         device = x.device.type

@@ -114,17 +114,18 @@ class ReduceScatterInFlight:
         module._get_fsdp_state()._comm_ctx.reduce_scatter_states = self.states
 
 
-def synchronise_plain_gradients(layers: list[tuple[LayerDataParallel, nn.Module]], group_key) -> None:
-    """Plain DP: sum the accumulated gradients of every `dp` layer over its group, in flat buckets of at most
+def synchronise_plain_gradients(layers: list[tuple[LayerDataParallel, list[nn.Parameter]]], group_key) -> None:
+    """Plain DP: sum the accumulated gradients of every `dp` layer's parameters over its group (a mixture-of-experts
+    layer gives its routed experts' apart, with their expert-data-parallel group), in flat buckets of at most
     ALLREDUCE_BUCKET_ELEMENTS elements per group (layers in stage order, groups in first-use order: the same on
     every rank of the group), as DDP and DeepSpeed bucket them. A gradient larger than a bucket is reduced in place.
     The bucket is the only copy: the estimator's reserve for the optimizer step (the same number of fp32 elements,
     gbmw.cost.framework_memory.step_reserve_bytes) covers it, as the two never coexist."""
     buckets: dict = {}
-    for data_parallel, module in layers:
+    for data_parallel, parameters in layers:
         if data_parallel.sharded or data_parallel.size == 1:
             continue
-        grads = [parameter.grad for parameter in module.parameters() if parameter.grad is not None]
+        grads = [parameter.grad for parameter in parameters if parameter.grad is not None]
         key = group_key(data_parallel)
         group_grads = buckets.setdefault(key, (data_parallel.group, {}))[1]
         group_grads.update((id(grad), grad) for grad in grads)  # a tied weight shared by two layers: once

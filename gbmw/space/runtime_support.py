@@ -3,7 +3,9 @@
 
 The runtime (gbmw.adapters.runtime.model) builds GPT-style decoders — GPT-2/3 (LayerNorm, learned positions,
 GELU MLP, biases) and LLaMA-style (RMSNorm, SwiGLU, rotary positions, grouped-query attention, no biases,
-tied or untied head) — and BERT encoders. It trains in fp32 or bf16 (fp16 would need loss scaling). T5's
+tied or untied head), mixture-of-experts ones among them (dropless top-k routing, shared experts, expert parallelism
++epN with plain dp; not a capacity factor; in an MoE block not +sp, nor sdp/z1dp/z2dp together with +ep — the engine
+refuses those strategies) — and BERT encoders. It trains in fp32 or bf16 (fp16 would need loss scaling). T5's
 encoder-decoder, ViT's and Swin's image models are planned and emitted for DeepSpeed and Megatron, but the
 runtime has no modules for them yet.
 """
@@ -40,6 +42,11 @@ def runtime_refusal(architecture: Any, precision: str | None = None) -> str | No
         return (f"{where}: `sliding_window: {window}` is shorter than seq_length {architecture.seq_length}: gbmw's "
                 "runtime attends over the whole causal prefix; train at seq_length ≤ the window (--seq-length "
                 f"{window}) or with a framework that runs sliding windows")
+    moe = getattr(architecture, "moe", None)
+    if moe is not None and moe.capacity_factor is not None:
+        return (f"{where}: `moe.capacity_factor: {moe.capacity_factor}`: gbmw's runtime routes dropless (every token "
+                "copy reaches its experts) and drops no tokens; leave capacity_factor out (null) to train it here, or "
+                "plan it for --target megatron-core (--moe-expert-capacity-factor)")
     if precision is not None and precision not in RUNTIME_PRECISIONS:
         return (f"{where}: precision {precision}: gbmw's runtime trains in {' or '.join(RUNTIME_PRECISIONS)} "
                 "(fp16 would need loss scaling); plan the job with precision bf16 or fp32")

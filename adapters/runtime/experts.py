@@ -1,0 +1,228 @@
+"""The mixture-of-experts MLP with expert parallelism (EP): routed experts split over `ep` data-parallel ranks.
+
+Routing is Mixtral's (Jiang et al., "Mixtral of Experts", 2024, Eq. 1–2): a router (hidden → E, no bias,
+replicated under TP) scores each token, the softmax over all E experts runs in fp32, the token goes to its top-k
+experts and their outputs are summed with the top-k probabilities renormalised to sum to 1 (the same as a softmax
+over the top-k logits). Shared experts (DeepSeek-MoE, Qwen2-MoE) are one dense MLP on every token, optionally scaled
+by a sigmoid gate (hidden → 1), added to the routed sum. Dropless only: every routed token copy is computed (the
+runtime refuses a capacity factor, gbmw.space.runtime_support).
+
+Expert parallelism (Lepikhin et al., "GShard", 2020, Sec. 2.2; megatron-core's `MoEAlltoAllTokenDispatcher`):
+rank r of an EP group of `ep` ranks (gbmw.ranks.RankLayout.expert_group) holds experts [r·E/ep, (r+1)·E/ep) and
+still runs attention on its own share of the batch. Each rank sorts its token copies by expert, tells every EP
+rank how many copies it sends to each of that rank's experts (an all-to-all of counts), sends the copies by
+`torch.distributed.all_to_all_single` with per-rank split sizes (dispatch; gloo runs it in torch 2.13), runs each
+local expert on the copies it received from all sources, returns the outputs by the reverse all-to-all (combine),
+and forms the weighted sum on the tokens' own rank. `_AllToAll`'s backward is the reverse all-to-all of the
+gradient. With TP > 1 each expert is column- then row-parallel on the layer's TP group (as the dense MLP,
+gbmw.adapters.runtime.tensor_parallel): the EP group is the ranks of one TP index, and the TP peers of a rank hold
+the same tokens and routing, so they receive the same copies. Every local expert runs even on no tokens, so each
+expert weight has a gradient (zero) in every arrangement — the same on every rank of a group, and in single-process
+training.
+
+Parameter names are plan-independent (`moe.router.weight`, `moe.experts.<e>.fc1.weight` with e the global expert
+index, `moe.shared.fc1.weight`): a rank holds the experts it owns under their global names, and `gather_experts`
+assembles every expert's full tensor for checkpoints. Gradients of routed experts are summed over the
+expert-data-parallel group (`gradient_parts`), all others over the whole data-parallel group. The routed experts
+cannot be sharded (sdp, z1dp, z2dp) together with EP yet: FSDP2 would shard them over the whole data-parallel group.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from gbmw.errors import PlanError
+from gbmw.space.strategy import Strategy
+
+from .gated_mlp import swiglu
+from .sharding import SHARDED_FLAVOURS, LayerDataParallel, data_parallel_flavour
+from .tensor_parallel import TensorParallel
+
+_EXPERT_KEY = re.compile(r"^moe\.experts\.(\d+)\.(.+)$")
+
+
+@dataclass(frozen=True)
+class ExpertParallel:
+    """The EP group of one layer on this rank."""
+
+    group: Any
+    """torch.distributed ProcessGroup, None for one rank (every expert local)."""
+    size: int
+    rank: int
+
+    @classmethod
+    def single(cls) -> "ExpertParallel":
+        return cls(None, 1, 0)
+
+    @classmethod
+    def of(cls, pool, strategy: Strategy) -> "ExpertParallel":
+        """This rank's EP group under `strategy`, from the process-group pool (gbmw.adapters.runtime.groups)."""
+        if strategy.ep > 1 and data_parallel_flavour(strategy) in SHARDED_FLAVOURS:
+            raise PlanError(f"strategy {strategy.name}: gbmw's runtime sums expert gradients over the expert-data-"
+                            "parallel group with a plain all-reduce and cannot shard experts (sdp, z1dp, z2dp) with "
+                            f"+ep yet; use dp with +ep{strategy.ep} for this layer, or leave +ep out")
+        ranks = pool.layout.expert_group(pool.rank, strategy)
+        return cls(pool.get(ranks), len(ranks), ranks.index(pool.rank))
+
+
+def is_expert_parameter(key: str) -> bool:
+    """Whether a parameter (its name inside its layer) belongs to a routed expert (split by EP)."""
+    return _EXPERT_KEY.match(key) is not None
+
+
+class ExpertMLP(nn.Module):
+    """One MLP of the model's kind (SwiGLU when gated, else GELU), column- then row-parallel over the TP group."""
+
+    def __init__(self, hidden: int, ffn: int, bias: bool, gated: bool, tp: TensorParallel, dtype: torch.dtype):
+        super().__init__()
+        if ffn % tp.size:
+            raise PlanError(f"TP degree {tp.size} must divide the expert MLP width ({ffn})")
+        self.gated = gated
+        if gated:
+            self.gate = tp.column_linear(hidden, ffn, bias, dtype)
+        self.fc1 = tp.column_linear(hidden, ffn, bias, dtype)
+        self.fc2 = tp.row_linear(ffn, hidden, bias, dtype)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """[n, hidden] → [n, hidden] (megatron's linears take a 3-D input: one row of n tokens)."""
+        x = tokens.unsqueeze(0)
+        up = self.fc1(x)
+        return self.fc2(swiglu(self.gate(x), up) if self.gated else F.gelu(up)).squeeze(0)
+
+
+class MixtureOfExpertsMLP(nn.Module):
+    """Router, this rank's routed experts, shared experts: [batch, tokens, hidden] → the same shape."""
+
+    def __init__(self, hidden: int, moe: Any, bias: bool, gated: bool, tp: TensorParallel, experts: ExpertParallel,
+                 dtype: torch.dtype):
+        super().__init__()
+        if moe.num_experts % experts.size:
+            raise PlanError(f"expert parallelism +ep{experts.size} must divide the {moe.num_experts} experts")
+        self.num_experts, self.top_k, self.ep = moe.num_experts, moe.top_k, experts
+        self.router = nn.Linear(hidden, moe.num_experts, bias=False, dtype=dtype)
+        local = moe.num_experts // experts.size
+        self.experts = nn.ModuleDict({
+            str(index): ExpertMLP(hidden, moe.expert_ffn_hidden_size, bias, gated, tp, dtype)
+            for index in range(experts.rank * local, (experts.rank + 1) * local)})
+        shared_width = moe.shared_experts * moe.shared_ffn_hidden_size
+        self.shared = ExpertMLP(hidden, shared_width, bias, gated, tp, dtype) if shared_width else None
+        gate = moe.shared_experts and moe.shared_expert_gate
+        self.shared_gate = nn.Linear(hidden, 1, bias=False, dtype=dtype) if gate else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        tokens = x.reshape(-1, x.size(-1))
+        weights, chosen = route(self.router(tokens), self.top_k)
+        output = self._routed(tokens, weights, chosen)
+        if self.shared is not None:
+            shared = self.shared(tokens)
+            if self.shared_gate is not None:
+                shared = torch.sigmoid(_at_least_fp32(self.shared_gate(tokens))).to(shared.dtype) * shared
+            output = output + shared
+        return output.view(*x.shape[:-1], output.size(-1))
+
+    def _routed(self, tokens: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
+        """Σ_k weight_k · expert_k(token) for every token of this rank (the sum over its top-k copies)."""
+        count, top_k = chosen.shape
+        device = tokens.device.type
+        if torch.is_autocast_enabled(device):  # dispatch 16-bit copies, as the experts' linears would cast them
+            tokens = tokens.to(torch.get_autocast_dtype(device))
+        expert_of_copy = chosen.reshape(-1)
+        order = torch.argsort(expert_of_copy, stable=True)  # copies sorted by expert, tokens in order within each
+        copies = tokens[order // top_k]
+        per_expert = torch.bincount(expert_of_copy, minlength=self.num_experts)
+        received, received_counts, splits = self._dispatch(copies, per_expert)
+        outputs = self._run_experts(received, received_counts)
+        if splits is not None:
+            outputs = _AllToAll.apply(outputs, splits[1], splits[0], self.ep.group)  # combine
+        by_copy = outputs[torch.argsort(order)].view(count, top_k, -1)
+        return (_at_least_fp32(by_copy) * weights.unsqueeze(-1)).sum(1).to(by_copy.dtype)
+
+    def _dispatch(self, copies: torch.Tensor, per_expert: torch.Tensor):
+        """(copies received from every EP rank, [source rank, local expert] counts, (received, sent) split sizes)."""
+        if self.ep.size == 1:
+            return copies, per_expert.view(1, -1), None
+        sent_counts = per_expert.view(self.ep.size, -1)  # row q: counts for the experts of EP rank q
+        received_counts = torch.empty_like(sent_counts)
+        dist.all_to_all_single(received_counts, sent_counts, group=self.ep.group)
+        splits = (received_counts.sum(1).tolist(), sent_counts.sum(1).tolist())
+        return _AllToAll.apply(copies, splits[0], splits[1], self.ep.group), received_counts, splits
+
+    def _run_experts(self, received: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """Each local expert on its copies; `received` and the result are source-major ([source][expert] blocks)."""
+        sources, local = counts.shape
+        sizes = counts.t().reshape(-1)  # expert-major blocks: (expert, source)
+        starts = (counts.reshape(-1).cumsum(0) - counts.reshape(-1)).view(sources, local).t().reshape(-1)
+        regroup = torch.repeat_interleave(starts - (sizes.cumsum(0) - sizes), sizes) + torch.arange(
+            int(sizes.sum()), device=counts.device)
+        grouped = received[regroup] if sources > 1 else received
+        parts = grouped.split(counts.sum(0).tolist())
+        outputs = torch.cat([expert(part) for expert, part in zip(self.experts.values(), parts)])
+        return outputs[torch.argsort(regroup)] if sources > 1 else outputs
+
+
+def route(logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weights, experts) of each token's top-k: softmax over all experts in fp32, top-k, renormalised (Mixtral)."""
+    probabilities = torch.softmax(_at_least_fp32(logits), dim=-1)
+    weights, chosen = probabilities.topk(top_k, dim=-1)
+    return weights / weights.sum(-1, keepdim=True), chosen
+
+
+def _at_least_fp32(tensor: torch.Tensor) -> torch.Tensor:
+    """16-bit tensors in fp32; fp32 and fp64 as they are."""
+    return tensor.to(torch.promote_types(tensor.dtype, torch.float32))
+
+
+class _AllToAll(torch.autograd.Function):
+    """y = AllToAll(x): the rows of x in blocks of `sent` sizes go to the EP ranks in order, y holds the blocks of
+    `received` sizes from them. Backward: the gradient goes back by the reverse all-to-all (sent ↔ received)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, received: list[int], sent: list[int], group) -> torch.Tensor:
+        ctx.received, ctx.sent, ctx.group = received, sent, group
+        return _all_to_all(x, received, sent, group)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return _all_to_all(grad, ctx.sent, ctx.received, ctx.group), None, None, None
+
+
+def _all_to_all(x: torch.Tensor, received: list[int], sent: list[int], group) -> torch.Tensor:
+    output = x.new_empty((sum(received), *x.shape[1:]))
+    dist.all_to_all_single(output, x.contiguous(), received, sent, group=group)
+    return output
+
+
+def gradient_parts(layer) -> list[tuple[LayerDataParallel, list[nn.Parameter]]]:
+    """A StageLayer's parameters by the group their gradients are summed over: (data-parallel group, the dense ones),
+    (expert-data-parallel group, the routed experts')."""
+    dense = [parameter for key, parameter in layer.parameters.items() if not is_expert_parameter(key)]
+    routed = [parameter for key, parameter in layer.parameters.items() if is_expert_parameter(key)]
+    return [(layer.data_parallel, dense), (layer.expert_data_parallel, routed)]
+
+
+def gather_experts(tensors: dict[str, torch.Tensor], experts: ExpertParallel, device: torch.device
+                   ) -> dict[str, torch.Tensor]:
+    """A layer's full tensors by name with every EP rank's experts (collective over the EP group): `tensors` holds
+    this rank's experts (`moe.experts.<e>.…`, also `…#exp_avg`), the result those of all E experts."""
+    if experts.size == 1:
+        return tensors
+    owned = sorted({int(match[1]) for match in map(_EXPERT_KEY.match, tensors) if match})
+    result = {}
+    for key, tensor in tensors.items():
+        match = _EXPERT_KEY.match(key)
+        if match is None:
+            result[key] = tensor
+            continue
+        parts = [torch.empty_like(tensor, device=device) for _ in range(experts.size)]
+        dist.all_gather(parts, tensor.to(device).contiguous(), group=experts.group)
+        for source, part in enumerate(parts):
+            index = source * len(owned) + int(match[1]) - owned[0]
+            result[f"moe.experts.{index}.{match[2]}"] = part.to(tensor.device)
+    return result

@@ -1,0 +1,212 @@
+"""Mixture-of-experts blocks in the runtime (gbmw.adapters.runtime.experts): the MoE MLP is Mixtral's routing with
+its exact gradient on one process, and plans with expert parallelism (+epN) on N gloo processes — alone, with TP,
+with pipeline stages and mixed with other per-layer strategies — train exactly what one process trains."""
+
+import pytest
+
+from gbmw.space.runtime_support import runtime_refusal
+
+MODEL = "llama-moe-tiny"
+"""llama-tiny with 4 routed experts (top-2), one shared expert, block 0 dense (recipes/models/llama-moe-tiny.yaml)."""
+STEPS = 3
+GLOBAL_BATCH = 8
+
+# (id, model, processes, per-layer strategies (embedding, dense block 0, MoE blocks 1–3, head), partition,
+# micro-batches). +epN puts E/N experts on each rank; without it every rank holds every expert.
+PLANS = [
+    ("dp2+ep2", MODEL, 2, ["dp2+ep2"] * 6, [6], 2),
+    ("mixed-tp-sdp-ep-ckpt", MODEL, 2, ["tp2", "sdp2", "dp2+ep2", "dp2+ep2+ckpt", "tp2", "dp2"], [6], 2),
+    ("sharded-without-ep", MODEL, 2, ["dp2", "dp2", "sdp2", "z1dp2", "sdp2+ckpt", "z2dp2"], [6], 2),
+    ("dp4+ep4", MODEL, 4, ["dp4+ep4"] * 6, [6], 2),
+    ("dp4+ep2", MODEL, 4, ["dp4+ep2"] * 6, [6], 2),
+    ("tp2-dp2+ep2", MODEL, 4, ["tp2-dp2+ep2"] * 6, [6], 2),
+    ("dp2-tp2+ep2", MODEL, 4, ["dp2-tp2+ep2"] * 6, [6], 2),
+    ("pp2-dp2+ep2", MODEL, 4, ["dp2+ep2", "tp2", "dp2+ep2", "dp2+ep2+ckpt", "dp2+ep2", "dp2"], [3, 3], 4),
+]
+# Tolerances: test_runtime_equivalence's (same fp32 reorderings: an expert sums its tokens' gradients in another
+# order when they arrive from several ranks; its argument holds unchanged). What they still catch here: expert
+# gradients summed over the whole data-parallel group instead of the expert-data-parallel one (experts' gradients
+# mixed: moments off by far more than 1e-4 of scale — checked by breaking it), a token copy combined into another
+# token's place or with another copy's weight (losses differ from the 3rd decimal), an all-to-all backward that
+# does not return each gradient to its sender (expert and upstream gradients wrong), an expert held under another
+# expert's name (its weights compared with another's), and a router whose gradient is lost (its weights would not
+# move by Adam's ~lr per step).
+
+
+def test_a_capacity_factor_is_refused_in_one_line():
+    from runtime_reference import architecture
+
+    from gbmw.specs.architectures import MixtureOfExperts
+
+    arch = architecture(MODEL)
+    assert runtime_refusal(arch) is None
+    dropping = arch.model_copy(update={"moe": MixtureOfExperts(num_experts=4, top_k=2, expert_ffn_hidden_size=96,
+                                                               capacity_factor=1.25)})
+    refusal = runtime_refusal(dropping)
+    assert "capacity_factor: 1.25" in refusal and "dropless" in refusal and "\n" not in refusal
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("gated, shared_gate", [(True, True), (False, False)])
+def test_the_moe_mlp_is_mixtrals_routing_with_its_exact_gradient(gated, shared_gate):
+    """Against the formula token by token (float64): y = Σ_{e ∈ top-k} (p_e / Σ_top-k p) · E_e(x) + σ(g·x) · S(x),
+    p = softmax(router · x); the output and every weight's gradient."""
+    import torch
+    import torch.nn.functional as F
+
+    from gbmw.adapters.runtime.experts import ExpertParallel, MixtureOfExpertsMLP
+    from gbmw.adapters.runtime.tensor_parallel import TensorParallel
+    from gbmw.specs.architectures import MixtureOfExperts
+
+    moe = MixtureOfExperts(num_experts=4, top_k=2, expert_ffn_hidden_size=12, shared_experts=2,
+                           shared_expert_ffn_hidden_size=6, shared_expert_gate=shared_gate)
+    layer = MixtureOfExpertsMLP(8, moe, True, gated, TensorParallel.single(), ExpertParallel.single(), torch.float64)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for parameter in layer.parameters():
+            parameter.copy_(torch.randn(parameter.shape, generator=generator, dtype=torch.float64))
+    x = torch.randn(3, 5, 8, generator=generator, dtype=torch.float64)
+
+    def mlp(module, token):
+        up = F.linear(token, module.fc1.weight, module.fc1.bias)
+        hidden = F.silu(F.linear(token, module.gate.weight, module.gate.bias)) * up if gated else F.gelu(up)
+        return F.linear(hidden, module.fc2.weight, module.fc2.bias)
+
+    expected = []
+    for token in x.reshape(-1, 8):
+        probabilities = torch.softmax(layer.router.weight @ token, -1)
+        top = probabilities.topk(2).indices
+        out = sum(probabilities[e] / probabilities[top].sum() * mlp(layer.experts[str(int(e))], token) for e in top)
+        shared = mlp(layer.shared, token)
+        if shared_gate:
+            shared = torch.sigmoid(layer.shared_gate.weight @ token) * shared
+        expected.append(out + shared)
+    expected = torch.stack(expected).view_as(x)
+    output = layer(x)
+    torch.testing.assert_close(output, expected, rtol=1e-12, atol=1e-12)
+    names = [name for name, _ in layer.named_parameters()]
+    cotangent = torch.randn(x.shape, generator=generator, dtype=torch.float64)
+    grads = torch.autograd.grad((output * cotangent).sum(), list(layer.parameters()))
+    expected_grads = torch.autograd.grad((expected * cotangent).sum(), list(layer.parameters()))
+    for name, grad, expected_grad in zip(names, grads, expected_grads):
+        torch.testing.assert_close(grad, expected_grad, rtol=1e-10, atol=1e-12, msg=lambda text: f"{name}: {text}")
+
+
+@pytest.mark.torch
+def test_what_the_runtime_cannot_run_in_an_moe_block_is_refused_in_one_line():
+    from runtime_reference import architecture
+
+    from gbmw.adapters.runtime.experts import ExpertParallel
+    from gbmw.adapters.runtime.model import build_layer
+    from gbmw.adapters.runtime.tensor_parallel import TensorParallel
+    from gbmw.errors import PlanError
+    from gbmw.space.strategy import Strategy
+
+    with pytest.raises(PlanError, match=r"cannot shard experts \(sdp, z1dp, z2dp\) with \+ep yet; use dp with \+ep2"):
+        ExpertParallel.of(None, Strategy.parse("sdp4+ep2"))
+    with pytest.raises(PlanError, match=r"decoder.1: .* without sequence parallelism \(\+sp\)"):
+        build_layer(architecture(MODEL), "decoder.1", TensorParallel(None, 2, 0, sequence_parallel=True))
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize("plan_id", [plan[0] for plan in PLANS])
+def test_matches_single_process(plan_id):
+    from test_runtime_equivalence import assert_same_training, trained_from
+
+    processes = next(plan[2] for plan in PLANS if plan[0] == plan_id)
+    assert_same_training(*trained_from(PLANS, processes, plan_id), *_reference())
+
+
+_references = []
+
+
+def _reference():
+    from runtime_reference import reference_training
+
+    if not _references:
+        _references.append(reference_training(MODEL, GLOBAL_BATCH, STEPS))
+    return _references[0]
+
+
+def _routing(rank, world_size, strategies):
+    """Every MoE layer's expert choices for this rank's tokens in the first step's forward, in call order, with the
+    rank's (batch slice, slice count, TP index) under the MoE blocks' strategy."""
+    import gbmw.adapters.runtime.experts as experts
+    from runtime_reference import architecture, make_plan
+
+    from gbmw.adapters.runtime.engine import HybridEngine
+    from gbmw.adapters.runtime.groups import GroupPool
+    from gbmw.adapters.runtime.model import synthetic_batch
+
+    chosen, route = [], experts.route
+
+    def recording_route(logits, top_k):
+        weights, experts_chosen = route(logits, top_k)
+        chosen.append(experts_chosen.clone())
+        return weights, experts_chosen
+
+    experts.route = recording_route
+    plan = make_plan(MODEL, world_size, strategies, [6], GLOBAL_BATCH, 2)
+    engine = HybridEngine(plan, architecture(MODEL), GroupPool(plan), "cpu")
+    engine.train_step(synthetic_batch(architecture(MODEL), GLOBAL_BATCH, 0, 0))
+    strategy = plan.strategies[2]
+    return {"shard": engine.layout.batch_shard(rank, strategy),
+            "tp": engine.layout.digits(rank, strategy).get("tp", 0), "chosen": chosen}
+
+
+@pytest.mark.dist
+def test_the_routers_choices_are_the_same_in_every_expert_parallel_arrangement():
+    """Routing depends on the token alone (its router scores), not on where its experts are or how loaded they are:
+    the experts every token of the first step chooses, in every MoE block, are those of one process."""
+    import torch
+    from dist_fixture import run_distributed
+
+    def global_choices(processes, strategy):
+        per_rank = run_distributed(processes, _routing, [strategy] * 6, timeout_s=150)
+        calls = len(per_rank[0]["chosen"])
+        slices = sorted((result["shard"], result["tp"], result["chosen"]) for result in per_rank)
+        for (shard, _, chosen), (other_shard, _, other) in zip(slices, slices[1:]):
+            if shard == other_shard:  # TP peers route alike
+                assert all(torch.equal(a, b) for a, b in zip(chosen, other))
+        by_slice = {shard: chosen for shard, _, chosen in slices}
+        return [torch.cat([by_slice[shard][call] for shard in sorted(by_slice)]) for call in range(calls)]
+
+    expected = global_choices(1, "single")
+    assert len(expected) == 2 * 3  # 2 micro-batches × 3 MoE blocks
+    for processes, strategy in ((2, "dp2+ep2"), (4, "dp4+ep4"), (4, "dp4+ep2"), (4, "tp2-dp2+ep2")):
+        choices = global_choices(processes, strategy)
+        assert all(torch.equal(a, b) for a, b in zip(choices, expected)), strategy
+
+
+@pytest.mark.dist
+def test_a_checkpoint_saved_under_ep2_resumes_under_ep1_and_ep4(tmp_path):
+    """Checkpoints hold every expert's full tensors by name whatever the EP degree: saved after 2 steps under dp2+ep2
+    (2 experts per rank), resumed on one process and under dp4+ep4 (one per rank), the third step's loss and the
+    weights after it equal uninterrupted single-process training."""
+    from dist_fixture import run_distributed
+    from runtime_reference import collect, distributed_training
+    from test_runtime_equivalence import assert_same_training
+
+    checkpoint = tmp_path / "step2"
+    run_distributed(2, distributed_training, MODEL, ["dp2+ep2"] * 6, [6], GLOBAL_BATCH, 2, 2, str(checkpoint),
+                    timeout_s=150)
+    expected_losses, expected_weights = _reference()
+    for processes, strategy in ((1, "single"), (4, "dp4+ep4")):
+        resumed = run_distributed(processes, distributed_training, MODEL, [strategy] * 6, [6], GLOBAL_BATCH, 2, 1,
+                                  None, str(checkpoint), timeout_s=150)
+        assert_same_training(*collect(resumed), expected_losses[2:], expected_weights)
+
+
+@pytest.mark.dist
+def test_clipping_counts_each_expert_gradient_once():
+    """The global gradient norm weights a routed expert's gradient by its expert-data-parallel copies (dp / ep), the
+    others by their data-parallel copies: clipped training with different EP degrees per block (and TP on the
+    embedding) equals clipped single-process training."""
+    from dist_fixture import run_distributed
+    from runtime_reference import collect, distributed_training, reference_training
+    from test_runtime_equivalence import CLIP_NORM, assert_same_training
+
+    strategies = ["tp4", "dp4+ep2", "dp4+ep2", "dp4+ep4", "dp4", "dp4"]
+    trained = run_distributed(4, distributed_training, MODEL, strategies, [6], GLOBAL_BATCH, 2, STEPS, None, None, 0,
+                              CLIP_NORM, timeout_s=150)
+    assert_same_training(*collect(trained), *reference_training(MODEL, GLOBAL_BATCH, STEPS, max_grad_norm=CLIP_NORM))
