@@ -141,11 +141,13 @@ def _tp_divides_heads(strategy: Strategy, layer: LayerSpec) -> bool:
 
 
 def _runtime_runs(strategy: Strategy, layer: LayerSpec, sequence_length: int) -> bool:
-    """TP divides the layer's heads, +sp only in a Transformer block whose sequence TP divides, +ep only in a
-    mixture-of-experts block whose experts EP divides."""
-    experts_ok = strategy.ep == 1 or (layer.num_experts > 0 and layer.num_experts % strategy.ep == 0)
+    """TP divides the layer's heads; +sp only in a dense Transformer block whose sequence TP divides (the runtime
+    runs no +sp in MoE blocks yet); +ep only with plain DP (its FSDP2 would shard experts over the whole group), in
+    a mixture-of-experts block whose experts EP divides."""
+    experts_ok = strategy.ep == 1 or (layer.num_experts > 0 and layer.num_experts % strategy.ep == 0
+                                      and all(axis in ("tp", "dp") for axis, _ in strategy.dims))
     return _tp_divides_heads(strategy, layer) and experts_ok and (
-        not strategy.sp or (layer.is_block and sequence_length % strategy.tp == 0))
+        not strategy.sp or (layer.is_block and not layer.num_experts and sequence_length % strategy.tp == 0))
 
 
 def compositions(layers: int, parts: int) -> list[tuple[int, ...]]:

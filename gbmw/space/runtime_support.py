@@ -34,9 +34,6 @@ def runtime_refusal(architecture: Any, precision: str | None = None) -> str | No
         return (f"{where}: `qkv_bias: {str(qkv_bias).lower()}` with `bias: {str(architecture.bias).lower()}`: gbmw's "
                 "runtime gives the Q, K and V projections biases exactly when every linear has them; plan it for "
                 "--target megatron-core (--add-qkv-bias) and run it there")
-    if getattr(architecture, "moe", None) is not None:
-        return (f"{where}: `moe` (a mixture of experts) is planned but not yet trained by gbmw's runtime; plan it for "
-                "--target megatron-core or megatron-deepspeed and run it with that framework")
     window = getattr(architecture, "sliding_window", None)
     if window is not None and window < architecture.seq_length:
         return (f"{where}: `sliding_window: {window}` is shorter than seq_length {architecture.seq_length}: gbmw's "

@@ -96,6 +96,11 @@ class Target:
     """It splits a mixture-of-experts model's experts over data-parallel ranks (megatron-core's
     `--expert-model-parallel-size`, Megatron-DeepSpeed's `--moe-expert-parallel-size`, gbmw's runtime); a stock
     framework sets one EP degree, which its dense layers ignore."""
+    expert_parallel_axes: tuple[str, ...] = ("dp", "z1dp", "z2dp", "sdp")
+    """The data-parallel axes EP composes with: the ZeRO stages its framework shards expert states under over the
+    expert-data-parallel group (gbmw's runtime: plain DP — its FSDP2 would shard experts over the whole group)."""
+    sequence_parallel_in_expert_blocks: bool = True
+    """It runs +sp in mixture-of-experts blocks (gbmw's runtime: not yet)."""
     expert_parallel_needs_sequence_parallel: bool = False
     """EP with TP needs sequence parallelism (megatron-core: "When using expert parallelism and tensor parallelism
     for training, sequence parallelism must be used", megatron/core/model_parallel_config.py)."""
@@ -110,8 +115,7 @@ class Target:
         """Whether a stock configuration can give every layer `strategy` at pipeline degree `pp`."""
         if strategy.sp and not self.sequence_parallel or strategy.selective and self.selective_recompute is None:
             return False
-        if strategy.ep > 1 and (not self.expert_parallel or self.expert_parallel_needs_sequence_parallel
-                                and strategy.tp > 1 and not strategy.sp):
+        if not self.runs_expert_parallel(strategy):
             return False
         if self.per_layer:
             return True
@@ -123,6 +127,15 @@ class Target:
             return False
         return not (pp > 1 and self.pipeline_max_zero_stage is not None
                     and any(ZERO_STAGE_OF_AXIS[axis] > self.pipeline_max_zero_stage for axis in data_axes))
+
+    def runs_expert_parallel(self, strategy: Strategy) -> bool:
+        """Whether it runs `strategy`'s expert parallelism (always, for EP 1): EP at all, with the strategy's
+        data-parallel axis, and with +sp where EP meets TP if it needs that."""
+        if strategy.ep == 1:
+            return True
+        return (self.expert_parallel and all(axis == "tp" or axis in self.expert_parallel_axes
+                                             for axis, _ in strategy.dims)
+                and not (self.expert_parallel_needs_sequence_parallel and strategy.tp > 1 and not strategy.sp))
 
     def layers_allowed(self, model: ModelSpec, strategies: Sequence[Strategy]) -> np.ndarray:
         """[strategy, layer]: where this target runs each strategy's expert parallelism (on mixture-of-experts layers
@@ -136,12 +149,15 @@ class Target:
         ep = np.array([strategy.ep for strategy in strategies])
         if (ep > 1).any():  # experts split whole over the EP group; a per-layer search leaves dense layers at EP 1
             experts = model.arrays.num_experts
-            allowed &= np.where(experts[None, :] > 0, experts[None, :] % ep[:, None] == 0,
-                                (ep[:, None] == 1) | (not self.per_layer))
+            runs = np.array([self.runs_expert_parallel(strategy) for strategy in strategies], bool)
+            allowed &= runs[:, None] & np.where(experts[None, :] > 0, experts[None, :] % ep[:, None] == 0,
+                                                (ep[:, None] == 1) | (not self.per_layer))
         sp = np.array([strategy.sp for strategy in strategies], bool)
         if sp.any():
             divides = np.array([model.sequence_length % strategy.tp == 0 for strategy in strategies], bool)
             blocks = model.is_block if self.sequence_parallel_blocks_only else np.ones(model.num_layers, bool)
+            if not self.sequence_parallel_in_expert_blocks:
+                blocks = blocks & (model.arrays.num_experts == 0)
             allowed[sp] = blocks[None, :] & divides[sp, None]
         return allowed
 
@@ -250,6 +266,15 @@ class Target:
         elif self.expert_parallel_needs_sequence_parallel and any(
                 strategy.ep > 1 and strategy.tp > 1 and not strategy.sp for strategy in plan.strategies):
             problems.append(f"expert parallelism with TP but no sequence parallelism: {self.name} needs +sp there")
+        sharded = sorted({axis for strategy in plan.strategies if strategy.ep > 1 for axis, _ in strategy.dims
+                          if axis != "tp" and axis not in self.expert_parallel_axes})
+        if expert_degrees and self.expert_parallel and sharded:
+            problems.append(f"expert parallelism with {sharded[0]}: {self.name} composes EP with "
+                            f"{' or '.join(self.expert_parallel_axes)} only")
+        if not self.sequence_parallel_in_expert_blocks and any(
+                strategy.sp and layer.num_experts for strategy, layer in zip(plan.strategies, model.layers)):
+            problems.append(f"sequence parallelism (+sp) in a mixture-of-experts block: {self.name} does not run it "
+                            "there yet")
         if any(strategy.selective for strategy in plan.strategies):
             if self.selective_recompute is None:
                 problems.append(f"selective recomputation (+sel): {self.name} does not run it — use --target "
@@ -311,7 +336,8 @@ def _describe_runs(plan: PlanLayout) -> str:
 TARGETS: dict[str, Target] = {
     "runtime": Target("runtime", "gbmw runtime", "gbmw-runtime", AXES, per_layer=True, fused_attention=True,
                       sequence_parallel=True, sequence_parallel_blocks_only=True, selective_recompute="any",
-                      search_offers_selective=False, expert_parallel=True),
+                      search_offers_selective=False, expert_parallel=True, expert_parallel_axes=("dp",),
+                      sequence_parallel_in_expert_blocks=False),
     "deepspeed": Target(
         "deepspeed", "DeepSpeed (ZeRO + pipeline engine)", "deepspeed", ("dp", "z1dp", "z2dp", "sdp"),
         pipeline_max_zero_stage=1,
@@ -322,12 +348,13 @@ TARGETS: dict[str, Target] = {
         pipeline_max_zero_stage=1,
         partition_methods=(("type:transformer", "even"),),
         pipeline_scatter_gather=True, sequence_parallel=True, selective_recompute="standard", expert_parallel=True,
+        expert_parallel_axes=("dp", "z1dp", "z2dp"),
     ),
     "megatron-core": Target(
         "megatron-core", "Megatron-Core", "megatron", ("tp", "dp", "z1dp"),
         partition_methods=(("even", "even"), ("first-last", "first-last")),
         pipeline_scatter_gather=True, interleaved_pipeline=True, sequence_parallel=True, selective_recompute="any",
-        expert_parallel=True, expert_parallel_needs_sequence_parallel=True,
+        expert_parallel=True, expert_parallel_needs_sequence_parallel=True, expert_parallel_axes=("dp", "z1dp"),
     ),
 }
 STOCK_TARGETS = tuple(name for name, target in TARGETS.items() if not target.per_layer)
