@@ -36,6 +36,10 @@ links:
   - {name: shm, devices: 4, bandwidth_gb_per_s: 1, latency_us: 100}
 """
 HF = {"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 4, "n_positions": 32, "vocab_size": 128}
+HF_MOE = {"model_type": "mixtral", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
+          "intermediate_size": 128, "max_position_embeddings": 32, "vocab_size": 128, "num_local_experts": 4,
+          "num_experts_per_tok": 2}
+MOE = "moe:\n  num_experts: 4\n  top_k: 2\n  expert_ffn_hidden_size: 128\n"
 DS = {"train_batch_size": 16, "train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 1}}
 ALIAS_BOMB = ('a: &a ["x","x","x","x","x","x","x","x","x"]\n'
               + "".join(f"{n}: &{n} [{','.join(['*' + p] * 9)}]\n" for p, n in zip("abcdefgh", "bcdefghi")))
@@ -232,8 +236,26 @@ CASES = [
     ("hf-not-utf8", ESTIMATE, "not UTF-8 text", {"config.json": b'{"model_type": "\xc3\x28"}',
                                                  "job.yaml": job_with(model="config.json")}),
     ("hf-deep", ESTIMATE, "nested deeper than 32 levels", model_job("[" * 5000 + "]" * 5000, "config.json")),
-    ("hf-moe", ESTIMATE, "field `num_experts`: value 8 — a mixture-of-experts model",
+    ("hf-moe-under-dense-type", ESTIMATE, "field `num_experts`: value 8 — a mixture-of-experts setting under "
+                                          "model_type 'gpt2'",
      model_job(json.dumps({**HF, "num_experts": 8}), "config.json")),
+    ("hf-moe-nested-under-dense-type", ESTIMATE, "field `ffn_config.moe_num_experts`: value 16 — a mixture-of-experts",
+     model_job(json.dumps({**HF, "ffn_config": {"moe_num_experts": 16}}), "config.json")),
+    ("hf-moe-unknown-key", ESTIMATE, "field `moe_layer_freq`: value 2 — a mixture-of-experts setting gbmw does not "
+                                     "model for model_type 'mixtral'",
+     model_job(json.dumps({**HF_MOE, "moe_layer_freq": 2}), "config.json")),
+    ("hf-moe-top-k", ESTIMATE, "field `num_experts_per_tok`: value 5 — more experts per token than the 4 of "
+                               "`num_local_experts`", model_job(json.dumps({**HF_MOE, "num_experts_per_tok": 5}),
+                                                                "config.json")),
+    ("hf-moe-one-expert", ESTIMATE, "field `num_local_experts`: value 1 — must be at least 2",
+     model_job(json.dumps({**HF_MOE, "num_local_experts": 1, "num_experts_per_tok": 1}), "config.json")),
+    ("hf-moe-latent-attention", ESTIMATE, "field `kv_lora_rank`: value 512 — multi-head latent attention",
+     model_job(json.dumps({**HF_MOE, "model_type": "deepseek_v2", "kv_lora_rank": 512}), "config.json")),
+    ("model-moe-top-k", ESTIMATE, "top_k 5 > num_experts 4", model_job(MODEL + MOE.replace("top_k: 2", "top_k: 5"))),
+    ("model-moe-one-expert", ESTIMATE, "field `moe.num_experts`: value 1 — must be at least 2",
+     model_job(MODEL + MOE.replace("num_experts: 4", "num_experts: 1"))),
+    ("model-moe-dense-block-past-the-end", ESTIMATE, "moe.dense_blocks [0, 4] names a block past the last of 4",
+     model_job(MODEL + MOE + "  dense_blocks: [0, 4]\n")),
     ("hf-seq-too-long", ESTIMATE + ["--seq-length", "64"], "field `n_positions`: value 32 — the model takes at most 32",
      model_job(json.dumps(HF), "config.json")),
     ("hf-seq-too-long-job", ESTIMATE, "field `n_positions`: value 32 — the model takes at most 32",
@@ -475,8 +497,9 @@ bad_numbers = (st.booleans() | st.floats(max_value=0.99) | st.floats(min_value=1
 @PROPERTY
 @given(field=st.sampled_from(["nodes", "devices_per_node", "overlap_slowdown"]), value=bad_integers | bad_numbers)
 def test_random_bad_values_of_a_cluster_field(field, value, tmp_path_factory, capsys):
-    if field == "overlap_slowdown" and isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 10:
-        return  # a valid slowdown
+    if field == "overlap_slowdown" and isinstance(value, (int, float)) and not isinstance(value, bool) \
+            and 1 <= value <= 10:
+        return  # a valid slowdown (bad_integers draws floats too: 1.0 is one)
     assert_refused(tmp_path_factory, capsys, cluster_job(yaml_with(CLUSTER, field, value)), ESTIMATE, "{d}/c.yaml")
 
 

@@ -49,22 +49,205 @@ def test_parameter_count_is_the_published_one_at_any_sequence_length(name, seq_l
         assert any("tokens per sample, the config's" in note for note in notes)
 
 
-@pytest.mark.parametrize("name, field, value", [
-    ("Mixtral-8x7B-v0.1", "num_local_experts", "8"),
-    ("mixtral-7b-8expert", "num_experts", "8"),  # model_type mistral: MoE all the same
-])
-def test_mixture_of_experts_is_refused_for_that_reason(name, field, value):
-    with pytest.raises(SpecError, match=rf"field `{field}`: value {value} — a mixture-of-experts model"):
-        import_hf_config(CONFIGS / f"{name}.json", 4096)
+MOE_PARAMETERS = {
+    # name: (total, active per token) — exact, as transformers' modeling code builds each checkpoint (counted
+    # module by module from config.json; the active count is every parameter a token passes through: the whole
+    # embedding table, attention, norms, router, shared experts, dense blocks, its top-k routed experts, the head).
+    "Mixtral-8x7B-v0.1": (46_702_792_704, 12_879_925_248),
+    "Mixtral-8x22B-v0.1": (140_620_634_112, 39_152_031_744),
+    "Qwen2-57B-A14B": (57_408_658_944, 14_249_270_784),  # shared expert behind a sigmoid gate, q/k/v biases
+    "Qwen1.5-MoE-A2.7B": (14_315_784_192, 2_689_173_504),  # 60 experts of 1408, a shared one of 5632
+    "Qwen3-30B-A3B": (30_532_122_624, 3_353_032_704),  # head_dim 128 ≠ 2048 / 32; q/k norms over head_dim
+    "OLMoE-1B-7B-0924": (6_919_161_856, 1_282_017_280),  # q norm over 2048, k norm over 16 × 128
+    "dbrx-base": (131_596_523_520, 36_469_708_800),  # LayerNorms without a shift
+}
+PUBLISHED_MOE = [
+    # (name, total, active, how the publisher rounds) in billions, with where each figure is published.
+    # Mistral, "Mixtral of experts" (mistral.ai/news/mixtral-of-experts): 46.7B total, 12.9B per token.
+    ("Mixtral-8x7B-v0.1", 46.7, 12.9, "round"),
+    # Mistral's Mixtral 8x22B announcement: "uses only 39B active parameters out of 141B".
+    ("Mixtral-8x22B-v0.1", 141, 39, "round"),
+    # Open LLM Leaderboard request for Qwen/Qwen2-57B-A14B: "params": 57.409 (the safetensors' count); active:
+    # the name, A14B.
+    ("Qwen2-57B-A14B", 57.409, 14, "round"),
+    # NVIDIA NeMo AutoModel docs: "Qwen1.5-MoE-A2.7B: 14.3B total parameters, 2.7B activated per token".
+    ("Qwen1.5-MoE-A2.7B", 14.3, 2.7, "round"),
+    # Qwen3-30B-A3B model card (restated in vLLM-Ascend's tutorial): "30.5B total parameters with 3.3B activated";
+    # Qwen cuts the active count (3.353B) to one decimal rather than rounding it.
+    ("Qwen3-30B-A3B", 30.5, 3.3, "cut"),
+    # OLMoE-1B-7B model card (an earlier revision): "1.2B active and 6.9B total parameters" — 1.28B cut; NeMo
+    # Megatron-Bridge's docs round it: "1.3B activated".
+    ("OLMoE-1B-7B-0924", 6.9, 1.2, "cut"),
+    # databricks/dbrx-base model card: "132B total parameters of which 36B parameters are active"; the Open LLM
+    # Leaderboard request for databricks/dbrx-base: "params": 131.597.
+    ("dbrx-base", 132, 36, "round"),
+    ("dbrx-base", 131.597, 36, "round"),
+]
 
 
-def test_mixtral_type_without_expert_fields_is_still_moe(tmp_path):
-    config = json.loads((CONFIGS / "Mixtral-8x7B-v0.1.json").read_text())
-    del config["num_local_experts"], config["num_experts_per_tok"]
+@pytest.mark.parametrize("name", sorted(MOE_PARAMETERS))
+def test_mixture_of_experts_parameter_counts_are_exact(name):
+    total, active = MOE_PARAMETERS[name]
+    model = load_model(CONFIGS / f"{name}.json", "bf16", 4096)
+    assert model.is_mixture_of_experts
+    assert (model.parameter_count, model.active_parameter_count) == (total, active)
+
+
+@pytest.mark.parametrize("name, total, active, rounding", PUBLISHED_MOE,
+                         ids=[f"{row[0]}-{row[1]}" for row in PUBLISHED_MOE])
+def test_mixture_of_experts_parameter_counts_are_the_published_ones_at_their_rounding(name, total, active, rounding):
+    model = load_model(CONFIGS / f"{name}.json", "bf16", 4096)
+
+    def published(count: float, like: float) -> float:
+        digits = len(repr(float(like)).split(".")[1].rstrip("0")) if like != int(like) else 0
+        billions = count / 1e9
+        return round(billions, digits) if rounding == "round" else int(billions * 10**digits) / 10**digits
+
+    assert published(model.parameter_count, total) == total
+    assert published(model.active_parameter_count, active) == active
+
+
+@pytest.mark.parametrize("recipe, config", [("mixtral-8x7b", "Mixtral-8x7B-v0.1"),
+                                            ("mixtral-8x22b", "Mixtral-8x22B-v0.1")])
+def test_mixtral_recipes_are_the_models_of_their_config_json(recipe, config):
+    """recipes/models/ (of this checkout, not the installed package's) holds the same Mixtral as its config.json."""
+    from gbmw.specs.models import build_model
+
+    model = load_model(Path(__file__).parent.parent / "recipes" / "models" / f"{recipe}.yaml", "bf16")
+    imported = build_model(import_hf_config(CONFIGS / f"{config}.json", model.sequence_length), "bf16")
+    assert (model.parameter_count, model.active_parameter_count) == MOE_PARAMETERS[config]
+    assert model.layers == imported.layers
+
+
+def test_qwen_moe_dense_blocks_follow_the_sparse_step_and_mlp_only_layers(tmp_path):
+    config = json.loads((CONFIGS / "Qwen3-30B-A3B.json").read_text())
     path = tmp_path / "config.json"
-    path.write_text(json.dumps(config))
-    with pytest.raises(SpecError, match=r"`model_type`: value 'mixtral' — a mixture-of-experts architecture"):
-        import_hf_config(path)
+    path.write_text(json.dumps({**config, "decoder_sparse_step": 2, "mlp_only_layers": [3, 4]}))
+    arch = import_hf_config(path, 4096)
+    # block i routes iff i is not in mlp_only_layers and (i + 1) % decoder_sparse_step == 0
+    assert [i for i in range(48) if arch.is_moe_block(i)] == [1] + list(range(5, 48, 2))
+    blocks = load_model(path, "bf16", 4096).layers[1:-1]
+    assert blocks[0].num_experts == 0 and blocks[1].num_experts == 128
+    h, attention_and_norms = 2048, 2048 * 4096 * 2 + 2048 * 512 * 2 + 2 * 128 + 2 * 2048
+    assert blocks[0].parameter_count == attention_and_norms + 3 * h * 6144  # the dense MLP: intermediate_size
+    path.write_text(json.dumps({**config, "num_experts": 0}))
+    assert import_hf_config(path, 4096).moe is None  # transformers builds every block dense
+
+
+def test_qk_norms_per_head_are_whole_on_every_rank_and_full_width_ones_split():
+    from gbmw.specs.models import build_model
+
+    for name, params in (("Qwen3-30B-A3B", 2 * 128), ("OLMoE-1B-7B-0924", 2048 + 16 * 128)):
+        arch = import_hf_config(CONFIGS / f"{name}.json", 4096)
+        with_norms = build_model(arch, "bf16").layers[1]
+        without = build_model(arch.model_copy(update={"qk_norm": "none"}), "bf16").layers[1]
+        assert with_norms.parameter_count - without.parameter_count == params
+        split = with_norms.tp_split_parameter_count - without.tp_split_parameter_count
+        assert split == (0 if arch.qk_norm == "head" else params)
+        # the norms' inputs, Q and K, are kept for their backward
+        assert (with_norms.intermediate_tp_split_activation_bytes_per_sample
+                > without.intermediate_tp_split_activation_bytes_per_sample)
+    assert import_hf_config(CONFIGS / "Qwen3-30B-A3B.json", 4096).qk_norm == "head"
+    assert import_hf_config(CONFIGS / "OLMoE-1B-7B-0924.json", 4096).qk_norm == "full"
+
+
+def test_dbrx_reads_its_nested_sections():
+    arch = import_hf_config(CONFIGS / "dbrx-base.json", 4096)
+    assert (arch.num_layers, arch.hidden_size, arch.num_heads, arch.num_kv_heads) == (40, 6144, 48, 8)
+    assert (arch.moe.num_experts, arch.moe.top_k, arch.moe.expert_ffn_hidden_size) == (16, 4, 10752)
+    assert (arch.norm, arch.norm_bias, arch.bias, arch.rope_theta, arch.max_position_embeddings) == (
+        "layer", False, False, 500000.0, 32768)
+    block = load_model(CONFIGS / "dbrx-base.json", "bf16", 4096).layers[1]
+    d = 6144
+    assert block.parameter_count == d * (d + 2 * 8 * 128) + d * d + 2 * d + d * 16 + 16 * 3 * 10752 * d
+
+
+def _refusal(tmp_path: Path, base: str, changes: dict) -> str:
+    config = {**json.loads((CONFIGS / f"{base}.json").read_text()), **changes}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({key: value for key, value in config.items() if value is not None}))
+    with pytest.raises(SpecError) as raised:
+        import_hf_config(path, 4096)
+    message = str(raised.value)
+    assert "\n" not in message and message.startswith(f"{path}: ")
+    return message
+
+
+def test_deepseek_latent_attention_is_refused_by_name():
+    with pytest.raises(SpecError) as raised:
+        import_hf_config(CONFIGS / "DeepSeek-V2-Lite.json", 4096)
+    message = str(raised.value)
+    assert "\n" not in message
+    assert "DeepSeek-V2-Lite.json: field `kv_lora_rank`: value 512 — multi-head latent attention" in message
+    assert "write a model recipe YAML with standard attention" in message
+
+
+@pytest.mark.parametrize("base, changes, expected", [
+    ("Qwen2-57B-A14B", {"moe_layer_freq": 2}, "field `moe_layer_freq`: value 2 — a mixture-of-experts setting gbmw "
+                                              "does not model for model_type 'qwen2_moe'"),
+    ("Mixtral-8x7B-v0.1", {"capacity_factor": 1.25}, "field `capacity_factor`: value 1.25 — a mixture-of-experts "
+                                                     "setting gbmw does not model for model_type 'mixtral'"),
+    ("Qwen3-30B-A3B", {"shared_expert_intermediate_size": 768}, "field `shared_expert_intermediate_size`: value 768"),
+    ("dbrx-base", {"ffn_config": {"ffn_hidden_size": 10752, "moe_num_experts": 16, "moe_top_k": 4,
+                                  "moe_num_shared_experts": 1}},
+     "field `ffn_config.moe_num_shared_experts`: value 1 — a mixture-of-experts setting gbmw does not model"),
+    ("dbrx-base", {"ffn_config": {"ffn_hidden_size": 10752, "moe_num_experts": 16, "moe_top_k": 4, "ffn_type": "x"}},
+     "field `ffn_config.ffn_type`: value 'x' — not a key of DBRX's ffn_config"),
+])
+def test_a_mixture_of_experts_key_gbmw_does_not_read_is_refused_by_name(tmp_path, base, changes, expected):
+    assert expected in _refusal(tmp_path, base, changes)
+
+
+@pytest.mark.parametrize("base, changes, expected", [
+    ("Llama-2-7b-hf", {"num_experts": 8}, "field `num_experts`: value 8"),
+    ("Llama-2-7b-hf", {"ffn_config": {"moe_num_experts": 16}}, "field `ffn_config.moe_num_experts`: value 16"),
+    ("Qwen2-7B", {"n_routed_experts": 64}, "field `n_routed_experts`: value 64"),
+])
+def test_experts_under_a_dense_model_type_are_refused_never_costed_as_dense(tmp_path, base, changes, expected):
+    message = _refusal(tmp_path, base, changes)
+    assert f"{expected} — a mixture-of-experts setting under model_type" in message
+    assert "gbmw will not cost it as dense" in message
+
+
+def test_mixtral_7b_8expert_is_refused_for_its_dense_model_type():
+    """DiscoResearch's port names its experts under model_type mistral: transformers' Mistral builds a dense 7B
+    from it, only the repository's own code (auto_map) routes experts. Which one trains is not in the file."""
+    with pytest.raises(SpecError, match=r"field `num_experts`: value 8 — a mixture-of-experts setting under "
+                                        r"model_type 'mistral', whose transformers code builds a dense model"):
+        import_hf_config(CONFIGS / "mixtral-7b-8expert.json", 4096)
+
+
+@pytest.mark.parametrize("base, changes", [
+    ("Llama-2-7b-hf", {"num_experts": 1, "moe_layer_freq": 1, "router_aux_loss_coef": 0.01, "moe_capacity": None}),
+    ("Mixtral-8x7B-v0.1", {"router_jitter_noise": 0.1, "norm_topk_prob": True, "moe_layer_freq": 1}),
+])
+def test_keys_that_say_no_experts_or_change_no_cost_are_accepted(tmp_path, base, changes):
+    config = json.loads((CONFIGS / f"{base}.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, **changes}))
+    assert (load_model(tmp_path / "config.json", "bf16", 4096).parameter_count
+            == load_model(CONFIGS / f"{base}.json", "bf16", 4096).parameter_count)
+
+
+@pytest.mark.parametrize("base, changes, expected", [
+    ("Mixtral-8x7B-v0.1", {"num_experts_per_tok": 9}, "field `num_experts_per_tok`: value 9 — more experts per token "
+                                                      "than the 8 of `num_local_experts`; give from 1 to 8"),
+    ("dbrx-base", {"ffn_config": {"ffn_hidden_size": 10752, "moe_num_experts": 16, "moe_top_k": 17}},
+     "field `ffn_config.moe_top_k`: value 17 — more experts per token than the 16 of `ffn_config.moe_num_experts`"),
+    ("Qwen2-57B-A14B", {"num_experts": 1, "num_experts_per_tok": 1},
+     "field `num_experts`: value 1 — must be at least 2"),
+    ("Mixtral-8x7B-v0.1", {"num_local_experts": 1, "num_experts_per_tok": 1},
+     "field `num_local_experts`: value 1 — must be at least 2"),
+    ("Qwen3-30B-A3B", {"mlp_only_layers": [0, 48]},
+     "field `mlp_only_layers`: value [0, 48] — must list block indices from 0 to 47"),
+    ("Qwen3-30B-A3B", {"decoder_sparse_step": 0},
+     "field `decoder_sparse_step`: value 0 — must be a whole number from 1"),
+    ("Qwen2-57B-A14B", {"shared_expert_intermediate_size": 0},
+     "field `shared_expert_intermediate_size`: value 0 — must be at least 1"),
+    ("Mixtral-8x7B-v0.1", {"num_local_experts": None},
+     "field `num_local_experts` is required for model_type 'mixtral'"),
+])
+def test_bad_expert_settings_end_in_one_line_naming_the_key(tmp_path, base, changes, expected):
+    assert expected in _refusal(tmp_path, base, changes)
 
 
 def test_default_sequence_length_is_the_maximum_with_a_note():

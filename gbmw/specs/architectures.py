@@ -108,6 +108,15 @@ class GPTArchitecture(_Architecture):
     qkv_bias: bool | None = None
     """Biases on the Q, K and V projections; None means as `bias` (Qwen2: true, with `bias` false)."""
     norm: Literal["layer", "rms"] = "layer"
+    norm_bias: bool = True
+    """LayerNorm's learned shift beside its scale (2 × width parameters per norm); false: the scale only, one
+    parameter per element (DBRX's `LayerNorm(bias=False)`). RMSNorm has no shift, whatever this says."""
+    qk_norm: Literal["none", "head", "full"] = "none"
+    """Norms (of the model's `norm` kind) on the queries and keys before the scores. `head`: one norm over
+    head_dim shared by every head of Q and one of K (Qwen3, Megatron's `--qk-layernorm`), 2 × head_dim weights,
+    whole on every TP rank; `full`: one norm over the whole Q projection (heads × head_dim) and one over K
+    (kv_heads × head_dim) (OLMoE), weights split with the heads under TP (the norm's statistic then needs a
+    per-token sum over the TP group, a few bytes, not costed)."""
     position_embedding: Literal["learned", "rotary"] = "learned"
     rope_theta: float = Field(default=10000.0, gt=0, le=1e12)
     """Rotary base frequency; no effect on costs (the model's runtime reads it)."""

@@ -16,7 +16,8 @@ from gbmw.specs.files import read_yaml
 from gbmw.specs.hf_import import import_hf_config
 from gbmw.specs.model_spec import ACTIVATION_DTYPE_BYTES, LayerSpec, Matmul, ModelSpec
 from gbmw.specs.schema import validate_as
-from gbmw.specs.transformer_layers import BlockShape, block_layer, classifier_head, embedding_layer, lm_head_layer
+from gbmw.specs.transformer_layers import (BlockShape, block_layer, classifier_head, embedding_layer, lm_head_layer,
+                                           norm_parameter_count)
 
 
 def build_model(arch: Any, precision: str) -> ModelSpec:
@@ -57,7 +58,7 @@ def _build_gpt(arch: GPTArchitecture, d: int) -> tuple[list[LayerSpec], int, int
         tokens=s, hidden=h, heads=arch.num_heads, head_dim=arch.attention_head_dim,
         kv_heads=arch.num_kv_heads or arch.num_heads, ffn=arch.ffn_hidden_size or 4 * h,
         attended_tokens=arch.attended_tokens, gated_mlp=arch.gated_mlp, bias=arch.bias, qkv_bias=arch.qkv_bias,
-        norm=arch.norm,
+        norm=arch.norm, norm_bias=arch.norm_bias, qk_norm=arch.qk_norm,
     )
     flash, raw_scores = arch.attention == "flash", arch.attention == "standard-with-raw-scores"
     positions = (arch.max_position_embeddings or s) if arch.position_embedding == "learned" else 0
@@ -70,9 +71,10 @@ def _build_gpt(arch: GPTArchitecture, d: int) -> tuple[list[LayerSpec], int, int
     layers += [block_layer(f"decoder.{i}", "decoder", expert_shape if arch.is_moe_block(i) else shape, d,
                            arch.dropout, flash, raw_scores)
                for i in range(arch.num_layers)]
-    norm_params = (2 if arch.norm == "layer" else 1) * h
+    norm_params = norm_parameter_count(shape, h)
     tied = "embedding" if arch.tie_embeddings else None
-    layers.append(lm_head_layer("head", s, h, arch.vocab_size, d, tied, transform=False, norm_params=norm_params))
+    layers.append(lm_head_layer("head", s, h, arch.vocab_size, d, tied, transform=False, norm_params=norm_params,
+                                norm_statistics=2 if arch.norm == "layer" else 1))
     return layers, s, h
 
 

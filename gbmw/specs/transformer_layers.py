@@ -41,6 +41,10 @@ class BlockShape:
     qkv_bias: bool | None = None
     """Biases on Q, K and V; None means as `bias` (Qwen2 has them with no other linear bias)."""
     norm: str = "layer"
+    norm_bias: bool = True
+    """LayerNorm's shift beside its scale (gbmw.specs.architectures.GPTArchitecture.norm_bias)."""
+    qk_norm: str = "none"
+    """Norms on Q and K: `head` (over head_dim, shared by the heads) or `full` (over the whole projection)."""
     cross_attention_tokens: int = 0
     """Encoder tokens read by a cross-attention sub-block (T5 decoder); 0 for none."""
     extra_params: int = 0
@@ -69,7 +73,7 @@ def block_layer(name: str, kind: str, shape: BlockShape, dtype_bytes: int, dropo
     attention_width = shape.heads * shape.head_dim
     kv_width = shape.kv_heads * shape.head_dim
     mask = 1 if dropout else 0
-    norm_params = (2 if shape.norm == "layer" else 1) * h
+    norm_params = norm_parameter_count(shape, h)
     norm_statistics = (2 if shape.norm == "layer" else 1) * 4  # fp32 bytes per token kept for the norm's backward
     up_outputs = 2 if shape.gated_mlp else 1
 
@@ -77,11 +81,30 @@ def block_layer(name: str, kind: str, shape: BlockShape, dtype_bytes: int, dropo
         """The norm, the dropout after the output projection, and the residual add, per sample."""
         return tokens * h * (2 * d + ((2 * d + 1) if dropout else 0) + 3 * d)
 
+    def qk_norms(query_tokens: int, kv_input_tokens: int) -> dict[str, float]:
+        """The norms on Q and K (`shape.qk_norm`): their weights (`head`: 2 × head_dim, whole on every TP rank, as
+        Megatron's `--qk-layernorm` keeps them; `full`: the whole Q and K widths, split with the heads), their
+        inputs stashed for the backward (Q and K before the norm, split with the heads), their fp32 statistics
+        per row normalised (per head, split; `full`: per token, whole), and the traffic of reading and writing
+        Q and K. Norms count no FLOPs here, as the block's own norms do not."""
+        if shape.qk_norm == "none":
+            return dict(params=0, tp_split=0, split=0, replicated=0, split_traffic=0)
+        qk_elements = query_tokens * attention_width + kv_input_tokens * kv_width
+        if shape.qk_norm == "head":
+            params = norm_parameter_count(shape, 2 * shape.head_dim)
+            rows = query_tokens * shape.heads + kv_input_tokens * shape.kv_heads
+            return dict(params=params, tp_split=0, split=qk_elements * d + rows * norm_statistics, replicated=0,
+                        split_traffic=2 * qk_elements * d)
+        params = norm_parameter_count(shape, attention_width + kv_width)
+        return dict(params=params, tp_split=params, split=qk_elements * d,
+                    replicated=(query_tokens + kv_input_tokens) * norm_statistics, split_traffic=2 * qk_elements * d)
+
     def attention(query_tokens: int, key_tokens: int, kv_input_tokens: int) -> dict[str, float]:
         weights = h * attention_width + 2 * h * kv_width + attention_width * h
         qkv_bias = shape.bias if shape.qkv_bias is None else shape.qkv_bias
         column_biases = (attention_width + 2 * kv_width) if qkv_bias else 0
         row_bias = h if shape.bias else 0
+        qk = qk_norms(query_tokens, kv_input_tokens)
         flops = (
             2 * query_tokens * (h * attention_width + attention_width * h)
             + 2 * kv_input_tokens * (2 * h * kv_width)
@@ -105,14 +128,14 @@ def block_layer(name: str, kind: str, shape: BlockShape, dtype_bytes: int, dropo
         score_traffic = 0 if flash else shape.heads * scores_per_head * ((6 * d + 1) if dropout else 4 * d)
         core_traffic += score_traffic
         return dict(
-            params=weights + column_biases + row_bias + norm_params,
-            tp_split=weights + column_biases,
+            params=weights + column_biases + row_bias + norm_params + qk["params"],
+            tp_split=weights + column_biases + qk["tp_split"],
             flops=flops,
-            split=split,
-            replicated=replicated,
+            split=split + qk["split"],
+            replicated=replicated + qk["replicated"],
             allreduce=query_tokens * h * d,
             traffic=sub_block_traffic(query_tokens),
-            split_traffic=core_traffic,
+            split_traffic=core_traffic + qk["split_traffic"],
             flash_flops=4 * query_tokens * key_tokens * attention_width if flash else 0,
             core_bytes=score_bytes,
             core_flops=4 * query_tokens * key_tokens * attention_width,
@@ -154,6 +177,12 @@ def block_layer(name: str, kind: str, shape: BlockShape, dtype_bytes: int, dropo
     return _finish_block(name, kind, shape, d, parts)
 
 
+def norm_parameter_count(shape: BlockShape, width: int) -> int:
+    """Parameters of one norm over `width` elements: LayerNorm's scale and shift (the scale only without
+    `norm_bias`), RMSNorm's scale."""
+    return (2 if shape.norm == "layer" and shape.norm_bias else 1) * width
+
+
 def moe_mlp(shape: BlockShape, d: int, dropout: bool, sub_block_traffic: float) -> dict[str, float]:
     """The mixture-of-experts MLP of one block for one sample (gbmw.specs.architectures.MixtureOfExperts), as
     megatron-core's MoE layer runs it: a router (hidden → experts, replicated under TP, its fp32 probabilities
@@ -169,7 +198,7 @@ def moe_mlp(shape: BlockShape, d: int, dropout: bool, sub_block_traffic: float) 
     s, h = shape.tokens, shape.hidden
     up = 2 if shape.gated_mlp else 1
     mask = 1 if dropout else 0
-    norm_params = (2 if shape.norm == "layer" else 1) * h
+    norm_params = norm_parameter_count(shape, h)
     norm_statistics = (2 if shape.norm == "layer" else 1) * 4
     per_expert_token = shape.capacity_factor if shape.capacity_factor is not None else 1.0
     copies = s * shape.top_k * per_expert_token  # routed token copies of one sample (padded under a capacity factor)
@@ -275,18 +304,21 @@ def embedding_layer(
 
 def lm_head_layer(
     name: str, tokens: int, hidden: int, vocab: int, dtype_bytes: int, tied_to: str | None, transform: bool,
-    norm_params: int,
+    norm_params: int, norm_statistics: int | None = None,
 ) -> LayerSpec:
     """Final norm, (BERT: dense+norm transform), vocabulary projection and cross-entropy.
 
     The vocabulary-parallel cross-entropy (Megatron's, and torch's on one device) keeps the fp32 softmax of the
     logits, divided by TP; the logits themselves are not kept (the projection keeps its input, and a 16-bit
-    logit tensor is freed once copied to fp32). Also kept: the int64 labels, and the norms' fp32 statistics.
+    logit tensor is freed once copied to fp32). Also kept: the int64 labels, and the norms' fp32 statistics
+    (`norm_statistics` per token for the final norm; None: 2 for a LayerNorm of scale and shift, 1 for RMSNorm).
     """
     d = dtype_bytes
     transform_weights = hidden * hidden if transform else 0
     params = norm_params + vocab * hidden + (transform_weights + hidden + 2 * hidden if transform else 0)
-    statistics = (2 if norm_params == 2 * hidden else 1 if norm_params else 0) + (2 if transform else 0)
+    if norm_statistics is None:
+        norm_statistics = 2 if norm_params == 2 * hidden else 1 if norm_params else 0
+    statistics = norm_statistics + (2 if transform else 0)
     replicated = (
         tokens * hidden * d * (3 if transform else 1)  # norm output (+ dense in, gelu in)
         + tokens * statistics * 4  # fp32 mean and 1/std per token of each LayerNorm (RMSNorm: 1/rms)
