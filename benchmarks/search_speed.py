@@ -17,7 +17,11 @@ Prints, each measured in this run on one pinned core:
    seconds and samples/s; with --base CHECKOUT (e.g. `git worktree add /tmp/base main`) the same run on that
    checkout's gbmw beside it, so a speed-up is measured in one run and the plans' samples/s compared;
 7. what the default (approximate) mode gives up: the paper's 8-device grid searched in both modes, cell by cell
-   in one run — seconds in all, and how many cells `--exact` finds a faster plan for, and by how much.
+   in one run — seconds in all, and how many cells `--exact` finds a faster plan for, and by how much;
+8. a mixture of experts (issue 26): Mixtral-8x7B on 64 devices, the complete search (batch sweep) in both modes,
+   beside its dense twin — the same model with one dense MLP as wide as a token's experts (top-k × expert width),
+   so the same active parameters and FLOPs per token — and the ratio (target ≤ 3×: expert parallelism multiplies
+   the strategies of the MoE blocks).
 """
 
 from __future__ import annotations
@@ -284,12 +288,47 @@ def paper_grid_both_modes() -> None:
                   f"{worst[0]:.3f}×: {worst[1]}); the default finds a faster one in {default_faster}")
 
 
+MOE_JOBS = ("mixtral-8x7b_h100-80g-x64",)
+
+
+def dense_twin(job):
+    """`job` with every MoE block's experts replaced by one dense MLP of top-k × the expert width (+ the shared
+    experts'): the same active parameters and FLOPs per token, no experts."""
+    from gbmw.specs.models import build_model
+
+    arch = job.model.architecture
+    width = arch.moe.top_k * arch.moe.expert_ffn_hidden_size + arch.moe.shared_experts * arch.moe.shared_ffn_hidden_size
+    twin = arch.model_copy(update={"moe": None, "ffn_hidden_size": width, "name": arch.name + "-dense-twin"})
+    return job.model_copy(update={"model": build_model(twin, job.precision), "name": job.name + " (dense twin)"})
+
+
+def mixture_of_experts_against_dense() -> None:
+    table = Table(title="8. Mixture of experts against its dense twin (complete search, batch sweep)")
+    for column in ("job", "parameters (active)", "mode", "search s", "samples/s", "plan", "ratio MoE / dense"):
+        table.add_column(column, justify="left" if column in ("job", "mode", "plan") else "right")
+    for name in MOE_JOBS:
+        moe_job = load_job(name)
+        for exact in (False, True):
+            seconds = {}
+            for job in (moe_job, dense_twin(moe_job)):
+                plan, elapsed, _ = timed_plan(job, sweep=True, exact=exact)
+                seconds[job.name] = elapsed
+                model = job.model
+                layout = "OOM" if plan is None else (
+                    f"pp {plan.pp}, {', '.join(dict.fromkeys(s.name for s in plan.strategies[1:-1]))[:40]}")
+                table.add_row(job.name, f"{model.parameter_count / 1e9:.1f}B ({model.active_parameter_count / 1e9:.1f}B)",
+                              "--exact" if exact else "default", f"{elapsed:.2f}",
+                              "OOM" if plan is None else f"{plan.estimate.samples_per_s:.2f}", layout,
+                              "" if job is moe_job else f"{seconds[moe_job.name] / elapsed:.2f}×")
+    console.print(table)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--hetu", action="store_true", help="also run hetu-galvatron side by side")
     parser.add_argument("--hetu-python", default=os.path.join(os.path.dirname(__file__), "..", ".venv-hetu", "bin",
                                                               "python"))
-    parser.add_argument("--sections", default="1,2,3,4,6", help="which sections to run (5 needs --hetu; 7, a few minutes, only when named)")
+    parser.add_argument("--sections", default="1,2,3,4,6", help="which sections to run (5 needs --hetu; 7 and 8, a few minutes, only when named)")
     parser.add_argument("--exact-limit-s", type=float, default=300.0,
                         help="stop each exact search of sections 2 and 6 after this many seconds (default 300)")
     parser.add_argument("--hetu-jobs", default=",".join(HETU_JOBS), help="jobs for section 5")
@@ -320,6 +359,8 @@ def main() -> None:
         slow_exact_jobs(args.exact_limit_s, args.base)
     if "7" in sections:
         paper_grid_both_modes()
+    if "8" in sections:
+        mixture_of_experts_against_dense()
 
 
 if __name__ == "__main__":

@@ -402,3 +402,41 @@ def test_adapter_imports_no_torch():
     code = "import sys, gbmw.adapters.megatron\nprint('torch' in sys.modules)\n"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "False"
+
+
+# ---------------------------------------------------------------------------------------------- mixture of experts
+
+
+@pytest.mark.parametrize("target, config", [
+    ("megatron-core", "tp=2,pp=4,zero=1,ep=4,sp=on,micro=1"),
+    ("megatron-core", "tp=1,pp=4,zero=1,ep=8,micro=1"),
+    ("megatron-deepspeed", "tp=1,pp=4,zero=1,ep=8,micro=1"),
+    ("megatron-deepspeed", "tp=2,pp=1,zero=2,ep=2,sp=on,ckpt=full,micro=1"),
+])
+def test_moe_arguments_carry_the_experts_and_round_trip(target, config):
+    job = gbmw.load_job("mixtral-8x7b_h100-80g-x64")
+    plan = gbmw.uniform_plan(job, f"{config},target={target}")
+    args = plan_to_megatron_args(plan, job, target)
+    ep = max(strategy.ep for strategy in plan.strategies)
+    expected = (["--num-experts", "8", "--moe-router-topk", "2", "--moe-ffn-hidden-size", "14336",
+                 "--expert-model-parallel-size", str(ep)] if target == "megatron-core" else
+                ["--num-experts", "8", "--topk", "2", "--expert-interval", "1", "--moe-expert-parallel-size", str(ep)])
+    assert all(" ".join(expected[i:i + 2]) in " ".join(args) for i in range(0, len(expected), 2)), args
+    assert megatron_args_to_plan(args, job, target).strategies == plan.strategies
+
+
+def test_moe_layouts_megatron_cannot_express_are_refused_by_name():
+    job = gbmw.load_job("mixtral-8x7b_h100-80g-x64")
+    arch = job.model.architecture
+    shared = arch.model_copy(update={"moe": arch.moe.model_copy(update={"shared_experts": 1})})
+    from gbmw.specs.models import build_model
+
+    shared_job = job.model_copy(update={"model": build_model(shared, job.precision)})
+    plan = gbmw.uniform_plan(shared_job, "tp=1,pp=4,zero=1,ep=8,micro=1,target=megatron-deepspeed")
+    with pytest.raises(GbmwError, match="cannot express shared experts — use --target megatron-core"):
+        plan_to_megatron_args(plan, shared_job, "megatron-deepspeed")
+    assert "--moe-shared-expert-intermediate-size" in plan_to_megatron_args(
+        gbmw.uniform_plan(shared_job, "tp=1,pp=4,zero=1,ep=8,micro=1,target=megatron-core"), shared_job,
+        "megatron-core")
+    with pytest.raises(PlanError, match="expert parallelism with TP but no sequence parallelism"):
+        gbmw.uniform_plan(job, "tp=2,pp=4,zero=1,ep=4,micro=1,target=megatron-core")

@@ -36,6 +36,16 @@ def _architecture_values(arch: GPTArchitecture, target: str) -> dict[str, Any]:
     if deepspeed and arch.qkv_bias and not arch.bias:
         raise GbmwError("Megatron-DeepSpeed has no flag for biases on q/k/v alone (Qwen2's layout: "
                         "`--add-qkv-bias` is Megatron-LM's); tune for --target megatron-core or deepspeed")
+    unexpressed = [what for what, bad in (
+        ("a LayerNorm without its shift (norm_bias: false; Megatron's LayerNorm has one)",
+         arch.norm == "layer" and not arch.norm_bias),
+        ("q/k norms over the whole Q and K width (qk_norm: full; Megatron's --qk-layernorm norms each head)",
+         arch.qk_norm == "full"),
+        ("q/k norms (qk_norm: head; Megatron-DeepSpeed has no --qk-layernorm)", deepspeed and arch.qk_norm == "head"),
+    ) if bad]
+    if unexpressed:
+        raise GbmwError(f"model {arch.name}: {target}'s arguments cannot express {'; '.join(unexpressed)} — plan it "
+                        "for --target deepspeed or runtime, or write a model recipe YAML for the nearest layout")
     rope_base = int(arch.rope_theta) if arch.position_embedding == "rotary" and arch.rope_theta != 10000 else None
     if deepspeed:
         values["num_key_value_heads"] = kv_heads
@@ -50,6 +60,7 @@ def _architecture_values(arch: GPTArchitecture, target: str) -> dict[str, Any]:
         values["position_embedding_type"] = "rope" if arch.position_embedding == "rotary" else None
         values["rotary_base"] = rope_base
         values["add_qkv_bias"] = bool(arch.qkv_bias) and not arch.bias
+        values["qk_layernorm"] = arch.qk_norm == "head"
     return values
 
 

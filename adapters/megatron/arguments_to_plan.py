@@ -80,6 +80,7 @@ def _parser(target: str) -> _Parser:
         add("--deepspeed", action="store_true")
         add("--deepspeed_config")
         add("--zero-stage", type=int, default=0)
+        add("--moe-expert-parallel-size", dest="expert_parallel", type=int, default=1)
     else:
         add("--group-query-attention", action="store_true")
         add("--num-query-groups", type=int)
@@ -91,6 +92,8 @@ def _parser(target: str) -> _Parser:
         add("--decoder-last-pipeline-num-layers", type=int)
         add("--use-distributed-optimizer", action="store_true")
         add("--num-layers-per-virtual-pipeline-stage", type=int)
+        add("--qk-layernorm", action="store_true")
+        add("--expert-model-parallel-size", dest="expert_parallel", type=int, default=1)
     return parser
 
 
@@ -204,7 +207,14 @@ def megatron_args_to_plan(args: Sequence[str], job: JobSpec, target: str = "mega
     dims = ((("tp", tp),) if tp > 1 else ()) + (((data_axis, dp),) if dp > 1 else ())
     recompute = _recompute(namespace)
     plain = Strategy(dims, sp=namespace.sequence_parallel and tp > 1)  # Megatron turns SP off at TP 1
-    strategies = tuple(plain.with_recompute(recompute) if layer.is_block else plain for layer in job.model.layers)
+    expert_parallel = namespace.expert_parallel
+    if expert_parallel > 1 and (arch.moe is None or dp % expert_parallel):
+        flag = "--moe-expert-parallel-size" if target == "megatron-deepspeed" else "--expert-model-parallel-size"
+        raise GbmwError(f"{flag} {expert_parallel}: " + (f"model {job.model.name} has no experts" if arch.moe is None
+                                                          else f"it must divide the data-parallel size {dp}"))
+    block = plain.with_recompute(recompute)
+    strategies = tuple((block.with_expert_parallel(expert_parallel) if layer.num_experts else block)
+                       if layer.is_block else plain for layer in job.model.layers)
     partition = tuple(megatron_stage_partition(job.model, megatron_blocks_per_stage(arch.num_layers, pp, first, last)))
     plan = Plan(
         model=job.model.name,

@@ -39,6 +39,12 @@ def runtime_refusal(architecture: Any, precision: str | None = None) -> str | No
         return (f"{where}: `sliding_window: {window}` is shorter than seq_length {architecture.seq_length}: gbmw's "
                 "runtime attends over the whole causal prefix; train at seq_length ≤ the window (--seq-length "
                 f"{window}) or with a framework that runs sliding windows")
+    if getattr(architecture, "qk_norm", "none") != "none":
+        return (f"{where}: `qk_norm: {architecture.qk_norm}` (norms on the queries and keys): gbmw's runtime builds no "
+                "q/k norms yet; plan it for --target megatron-core (--qk-layernorm, for per-head norms) and run it there")
+    if getattr(architecture, "norm", "rms") == "layer" and not getattr(architecture, "norm_bias", True):
+        return (f"{where}: `norm_bias: false` (LayerNorm without its shift): gbmw's runtime's LayerNorm has one; plan "
+                "it for --target deepspeed and run the model's own code there")
     moe = getattr(architecture, "moe", None)
     if moe is not None and moe.capacity_factor is not None:
         return (f"{where}: `moe.capacity_factor: {moe.capacity_factor}`: gbmw's runtime routes dropless (every token "

@@ -116,8 +116,8 @@ class Strategy:
         if unknown or len(set(suffixes)) != len(suffixes):
             raise PlanError(
                 f"strategy {name!r}: cannot read the suffix {'+' + unknown[0] if unknown else 'given twice'}; "
-                f"suffixes are +epN (expert parallelism over N ranks), "
-                + ", ".join(f"+{key} ({what})" for key, what in _SUFFIXES.items()) + ", e.g. tp4-dp2+sp+sel")
+                "suffixes are " + ", ".join(f"+{key} ({what})" for key, what in _SUFFIXES.items())
+                + ", +epN (expert parallelism over N ranks), e.g. tp4-dp2+sp+sel")
         flags = dict(ckpt="ckpt" in suffixes, selective="sel" in suffixes, sp="sp" in suffixes, ep=ep)
         if body == SINGLE_DEVICE_NAME:
             return cls((), **flags)
