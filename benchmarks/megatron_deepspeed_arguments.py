@@ -44,6 +44,11 @@ from megatron_lm_arguments import GPT_JOBS, GRID_JOBS, import_from_checkout  # n
 TARGET = "megatron-deepspeed"
 PRETRAIN_GPT_DEFAULTS = {"tokenizer_type": "GPT2BPETokenizer"}
 """pretrain_gpt.py's `args_defaults`, which initialize_megatron hands to validate_args."""
+REACH_CONFIGS = {  # issue 26's experts and issue 27's Ulysses, beside gbmw's own plans for these jobs
+    "mixtral-8x7b_h100-80g-x64": ("tp=1,pp=4,zero=1,ep=8,micro=1", "tp=2,pp=1,zero=2,ep=2,sp=on,ckpt=full,micro=1"),
+    "llama3.1-8b-128k_h100-80g-x64": ("tp=1,pp=1,zero=1,ulysses=8,micro=1", "tp=2,pp=2,zero=1,ulysses=4,ckpt=full,micro=1",
+                                      "tp=1,pp=1,zero=3,ulysses=8,micro=1"),
+}
 GRID = ((1, 1, 0), (2, 2, 1), (8, 1, 1), (4, 4, 0), (2, 1, 2), (4, 1, 3), (1, 1, 3))
 """(TP, PP, ZeRO stage) of the uniform grid: every stage, with and without a pipeline (ZeRO ≤ 1 under one)."""
 
@@ -62,7 +67,7 @@ def import_arguments(path: str | None):
 def argument_sets() -> tuple[list[tuple[str, gbmw.JobSpec, gbmw.Plan]], list[str]]:
     """(label, job, plan) of every Megatron-DeepSpeed plan checked; and the grid points gbmw refuses, with why."""
     cases, refused = [], []
-    jobs = {name: gbmw.load_job(name) for name in GPT_JOBS}
+    jobs = {name: gbmw.load_job(name) for name in GPT_JOBS + tuple(REACH_CONFIGS)}
     for name, job in jobs.items():
         try:
             cases.append((f"{name}: gbmw plan", job, Planner(job, target=TARGET).run()))
@@ -73,6 +78,9 @@ def argument_sets() -> tuple[list[tuple[str, gbmw.JobSpec, gbmw.Plan]], list[str
         job = next((job for job in jobs.values() if job.model.name == config.applies_to), None)
         if config.target == TARGET and job is not None:
             cases.append((f"{job.name}: hand-tuned {config.name}", job, config.uniform.to_plan(job)))
+    for name, configs in REACH_CONFIGS.items():
+        cases += [(f"{name}: {config}", jobs[name], gbmw.uniform_plan(jobs[name], f"{config},target={TARGET}"))
+                  for config in configs]
     for name in GRID_JOBS:
         for tp, pp, zero in GRID:
             for ckpt in ("none", "full", "selective"):
@@ -114,7 +122,7 @@ def expected_values(job: gbmw.JobSpec, plan: gbmw.Plan) -> dict:
     experts = {} if arch.moe is None else dict(
         num_experts=[arch.moe.num_experts], topk=arch.moe.top_k, moe_expert_parallel_size=layout.expert_parallel,
         enable_expert_tensor_parallelism=layout.tensor_parallel > 1, moe_token_dropping=arch.moe.capacity_factor is not None)
-    return experts | dict(tensor_model_parallel_size=layout.tensor_parallel, pipeline_model_parallel_size=layout.pipeline_parallel,
+    return experts | dict(ds_sequence_parallel_size=layout.ulysses, tensor_model_parallel_size=layout.tensor_parallel, pipeline_model_parallel_size=layout.pipeline_parallel,
                 data_parallel_size=layout.data_parallel, zero_stage=layout.zero_stage, deepspeed=True,
                 ds_pipeline_enabled=layout.pipeline_parallel > 1, sequence_parallel=layout.sequence_parallel,
                 recompute_granularity=None if layout.recompute == "none" else layout.recompute,

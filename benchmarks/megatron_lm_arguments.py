@@ -41,6 +41,12 @@ from gbmw.specs.bundled import RECIPES_DIR
 GPT_JOBS = ("gpt3-15b_a100-80g-x32", "gpt3-39b_a100-80g-x32", "gpt3-65b_a100-80g-x32", "gpt3-65b_h100-80g-x64",
             "llama-7b_a100-80g-x32", "llama-7b_a100-80g-x8")
 GRID_JOBS = ("gpt3-39b_a100-80g-x32", "llama-7b_a100-80g-x32")
+REACH_CONFIGS = {  # issue 26's experts and issue 27's context parallelism, beside gbmw's own plans for these jobs
+    "mixtral-8x7b_h100-80g-x64": ("tp=1,pp=4,zero=1,ep=8,micro=1", "tp=2,pp=2,zero=1,ep=4,sp=on,micro=1",
+                                  "tp=2,pp=1,zero=0,ep=2,sp=on,ckpt=full,micro=1"),
+    "llama3.1-8b-128k_h100-80g-x64": ("tp=2,pp=1,zero=1,cp=8,sp=on,micro=1", "tp=1,pp=2,zero=0,cp=16,ckpt=full,micro=1",
+                                      "tp=8,pp=1,zero=1,cp=4,sp=on,micro=1"),
+}
 ARCHITECTURES = {"A100": 8, "H100": 9, "H200": 9, "B200": 10, "GB200": 10}
 """GPU name → CUDA major version, as Megatron's get_device_arch_version would read it on that GPU."""
 
@@ -90,7 +96,7 @@ def import_arguments(root: Path):
 def argument_sets() -> list[tuple[str, gbmw.JobSpec, gbmw.Plan]]:
     """(label, job, plan) of every megatron-core plan checked."""
     cases = []
-    jobs = {name: gbmw.load_job(name) for name in GPT_JOBS}
+    jobs = {name: gbmw.load_job(name) for name in GPT_JOBS + tuple(REACH_CONFIGS)}
     for name, job in jobs.items():
         try:
             cases.append((f"{name}: gbmw plan", job, Planner(job, target="megatron-core").run()))
@@ -104,6 +110,9 @@ def argument_sets() -> list[tuple[str, gbmw.JobSpec, gbmw.Plan]]:
     job = jobs["gpt3-15b_a100-80g-x32"]
     plan = gbmw.uniform_plan(job, "tp=8,pp=2,zero=1,ckpt=selective,sp=on,micro=1,target=megatron-core")
     cases.append((f"{job.name}: interleaved v=3", job, dataclasses.replace(plan, virtual_stages=3)))
+    for name, configs in REACH_CONFIGS.items():
+        cases += [(f"{name}: {config}", jobs[name], gbmw.uniform_plan(jobs[name], f"{config},target=megatron-core"))
+                  for config in configs]
     for name in GRID_JOBS:
         for tp, pp, zero in ((1, 1, 0), (2, 2, 1), (8, 1, 1), (4, 4, 0)):
             for ckpt in ("none", "full", "selective"):
@@ -139,7 +148,8 @@ def check(arguments, job: gbmw.JobSpec, plan: gbmw.Plan, extra: tuple[str, ...] 
                     data_parallel_size=strategy.data_parallel, sequence_parallel=strategy.sp,
                     recompute_granularity=None if strategy.recompute == "none" else strategy.recompute,
                     use_distributed_optimizer=strategy.degree("z1dp") > 1,
-                    virtual_pipeline_model_parallel_size=plan.virtual_stages if plan.virtual_stages > 1 else None)
+                    virtual_pipeline_model_parallel_size=plan.virtual_stages if plan.virtual_stages > 1 else None,
+                    context_parallel_size=strategy.degree("cp"))
     if job.model.is_mixture_of_experts:
         expert = next(layer for layer in job.model.layers if layer.num_experts)
         expected.update(num_experts=expert.num_experts, moe_router_topk=expert.experts_per_token,

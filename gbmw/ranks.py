@@ -39,6 +39,21 @@ def batch_shard(local_rank: int, strategy: Strategy) -> tuple[int, int]:
     return index, count
 
 
+def sequence_shard(local_rank: int, strategy: Strategy) -> tuple[int, int]:
+    """(index, count): a stage-local rank holds the index-th of `count` parts of each sample's tokens — its digit
+    on the strategy's sequence axis (cp, ulysses); (0, 1) without one. Costed as contiguous parts: Ulysses' are;
+    megatron-core's load-balanced CP gives each rank two chunks (i and 2c − 1 − i), the same volume."""
+    axis = strategy.sequence_axis
+    return (axis_digits(local_rank, strategy)[axis], strategy.degree(axis)) if axis else (0, 1)
+
+
+@lru_cache(maxsize=None)
+def data_layout(strategy: Strategy) -> tuple[tuple[int, int, int, int], ...]:
+    """(batch index, batch count, sequence index, sequence count) of every local rank of the stage: which part of a
+    micro-batch's activations each rank holds. What the transition cost R compares."""
+    return tuple(batch_shard(local, strategy) + sequence_shard(local, strategy) for local in range(strategy.group_size))
+
+
 @lru_cache(maxsize=None)
 def activation_layout(strategy: Strategy) -> tuple[tuple[int, int], ...]:
     """`batch_shard` of every local rank of the stage, in rank order. Strategies with the same layout
@@ -54,14 +69,18 @@ def transition_fraction(previous: Strategy, current: Strategy) -> float:
     if previous.group_size != current.group_size:
         raise ValueError("strategies of one stage share the group size")
     worst = 0.0
-    for (held, held_count), (needed, needed_count) in zip(activation_layout(previous), activation_layout(current)):
-        held_range = (held / held_count, (held + 1) / held_count)
-        needed_range = (needed / needed_count, (needed + 1) / needed_count)
-        overlap = max(0.0, min(held_range[1], needed_range[1]) - max(held_range[0], needed_range[0]))
-        forward = 1 / needed_count - overlap
-        backward = 1 / held_count - overlap
+    for held, needed in zip(data_layout(previous), data_layout(current)):
+        # a rank holds a rectangle of (samples × tokens); what it lacks of the needed one comes from the others
+        overlap = _overlap(held[0], held[1], needed[0], needed[1]) * _overlap(held[2], held[3], needed[2], needed[3])
+        forward = 1 / (needed[1] * needed[3]) - overlap
+        backward = 1 / (held[1] * held[3]) - overlap
         worst = max(worst, forward + backward)
     return worst
+
+
+def _overlap(index_a: int, count_a: int, index_b: int, count_b: int) -> float:
+    """The common length of the index_a-th of count_a and the index_b-th of count_b equal parts of [0, 1)."""
+    return max(0.0, min((index_a + 1) / count_a, (index_b + 1) / count_b) - max(index_a / count_a, index_b / count_b))
 
 
 @dataclass(frozen=True)

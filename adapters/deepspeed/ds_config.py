@@ -11,6 +11,7 @@ from typing import Any
 from gbmw.errors import GbmwError, PlanError
 from gbmw.plan import Plan
 from gbmw.space.stock_partitions import least_spread_partition, uniform_first_partition
+from gbmw.space.strategy import DATA_PARALLEL_AXES
 from gbmw.space.targets import AXIS_OF_ZERO_STAGE, ZERO_STAGE_OF_AXIS, get_target
 from gbmw.specs.jobs import JobSpec
 from gbmw.specs.model_spec import ModelSpec
@@ -33,12 +34,12 @@ class _Layout:
 
 def _layout(plan: Plan, model: ModelSpec) -> _Layout:
     first = plan.strategies[0]
-    axes = [axis for axis, _ in first.dims if axis != "tp"]
+    axes = [axis for axis, _ in first.dims if axis in DATA_PARALLEL_AXES]
     blocks = [s for s, layer in zip(plan.strategies, model.layers) if layer.is_block]
     return _Layout(
         tp=first.tp,
         pp=plan.pp,
-        dp=plan.num_devices // (first.tp * plan.pp),
+        dp=plan.num_devices // (first.tp * plan.pp * first.sequence_parallel_degree),
         data_parallel_axis=axes[0] if axes else None,
         ckpt=any(strategy.ckpt for strategy in blocks),
     )

@@ -144,6 +144,10 @@ def plan_to_megatron_args(
         "--tensor-model-parallel-size", str(layout.tensor_parallel),
         "--pipeline-model-parallel-size", str(layout.pipeline_parallel),
     ]
+    if layout.context_parallel > 1:  # megatron-core's ring through Transformer Engine (gbmw.cost.context_parallel)
+        args += ["--context-parallel-size", str(layout.context_parallel), "--cp-comm-type", "p2p"]
+    if layout.ulysses > 1:
+        args += ["--ds-sequence-parallel-size", str(layout.ulysses)]
     if deepspeed and layout.pipeline_parallel == 1:
         args.append("--no-pipeline-parallel")  # a 1-stage PipelineModule would refuse ZeRO-2/3
     if layout.first_stage_blocks is not None:

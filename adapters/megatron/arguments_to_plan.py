@@ -20,8 +20,6 @@ from .layout import gpt_architecture, megatron_blocks_per_stage, plan_target
 #: Flags that change the parallel layout or memory in ways a gbmw Plan does not describe; reading
 #: them back would silently drop their meaning, so `megatron_args_to_plan` refuses them.
 UNMODELLED_FLAGS = {
-    "--context-parallel-size": "context parallelism",
-    "--expert-model-parallel-size": "expert parallelism",
     "--num-virtual-stages-per-pipeline-rank": "interleaved (virtual) pipeline stages",
     "--pipeline-model-parallel-layout": "a custom pipeline layout",
     "--account-for-embedding-in-pipeline-split": "the embedding counted as a pipeline layer",
@@ -81,6 +79,7 @@ def _parser(target: str) -> _Parser:
         add("--deepspeed_config")
         add("--zero-stage", type=int, default=0)
         add("--moe-expert-parallel-size", dest="expert_parallel", type=int, default=1)
+        add("--ds-sequence-parallel-size", dest="sequence_degree", type=int, default=1)
     else:
         add("--group-query-attention", action="store_true")
         add("--num-query-groups", type=int)
@@ -94,6 +93,8 @@ def _parser(target: str) -> _Parser:
         add("--num-layers-per-virtual-pipeline-stage", type=int)
         add("--qk-layernorm", action="store_true")
         add("--expert-model-parallel-size", dest="expert_parallel", type=int, default=1)
+        add("--context-parallel-size", dest="sequence_degree", type=int, default=1)
+        add("--cp-comm-type", choices=["p2p"])
     return parser
 
 
@@ -174,7 +175,10 @@ def megatron_args_to_plan(args: Sequence[str], job: JobSpec, target: str = "mega
     tp, pp = namespace.tensor_model_parallel_size, namespace.pipeline_model_parallel_size
     if tp < 1 or pp < 1 or devices % (tp * pp):
         raise GbmwError(f"devices({devices}) % (tensor({tp}) * pipeline({pp}) = {tp * pp}) != 0")
-    dp = devices // (tp * pp)
+    sequence_degree = namespace.sequence_degree
+    if sequence_degree < 1 or devices % (tp * pp * sequence_degree):
+        raise GbmwError(f"devices({devices}) % (tensor({tp}) * pipeline({pp}) * sequence({sequence_degree})) != 0")
+    dp = devices // (tp * pp * sequence_degree)
     if namespace.micro_batch_size is None or namespace.global_batch_size is None:
         raise GbmwError("Megatron arguments need --micro-batch-size and --global-batch-size")
     micro_batch = namespace.micro_batch_size * dp
@@ -204,7 +208,9 @@ def megatron_args_to_plan(args: Sequence[str], job: JobSpec, target: str = "mega
             raise GbmwError(f"--num-layers-per-virtual-pipeline-stage {per_chunk}: each of the {pp} stages' "
                             f"{arch.num_layers}/{pp} blocks must split into chunks of that many (even stages)")
         virtual_stages = blocks_per_stage // per_chunk
-    dims = ((("tp", tp),) if tp > 1 else ()) + (((data_axis, dp),) if dp > 1 else ())
+    sequence_axis = "ulysses" if target == "megatron-deepspeed" else "cp"
+    dims = ((("tp", tp),) if tp > 1 else ()) + (((sequence_axis, sequence_degree),) if sequence_degree > 1 else ()) + (
+        ((data_axis, dp),) if dp > 1 else ())
     recompute = _recompute(namespace)
     plain = Strategy(dims, sp=namespace.sequence_parallel and tp > 1)  # Megatron turns SP off at TP 1
     expert_parallel = namespace.expert_parallel

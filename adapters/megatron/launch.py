@@ -47,8 +47,8 @@ def launch_line(
     launcher: ``--num_gpus`` per node, and ``--hostfile``/``--num_nodes`` across nodes; it passes
     ``--local_rank=N``, which Megatron-LM's parser (``--local-rank``) rejects, so megatron-core runs
     get ``--no_local_rank`` (Megatron-LM reads LOCAL_RANK). torchrun: ``--standalone`` on one node,
-    else ``--nnodes`` with a c10d rendezvous at `rdzv_endpoint`; run the line on every node. TP > 1
-    under Megatron-LM requires CUDA_DEVICE_MAX_CONNECTIONS=1 (its validate_args asserts it on
+    else ``--nnodes`` with a c10d rendezvous at `rdzv_endpoint`; run the line on every node. TP > 1 or
+    context parallelism under Megatron-LM requires CUDA_DEVICE_MAX_CONNECTIONS=1 (its validate_args asserts it on
     pre-Blackwell GPUs), and so does sequence parallelism under Megatron-DeepSpeed (a RuntimeError in its
     validate_args): set in front; across nodes with DeepSpeed's launcher put it in .deepspeed_env.
     `extra_args` (data, tokenizer, optimizer…) follow the plan's arguments.
@@ -59,7 +59,8 @@ def launch_line(
         raise GbmwError(f"launcher {launcher!r} is unknown; launchers are {list(LAUNCHERS)}")
     nodes, per_node = job.cluster.nodes, job.cluster.devices_per_node
     words: list[str] = []
-    if plan_target(target) == "megatron-core" and plan.strategies[0].tp > 1 or plan.strategies[0].sp:
+    first = plan.strategies[0]
+    if plan_target(target) == "megatron-core" and (first.tp > 1 or first.degree("cp") > 1) or first.sp:
         words.append("CUDA_DEVICE_MAX_CONNECTIONS=1")
     if launcher == "deepspeed":
         words.append("deepspeed")

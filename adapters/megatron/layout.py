@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from gbmw.errors import GbmwError, PlanError
 from gbmw.plan import Plan
 from gbmw.space.stock_partitions import blocks_per_stage, megatron_partition
+from gbmw.space.strategy import DATA_PARALLEL_AXES
 from gbmw.space.targets import ZERO_STAGE_OF_AXIS, get_target
 from gbmw.specs.architectures import GPTArchitecture
 from gbmw.specs.jobs import JobSpec
@@ -70,6 +71,11 @@ class MegatronLayout:
     attention core)."""
     sequence_parallel: bool
     """TP runs sequence-parallel (`--sequence-parallel`); only with tensor_parallel > 1."""
+    context_parallel: int
+    """Each sample's tokens split over a ring of this many ranks (`--context-parallel-size`; 1 without)."""
+    ulysses: int
+    """Each sample's tokens split over this many ranks, heads exchanged by all-to-all
+    (`--ds-sequence-parallel-size`; 1 without)."""
     expert_parallel: int
     """The experts of every mixture-of-experts block split over this many data-parallel ranks
     (`--expert-model-parallel-size`; 1 for a dense model)."""
@@ -105,7 +111,7 @@ def megatron_layout(plan: Plan, job: JobSpec, target: str) -> MegatronLayout:
         )
     get_target(target).check(plan, model)
     strategy = plan.strategies[0]  # one layout for every layer, checked above
-    data_axes = [axis for axis, _ in strategy.dims if axis != "tp"]
+    data_axes = [axis for axis, _ in strategy.dims if axis in DATA_PARALLEL_AXES]
     blocks = tuple(blocks_per_stage(model, plan.partition))
     try:
         even = list(plan.partition) == megatron_partition(model, plan.pp)
@@ -119,6 +125,8 @@ def megatron_layout(plan: Plan, job: JobSpec, target: str) -> MegatronLayout:
         data_axis=data_axes[0] if data_axes else None,
         recompute=next((s.recompute for s, layer in zip(plan.strategies, model.layers) if layer.is_block), "none"),
         sequence_parallel=strategy.sp,
+        context_parallel=strategy.degree("cp"),
+        ulysses=strategy.degree("ulysses"),
         expert_parallel=max(s.ep for s in plan.strategies),
         micro_batch_size=plan.micro_batch // data_parallel,
         global_batch_size=plan.global_batch,

@@ -84,6 +84,14 @@ class CommModel:
         bandwidth, latency = self._rate(size, stride, None)
         return (size - 1) / size * rank_bytes / bandwidth + (size - 1) * latency
 
+    def p2p_in_group_s(self, message_bytes: float, size: int, stride: int = 1) -> float:
+        """Every rank of a ring of `size` ranks `stride` apart sends `message_bytes` to its neighbour at once (a step
+        of ring attention): at the rate of the link level the ring spans (its wrap-around crosses the widest)."""
+        if size <= 1 or message_bytes <= 0:
+            return 0.0
+        bandwidth, latency = self._rate(size, stride, None)
+        return message_bytes / bandwidth + latency
+
     def exchange_rate(self, group_size: int) -> tuple[float, float]:
         """(bytes/s, latency s) of the Slice-Gather exchange in a group of `group_size` consecutive devices."""
         return self._rate(group_size, 1, None)

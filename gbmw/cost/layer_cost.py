@@ -43,6 +43,7 @@ import numpy as np
 from gbmw.cost.activation_recompute import (selective_freed_bytes, selective_rebuilt_bytes, selective_recompute_s,
                                             sequence_parallel_divisor)
 from gbmw.cost.comm import CommModel
+from gbmw.cost.context_parallel import context_parallel_costs
 from gbmw.cost.expert_parallel import expert_data_parallel_group, expert_parallel_costs, expert_view
 from gbmw.cost.framework_memory import (autocast_weight_copy_bytes, fp32_residual_extra_share,
                                         fp32_tp_input_extra_share, gather_buffer_bytes_per_parameter,
@@ -188,7 +189,10 @@ def layer_costs(
     states = settings.states
     parameter_bytes, gradient_bytes = states.weights, states.gradients
     tp = strategy.tp
-    samples = micro_batch / strategy.data_parallel
+    # a rank's share of the micro-batch's tokens, in samples: its data-parallel slice of the samples, and of their
+    # tokens under a sequence axis (cp, ulysses); the weights see the sequence ranks as data-parallel ones
+    samples = micro_batch / strategy.data_parallel / strategy.sequence_parallel_degree
+    weights = strategy.gradient_view
     slowdown = settings.cluster.overlap_slowdown
 
     # Compute.
@@ -212,17 +216,17 @@ def layer_costs(
     rank_experts = experts.expert_parameters / strategy.ep if split_experts else np.zeros(model.num_layers)
     device_parameters = dense_parameters + rank_experts
     """What this rank holds of each layer before any ZeRO sharding."""
-    expert_strategy = expert_view(strategy)
+    expert_strategy = expert_view(weights)
 
     # Data-parallel communication of this layer's (TP-local) parameters and gradients.
     every_micro_batch = np.zeros(model.num_layers)  # backward, overlappable
     forward_gather = np.zeros(model.num_layers)
     last_micro_batch = np.zeros(model.num_layers)  # backward, overlappable, once per iteration
     shard = 1
-    for axis, degree in strategy.dims:
+    for axis, degree in weights.dims:
         if axis not in DATA_PARALLEL_AXES:
             continue
-        sync = _data_parallel_sync(comm, axis, degree, strategy.stride(axis), dense_parameters / shard,
+        sync = _data_parallel_sync(comm, axis, degree, weights.stride(axis), dense_parameters / shard,
                                    parameter_bytes, gradient_bytes)
         forward_gather, every_micro_batch, last_micro_batch = (
             forward_gather + sync[0], every_micro_batch + sync[1], last_micro_batch + sync[2])
@@ -243,11 +247,19 @@ def layer_costs(
     forward_compute = forward_compute + experts.extra_forward_compute_s
     backward_compute = backward_compute + 2 * experts.extra_forward_compute_s
     tp_forward = tp_forward + experts.alltoall_forward_s  # blocking, like TP's collectives: run again in backward
-    forward = forward_compute + tp_forward + forward_gather + call_overhead
-    recompute = (forward_compute + tp_forward + recompute_overhead) if strategy.ckpt else selective_recompute_s(
+    # Context parallelism's ring and Ulysses' all-to-alls (gbmw.cost.context_parallel)
+    attention_rate = np.where(arrays.forward_flash_attention_flops_per_sample > 0,
+                              settings.cluster.attention_flops(settings.precision),
+                              settings.cluster.sustained_flops(settings.precision))
+    context = context_parallel_costs(model, strategy, samples, comm,
+                                     arrays.attention_core_flops_per_sample * samples / tp / attention_rate)
+    tp_forward_only = tp_forward
+    forward = forward_compute + tp_forward + forward_gather + call_overhead + context.forward_s
+    full_recompute = forward_compute + tp_forward + recompute_overhead + context.forward_s
+    recompute = full_recompute if strategy.ckpt else selective_recompute_s(
         model, samples, strategy, settings.cluster.sustained_flops(settings.precision),
         settings.cluster.attention_flops(settings.precision), settings.cluster.memory_bandwidth_bytes_per_s)
-    backward_common = tp_forward + recompute
+    backward_common = tp_forward_only + recompute + context.backward_s
     time_no_sync = forward + backward_common + overlapped(backward_compute, every_micro_batch)
     time_sync = forward + backward_common + overlapped(backward_compute, every_micro_batch + last_micro_batch)
 
@@ -283,7 +295,8 @@ def layer_costs(
         forward_memory = boundary + intermediate - core + weight_copy
         workspace_priced = prices_backward_workspace(settings.framework)
         backward_memory = selective_rebuilt_bytes(model, samples, strategy, workspace_priced)
-    sdp = strategy.degree("sdp")
+    backward_memory = backward_memory + context.transient_bytes
+    sdp = weights.degree("sdp")
     if sdp > 1:  # the gathered full parameters and unscattered gradients of the running layer
         backward_memory = backward_memory + (dense_parameters * (1 - 1 / sdp) + rank_experts * (
             1 - 1 / expert_strategy.degree("sdp"))) * (parameter_bytes + gradient_bytes)
@@ -302,9 +315,9 @@ def layer_costs(
             sequence_parallel_gather_share(settings.framework, strategy))
     # the framework's all-gather buffer while the layer gathers (a forward transient, bounded by the backward term)
     backward_memory = backward_memory + (
-        dense_parameters * gather_buffer_bytes_per_parameter(settings.framework, strategy, parameter_bytes)
+        dense_parameters * gather_buffer_bytes_per_parameter(settings.framework, weights, parameter_bytes)
         + rank_experts * gather_buffer_bytes_per_parameter(settings.framework, expert_strategy, parameter_bytes))
-    held_states = (dense_parameters * model_state_bytes_per_parameter(strategy, settings)
+    held_states = (dense_parameters * model_state_bytes_per_parameter(weights, settings)
                    + rank_experts * model_state_bytes_per_parameter(expert_strategy, settings))
     return LayerCosts(
         time_s=time_sync,
@@ -313,7 +326,7 @@ def layer_costs(
         backward_memory_bytes=backward_memory,
         model_state_bytes=held_states,
         samples_per_device=samples,
-        optimizer_parameters=dense_parameters / _optimizer_shards(strategy) + rank_experts / _optimizer_shards(
+        optimizer_parameters=dense_parameters / _optimizer_shards(weights) + rank_experts / _optimizer_shards(
             expert_strategy),
     )
 

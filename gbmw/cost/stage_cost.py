@@ -28,7 +28,7 @@ from gbmw.cost.framework_memory import (keeps_received_input, shares_tied_weight
 from gbmw.cost.layer_cost import CostSettings, layer_costs, model_state_bytes_per_parameter
 from gbmw.cost.model_states import step_traffic_bytes
 from gbmw.cost.pipeline_schedules import in_flight_micro_batches
-from gbmw.ranks import activation_layout, transition_fraction
+from gbmw.ranks import data_layout, transition_fraction
 from gbmw.space.strategy import Strategy
 from gbmw.specs.model_spec import ModelSpec
 
@@ -65,6 +65,9 @@ class StrategyTables:
     """[strategy]: ways the optimizer states are sharded (the product of the ZeRO degrees)."""
     tp: np.ndarray
     data_parallel: np.ndarray
+    """[strategy]: ways a micro-batch's activations are split over ranks holding different parts: the
+    data-parallel degree times the sequence-parallel one (cp, ulysses) — what a rank stashes, sends and receives
+    of a boundary."""
     layout: np.ndarray
     """[strategy]: activation-layout id; strategies with equal ids need no Slice-Gather between them."""
     transition_fraction: np.ndarray
@@ -77,7 +80,7 @@ def strategy_tables(
     """`layer_costs` of every strategy, stacked, with layout ids and the layout transition matrix."""
     costs = [layer_costs(model, strategy, micro_batch, settings, comm) for strategy in strategies]
     layouts: dict[tuple, int] = {}
-    layout_ids = np.array([layouts.setdefault(activation_layout(s), len(layouts)) for s in strategies])
+    layout_ids = np.array([layouts.setdefault(data_layout(s), len(layouts)) for s in strategies])
     representative = {}
     for strategy, layout in zip(strategies, layout_ids):
         representative.setdefault(int(layout), strategy)
@@ -102,11 +105,12 @@ def strategy_tables(
         keeps_received_input=keeps_received_input(settings.framework, settings.precision),
         shares_tied_weights=np.array([shares_tied_weights(settings.framework, s) for s in strategies]),
         state_bytes_per_parameter=np.array(
-            [model_state_bytes_per_parameter(s, settings) for s in strategies]
+            [model_state_bytes_per_parameter(s.gradient_view, settings) for s in strategies]
         ),
-        optimizer_shards=np.array([s.degree("sdp") * s.degree("z2dp") * s.degree("z1dp") for s in strategies]),
+        optimizer_shards=np.array([s.gradient_view.degree("sdp") * s.gradient_view.degree("z2dp")
+                                   * s.gradient_view.degree("z1dp") for s in strategies]),
         tp=np.array([s.tp for s in strategies]),
-        data_parallel=np.array([s.data_parallel for s in strategies]),
+        data_parallel=np.array([s.data_parallel * s.sequence_parallel_degree for s in strategies]),
         layout=layout_ids,
         transition_fraction=fraction,
     )

@@ -28,10 +28,12 @@ from gbmw.specs.schema import MAX_DEVICES, MAX_GLOBAL_BATCH
 UNIFORM_KEYS = {
     "tp": "tensor-parallel degree (power of two)",
     "pp": "pipeline degree (power of two)",
-    "dp": "data-parallel degree (optional; must equal devices / (tp * pp))",
+    "dp": "data-parallel degree (optional; must equal devices / (tp * pp * cp * ulysses))",
     "zero": "ZeRO stage 0-3 (3 = sharded data parallel)",
     "ckpt": "activation recomputation: full, selective (the attention core) or none",
     "sp": "sequence parallelism with TP: on or off (default off)",
+    "cp": "context-parallel degree: each sample's tokens split over a ring of this many ranks (megatron-core)",
+    "ulysses": "Ulysses sequence-parallel degree: tokens split, heads exchanged by all-to-all (DeepSpeed)",
     "ep": "expert-parallel degree of a mixture-of-experts model (default 1; divides the data-parallel degree)",
     "micro": "micro-batch size per data-parallel rank (Megatron --micro-batch-size)",
     "batch": "global batch (optional; default the job's global_batch)",
@@ -47,6 +49,8 @@ class UniformConfig:
     zero: int = 0
     ckpt: str = "none"
     sp: bool = False
+    cp: int = 1
+    ulysses: int = 1
     ep: int = 1
     micro: int = 1
     batch: int | None = None
@@ -104,15 +108,19 @@ class UniformConfig:
 
     def to_plan(self, job: JobSpec) -> Plan:
         devices = job.cluster.num_devices
-        if devices % (self.tp * self.pp):
-            raise PlanError(
-                f"--uniform tp={self.tp}, pp={self.pp}: devices({devices}) % (tp * pp = {self.tp * self.pp}) != 0"
-            )
-        dp = devices // (self.tp * self.pp)
+        if self.cp > 1 and self.ulysses > 1:
+            raise PlanError(f"--uniform cp={self.cp}, ulysses={self.ulysses}: both split the sequence; give one")
+        sequence = self.cp * self.ulysses
+        split = self.tp * self.pp * sequence
+        if devices % split:
+            raise PlanError(f"--uniform tp={self.tp}, pp={self.pp}{f', cp={self.cp}' if self.cp > 1 else ''}"
+                            f"{f', ulysses={self.ulysses}' if self.ulysses > 1 else ''}: devices({devices}) % "
+                            f"{split} != 0")
+        dp = devices // split
         if self.dp is not None and self.dp != dp:
             raise PlanError(
-                f"--uniform dp={self.dp}: devices({devices}) / (tp({self.tp}) * pp({self.pp})) = {dp}; "
-                f"leave dp out or set it to {dp}"
+                f"--uniform dp={self.dp}: devices({devices}) / (tp({self.tp}) * pp({self.pp}) * sequence({sequence}))"
+                f" = {dp}; leave dp out or set it to {dp}"
             )
         global_batch = self.batch or job.global_batch
         if global_batch is None:
@@ -147,7 +155,9 @@ class UniformConfig:
         stage; recomputation on Transformer blocks only (stock frameworks never recompute embeddings or heads); with sp=on
         sequence parallelism on every layer, or on the blocks alone where the target runs it there only (gbmw's
         runtime)."""
-        dims = ((("tp", self.tp),) if self.tp > 1 else ()) + (((AXIS_OF_ZERO_STAGE[self.zero], dp),) if dp > 1 else ())
+        sequence = (("cp", self.cp),) if self.cp > 1 else (("ulysses", self.ulysses),) if self.ulysses > 1 else ()
+        dims = ((("tp", self.tp),) if self.tp > 1 else ()) + sequence + (
+            ((AXIS_OF_ZERO_STAGE[self.zero], dp),) if dp > 1 else ())
         if self.sp and self.tp < 2:
             raise PlanError(f"--uniform sp=on with tp={self.tp}: sequence parallelism splits TP's replicated "
                             "regions; it needs tp >= 2")
@@ -166,5 +176,6 @@ class UniformConfig:
 
     def describe(self) -> str:
         return (f"tp={self.tp},pp={self.pp},zero={self.zero},ckpt={self.ckpt}{',sp=on' if self.sp else ''}"
+                f"{f',cp={self.cp}' if self.cp > 1 else ''}{f',ulysses={self.ulysses}' if self.ulysses > 1 else ''}"
                 f"{f',ep={self.ep}' if self.ep > 1 else ''},micro={self.micro}") + (
             f",batch={self.batch}" if self.batch else "") + (f",target={self.target}" if self.target != "runtime" else "")

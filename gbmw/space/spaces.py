@@ -29,7 +29,7 @@ from typing import Callable
 import numpy as np
 
 from gbmw.errors import GbmwError
-from gbmw.space.strategy import SEARCH_AXES, Strategy, enumerate_strategies, pipeline_degrees
+from gbmw.space.strategy import DATA_PARALLEL_AXES, SEARCH_AXES, Strategy, enumerate_strategies, pipeline_degrees
 from gbmw.space.targets import Target, get_target
 from gbmw.specs.cluster_spec import ClusterSpec
 from gbmw.specs.files import shown
@@ -131,7 +131,7 @@ def _deepspeed_3d_pp(devices: int, cluster: ClusterSpec) -> list[int]:
 
 
 def _single_dp_axis(strategy: Strategy) -> bool:
-    return sum(axis != "tp" for axis, _ in strategy.dims) <= 1
+    return sum(axis in DATA_PARALLEL_AXES for axis, _ in strategy.dims) <= 1
 
 
 VARIANTS: dict[str, SearchSpace] = {

@@ -23,11 +23,23 @@ replicates — norms, dropout, residual adds — over the TP ranks along the seq
 reduce-scatter replace each all-reduce.
 
 Axes:
-  dp    data parallel, gradients all-reduced (PyTorch DDP)
-  z1dp  data parallel with optimizer states sharded (ZeRO-1 / Megatron's distributed optimizer)
-  z2dp  data parallel with optimizer states and gradients sharded (ZeRO-2)
-  sdp   sharded data parallel: parameters, gradients and optimizer states sharded (ZeRO-3 / FSDP)
-  tp    tensor parallel (Megatron)
+  dp       data parallel, gradients all-reduced (PyTorch DDP)
+  z1dp     data parallel with optimizer states sharded (ZeRO-1 / Megatron's distributed optimizer)
+  z2dp     data parallel with optimizer states and gradients sharded (ZeRO-2)
+  sdp      sharded data parallel: parameters, gradients and optimizer states sharded (ZeRO-3 / FSDP)
+  tp       tensor parallel (Megatron)
+  cp       context parallel: each rank holds 1/c of every sample's tokens (load-balanced causal chunks) and the
+           keys and values travel round a ring of P2P sends during attention (megatron-core's
+           --context-parallel-size; Liu et al., "Ring Attention", 2023)
+  ulysses  Ulysses sequence parallel: each rank holds 1/u of every sample's tokens and an all-to-all gives each
+           rank the whole sequence of 1/u of the heads for attention, another brings it back (DeepSpeed-Ulysses,
+           Jacobs et al. 2023; Megatron-DeepSpeed's --ds-sequence-parallel-size)
+
+The two sequence axes split tokens, not samples: their ranks share the same samples, and hold the same weights,
+so gradients are synchronised over them together with the data-parallel axis (megatron-core's and DeepSpeed's
+data-parallel group spans dp × cp, resp. dp × sp). A strategy has at most one of them, placed immediately inside
+its data-parallel axis (or outermost, with none): the ranks of one data-parallel replica are then consecutive, and
+the gradient group is one strided group (`gradient_view`).
 
 The default space (`enumerate_strategies`) is the paper's: dp, sdp and tp, each at most once per
 tree, power-of-two degrees >= 2 whose product is the group size, every order, CKPT on and off,
@@ -44,11 +56,12 @@ from functools import cache, cached_property
 
 from gbmw.errors import PlanError
 
-AXES = ("dp", "z1dp", "z2dp", "sdp", "tp")
+AXES = ("dp", "z1dp", "z2dp", "sdp", "tp", "cp", "ulysses")
 DATA_PARALLEL_AXES = ("dp", "z1dp", "z2dp", "sdp")
+SEQUENCE_AXES = ("cp", "ulysses")
 SEARCH_AXES = ("dp", "sdp", "tp")
 SINGLE_DEVICE_NAME = "single"
-_TOKEN = re.compile(r"^(dp|z1dp|z2dp|sdp|tp)(\d+)$")
+_TOKEN = re.compile(r"^(dp|z1dp|z2dp|sdp|tp|cp|ulysses)(\d+)$")
 _EXPERT_SUFFIX = re.compile(r"^ep(\d+)$")
 RECOMPUTE_LEVELS = ("none", "full", "selective")
 _SUFFIXES = {"sp": "sequence parallelism", "ckpt": "full recomputation", "sel": "selective recomputation"}
@@ -86,6 +99,16 @@ class Strategy:
                 raise PlanError(f"strategy {axis}{degree}: a degree is at least 2 (leave the axis out for 1)")
         if len(set(axes)) != len(axes):
             raise PlanError(f"strategy {self.name}: each axis may appear once")
+        sequence = [axis for axis in axes if axis in SEQUENCE_AXES]
+        if len(sequence) > 1:
+            raise PlanError(f"strategy {self.name}: context parallelism (cp) and Ulysses (ulysses) both split the "
+                            "sequence; give one")
+        if sequence:
+            position, data = axes.index(sequence[0]), [axes.index(a) for a in axes if a in DATA_PARALLEL_AXES]
+            if (data and data != [position + 1]) or (not data and position != len(axes) - 1):
+                raise PlanError(f"strategy {self.name}: the {sequence[0]} axis goes immediately inside the one "
+                                "data-parallel axis (or outermost without one), e.g. tp2-cp2-dp4 or tp4-cp2: its ranks "
+                                "and the data-parallel ones synchronise gradients as one group")
         if self.ckpt and self.selective:
             raise PlanError(f"strategy {self.name}: full (+ckpt) and selective (+sel) recomputation exclude each "
                             "other; give one")
@@ -188,6 +211,33 @@ class Strategy:
         raise PlanError(f"strategy {self.name} has no {axis} axis")
 
     @cached_property
+    def sequence_axis(self) -> str | None:
+        """`cp` or `ulysses` where the strategy splits each sample's tokens, else None."""
+        return next((axis for axis, _ in self.dims if axis in SEQUENCE_AXES), None)
+
+    @cached_property
+    def sequence_parallel_degree(self) -> int:
+        """Ways each sample's tokens are split (the cp or ulysses degree; 1 without)."""
+        return self.degree(self.sequence_axis) if self.sequence_axis else 1
+
+    @cached_property
+    def gradient_view(self) -> "Strategy":
+        """The strategy as its weights see it: the sequence axis merged into the data-parallel axis (whose ZeRO
+        flavour then spans both; plain DP without one), since both hold the same weights — `tp2-cp2-z1dp4` →
+        `tp2-z1dp8`. Itself without a sequence axis."""
+        if self.sequence_axis is None:
+            return self
+        dims, merged = [], self.sequence_parallel_degree
+        data = [axis for axis, _ in self.dims if axis in DATA_PARALLEL_AXES]
+        for axis, degree in self.dims:
+            if axis == self.sequence_axis:
+                if not data:
+                    dims.append(("dp", degree))
+                continue
+            dims.append((axis, degree * merged) if axis in DATA_PARALLEL_AXES else (axis, degree))
+        return Strategy(tuple(dims), self.ckpt, self.selective, self.sp, self.ep)
+
+    @cached_property
     def expert_data_parallel(self) -> int:
         """Ways a mixture-of-experts layer's expert gradients are synchronised: the data-parallel degree over EP."""
         return self.data_parallel // self.ep
@@ -237,6 +287,8 @@ def enumerate_strategies(
         for chosen in itertools.permutations(axes, count):
             if prune_dp_with_sdp and "dp" in chosen and "sdp" in chosen:
                 continue
+            if not _sequence_axis_placed(chosen):
+                continue
             for degrees in _ordered_factorisations(group_size, count):
                 trees.append(tuple(zip(chosen, degrees)))
     levels = ("none",) + (("full",) if ckpt else ()) + (("selective",) if selective else ())
@@ -248,6 +300,16 @@ def enumerate_strategies(
         strategies += [strategy.with_expert_parallel(2**e) for strategy in list(strategies)
                        for e in range(1, _single_data_parallel_degree(strategy).bit_length())]
     return strategies
+
+
+def _sequence_axis_placed(axes: tuple[str, ...]) -> bool:
+    """At most one sequence axis, immediately inside the one data-parallel axis or outermost without one (the rule
+    Strategy checks)."""
+    sequence = [index for index, axis in enumerate(axes) if axis in SEQUENCE_AXES]
+    if not sequence:
+        return True
+    data = [index for index, axis in enumerate(axes) if axis in DATA_PARALLEL_AXES]
+    return len(sequence) == 1 and (data == [sequence[0] + 1] if data else sequence[0] == len(axes) - 1)
 
 
 def _single_data_parallel_degree(strategy: Strategy) -> int:

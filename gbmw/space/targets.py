@@ -36,7 +36,7 @@ import numpy as np
 
 from gbmw.errors import GbmwError, PlanError
 from gbmw.space.stock_partitions import PARTITION_RULES, RULE_DESCRIPTIONS, is_first_last_split
-from gbmw.space.strategy import AXES, Strategy
+from gbmw.space.strategy import DATA_PARALLEL_AXES, Strategy
 from gbmw.specs.files import shown
 from gbmw.specs.model_spec import ModelSpec
 
@@ -92,6 +92,13 @@ class Target:
     search_offers_selective: bool = True
     """Its search offers +sel where it runs it (gbmw.space.spaces.SearchSpace.for_target); gbmw's runtime runs +sel but its
     search leaves it out: with fused attention it frees only the log-sum-exp (see the module docstring)."""
+    sequence_axes: tuple[str, ...] = ()
+    """The sequence axes it runs (gbmw.space.strategy): `cp` — megatron-core's ring context parallelism
+    (--context-parallel-size, through Transformer Engine's fused attention, so flash attention only); `ulysses` —
+    Megatron-DeepSpeed's DeepSpeed-Ulysses (--ds-sequence-parallel-size)."""
+    sequence_split_with_sequence_parallel: bool = True
+    """Its sequence axis composes with Megatron's +sp (megatron-core: yes; Megatron-DeepSpeed refuses
+    --sequence-parallel with --ds-sequence-parallel-size > 1, megatron/initialize.py)."""
     expert_parallel: bool = False
     """It splits a mixture-of-experts model's experts over data-parallel ranks (megatron-core's
     `--expert-model-parallel-size`, Megatron-DeepSpeed's `--moe-expert-parallel-size`, gbmw's runtime); a stock
@@ -117,10 +124,14 @@ class Target:
             return False
         if not self.runs_expert_parallel(strategy):
             return False
+        if strategy.sequence_axis is not None and (
+                strategy.sequence_axis not in self.sequence_axes
+                or strategy.sp and not self.sequence_split_with_sequence_parallel):
+            return False
         if self.per_layer:
             return True
         axes = [axis for axis, _ in strategy.dims]
-        data_axes = [axis for axis in axes if axis != "tp"]
+        data_axes = [axis for axis in axes if axis in DATA_PARALLEL_AXES]
         if len(data_axes) > 1 or any(axis not in self.axes for axis in axes):
             return False
         if "tp" in axes[1:]:  # TP on consecutive ranks, data parallelism outside it
@@ -133,8 +144,8 @@ class Target:
         data-parallel axis, and with +sp where EP meets TP if it needs that."""
         if strategy.ep == 1:
             return True
-        return (self.expert_parallel and all(axis == "tp" or axis in self.expert_parallel_axes
-                                             for axis, _ in strategy.dims)
+        return (self.expert_parallel and strategy.sequence_axis is None
+                and all(axis not in DATA_PARALLEL_AXES or axis in self.expert_parallel_axes for axis, _ in strategy.dims)
                 and not (self.expert_parallel_needs_sequence_parallel and strategy.tp > 1 and not strategy.sp))
 
     def layers_allowed(self, model: ModelSpec, strategies: Sequence[Strategy]) -> np.ndarray:
@@ -152,6 +163,9 @@ class Target:
             runs = np.array([self.runs_expert_parallel(strategy) for strategy in strategies], bool)
             allowed &= runs[:, None] & np.where(experts[None, :] > 0, experts[None, :] % ep[:, None] == 0,
                                                 (ep[:, None] == 1) | (not self.per_layer))
+        for index, strategy in enumerate(strategies):
+            if strategy.sequence_axis is not None:
+                allowed[index] &= [not sequence_split_problem(strategy, layer, model, self) for layer in model.layers]
         sp = np.array([strategy.sp for strategy in strategies], bool)
         if sp.any():
             divides = np.array([model.sequence_length % strategy.tp == 0 for strategy in strategies], bool)
@@ -220,10 +234,10 @@ class Target:
             problems.append(f"schedule {plan.schedule}; {target} runs 1F1B")
 
         names = ", ".join(dict.fromkeys(strategy.layout_name for strategy in plan.strategies))
-        data_axes = {axis for tree in trees for axis, _ in tree if axis != "tp"}
+        data_axes = {axis for tree in trees for axis, _ in tree if axis in DATA_PARALLEL_AXES}
         for tree in trees:
             axes = [axis for axis, _ in tree]
-            tree_data = [axis for axis in axes if axis != "tp"]
+            tree_data = [axis for axis in axes if axis in DATA_PARALLEL_AXES]
             if len(tree_data) > 1:
                 problems.append(f"a layout mixes {' and '.join(tree_data)}; {target} has one ZeRO stage")
             if "tp" in axes and axes[0] != "tp":
@@ -259,6 +273,19 @@ class Target:
             problems.append(f"sequence parallelism (+sp) with TP {indivisible[0]}: the sequence of "
                             f"{model.sequence_length} tokens is sliced over the TP group, so TP must divide it — use a "
                             "sequence length TP divides, or no +sp there")
+        for axis in sorted({strategy.sequence_axis for strategy in plan.strategies} - {None}):
+            if axis not in self.sequence_axes:
+                runs = {"cp": "megatron-core", "ulysses": "megatron-deepspeed"}[axis]
+                problems.append(f"{'context parallelism (cp)' if axis == 'cp' else 'Ulysses (ulysses)'}: {self.name} "
+                                f"does not run it — use --target {runs}")
+            elif not self.sequence_split_with_sequence_parallel and any(
+                    strategy.sequence_axis == axis and strategy.sp for strategy in plan.strategies):
+                problems.append(f"{axis} with +sp: {self.name} runs one or the other")
+        for strategy, layer in zip(plan.strategies, model.layers):
+            problem = sequence_split_problem(strategy, layer, model, self) if strategy.sequence_axis else None
+            if problem:
+                problems.append(f"layer {layer.name} ({strategy.name}): {problem}")
+                break
         expert_degrees = sorted({strategy.ep for strategy in plan.strategies if strategy.ep > 1})
         if expert_degrees and not self.expert_parallel:
             problems.append(f"expert parallelism (+ep{expert_degrees[0]}): {self.name} does not split experts over "
@@ -267,7 +294,7 @@ class Target:
                 strategy.ep > 1 and strategy.tp > 1 and not strategy.sp for strategy in plan.strategies):
             problems.append(f"expert parallelism with TP but no sequence parallelism: {self.name} needs +sp there")
         sharded = sorted({axis for strategy in plan.strategies if strategy.ep > 1 for axis, _ in strategy.dims
-                          if axis != "tp" and axis not in self.expert_parallel_axes})
+                          if axis in DATA_PARALLEL_AXES and axis not in self.expert_parallel_axes})
         if expert_degrees and self.expert_parallel and sharded:
             problems.append(f"expert parallelism with {sharded[0]}: {self.name} composes EP with "
                             f"{' or '.join(self.expert_parallel_axes)} only")
@@ -321,6 +348,31 @@ class Target:
             raise PlanError(f"{self.name} cannot run this plan: " + "; ".join(problems) + advice)
 
 
+def sequence_split_problem(strategy: Strategy, layer, model: ModelSpec, target: "Target | None" = None) -> str | None:
+    """Why `strategy`'s sequence axis cannot split `layer` of `model` (None: it can). Ulysses gives each rank whole
+    heads, so TP × u divides the query and key/value heads (Jacobs et al. 2023, Sec. 3); megatron-core's CP cuts the
+    sequence into 2·c chunks for its load-balanced causal split (megatron.core.utils.get_batch_on_this_cp_rank) and
+    runs through fused (flash) attention; neither splits a layer that reads a second sequence (T5's cross-attention)."""
+    axis, degree, tp = strategy.sequence_axis, strategy.sequence_parallel_degree, strategy.tp
+    pieces = 2 * degree if axis == "cp" else degree
+    if model.sequence_length % pieces:
+        return (f"{axis}{degree} splits each sample's {model.sequence_length} tokens into {pieces} equal parts; give a "
+                f"sequence length divisible by {pieces}")
+    if layer.side_input_bytes_per_sample:
+        return f"{axis} does not split a layer that reads a second sequence (cross-attention)"
+    if not layer.attention_heads:
+        return None
+    if axis == "ulysses":
+        for what, heads in (("attention heads", layer.attention_heads), ("key/value heads", layer.kv_heads)):
+            if heads and heads % (tp * degree):
+                return (f"Ulysses gives each of tp({tp}) × ulysses({degree}) ranks whole heads, but the layer has "
+                        f"{heads} {what}")
+    flash = layer.forward_flash_attention_flops_per_sample > 0 or (target is not None and target.fused_attention)
+    if axis == "cp" and not flash:
+        return "context parallelism runs through fused (flash) attention; give the job flash_attention: true"
+    return None
+
+
 def _describe_runs(plan: PlanLayout) -> str:
     """`layers 0-11 use tp2-dp8 and 12-49 use sdp16` (runs across stage boundaries, first three)."""
     runs: list[list] = []
@@ -334,7 +386,7 @@ def _describe_runs(plan: PlanLayout) -> str:
 
 
 TARGETS: dict[str, Target] = {
-    "runtime": Target("runtime", "gbmw runtime", "gbmw-runtime", AXES, per_layer=True, fused_attention=True,
+    "runtime": Target("runtime", "gbmw runtime", "gbmw-runtime", ("dp", "z1dp", "z2dp", "sdp", "tp"), per_layer=True, fused_attention=True,
                       sequence_parallel=True, sequence_parallel_blocks_only=True, selective_recompute="any",
                       search_offers_selective=False, expert_parallel=True, expert_parallel_axes=("dp",),
                       sequence_parallel_in_expert_blocks=False),
@@ -344,17 +396,19 @@ TARGETS: dict[str, Target] = {
         partition_methods=(("uniform", "uniform"), ("parameters", "parameters")),
     ),
     "megatron-deepspeed": Target(
-        "megatron-deepspeed", "Megatron-DeepSpeed", "deepspeed", ("tp", "dp", "z1dp", "z2dp", "sdp"),
+        "megatron-deepspeed", "Megatron-DeepSpeed", "deepspeed", ("tp", "ulysses", "dp", "z1dp", "z2dp", "sdp"),
         pipeline_max_zero_stage=1,
         partition_methods=(("type:transformer", "even"),),
         pipeline_scatter_gather=True, sequence_parallel=True, selective_recompute="standard", expert_parallel=True,
-        expert_parallel_axes=("dp", "z1dp", "z2dp"),
+        expert_parallel_axes=("dp", "z1dp", "z2dp"), sequence_axes=("ulysses",),
+        sequence_split_with_sequence_parallel=False,
     ),
     "megatron-core": Target(
-        "megatron-core", "Megatron-Core", "megatron", ("tp", "dp", "z1dp"),
+        "megatron-core", "Megatron-Core", "megatron", ("tp", "cp", "dp", "z1dp"),
         partition_methods=(("even", "even"), ("first-last", "first-last")),
         pipeline_scatter_gather=True, interleaved_pipeline=True, sequence_parallel=True, selective_recompute="any",
         expert_parallel=True, expert_parallel_needs_sequence_parallel=True, expert_parallel_axes=("dp", "z1dp"),
+        sequence_axes=("cp",),
     ),
 }
 STOCK_TARGETS = tuple(name for name, target in TARGETS.items() if not target.per_layer)

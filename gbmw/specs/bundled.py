@@ -33,7 +33,7 @@ def resolve_recipe(reference: str, kind: str, relative_to: Path | None = None) -
     if relative_to is not None and not as_path.is_absolute():
         candidates.append(relative_to / as_path)
     candidates.append(as_path)
-    if as_path.suffix == "":
+    if as_path.suffix not in (".yaml", ".yml", ".json") and len(as_path.parts) == 1:  # a name (it may hold a dot)
         candidates.append(RECIPES_DIR / kind / f"{reference}.yaml")
     for candidate in candidates:
         if candidate.is_file():

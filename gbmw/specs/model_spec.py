@@ -155,6 +155,12 @@ class LayerSpec(Frozen):
     """Query heads of the layer's attention (0: no attention); TP must divide it."""
     kv_heads: int = Field(default=0, ge=0, le=MAX_WIDTH)
     """Key/value heads (grouped-query attention; 0: as many as attention_heads); TP must divide it."""
+    attention_query_bytes_per_sample: float = Field(default=0.0, ge=0, le=MAX_QUANTITY)
+    """The self-attention's queries for one sample (tokens × heads × head_dim in the activation dtype; its output
+    is as wide): what Ulysses' all-to-alls move with the keys and values (gbmw.cost.context_parallel). 0: not
+    modelled (no sequence splitting)."""
+    attention_key_value_bytes_per_sample: float = Field(default=0.0, ge=0, le=MAX_QUANTITY)
+    """The self-attention's keys and values for one sample: what context parallelism's ring passes round."""
     tied_to: str | None = None
     """Name of a layer whose parameters this one shares (an output head tied to the embedding)."""
     tied_parameter_count: int = Field(default=0, ge=0, le=MAX_COUNT)
@@ -343,6 +349,8 @@ class LayerArrays:
         self.side_input_bytes_per_sample = column("side_input_bytes_per_sample")
         self.tied_parameter_count = column("tied_parameter_count")
         self.tp_allreduce_bytes_per_sample = column("tp_allreduce_bytes_per_sample")
+        self.attention_query_bytes_per_sample = column("attention_query_bytes_per_sample")
+        self.attention_key_value_bytes_per_sample = column("attention_key_value_bytes_per_sample")
         self.num_experts = column("num_experts")
         self.expert_parameter_count = column("expert_parameter_count")
         self.expert_forward_flops_per_sample = column("expert_forward_flops_per_sample")

@@ -274,6 +274,8 @@ def _finish_block(name: str, kind: str, shape: BlockShape, d: int, parts: list[d
         largest_weight_gradient_tp_split_bytes=float(max(largest_mlp, h * (attention_width + 2 * kv_width)) * d),
         attention_heads=shape.heads,
         kv_heads=shape.kv_heads,
+        attention_query_bytes_per_sample=float(s * attention_width * d),
+        attention_key_value_bytes_per_sample=float(s * 2 * kv_width * d),
         **(moe["experts"] if moe else {}),
     )
 

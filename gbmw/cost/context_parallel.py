@@ -1,0 +1,71 @@
+"""What splitting each sample's tokens over c ranks costs beyond their share of the work (gbmw.space.strategy: the
+`cp` and `ulysses` axes).
+
+Under either, a rank computes, stashes and sends 1/c of every per-token quantity of the layer — its linear FLOPs,
+activations, TP collectives, memory traffic — and, with causal attention split in load-balanced chunks (megatron-core
+gives rank i the chunks i and 2c − 1 − i of 2c), 1/c of the attention work too: gbmw.cost.layer_cost prices the
+layer at samples / c. What each adds on top, per layer and micro-batch, for the rank's `samples` samples at TP t:
+
+* ring context parallelism (`cp`; Liu et al., "Ring Attention with Blockwise Transformers", 2023; megatron-core's
+  p2p CP through Transformer Engine): the keys and values of the rank's chunk go round the ring in c − 1 steps, each a
+  send of samples · KV / (c · t) bytes (KV: one sample's keys and values) to the next rank while the attention of the
+  chunk held runs. Per step the exposed time is what the send takes beyond 1/c of the rank's attention-core compute,
+  in forward; backward sends keys and values and their gradients (twice the bytes) beside twice the compute. The
+  two chunks a rank holds at a time (its own and the one arriving) are a transient of 2 · samples · KV / (c · t);
+* Ulysses (`ulysses`; Jacobs et al., "DeepSpeed Ulysses", 2023): an all-to-all over the u ranks turns the queries,
+  keys and values of 1/u of the tokens and all heads into all tokens of 1/u of the heads before attention, and
+  another turns the output back — samples · (Q + KV) / (u · t) and samples · Q / (u · t) bytes held by each rank,
+  blocking; backward runs the same two the other way, a full recomputation runs the forward pair again.
+
+Layers without self-attention (embeddings, heads) only take their share of the tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from gbmw.cost.comm import CommModel
+from gbmw.space.strategy import Strategy
+from gbmw.specs.model_spec import ModelSpec
+
+
+@dataclass
+class ContextParallelCosts:
+    """Per-layer arrays for one micro-batch on one rank (zeros without a sequence axis)."""
+
+    forward_s: np.ndarray
+    """Communication in forward that compute does not hide (CP's ring beyond the attention, Ulysses' all-to-alls)."""
+    backward_s: np.ndarray
+    """The same in backward."""
+    transient_bytes: np.ndarray
+    """Buffers held only while the layer runs (CP's two key/value chunks in flight)."""
+
+
+def context_parallel_costs(model: ModelSpec, strategy: Strategy, samples: float, comm: CommModel,
+                           attention_core_forward_s: np.ndarray) -> ContextParallelCosts:
+    """The module's terms for every layer of `model` under `strategy`, `samples` samples per rank;
+    `attention_core_forward_s` is each layer's attention-core forward time for the rank's share of the tokens."""
+    zeros = np.zeros(model.num_layers)
+    axis, degree = strategy.sequence_axis, strategy.sequence_parallel_degree
+    if axis is None:
+        return ContextParallelCosts(zeros, zeros, zeros)
+    arrays, tp = model.arrays, strategy.tp
+    stride = strategy.stride(axis)
+    share = samples / degree / tp  # one rank's part of the micro-batch's tokens, of its TP share of the heads
+    if axis == "cp":
+        chunk = arrays.attention_key_value_bytes_per_sample * share
+        send = np.array([comm.p2p_in_group_s(message, degree, stride) for message in chunk])
+        steps = degree - 1
+        compute_per_step = attention_core_forward_s / degree
+        forward = steps * np.maximum(0.0, send - compute_per_step)
+        backward = steps * np.maximum(0.0, 2 * send - 2 * compute_per_step)
+        has_attention = chunk > 0
+        return ContextParallelCosts(np.where(has_attention, forward, 0.0), np.where(has_attention, backward, 0.0),
+                                    2 * chunk)
+    query, key_value = arrays.attention_query_bytes_per_sample * share, arrays.attention_key_value_bytes_per_sample * share
+    per_byte = comm.alltoall_s(1.0, degree, stride) - comm.alltoall_s(0.0, degree, stride)
+    latency = comm.alltoall_s(0.0, degree, stride)
+    exchanges = np.where(query > 0, (2 * query + key_value) * per_byte + 2 * latency, 0.0)
+    return ContextParallelCosts(exchanges, exchanges, zeros)
