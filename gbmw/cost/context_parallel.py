@@ -45,7 +45,8 @@ class ContextParallelCosts:
 
 def context_parallel_costs(model: ModelSpec, strategy: Strategy, samples: float, comm: CommModel,
                            attention_core_forward_s: np.ndarray) -> ContextParallelCosts:
-    """The module's terms for every layer of `model` under `strategy`, `samples` samples per rank;
+    """The module's terms for every layer of `model` under `strategy`, the rank holding `samples` samples' worth of
+    tokens (its data-parallel samples over the sequence degree, as gbmw.cost.layer_cost counts them);
     `attention_core_forward_s` is each layer's attention-core forward time for the rank's share of the tokens."""
     zeros = np.zeros(model.num_layers)
     axis, degree = strategy.sequence_axis, strategy.sequence_parallel_degree
@@ -53,7 +54,7 @@ def context_parallel_costs(model: ModelSpec, strategy: Strategy, samples: float,
         return ContextParallelCosts(zeros, zeros, zeros)
     arrays, tp = model.arrays, strategy.tp
     stride = strategy.stride(axis)
-    share = samples / degree / tp  # one rank's part of the micro-batch's tokens, of its TP share of the heads
+    share = samples / tp  # the rank's part of the micro-batch's tokens (`samples` is already 1/c of them), 1/t of the heads
     if axis == "cp":
         chunk = arrays.attention_key_value_bytes_per_sample * share
         send = np.array([comm.p2p_in_group_s(message, degree, stride) for message in chunk])
