@@ -112,3 +112,13 @@ def test_a_plan_with_a_sequence_axis_round_trips_and_other_targets_refuse_it():
     assert np.isfinite(gbmw.estimate(job, plan).samples_per_s)
     with pytest.raises(PlanError, match="context parallelism \\(cp\\): megatron-deepspeed does not run it"):
         get_target("megatron-deepspeed").check(plan, job.model)
+
+
+def test_sequence_parallel_rows_keep_every_other_rule():
+    """+sp strategies' rows once overwrote the masks computed before them: tp2-cp2+sp was offered on blocks whose
+    attention is not fused (megatron-core picked it for GPT-3 39B)."""
+    job = gbmw.load_job("gpt3-39b_a100-80g-x32")  # standard attention
+    allowed = get_target("megatron-core").layers_allowed(job.model, [Strategy.parse("tp2-cp2+sp"),
+                                                                       Strategy.parse("tp2-cp2")])
+    blocks = job.model.is_block
+    assert not allowed[:, blocks].any() and allowed[:, ~blocks].all()

@@ -172,7 +172,7 @@ class Target:
             blocks = model.is_block if self.sequence_parallel_blocks_only else np.ones(model.num_layers, bool)
             if not self.sequence_parallel_in_expert_blocks:
                 blocks = blocks & (model.arrays.num_experts == 0)
-            allowed[sp] = blocks[None, :] & divides[sp, None]
+            allowed[sp] &= blocks[None, :] & divides[sp, None]
         return allowed
 
     def runs_recompute_of(self, strategy: Strategy, model: ModelSpec) -> bool:
