@@ -15,7 +15,7 @@ from functools import lru_cache
 
 from gbmw.errors import PlanError
 from gbmw.plan import Plan
-from gbmw.space.strategy import DATA_PARALLEL_AXES, Strategy
+from gbmw.space.strategy import DATA_PARALLEL_AXES, SEQUENCE_AXES, Strategy
 
 
 def axis_digits(local_rank: int, strategy: Strategy) -> dict[str, int]:
@@ -136,6 +136,16 @@ class RankLayout:
     def tensor_group(self, rank: int, strategy: Strategy) -> tuple[int, ...]:
         return self.group(rank, strategy, ("tp",))
 
+    def ulysses_group(self, rank: int, strategy: Strategy) -> tuple[int, ...]:
+        """The Ulysses group: the ranks with the same digit as `rank` on every axis but `ulysses` — they hold the
+        same samples' other parts of the sequence, in sequence order ((rank,) without a ulysses axis)."""
+        return self.group(rank, strategy, ("ulysses",))
+
+    def gradient_group(self, rank: int, strategy: Strategy) -> tuple[int, ...]:
+        """Ranks holding the same weights, whose gradients are summed: the data-parallel group of the strategy's
+        `gradient_view` (its data-parallel and sequence axes together; the data group without a sequence axis)."""
+        return self.group(rank, strategy, DATA_PARALLEL_AXES + SEQUENCE_AXES)
+
     def data_group(self, rank: int, strategy: Strategy) -> tuple[int, ...]:
         """Ranks holding the same weights but different samples: gradients are summed over them."""
         return self.group(rank, strategy, DATA_PARALLEL_AXES)
@@ -197,8 +207,9 @@ def tie_partner_pairs(plan: Plan) -> list[tuple[int, int]]:
 
 def plan_group_ranks(plan: Plan) -> list[tuple[int, ...]]:
     """Every group of two or more ranks the plan uses — TP and data-parallel groups of each layer's
-    strategy, per-axis groups of multi-axis data parallelism, expert-parallel and expert-data-parallel groups
-    (+epN), each stage (Slice-Gather), the first and last stages together and their rank pairs (tied weights), and
+    strategy, per-axis groups of multi-axis data parallelism and of a sequence axis (Ulysses groups), the gradient
+    groups of strategies with a sequence axis (its ranks and the data-parallel ones together), expert-parallel and
+    expert-data-parallel groups (+epN), each stage (Slice-Gather), the first and last stages together and their rank pairs (tied weights), and
     pipeline neighbours — once each, in a deterministic order (torch.distributed.new_group must be called in the
     same order on every rank)."""
     layout = RankLayout(plan.num_devices, plan.pp)
@@ -211,6 +222,8 @@ def plan_group_ranks(plan: Plan) -> list[tuple[int, ...]]:
                     group = layout.group(rank, strategy, axes)
                     if len(group) > 1:
                         seen.setdefault(group, None)
+            for rank in layout.stage_ranks(stage) if strategy.sequence_axis else ():
+                seen.setdefault(layout.gradient_group(rank, strategy), None)  # data-parallel and sequence axes
             for rank in layout.stage_ranks(stage) if strategy.ep > 1 else ():
                 for group in (layout.expert_group(rank, strategy), layout.expert_data_group(rank, strategy)):
                     if len(group) > 1:

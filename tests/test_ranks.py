@@ -87,3 +87,19 @@ def test_plan_group_pool_has_the_expert_groups():
     groups = plan_group_ranks(plan)
     assert (0, 2) in groups and (5, 7) in groups  # EP groups
     assert (0, 4) in groups and (3, 7) in groups  # expert-data-parallel groups
+
+
+def test_ulysses_groups_share_every_digit_but_ulysses_and_gradients_span_data_and_ulysses_ranks():
+    """tp2-ulysses2-dp2 on a stage of 8: local rank = tp + 2·ulysses + 4·dp; the Ulysses group of a rank holds the other
+    parts of its samples (in part order), its gradient group is the data-parallel group of `gradient_view` (tp2-dp4)."""
+    layout = RankLayout(16, 2)
+    strategy = Strategy.parse("tp2-ulysses2-dp2")
+    assert layout.ulysses_group(13, strategy) == (13, 15) and layout.ulysses_group(8, strategy) == (8, 10)
+    assert layout.gradient_group(13, strategy) == (9, 11, 13, 15)
+    assert layout.gradient_group(13, strategy) == layout.data_group(13, strategy.gradient_view)
+    assert layout.ulysses_group(13, Strategy.parse("tp2-dp4")) == (13,)
+    plan = plan_from_strategy_names(load_job("gpt-tiny_cpu-x4").model, 4,
+                                    ["dp4", "tp2-ulysses2", "ulysses4", "ulysses4", "ulysses2-dp2", "dp4"], [6], 8, 2)
+    groups = plan_group_ranks(plan)
+    assert (0, 2) in groups and (1, 3) in groups and (0, 1, 2, 3) in groups  # ulysses of tp2-ulysses2, ulysses4
+    assert (0, 1) in groups and (2, 3) in groups  # ulysses2-dp2's Ulysses groups

@@ -63,3 +63,38 @@ def test_a_given_plan_may_use_any_degree_the_search_enumerates_powers_of_two():
 def test_non_power_of_two_group_is_refused():
     with pytest.raises(PlanError, match="power of two"):
         enumerate_strategies(6)
+
+
+@pytest.mark.parametrize("devices", [2, 4, 8])
+def test_a_ulysses_strategy_is_offered_only_where_its_gradient_view_is_not_usable(devices):
+    """The dominance rule of SearchSpace.usable: S = (ulysses u, data-parallel degree d) costs no less, per layer, than
+    its gradient_view (data-parallel degree u·d, no ulysses) — compute, gradient synchronisation, activation memory,
+    model states — on a long-sequence GQA job (Llama 3.1 8B at 128k tokens), so the gbmw space offers S only at
+    micro-batch sizes u·d does not divide, and there offers it."""
+    import numpy as np
+
+    from gbmw.cost.comm import CommModel
+    from gbmw.cost.layer_cost import CostSettings
+    from gbmw.cost.stage_cost import strategy_tables
+    from gbmw.space.spaces import search_space
+    from gbmw.specs.jobs import load_job
+    from gbmw.specs.models import model_as_run
+
+    job = load_job("llama3.1-8b-128k_h100-80g-x64")
+    model = model_as_run(job.model, True)
+    space = search_space("gbmw")
+    cluster = job.cluster.model_copy(update={"nodes": 1, "devices_per_node": devices})
+    candidates = space.strategies(cluster, 1)
+    ulysses = [s for s in candidates if s.sequence_axis == "ulysses"]
+    assert ulysses and all(s.gradient_view in candidates for s in ulysses)
+    settings = CostSettings(job.cluster, job.precision, job.optimizer, "gbmw-runtime")
+    tables = strategy_tables(model, ulysses + [s.gradient_view for s in ulysses], 8, settings, CommModel(job.cluster))
+    for name in ("time_s", "time_no_grad_sync_s", "forward_memory_bytes", "backward_memory_bytes", "model_state_bytes"):
+        table = getattr(tables, name)
+        assert np.all(table[len(ulysses):] <= table[:len(ulysses)] * (1 + 1e-12)), name
+    assert (tables.time_s[len(ulysses):] < tables.time_s[:len(ulysses)]).any()  # the all-to-alls cost something
+    for micro_batch in (1, 2, 4, 8):
+        offered = set(space.usable(candidates, micro_batch))
+        for strategy in ulysses:
+            undominated = micro_batch % strategy.data_parallel == 0 and micro_batch % strategy.gradient_view.data_parallel
+            assert (strategy in offered) == bool(undominated)

@@ -18,7 +18,11 @@ plain loops rather than read from the search:
   recomputes, whose data-parallel degree divides b and whose TP degree divides the layer's attention and key/value
   heads; `gbmw` on a mixture-of-experts model: every tree with one data-parallel axis of degree d also with expert
   parallelism +epE for every power of two 2 ≤ E ≤ d, on the MoE blocks whose experts E divides (never on a dense
-  layer). `ORACLE_SPACES` writes these rules out; tests/test_search_exact.py checks them against gbmw.space.spaces.
+  layer); `gbmw` also offers a `ulysses` axis, placed immediately inside the one data-parallel axis (or outermost
+  without one), never with +sp or +ep, on layers whose attention and key/value heads tp·u divides and whose sequence
+  u divides, and — the dominance rule of gbmw.space.spaces.SearchSpace.usable — only at micro-batch sizes that
+  u·d does not divide (d the data-parallel degree). `ORACLE_SPACES` writes these rules out; tests/test_search_exact.py
+  checks them against gbmw.space.spaces.
 
 The objective is gbmw's own estimate: a whole plan's samples/s and its stages' peak memory are estimate_plan's
 (gbmw.cost.estimate), and a plan fits when every stage's peak is at most the budget, as `Estimate.fits` says.
@@ -92,11 +96,16 @@ class OracleSpace:
     runtime runs it in Transformer blocks whose sequence the TP degree divides (`_runtime_runs`)."""
     expert_parallel: bool = False
     """`gbmw`: on a mixture-of-experts model, every strategy with one data-parallel axis also with +epE."""
+    ulysses_where_undominated: bool = False
+    """`gbmw`: a strategy with a ulysses axis of degree u and data-parallel degree d only where u·d does not divide
+    the micro-batch (elsewhere the same tree with the ulysses axis folded into data parallelism, d·u ways, costs
+    no more per layer; `_usable`)."""
 
 
 ORACLE_SPACES: dict[str, OracleSpace] = {
-    "gbmw": OracleSpace(("dp", "z1dp", "z2dp", "sdp", "tp"), ckpt=True, one_data_parallel_axis=True,
-                        no_dp_with_sdp=False, sequence_parallel=True, expert_parallel=True),
+    "gbmw": OracleSpace(("dp", "z1dp", "z2dp", "sdp", "tp", "ulysses"), ckpt=True, one_data_parallel_axis=True,
+                        no_dp_with_sdp=False, sequence_parallel=True, expert_parallel=True,
+                        ulysses_where_undominated=True),
     "bmw": OracleSpace(("dp", "sdp", "tp"), ckpt=True, one_data_parallel_axis=False, no_dp_with_sdp=True),
     "base": OracleSpace(("dp", "sdp", "tp"), ckpt=True, one_data_parallel_axis=False, no_dp_with_sdp=True),
     "1f1b+bi-obj": OracleSpace(("dp", "sdp", "tp"), ckpt=False, one_data_parallel_axis=False, no_dp_with_sdp=True),
@@ -112,9 +121,12 @@ def oracle_strategies(space: OracleSpace, group_size: int, experts: bool = False
     trees: list[tuple] = [()] if group_size == 1 else []
     for count in range(1, len(space.axes) + 1):
         for axes in itertools.permutations(space.axes, count):
-            data_axes = [axis for axis in axes if axis != "tp"]
+            data_axes = [axis for axis in axes if axis not in ("tp", "ulysses")]
             if space.one_data_parallel_axis and len(data_axes) > 1:
                 continue
+            if "ulysses" in axes and axes.index("ulysses") != (axes.index(data_axes[0]) - 1 if data_axes
+                                                               else len(axes) - 1):
+                continue  # ulysses just inside the data-parallel axis, or outermost
             if space.no_dp_with_sdp and "dp" in axes and "sdp" in axes:
                 continue
             for chosen in itertools.product(degrees, repeat=count):
@@ -122,7 +134,8 @@ def oracle_strategies(space: OracleSpace, group_size: int, experts: bool = False
                     trees.append(tuple(zip(axes, chosen)))
     levels = (False, True) if space.ckpt else (False,)
     plain = [Strategy(tree, ckpt) for ckpt in levels for tree in trees]
-    with_tp = [tree for tree in trees if any(axis == "tp" for axis, _ in tree)]
+    with_tp = [tree for tree in trees if any(axis == "tp" for axis, _ in tree)
+               and not any(axis == "ulysses" for axis, _ in tree)]  # the runtime runs no +sp with Ulysses
     strategies = plain + ([Strategy(tree, ckpt, sp=True) for ckpt in levels for tree in with_tp]
                           if space.sequence_parallel else [])
     if not (experts and space.expert_parallel):
@@ -130,7 +143,7 @@ def oracle_strategies(space: OracleSpace, group_size: int, experts: bool = False
     with_ep = []
     for strategy in strategies:
         data = [degree for axis, degree in strategy.dims if axis != "tp"]
-        if len(data) == 1:
+        if len(data) == 1 and strategy.sequence_axis is None:
             with_ep += [Strategy(strategy.dims, strategy.ckpt, sp=strategy.sp, ep=ep)
                         for ep in degrees if data[0] % ep == 0]
     return strategies + with_ep
@@ -140,13 +153,25 @@ def _tp_divides_heads(strategy: Strategy, layer: LayerSpec) -> bool:
     return all(heads == 0 or heads % strategy.tp == 0 for heads in (layer.attention_heads, layer.kv_heads))
 
 
+def _usable(space: OracleSpace, strategy: Strategy, micro_batch: int) -> bool:
+    """The data-parallel degree d divides the micro-batch; with a ulysses axis of degree u, u·d does not (where it
+    does, the same tree with d·u data-parallel ways and no ulysses dominates it)."""
+    u = strategy.degree("ulysses")
+    return micro_batch % strategy.data_parallel == 0 and not (
+        space.ulysses_where_undominated and u > 1 and micro_batch % (u * strategy.data_parallel) == 0)
+
+
 def _runtime_runs(strategy: Strategy, layer: LayerSpec, sequence_length: int) -> bool:
     """TP divides the layer's heads; +sp only in a dense Transformer block whose sequence TP divides (the runtime
     runs no +sp in MoE blocks yet); +ep only with plain DP (its FSDP2 would shard experts over the whole group), in
-    a mixture-of-experts block whose experts EP divides."""
+    a mixture-of-experts block whose experts EP divides; ulysses u: tp·u divides the heads, u the sequence, and the
+    layer reads no second sequence."""
     experts_ok = strategy.ep == 1 or (layer.num_experts > 0 and layer.num_experts % strategy.ep == 0
                                       and all(axis in ("tp", "dp") for axis, _ in strategy.dims))
-    return _tp_divides_heads(strategy, layer) and experts_ok and (
+    u = strategy.degree("ulysses")
+    ulysses_ok = u == 1 or (sequence_length % u == 0 and not layer.side_input_bytes_per_sample and all(
+        heads == 0 or heads % (strategy.tp * u) == 0 for heads in (layer.attention_heads, layer.kv_heads)))
+    return _tp_divides_heads(strategy, layer) and experts_ok and ulysses_ok and (
         not strategy.sp or (layer.is_block and not layer.num_experts and sequence_length % strategy.tp == 0))
 
 
@@ -201,7 +226,7 @@ def oracle_work(job: JobSpec, variant: str) -> tuple[int, int]:
     for setting in oracle_settings(job):
         usable = [s for s in oracle_strategies(space, job.cluster.num_devices // setting.pp,
                                                model.is_mixture_of_experts)
-                  if setting.micro_batch % s.data_parallel == 0]
+                  if _usable(space, s, setting.micro_batch)]
         counts = [sum(1 for s in usable if _runtime_runs(s, layer, model.sequence_length)) for layer in model.layers]
         if 0 in counts:
             continue
@@ -291,7 +316,7 @@ class WholePlanOracle:
     def _allowed(self, setting: Setting) -> tuple[list[Strategy], list[list[int]]] | None:
         group = self.job.cluster.num_devices // setting.pp
         usable = [s for s in oracle_strategies(self.space, group, self.model.is_mixture_of_experts)
-                  if setting.micro_batch % s.data_parallel == 0]
+                  if _usable(self.space, s, setting.micro_batch)]
         allowed = [[i for i, s in enumerate(usable) if _runtime_runs(s, layer, self.model.sequence_length)]
                    for layer in self.model.layers]
         return None if not usable or not all(allowed) else (usable, allowed)
@@ -652,7 +677,7 @@ def in_space(job: JobSpec, variant: str, plan: Plan) -> bool:
         return False
     usable = set(oracle_strategies(ORACLE_SPACES[variant], job.cluster.num_devices // plan.pp,
                                    job.model.is_mixture_of_experts))
-    return all(s in usable and plan.micro_batch % s.data_parallel == 0
+    return all(s in usable and _usable(ORACLE_SPACES[variant], s, plan.micro_batch)
                and _runtime_runs(s, layer, job.model.sequence_length)
                for s, layer in zip(plan.strategies, job.model.layers))
 

@@ -11,13 +11,17 @@ sharding):
    this rank — so every plan, and single-process training, starts from the same model.
 A mixture-of-experts block holds the routed experts of its EP rank (`+epN`, experts: tokens reach them by all-to-all)
 and sums their gradients over its expert-data-parallel group, its other gradients over the data-parallel group.
+A layer with a `ulysses` axis runs on its rank's part of each sample's tokens (ulysses: all-to-alls around the
+attention core); its weights see the Ulysses ranks as data-parallel ones (Strategy.gradient_view), so gradients are
+summed and parameters sharded over the data-parallel and Ulysses ranks together.
 Between layers whose strategies slice the micro-batch differently the activation is re-laid
 (redistribute, Slice-Gather); stages run 1F1B (pipeline); gradients are synchronised after the last
 micro-batch (sharding); tied weights are summed across their copies (tied_weights); Adam steps.
 
 Loss arithmetic: the objective is the mean over the global batch of each sample's loss, i.e. the mean
 over the m micro-batches of the mean over each micro-batch. A rank whose head sees 1/k of a micro-batch
-back-propagates (its local mean) / (k · m): its exact share. Every gradient is then a partial sum over
+back-propagates (its local mean) / (k · m): its exact share. Under Ulysses a rank's head sees 1/u of the tokens of
+its slice and back-propagates its part's mean / (u · k · m) (the head divides by u: the parts are equal). Every gradient is then a partial sum over
 this rank's samples, and data-parallel groups SUM them (never average), whatever their degree.
 """
 
@@ -46,6 +50,7 @@ from .sharding import (LayerDataParallel, ReduceScatterInFlight, data_parallel_f
                        shard_like, synchronise_plain_gradients)
 from .tensor_parallel import TensorParallel, gather_full, partition_dims, shard_for_rank
 from .tied_weights import TiedWeights, share_tied_weight
+from .ulysses import UlyssesParallel
 
 PRECISION_DTYPES = {"fp32": None, "bf16": torch.bfloat16}
 """Parameters and optimizer states stay fp32; bf16 runs the layers under autocast."""
@@ -139,8 +144,9 @@ class HybridEngine:
 
         tp = TensorParallel(self.pool.tensor_group(strategy), strategy.tp,
                             self.layout.digits(self.rank, strategy).get("tp", 0), strategy.sp)
+        ulysses = UlyssesParallel.of(self.pool, strategy)  # refuses in one line what the runtime does not run with it
         experts = ExpertParallel.of(self.pool, strategy)
-        module = build_layer(self.architecture, name, tp, experts=experts)
+        module = build_layer(self.architecture, name, tp, experts=experts, ulysses=ulysses)
         if any(parameter.device != self.device for parameter in module.parameters()):
             module = module.to(self.device)  # (under fake tensors `to` the same device would swap a tensor with itself)
         split_dims = partition_dims(module)
@@ -152,11 +158,12 @@ class HybridEngine:
             module.recompute_slices = True
         elif strategy.ckpt:
             module = checkpoint_wrapper(module)
-        data_parallel = LayerDataParallel(data_parallel_flavour(strategy), self.pool.data_group(strategy),
-                                          strategy.data_parallel)
-        module = data_parallel.wrap(module, self.pool.data_mesh(strategy), self.reduce_scatter_in_flight)
-        expert_data_parallel = LayerDataParallel(data_parallel.flavour, self.pool.expert_data_group(strategy),
-                                                 strategy.expert_data_parallel)
+        weights = strategy.gradient_view  # Ulysses ranks hold the same weights: data-parallel ranks for them
+        data_parallel = LayerDataParallel(data_parallel_flavour(weights), self.pool.data_group(weights),
+                                          weights.data_parallel)
+        module = data_parallel.wrap(module, self.pool.data_mesh(weights), self.reduce_scatter_in_flight)
+        expert_data_parallel = LayerDataParallel(data_parallel.flavour, self.pool.expert_data_group(weights),
+                                                 weights.expert_data_parallel)
         parameters = {_canonical(key): parameter for key, parameter in module.named_parameters()}
         return StageLayer(index, name, strategy, module, tp, data_parallel, experts, expert_data_parallel,
                           BatchLayout.of(strategy), split_dims, parameters)
@@ -284,8 +291,8 @@ class HybridEngine:
     def _boundary_shape(self, which: str) -> tuple[tuple[int, ...], torch.dtype, torch.device]:
         """Shape of the activation received from the previous stage ("in") or its gradient from the next ("out")."""
         layout = self.previous_layout if which == "in" else self.layers[-1].layout
-        rows = self.plan.micro_batch // layout.slices
-        return (rows, self.architecture.seq_length, self.architecture.hidden_size), self.boundary_dtype, self.device
+        rows, tokens = self.plan.micro_batch // layout.slices, self.architecture.seq_length // layout.parts
+        return (rows, tokens, self.architecture.hidden_size), self.boundary_dtype, self.device
 
     @property
     def boundary_dtype(self) -> torch.dtype:
@@ -293,12 +300,14 @@ class HybridEngine:
         return self.autocast_dtype or torch.float32
 
     def _seed_dropout(self, micro_index: int, layer: StageLayer) -> None:
-        """Dropout masks are a function of (seed, step, micro-batch, layer, batch slice): identical on the TP
-        ranks that share a slice, reproduced exactly when a checkpointed layer is recomputed."""
+        """Dropout masks are a function of (seed, step, micro-batch, layer, batch slice, sequence part under Ulysses):
+        identical on the TP ranks that share a slice, reproduced exactly when a checkpointed layer is recomputed."""
         if not getattr(self.architecture, "dropout", False):
             return
         slice_index = layer.layout.slice_of_rank[self.local_rank]
         key = f"{self.seed}/{self.step}/{micro_index}/{layer.index}/{slice_index}"
+        if layer.layout.parts > 1:
+            key += f"/{layer.layout.part(self.local_rank)}"
         torch.manual_seed(zlib.crc32(key.encode()))
 
     # ------------------------------------------------------------------ full tensors (checkpoints, tests)

@@ -37,7 +37,7 @@ class GroupPool:
         self._meshes = {}
         first, end = plan.stage_bounds[self.layout.stage_of(self.rank)]
         for strategy in dict.fromkeys(plan.strategies[first:end]):
-            ranks = self.layout.data_group(self.rank, strategy)
+            ranks = self.layout.data_group(self.rank, strategy.gradient_view)  # with Ulysses' ranks
             if len(ranks) > 1 and ranks not in self._meshes:
                 from torch.distributed.device_mesh import DeviceMesh
 

@@ -9,6 +9,11 @@ carry identical gradients, because Megatron's backward all-reduces them). Point-
 missing rows: what one rank receives is the transition cost R the planner prices (gbmw.ranks
 .transition_fraction), and no rank ever holds more than its own slices (an all-gather over the stage group
 would hold the group's size in slices at once).
+
+A strategy with a sequence axis (Ulysses, gbmw.adapters.runtime.ulysses) splits each sample's tokens too: a rank
+holds a rectangle of (batch slice × sequence part) (`gbmw.ranks.data_layout`). Between such layouts the same rule
+moves blocks of (rows × tokens): every rank receives the blocks of its new rectangle it does not hold, each from one
+holder — what `transition_fraction` prices. Layouts that split the batch only take the row path unchanged.
 """
 
 from __future__ import annotations
@@ -18,25 +23,40 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from gbmw.ranks import activation_layout
+from gbmw.ranks import data_layout
 
 
 @dataclass(frozen=True)
 class BatchLayout:
-    """Which slice of the micro-batch every rank of a stage holds under one strategy."""
+    """Which slice of the micro-batch, and which part of each sample's tokens, every rank of a stage holds under one
+    strategy."""
 
     slice_of_rank: tuple[int, ...]
     """Slice index of each local rank of the stage, in rank order."""
     slices: int
+    part_of_rank: tuple[int, ...] | None = None
+    """Sequence part of each local rank (its digit on the strategy's sequence axis); None: the whole sequence."""
+    parts: int = 1
+    """Parts each sample's tokens are split into (1: none)."""
 
     @classmethod
     def of(cls, strategy) -> "BatchLayout":
-        shards = activation_layout(strategy)
-        return cls(tuple(index for index, _ in shards), shards[0][1])
+        shards = data_layout(strategy)
+        parts = shards[0][3]
+        return cls(tuple(shard[0] for shard in shards), shards[0][1],
+                   tuple(shard[2] for shard in shards) if parts > 1 else None, parts)
+
+    def part(self, local_rank: int) -> int:
+        """The sequence part a rank holds (0 without a sequence split)."""
+        return self.part_of_rank[local_rank] if self.part_of_rank else 0
 
     def take(self, full: torch.Tensor, local_rank: int) -> torch.Tensor:
-        """This rank's slice of a full micro-batch tensor (batch dimension first)."""
-        return full.chunk(self.slices)[self.slice_of_rank[local_rank]]
+        """This rank's slice of a full micro-batch tensor (batch dimension first), and its part of the tokens
+        (dimension 1) when the layout splits the sequence and the tensor has one."""
+        sliced = full.chunk(self.slices)[self.slice_of_rank[local_rank]]
+        if self.parts == 1 or sliced.dim() < 2:
+            return sliced
+        return sliced.chunk(self.parts, dim=1)[self.part(local_rank)]
 
 
 class SliceGather(torch.autograd.Function):
@@ -45,12 +65,19 @@ class SliceGather(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, source: BatchLayout, target: BatchLayout, local_rank: int, group):
         ctx.layouts, ctx.local_rank, ctx.group = (source, target), local_rank, group
-        return exchange_rows(x, source, target, local_rank, group)
+        return _exchange(x, source, target, local_rank, group)
 
     @staticmethod
     def backward(ctx, grad):
         source, target = ctx.layouts
-        return exchange_rows(grad, target, source, ctx.local_rank, ctx.group), None, None, None, None
+        return _exchange(grad, target, source, ctx.local_rank, ctx.group), None, None, None, None
+
+
+def _exchange(x: torch.Tensor, held: BatchLayout, needed: BatchLayout, local_rank: int, group) -> torch.Tensor:
+    """Rows alone when neither layout splits the sequence; blocks of rows × tokens otherwise."""
+    if held.parts == 1 and needed.parts == 1:
+        return exchange_rows(x, held, needed, local_rank, group)
+    return exchange_blocks(x, held, needed, local_rank, group)
 
 
 def _rows(layout: BatchLayout, index: int, rows: int) -> tuple[int, int]:
@@ -99,6 +126,64 @@ def exchange_rows(x: torch.Tensor, held: BatchLayout, needed: BatchLayout, local
     if operations:
         for request in dist.batch_isend_irecv(operations):
             request.wait()
+    return out
+
+
+def _cells(layout: BatchLayout, local_rank: int, rows: int, tokens: int) -> tuple[tuple[int, int], tuple[int, int]]:
+    """([row start, stop), [token start, stop)) a local rank holds of a micro-batch of `rows` × `tokens`."""
+    token_size = -(-tokens // layout.parts)
+    part = layout.part(local_rank)
+    return (_rows(layout, layout.slice_of_rank[local_rank], rows),
+            (min(part * token_size, tokens), min((part + 1) * token_size, tokens)))
+
+
+def block_transfers(held: BatchLayout, needed: BatchLayout, rows: int, tokens: int
+                    ) -> list[tuple[int, int, tuple[int, int], tuple[int, int]]]:
+    """(sender, receiver, (row start, stop), (token start, stop)): every block of the micro-batch a local rank needs
+    under `needed`, from itself when it holds it under `held`, else from one holder (spread over the holders by
+    receiver) — `transfers` with the sequence split as a second dimension."""
+    holders: dict[tuple, list[int]] = {}
+    for rank in range(len(held.slice_of_rank)):
+        holders.setdefault(_cells(held, rank, rows, tokens), []).append(rank)
+    result = []
+    for receiver in range(len(needed.slice_of_rank)):
+        (low, high), (first, last) = _cells(needed, receiver, rows, tokens)
+        for ((source_low, source_high), (source_first, source_last)), candidates in holders.items():
+            start, stop = max(low, source_low), min(high, source_high)
+            begin, end = max(first, source_first), min(last, source_last)
+            if start < stop and begin < end:
+                sender = receiver if receiver in candidates else candidates[receiver % len(candidates)]
+                result.append((sender, receiver, (start, stop), (begin, end)))
+    return result
+
+
+def exchange_blocks(x: torch.Tensor, held: BatchLayout, needed: BatchLayout, local_rank: int, group) -> torch.Tensor:
+    """`exchange_rows` for layouts that split the sequence (dimension 1 of x) too: blocks of rows × tokens, each sent
+    contiguous and received into a buffer of its own where the block is not contiguous in the result."""
+    x = x.contiguous()
+    rows, tokens = x.size(0) * held.slices, x.size(1) * held.parts
+    (held_low, _), (held_first, _) = _cells(held, local_rank, rows, tokens)
+    (low, high), (first, last) = _cells(needed, local_rank, rows, tokens)
+    out = x.new_empty((high - low, last - first, *x.shape[2:]))
+    operations, copies = [], []
+    for sender, receiver, (start, stop), (begin, end) in block_transfers(held, needed, rows, tokens):
+        source = x[start - held_low:stop - held_low, begin - held_first:end - held_first]
+        target = out[start - low:stop - low, begin - first:end - first]
+        if sender == local_rank and receiver == local_rank:
+            target.copy_(source)
+        elif sender == local_rank:
+            operations.append(dist.P2POp(dist.isend, source.contiguous(), dist.get_global_rank(group, receiver),
+                                         group))
+        elif receiver == local_rank:
+            buffer = target if target.is_contiguous() else torch.empty_like(target)
+            operations.append(dist.P2POp(dist.irecv, buffer, dist.get_global_rank(group, sender), group))
+            if buffer is not target:
+                copies.append((target, buffer))
+    if operations:
+        for request in dist.batch_isend_irecv(operations):
+            request.wait()
+    for target, buffer in copies:
+        target.copy_(buffer)
     return out
 
 

@@ -72,7 +72,8 @@ def train(job_reference: str, plan_path: str, settings: TrainSettings) -> list[f
 
 def refuse_what_the_runtime_does_not_run(plan, plan_path: str) -> None:
     """One PlanError for a plan (planned for a Megatron target) with what gbmw's runtime does not run: an interleaved
-    or GPipe schedule, sequence parallelism outside the Transformer blocks. (Selective recomputation, +sel, it runs:
+    or GPipe schedule, sequence parallelism outside the Transformer blocks, context parallelism (cp) or Ulysses with +sp
+    or +ep (gbmw.space.runtime_support.runtime_strategy_refusal). (Selective recomputation, +sel, it runs:
     gbmw.adapters.runtime.attention_core_recompute.)"""
     if plan.schedule != "1f1b" or plan.virtual_stages != 1:
         raise PlanError(f"{plan_path}: schedule {plan.schedule} with virtual_stages {plan.virtual_stages} — gbmw's runtime "
@@ -83,6 +84,12 @@ def refuse_what_the_runtime_does_not_run(plan, plan_path: str) -> None:
         raise PlanError(f"{plan_path}: field `strategies`: layer {edge} ({'embedding' if edge == 0 else 'head'}) uses "
                         f"{plan.strategies[edge].name} — gbmw's runtime runs sequence parallelism (+sp) in Transformer "
                         "blocks only; drop +sp there, or plan again for --target runtime")
+    from gbmw.space.runtime_support import runtime_strategy_refusal
+
+    for index, strategy in enumerate(plan.strategies):
+        refusal = runtime_strategy_refusal(strategy)
+        if refusal is not None:
+            raise PlanError(f"{plan_path}: field `strategies`: layer {index}: {refusal}")
 
 
 def _read_inputs(job_reference: str, plan_path: str, settings: TrainSettings):

@@ -144,7 +144,7 @@ class Planner:
                 self.exclusions[f"pp={pp}: no candidate ({names}) has a TP degree dividing every layer's heads"] = None
                 continue
             for micro_batch in self._micro_batch_sizes():
-                usable = [s for s in strategies if micro_batch % s.data_parallel == 0]
+                usable = self.spec.usable(strategies, micro_batch)  # (drops dominated Ulysses strategies)
                 if not usable:
                     continue
                 tables = strategy_tables(model, usable, micro_batch, self.settings, self.comm)

@@ -8,6 +8,9 @@ tied or untied head), mixture-of-experts ones among them (dropless top-k routing
 refuses those strategies) — and BERT encoders. It trains in fp32 or bf16 (fp16 would need loss scaling). T5's
 encoder-decoder, ViT's and Swin's image models are planned and emitted for DeepSpeed and Megatron, but the
 runtime has no modules for them yet.
+
+Of the sequence axes it runs Ulysses (`ulysses`, gbmw.adapters.runtime.ulysses) with any data-parallel flavour and TP,
+not with +sp or +ep; not ring context parallelism (`cp`): `runtime_strategy_refusal` says so in one line.
 """
 
 from __future__ import annotations
@@ -53,6 +56,22 @@ def runtime_refusal(architecture: Any, precision: str | None = None) -> str | No
     if precision is not None and precision not in RUNTIME_PRECISIONS:
         return (f"{where}: precision {precision}: gbmw's runtime trains in {' or '.join(RUNTIME_PRECISIONS)} "
                 "(fp16 would need loss scaling); plan the job with precision bf16 or fp32")
+    return None
+
+
+def runtime_strategy_refusal(strategy) -> str | None:
+    """Why gbmw's runtime cannot run a layer's strategy's sequence axis (one sentence), or None when it can: `gbmw
+    train` refuses such a plan before starting, and the engine refuses the layer with the same words."""
+    axis, name = strategy.sequence_axis, strategy.name
+    if axis == "cp":
+        return (f"strategy {name}: gbmw's runtime does not run context parallelism (cp, ring attention); use "
+                f"ulysses{strategy.sequence_parallel_degree} in its place, or plan for --target megatron-core")
+    if axis == "ulysses" and strategy.sp:
+        return (f"strategy {name}: gbmw's runtime runs Ulysses without +sp (its tokens are already split over the "
+                "Ulysses group); leave +sp out")
+    if axis == "ulysses" and strategy.ep > 1:
+        return (f"strategy {name}: gbmw's runtime does not run expert parallelism (+ep) with Ulysses yet; leave +ep "
+                "or the ulysses axis out")
     return None
 
 

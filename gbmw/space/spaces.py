@@ -29,6 +29,7 @@ from typing import Callable
 import numpy as np
 
 from gbmw.errors import GbmwError
+from gbmw.space.runtime_support import runtime_strategy_refusal
 from gbmw.space.strategy import DATA_PARALLEL_AXES, SEARCH_AXES, Strategy, enumerate_strategies, pipeline_degrees
 from gbmw.space.targets import Target, get_target
 from gbmw.specs.cluster_spec import ClusterSpec
@@ -63,6 +64,9 @@ class SearchSpace:
     """Offer sequence parallelism (+sp) for strategies with TP."""
     expert_parallel: bool = False
     """Offer expert parallelism (+epN) to mixture-of-experts models."""
+    ulysses_where_undominated: bool = False
+    """Offer a strategy with a `ulysses` axis only at micro-batch sizes where its `gradient_view` is not usable
+    (`usable`)."""
 
     @classmethod
     def for_target(cls, target: Target) -> "SearchSpace":
@@ -94,6 +98,25 @@ class SearchSpace:
         if self.strategy_filter is not None:
             candidates = [s for s in candidates if self.strategy_filter(s, pp)]
         return candidates
+
+    def usable(self, strategies: list[Strategy], micro_batch: int) -> list[Strategy]:
+        """The candidates a micro-batch of `micro_batch` samples allows: their data-parallel degree divides it.
+
+        Dominance rule (`ulysses_where_undominated`): a strategy S with Ulysses degree u and data-parallel degree d
+        gives each rank 1/(u·d) of the micro-batch's tokens; its `gradient_view` — the ulysses axis merged into the
+        data-parallel one, data-parallel degree u·d — gives each rank the same number of tokens as whole samples, so
+        it costs the same compute (attention included: S's causal parts are costed at 1/u of the work), the same
+        activation memory, the same weights, states and gradient synchronisation (the same group), and none of S's
+        all-to-alls (gbmw.cost.context_parallel): no larger in any per-layer cost (tests/test_space.py checks it for
+        every strategy over 2 to 8 devices). Wherever the micro-batch is divisible by u·d it is usable, so S is left
+        out there; S remains where u·d does not divide the micro-batch (long sequences at micro-batch 1, say). The
+        rule is exact per layer, not across layers: from S's layout a Slice-Gather to a neighbour's can move less
+        than from the view's (ulysses4 → dp2-tp2 receives half an activation, dp4 → dp2-tp2 three quarters), a saving
+        below S's own all-to-alls of Q, K, V and the output in forward and again in backward."""
+        usable = [s for s in strategies if micro_batch % s.data_parallel == 0]
+        if not self.ulysses_where_undominated:
+            return usable
+        return [s for s in usable if s.sequence_axis != "ulysses" or micro_batch % s.gradient_view.data_parallel]
 
     def groups(self, strategies: list[Strategy], model: ModelSpec) -> list[np.ndarray]:
         """Masks [strategy, layer] of what one search may mix: everything, or for uniform spaces one
@@ -134,6 +157,11 @@ def _single_dp_axis(strategy: Strategy) -> bool:
     return sum(axis in DATA_PARALLEL_AXES for axis, _ in strategy.dims) <= 1
 
 
+def _runtime_runs(strategy: Strategy) -> bool:
+    """Ulysses without +sp or +ep (gbmw.space.runtime_support.runtime_strategy_refusal)."""
+    return runtime_strategy_refusal(strategy) is None
+
+
 VARIANTS: dict[str, SearchSpace] = {
     "dp+tp": SearchSpace("Galvatron (DP+TP)", axes=("dp", "tp"), ckpt=False, schedule="gpipe", max_pp=1),
     "dp+pp": SearchSpace("Galvatron (DP+PP)", axes=("dp",), ckpt=False, schedule="gpipe"),
@@ -142,8 +170,9 @@ VARIANTS: dict[str, SearchSpace] = {
     "1f1b+bi-obj": SearchSpace("Galvatron (1F1B+Bi-obj)", ckpt=False, partitioning=("time", "bi-objective")),
     "bmw": SearchSpace("Galvatron-BMW", partitioning=("time", "bi-objective")),
     "gbmw": SearchSpace(
-        "gbmw (BMW + ZeRO-1/2)", axes=("dp", "z1dp", "z2dp", "sdp", "tp"), partitioning=("time", "bi-objective"),
-        strategy_filter=lambda s, pp: _single_dp_axis(s), sequence_parallel=True, expert_parallel=True,
+        "gbmw (BMW + ZeRO-1/2)", axes=("dp", "z1dp", "z2dp", "sdp", "tp", "ulysses"),
+        partitioning=("time", "bi-objective"), strategy_filter=lambda s, pp: _single_dp_axis(s) and _runtime_runs(s),
+        sequence_parallel=True, expert_parallel=True, ulysses_where_undominated=True,
     ),
 }
 DEFAULT_VARIANT = "gbmw"

@@ -2,7 +2,7 @@
 the pipeline partitions and the emitters' mappings (ZeRO stage ↔ data-parallel axis, partition method
 names) all derive from these definitions (DESIGN.md, "Target").
 
-* `runtime` — gbmw's own hybrid runtime: any strategy per layer, any partition.
+* `runtime` — gbmw's own hybrid runtime: any strategy per layer, any partition; Ulysses (not with +sp), not CP.
 * `deepspeed` — ZeRO and DeepSpeed's pipeline engine: one layout for the whole model, no TP, one ZeRO stage
   (≤ 1 with a pipeline), the PipelineModule's `uniform` or `parameters` partitions.
 * `megatron-deepspeed` — Megatron TP (innermost, consecutive ranks) inside DeepSpeed ZeRO (≤ 1 with a
@@ -386,10 +386,11 @@ def _describe_runs(plan: PlanLayout) -> str:
 
 
 TARGETS: dict[str, Target] = {
-    "runtime": Target("runtime", "gbmw runtime", "gbmw-runtime", ("dp", "z1dp", "z2dp", "sdp", "tp"), per_layer=True, fused_attention=True,
-                      sequence_parallel=True, sequence_parallel_blocks_only=True, selective_recompute="any",
-                      search_offers_selective=False, expert_parallel=True, expert_parallel_axes=("dp",),
-                      sequence_parallel_in_expert_blocks=False),
+    "runtime": Target("runtime", "gbmw runtime", "gbmw-runtime", ("dp", "z1dp", "z2dp", "sdp", "tp", "ulysses"),
+                      per_layer=True, fused_attention=True, sequence_parallel=True, sequence_parallel_blocks_only=True,
+                      selective_recompute="any", search_offers_selective=False, expert_parallel=True,
+                      expert_parallel_axes=("dp",), sequence_parallel_in_expert_blocks=False,
+                      sequence_axes=("ulysses",), sequence_split_with_sequence_parallel=False),
     "deepspeed": Target(
         "deepspeed", "DeepSpeed (ZeRO + pipeline engine)", "deepspeed", ("dp", "z1dp", "z2dp", "sdp"),
         pipeline_max_zero_stage=1,
