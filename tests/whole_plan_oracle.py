@@ -18,7 +18,7 @@ plain loops rather than read from the search:
   recomputes, whose data-parallel degree divides b and whose TP degree divides the layer's attention and key/value
   heads; `gbmw` on a mixture-of-experts model: every tree with one data-parallel axis of degree d also with expert
   parallelism +epE for every power of two 2 ≤ E ≤ d, on the MoE blocks whose experts E divides (never on a dense
-  layer); `gbmw` also offers a `ulysses` axis, placed immediately inside the one data-parallel axis (or outermost
+  layer); `gbmw+ulysses` also offers a `ulysses` axis, placed immediately inside the one data-parallel axis (or outermost
   without one), never with +sp or +ep, on layers whose attention and key/value heads tp·u divides and whose sequence
   u divides, and — the dominance rule of gbmw.space.spaces.SearchSpace.usable — only at micro-batch sizes that
   u·d does not divide (d the data-parallel degree). `ORACLE_SPACES` writes these rules out; tests/test_search_exact.py
@@ -97,15 +97,17 @@ class OracleSpace:
     expert_parallel: bool = False
     """`gbmw`: on a mixture-of-experts model, every strategy with one data-parallel axis also with +epE."""
     ulysses_where_undominated: bool = False
-    """`gbmw`: a strategy with a ulysses axis of degree u and data-parallel degree d only where u·d does not divide
+    """`gbmw+ulysses`: a strategy with a ulysses axis of degree u and data-parallel degree d only where u·d does not divide
     the micro-batch (elsewhere the same tree with the ulysses axis folded into data parallelism, d·u ways, costs
     no more per layer; `_usable`)."""
 
 
 ORACLE_SPACES: dict[str, OracleSpace] = {
-    "gbmw": OracleSpace(("dp", "z1dp", "z2dp", "sdp", "tp", "ulysses"), ckpt=True, one_data_parallel_axis=True,
-                        no_dp_with_sdp=False, sequence_parallel=True, expert_parallel=True,
-                        ulysses_where_undominated=True),
+    "gbmw": OracleSpace(("dp", "z1dp", "z2dp", "sdp", "tp"), ckpt=True, one_data_parallel_axis=True,
+                        no_dp_with_sdp=False, sequence_parallel=True, expert_parallel=True),
+    "gbmw+ulysses": OracleSpace(("dp", "z1dp", "z2dp", "sdp", "tp", "ulysses"), ckpt=True, one_data_parallel_axis=True,
+                                no_dp_with_sdp=False, sequence_parallel=True, expert_parallel=True,
+                                ulysses_where_undominated=True),
     "bmw": OracleSpace(("dp", "sdp", "tp"), ckpt=True, one_data_parallel_axis=False, no_dp_with_sdp=True),
     "base": OracleSpace(("dp", "sdp", "tp"), ckpt=True, one_data_parallel_axis=False, no_dp_with_sdp=True),
     "1f1b+bi-obj": OracleSpace(("dp", "sdp", "tp"), ckpt=False, one_data_parallel_axis=False, no_dp_with_sdp=True),
@@ -612,7 +614,7 @@ def describe_plan(plan: Plan) -> str:
 # ---------------------------------------------------------------------------------------------------- cases
 
 
-ORACLE_VARIANTS = ("gbmw", "gbmw", "bmw", "1f1b+bi-obj")
+ORACLE_VARIANTS = ("gbmw", "gbmw+ulysses", "bmw", "1f1b+bi-obj")
 """Variants a random case is drawn from: the default twice as often."""
 
 
