@@ -1,6 +1,7 @@
 """The estimator's peak memory against what gbmw's runtime really allocates, at full scale, on a CPU.
 
-    .venv/bin/python benchmarks/memory_at_scale.py          # seven full-size plans, one rank per stage (~11 min)
+    .venv/bin/python benchmarks/memory_at_scale.py          # every full-size plan, one rank per stage
+    .venv/bin/python benchmarks/memory_at_scale.py --only moe   # the mixture-of-experts plans alone (--only dense)
 
 For each plan, one rank of every pipeline stage builds the runtime's real train step under torch's fake tensors
 and fake process group, and torch's MemTracker tracks its peak (gbmw.adapters.profile.fake_memory;
@@ -10,7 +11,11 @@ tests/test_fake_memory.py shows the fake trace's peak equals the real step's on 
 - a mixed per-layer plan for GPT-3 15B on 32 devices (two stages; TP, ZeRO-1/2/3 and checkpointing mixed);
 - gbmw's plan for LLaMA-7B on 8 A100-80GB (`llama-7b_a100-80g-x8`: RMSNorm, SwiGLU, rotary) and a mixed
   per-layer plan for it (TP, ZeRO-1/2/3 and checkpointing mixed on one stage), and that plan with sequence
-  parallelism (+sp) in every block, and that with selective recomputation (+sel) in the blocks without +ckpt.
+  parallelism (+sp) in every block, and that with selective recomputation (+sel) in the blocks without +ckpt;
+- mixture of experts: gbmw's plan for Mixtral-8x7B on 64 H100-80GB (`mixtral-8x7b_h100-80g-x64`: expert parallelism
+  with plain DP in the MoE blocks) and a mixed per-layer plan for it (EP degrees 2–8 beside TP, ZeRO and
+  checkpointing). Their MoE layers route by the balanced assignment (every expert n·k/E copies), the estimator's
+  stated assumption (`moe.load_imbalance` = 1; gbmw.adapters.profile.fake_memory says what that leaves unchecked).
 Prints estimated and tracked peak per rank and the error; the target (issue 12) is |error| ≤ 3 %.
 """
 
@@ -65,7 +70,15 @@ def llama_selective_plan(job):
     return plan_from_strategy_names(job.model, 8, names, [34], 64, 16, cluster=job.cluster.name)
 
 
-def cases():
+def mixtral_mixed_plan(job):
+    """Mixtral-8x7B on 64 devices in eight stages of 8, each MoE block's strategy chosen by hand to mix EP degrees
+    (8, 4, 2) with plain DP, TP and checkpointing, dense ends sharded (ZeRO-1/3)."""
+    names = (["z1dp8"] + ["dp8+ep8"] * 6 + ["tp2-dp4+ep4"] * 6 + ["dp8+ep8+ckpt"] * 8 + ["tp2-dp4+ep2"] * 4
+             + ["tp4-dp2+ep2"] * 4 + ["dp8+ep4"] * 4 + ["sdp8"])
+    return plan_from_strategy_names(job.model, 64, names, [5, 4, 4, 4, 4, 4, 4, 5], 256, 32, cluster=job.cluster.name)
+
+
+def dense_cases():
     gpt15, gpt65 = load_job("gpt3-15b_a100-80g-x32"), load_job("gpt3-65b_h100-80g-x64")
     llama = load_job("llama-7b_a100-80g-x8")
     return [("gbmw's plan, GPT-3 15B, 32 × A100", gpt15, Planner(gpt15).run()),
@@ -77,14 +90,26 @@ def cases():
             ("the same with +sel where not +ckpt, LLaMA-7B", llama, llama_selective_plan(llama))]
 
 
+def moe_cases():
+    mixtral = load_job("mixtral-8x7b_h100-80g-x64")
+    return [("gbmw's plan, Mixtral-8x7B, 64 × H100", mixtral, Planner(mixtral).run()),
+            ("mixed per-layer MoE plan, Mixtral-8x7B, 64 devices", mixtral, mixtral_mixed_plan(mixtral))]
+
+
+CASES = {"dense": dense_cases, "moe": moe_cases}
+
+
 def main() -> int:
-    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", choices=sorted(CASES), help="trace only the dense or only the mixture-of-experts plans")
+    args = parser.parse_args()
+    cases = [case for kind, make in CASES.items() if args.only in (None, kind) for case in make()]
     console = Console(highlight=False, width=140)
     table = Table(title="peak memory per rank: estimate vs the runtime's step traced under fake tensors")
     for column in ("plan", "rank", "stage", "estimated GiB", "tracked GiB", "error", "trace s"):
         table.add_column(column, justify="left" if column == "plan" else "right")
     errors = []
-    for label, job, plan in cases():
+    for label, job, plan in cases:
         estimate = estimate_plan(job, with_traced_micro_batches(plan))  # 1F1B: the same peak as the plan's m
         for stage in range(plan.pp):
             started = time.perf_counter()

@@ -10,6 +10,10 @@ fake one by at most the largest such buffer of the stage's layers (`late_collect
 it. That still catches a stashed activation or a whole extra buffer beside it where the stage has neither kind of
 layer; those plans must agree exactly.
 
+Mixture-of-experts plans (+epN) are traced with balanced routing in both (gbmw.adapters.runtime.experts
+.balanced_routing: the real step routes by the same fixed assignment, so both hold the same token copies); their
+all-to-alls run on gloo's worker threads too and add one more late buffer (`late_collective_bytes`).
+
 A plan and its twin with selective recomputation (+sel) change the estimated peak exactly as they change the traced
 one (`test_selective_recomputation_frees_what_the_estimator_says`)."""
 
@@ -33,7 +37,27 @@ PLANS = [  # (job, processes, per-layer strategies (embedding, 4 blocks, head), 
     # selective recomputation (+sel: the attention core recomputed in backward) beside +sp, ckpt, ZeRO and a pipeline
     ("gpt-tiny_cpu-x4", 4, ["tp2", "sdp2+sel", "tp2+sp+sel", "dp2+ckpt", "z1dp2+sel", "tp2"], [3, 3], 3),
     ("llama-tiny_cpu-x4", 2, ["tp2", "tp2+sp+sel", "sdp2+sel", "tp2+ckpt", "z2dp2+sel", "tp2"], [6], 2),
+    # mixture of experts (llama-moe-tiny: block 0 dense, blocks 1–3 four experts, top-2, a shared expert): EP alone,
+    # with TP and ZeRO-3 beside it, EP over part of the data-parallel group, and a pipeline
+    ("llama-moe-tiny", 2, ["dp2+ep2"] * 6, [6], 2),
+    ("llama-moe-tiny", 2, ["tp2", "sdp2", "dp2+ep2", "dp2+ep2+ckpt", "tp2", "dp2"], [6], 2),
+    ("llama-moe-tiny", 4, ["dp4", "tp2-dp2", "tp2-dp2+ep2", "dp4+ep4", "dp4+ep4+ckpt", "tp4"], [6], 2),
+    ("llama-moe-tiny", 4, ["dp2+ep2", "tp2", "dp2+ep2", "dp2+ep2+ckpt", "dp2+ep2", "dp2"], [3, 3], 3),
 ]
+MOE_MODELS = {"llama-moe-tiny": "llama-tiny_cpu-x4"}
+"""MoE models of PLANS and the bundled job whose cluster and training settings they are traced with."""
+
+
+def _load(job_name):
+    """The bundled job, or for a model of MOE_MODELS its job with that model."""
+    from gbmw.specs.bundled import resolve_recipe
+    from gbmw.specs.jobs import load_job
+    from gbmw.specs.models import load_model
+
+    if job_name not in MOE_MODELS:
+        return load_job(job_name)
+    job = load_job(MOE_MODELS[job_name])
+    return job.model_copy(update={"model": load_model(resolve_recipe(job_name, "models"), job.precision)})
 
 
 def _peaks(rank, world_size, job_name, strategies, partition, micro_batches):
@@ -43,9 +67,8 @@ def _peaks(rank, world_size, job_name, strategies, partition, micro_batches):
     from gbmw.adapters.runtime.engine import AdamSettings
     from gbmw.adapters.runtime.groups import GroupPool
     from gbmw.plan import plan_from_strategy_names
-    from gbmw.specs.jobs import load_job
 
-    job = load_job(job_name)
+    job = _load(job_name)
     plan = plan_from_strategy_names(job.model, world_size, strategies, partition, 8 * micro_batches, micro_batches)
     real = step_peak(plan, job.model.architecture, GroupPool(plan), AdamSettings(max_grad_norm=1.0), fake=False)
     dist.barrier()
@@ -68,6 +91,9 @@ def late_collective_bytes(job, plan, layer: int, strategy) -> int:
       [b, s, h] W = b·s·h·4 B, dropped once this rank's slice is copied out; the all-gather of a sequence slice holds
       its t received slices (W in all, dropped once concatenated) and the slice it sent (W/t, a temporary where it
       was cast or was the previous layer's output): W·(1 + 1/t). (The summed norm gradients, h·4 B, are smaller.)
+    - a +epN MoE layer: each all-to-all's input, dropped by the step once sent — the dispatched token copies, the
+      expert outputs combined back, and in backward their gradients: a rank's b/d samples × s tokens × top-k copies
+      × h × 4 B (balanced routing: every rank sends and receives as many).
     One collective's: a worker thread lets go of its finished work before it takes the next, but a process group
     has two worker threads, so two held at once is possible and assumed away (as for the sharded layers before).
     Seen under load on the gpt-tiny +sp plan (W = 65,536 B, bound 98,304 B): excesses in 7 of 27 runs, of 63,488
@@ -83,6 +109,10 @@ def late_collective_bytes(job, plan, layer: int, strategy) -> int:
         rows = plan.micro_batch // strategy.data_parallel
         whole_bytes = rows * architecture.seq_length * architecture.hidden_size * 4
         late = max(late, whole_bytes + whole_bytes // strategy.tp)
+    if strategy.ep > 1 and job.model.layers[layer].num_experts:
+        architecture = job.model.architecture
+        copies = plan.micro_batch // strategy.data_parallel * architecture.seq_length * architecture.moe.top_k
+        late = max(late, copies * architecture.hidden_size * 4)
     return late
 
 
@@ -152,3 +182,29 @@ def test_selective_recomputation_frees_what_the_estimator_says(job_name, process
     for stage, ((estimated, traced), (estimated_sel, traced_sel)) in enumerate(zip(*peaks)):
         assert traced_sel < traced, stage
         assert estimated_sel - estimated == traced_sel - traced, (stage, estimated_sel - estimated, traced_sel - traced)
+
+
+def test_balanced_routing_gives_every_expert_the_mean_and_is_needed_under_fake_tensors():
+    """The balanced assignment sends n·k/E copies to each expert, a token's k copies to k different experts; an MoE
+    layer given fake tensors outside `balanced_routing()` refuses in one line instead of guessing counts."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from gbmw.adapters.runtime.experts import (ExpertParallel, MixtureOfExpertsMLP, balanced_experts,
+                                               balanced_routing)
+    from gbmw.adapters.runtime.tensor_parallel import TensorParallel
+    from gbmw.errors import PlanError
+    from gbmw.specs.architectures import MixtureOfExperts
+
+    chosen = balanced_experts(12, 2, 8, "cpu")
+    assert torch.bincount(chosen.reshape(-1), minlength=8).tolist() == [3] * 8
+    assert all(len(set(row.tolist())) == 2 for row in chosen)
+    moe = MixtureOfExperts(num_experts=4, top_k=2, expert_ffn_hidden_size=8)
+    with FakeTensorMode():
+        layer = MixtureOfExpertsMLP(8, moe, False, True, TensorParallel.single(), ExpertParallel.single(),
+                                    torch.float32)
+        x = torch.randn(2, 6, 8)
+        with pytest.raises(PlanError, match="balanced_routing"):
+            layer(x)
+        with balanced_routing():
+            assert layer(x).shape == x.shape

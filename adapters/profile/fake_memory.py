@@ -11,6 +11,16 @@ parallel shards are equal), so one rank per stage is traced.
 
 The fake device is the CPU: with bf16, CPU autocast decides which ops run in bf16, and its lists differ from
 CUDA autocast's for some ops (not for matmuls, which both run in bf16).
+
+Mixture-of-experts layers route by a fixed balanced assignment while traced (gbmw.adapters.runtime.experts
+.balanced_routing, entered by `step_peak` with fake and real tensors alike): real routing reads its token counts
+from the data, which fake tensors do not have. Every expert then receives n·k/E copies of a rank's n tokens and every
+EP rank the mean, which is exactly what the estimator assumes (`moe.load_imbalance` = 1 by default, the busiest rank
+receiving the mean: gbmw.cost.expert_parallel) — so the trace checks the estimate's accounting of what balanced
+routing holds (dispatched and permuted copies, expert activations, router probabilities, all-to-all buffers), the
+honest comparison for an estimate that states that assumption. It cannot show what imbalance costs: a busier rank
+holds more received copies and expert activations (the estimator's load factor prices that; nothing here checks it),
+and real routing in training is never balanced by construction.
 """
 
 from __future__ import annotations
@@ -26,6 +36,7 @@ from gbmw.plan import Plan
 from gbmw.specs.jobs import JobSpec
 
 from ..runtime.engine import AdamSettings, HybridEngine
+from ..runtime.experts import balanced_routing
 from ..runtime.groups import GroupPool
 from ..runtime.model import synthetic_batch
 
@@ -74,12 +85,12 @@ def step_peak(plan: Plan, architecture, pool: GroupPool, adam: AdamSettings, see
               fake: bool = True) -> TrackedPeak:
     """Build this rank's engine for `plan` and trace two iterations (see the module docstring) under fake tensors,
     or with real tensors when `fake` is False (on an initialised process group: what the fake trace is checked
-    against)."""
+    against). MoE layers route by the balanced assignment in both (the module docstring)."""
     import contextlib
 
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    with FakeTensorMode() if fake else contextlib.nullcontext():
+    with FakeTensorMode() if fake else contextlib.nullcontext(), balanced_routing():
         engine = HybridEngine(plan, architecture, pool, "cpu", seed=seed, adam=adam)
         tracker = StepPeakTracker()
         tracker.track_external(*[layer.module for layer in engine.layers], engine.optimizer)

@@ -25,10 +25,24 @@ index, `moe.shared.fc1.weight`): a rank holds the experts it owns under their gl
 assembles every expert's full tensor for checkpoints. Gradients of routed experts are summed over the
 expert-data-parallel group (`gradient_parts`), all others over the whole data-parallel group. The routed experts
 cannot be sharded (sdp, z1dp, z2dp) together with EP yet: FSDP2 would shard them over the whole data-parallel group.
+
+Balanced routing (`balanced_routing()`, for the memory trace only): real routing's token counts are data — read back
+with `.tolist()`, counted by `bincount`, and the all-to-all's split sizes — so torch's fake tensors, which have shapes
+but no values, cannot run it. Inside `with balanced_routing():` the router still scores every token (the same fp32
+softmax, kept for backward as before), but token copy j = i·k + κ (token i's κ-th choice) goes to expert j mod E,
+and its weight is the router's probability of that expert (gathered, renormalised over the token's k, as Mixtral
+renormalises its top-k). Every expert then receives exactly n·k/E copies of a rank's n tokens and every EP rank the
+mean — the estimator's stated assumption (`moe.load_imbalance` = 1, gbmw.cost.expert_parallel) — and every count
+is known without reading a tensor, while each tensor has the shape it has under real routing with that balanced
+load (the gather's saved index is the size of top-k's, the index and count tensors are built as before).
+gbmw.adapters.profile.fake_memory enters it to trace the memory of balanced routing at full scale; training never
+does, and under fake tensors without it the layer refuses to run rather than guess.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -37,6 +51,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch._subclasses.fake_tensor import FakeTensor
 
 from gbmw.errors import PlanError
 from gbmw.space.strategy import Strategy
@@ -46,6 +61,24 @@ from .sharding import SHARDED_FLAVOURS, LayerDataParallel, data_parallel_flavour
 from .tensor_parallel import TensorParallel
 
 _EXPERT_KEY = re.compile(r"^moe\.experts\.(\d+)\.(.+)$")
+_BALANCED_ROUTING = contextvars.ContextVar("balanced_routing", default=False)
+
+
+@contextlib.contextmanager
+def balanced_routing():
+    """MoE layers route every token by the fixed balanced assignment while inside (the module docstring): for
+    tracing memory under fake tensors (gbmw.adapters.profile.fake_memory) and for checking that trace against real
+    tensors, never for training."""
+    token = _BALANCED_ROUTING.set(True)
+    try:
+        yield
+    finally:
+        _BALANCED_ROUTING.reset(token)
+
+
+def routes_balanced() -> bool:
+    """Whether MoE layers route by the balanced assignment here (inside `balanced_routing()`)."""
+    return _BALANCED_ROUTING.get()
 
 
 @dataclass(frozen=True)
@@ -118,8 +151,14 @@ class MixtureOfExpertsMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         tokens = x.reshape(-1, x.size(-1))
-        weights, chosen = route(self.router(tokens), self.top_k)
-        output = self._routed(tokens, weights, chosen)
+        balanced = routes_balanced()
+        if not balanced and isinstance(tokens, FakeTensor):
+            raise PlanError("an MoE layer cannot route fake tensors (its token counts are data): trace it inside "
+                            "gbmw.adapters.runtime.experts.balanced_routing(), which routes n·k/E copies to each expert")
+        if balanced:
+            _check_balanced(tokens.size(0), self.top_k, self.num_experts)
+        weights, chosen = (balanced_route if balanced else route)(self.router(tokens), self.top_k)
+        output = self._routed(tokens, weights, chosen, balanced)
         if self.shared is not None:
             shared = self.shared(tokens)
             if self.shared_gate is not None:
@@ -127,8 +166,10 @@ class MixtureOfExpertsMLP(nn.Module):
             output = output + shared
         return output.view(*x.shape[:-1], output.size(-1))
 
-    def _routed(self, tokens: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
-        """Σ_k weight_k · expert_k(token) for every token of this rank (the sum over its top-k copies)."""
+    def _routed(self, tokens: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor, balanced: bool = False
+                ) -> torch.Tensor:
+        """Σ_k weight_k · expert_k(token) for every token of this rank (the sum over its top-k copies). `balanced`:
+        `chosen` is the balanced assignment, every count n·k/E (known without reading a tensor)."""
         count, top_k = chosen.shape
         device = tokens.device.type
         if torch.is_autocast_enabled(device):  # dispatch 16-bit copies, as the experts' linears would cast them
@@ -136,33 +177,47 @@ class MixtureOfExpertsMLP(nn.Module):
         expert_of_copy = chosen.reshape(-1)
         order = torch.argsort(expert_of_copy, stable=True)  # copies sorted by expert, tokens in order within each
         copies = tokens[order // top_k]
-        per_expert = torch.bincount(expert_of_copy, minlength=self.num_experts)
-        received, received_counts, splits = self._dispatch(copies, per_expert)
-        outputs = self._run_experts(received, received_counts)
+        if balanced:
+            per_expert = torch.full((self.num_experts,), count * top_k // self.num_experts, dtype=torch.int64,
+                                    device=expert_of_copy.device)
+        else:
+            per_expert = torch.bincount(expert_of_copy, minlength=self.num_experts)
+        received, received_counts, splits = self._dispatch(copies, per_expert, balanced)
+        outputs = self._run_experts(received, received_counts, count * top_k // self.num_experts if balanced else None)
         if splits is not None:
             outputs = _AllToAll.apply(outputs, splits[1], splits[0], self.ep.group)  # combine
         by_copy = outputs[torch.argsort(order)].view(count, top_k, -1)
-        return (_at_least_fp32(by_copy) * weights.unsqueeze(-1)).sum(1).to(by_copy.dtype)
+        # weights are fp32 (or fp64): the product promotes to them, and the multiply saves the 16-bit copies for
+        # backward, not an fp32 cast of them (twice their bytes; the same values, so the same gradients)
+        return (by_copy * weights.unsqueeze(-1)).sum(1).to(by_copy.dtype)
 
-    def _dispatch(self, copies: torch.Tensor, per_expert: torch.Tensor):
-        """(copies received from every EP rank, [source rank, local expert] counts, (received, sent) split sizes)."""
+    def _dispatch(self, copies: torch.Tensor, per_expert: torch.Tensor, balanced: bool = False):
+        """(copies received from every EP rank, [source rank, local expert] counts, (received, sent) split sizes).
+        `balanced`: every rank sends and receives the same number of copies to and from each (the EP group's ranks
+        route as many tokens each)."""
         if self.ep.size == 1:
             return copies, per_expert.view(1, -1), None
         sent_counts = per_expert.view(self.ep.size, -1)  # row q: counts for the experts of EP rank q
         received_counts = torch.empty_like(sent_counts)
         dist.all_to_all_single(received_counts, sent_counts, group=self.ep.group)
-        splits = (received_counts.sum(1).tolist(), sent_counts.sum(1).tolist())
+        if balanced:
+            splits = ([copies.size(0) // self.ep.size] * self.ep.size,) * 2
+        else:
+            splits = (received_counts.sum(1).tolist(), sent_counts.sum(1).tolist())
         return _AllToAll.apply(copies, splits[0], splits[1], self.ep.group), received_counts, splits
 
-    def _run_experts(self, received: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-        """Each local expert on its copies; `received` and the result are source-major ([source][expert] blocks)."""
+    def _run_experts(self, received: torch.Tensor, counts: torch.Tensor, balanced_count: int | None = None
+                     ) -> torch.Tensor:
+        """Each local expert on its copies; `received` and the result are source-major ([source][expert] blocks).
+        `balanced_count`: every entry of `counts` (balanced routing), which is then not read."""
         sources, local = counts.shape
         sizes = counts.t().reshape(-1)  # expert-major blocks: (expert, source)
         starts = (counts.reshape(-1).cumsum(0) - counts.reshape(-1)).view(sources, local).t().reshape(-1)
-        regroup = torch.repeat_interleave(starts - (sizes.cumsum(0) - sizes), sizes) + torch.arange(
-            int(sizes.sum()), device=counts.device)
+        total = int(sizes.sum()) if balanced_count is None else balanced_count * sources * local
+        regroup = torch.repeat_interleave(starts - (sizes.cumsum(0) - sizes), sizes, output_size=total) + torch.arange(
+            total, device=counts.device)
         grouped = received[regroup] if sources > 1 else received
-        parts = grouped.split(counts.sum(0).tolist())
+        parts = grouped.split(counts.sum(0).tolist() if balanced_count is None else [balanced_count * sources] * local)
         outputs = torch.cat([expert(part) for expert, part in zip(self.experts.values(), parts)])
         return outputs[torch.argsort(regroup)] if sources > 1 else outputs
 
@@ -172,6 +227,27 @@ def route(logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]
     probabilities = torch.softmax(_at_least_fp32(logits), dim=-1)
     weights, chosen = probabilities.topk(top_k, dim=-1)
     return weights / weights.sum(-1, keepdim=True), chosen
+
+
+def balanced_route(logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`route` with the experts of `balanced_experts` in place of the top-k, weighted by their probabilities (the
+    gather saves an index the size of top-k's): for `balanced_routing()` only."""
+    probabilities = torch.softmax(_at_least_fp32(logits), dim=-1)
+    chosen = balanced_experts(logits.size(0), top_k, logits.size(-1), logits.device)
+    weights = probabilities.gather(-1, chosen)
+    return weights / weights.sum(-1, keepdim=True), chosen
+
+
+def balanced_experts(tokens: int, top_k: int, num_experts: int, device) -> torch.Tensor:
+    """[tokens, top_k] experts of the balanced assignment: copy j = i·k + κ goes to expert j mod E (a token's k
+    experts differ, k ≤ E), so each expert gets tokens·k/E copies where E divides tokens·k."""
+    return (torch.arange(tokens * top_k, device=device) % num_experts).view(tokens, top_k)
+
+
+def _check_balanced(tokens: int, top_k: int, num_experts: int) -> None:
+    if tokens * top_k % num_experts:
+        raise PlanError(f"balanced routing needs the experts ({num_experts}) to divide a rank's token copies: "
+                        f"{tokens} tokens × top-{top_k} = {tokens * top_k}")
 
 
 def _at_least_fp32(tensor: torch.Tensor) -> torch.Tensor:
