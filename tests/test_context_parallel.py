@@ -11,7 +11,8 @@ from gbmw.cost.layer_cost import CostSettings, layer_costs
 from gbmw.errors import PlanError
 from gbmw.ranks import transition_fraction
 from gbmw.space.strategy import Strategy, enumerate_strategies
-from gbmw.space.targets import get_target, sequence_split_problem
+from gbmw.space.sequence_split import sequence_split_problem
+from gbmw.space.targets import get_target
 
 # An attention block: 1000 parameters, 1e6 forward FLOPs a sample of which 2e5 are a flash attention core; one
 # sample's queries are 40 bytes, its keys and values 80.

@@ -69,7 +69,7 @@ def test_non_power_of_two_group_is_refused():
 def test_a_ulysses_strategy_is_offered_only_where_its_gradient_view_is_not_usable(devices):
     """The dominance rule of SearchSpace.usable: S = (ulysses u, data-parallel degree d) costs no less, per layer, than
     its gradient_view (data-parallel degree u·d, no ulysses) — compute, gradient synchronisation, activation memory,
-    model states — on a long-sequence GQA job (Llama 3.1 8B at 128k tokens), so the gbmw space offers S only at
+    model states — on a long-sequence GQA job (Llama 3.1 8B at 128k tokens), so the gbmw+ulysses space offers S only at
     micro-batch sizes u·d does not divide, and there offers it."""
     import numpy as np
 
@@ -82,7 +82,7 @@ def test_a_ulysses_strategy_is_offered_only_where_its_gradient_view_is_not_usabl
 
     job = load_job("llama3.1-8b-128k_h100-80g-x64")
     model = model_as_run(job.model, True)
-    space = search_space("gbmw")
+    space = search_space("gbmw+ulysses")
     cluster = job.cluster.model_copy(update={"nodes": 1, "devices_per_node": devices})
     candidates = space.strategies(cluster, 1)
     ulysses = [s for s in candidates if s.sequence_axis == "ulysses"]

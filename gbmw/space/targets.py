@@ -1,15 +1,15 @@
-"""What will run a plan, defined once per target: the search's strategy filter, the expressibility check,
-the pipeline partitions and the emitters' mappings (ZeRO stage ↔ data-parallel axis, partition method
-names) all derive from these definitions (DESIGN.md, "Target").
+"""What will run a plan, defined once per target: the search's strategy filter, the expressibility check, the pipeline
+partitions and the emitters' mappings (ZeRO stage ↔ data-parallel axis, partition method names) all derive from these
+definitions (DESIGN.md, "Target"); where a sequence axis can split a layer is gbmw.space.sequence_split.
 
 * `runtime` — gbmw's own hybrid runtime: any strategy per layer, any partition; Ulysses (not with +sp), not CP.
 * `deepspeed` — ZeRO and DeepSpeed's pipeline engine: one layout for the whole model, no TP, one ZeRO stage
   (≤ 1 with a pipeline), the PipelineModule's `uniform` or `parameters` partitions.
-* `megatron-deepspeed` — Megatron TP (innermost, consecutive ranks) inside DeepSpeed ZeRO (≤ 1 with a
-  pipeline); GPTModelPipe's `type:transformer` partition, which is Megatron's even split of blocks.
-* `megatron-core` — uniform TP and PP, plain DP or the distributed optimizer (ZeRO-1), an even split or
-  uneven first and last stages (`--decoder-first/last-pipeline-num-layers`), and interleaved 1F1B on an even split
-  (the planner tries every number of equal chunks per stage: `--num-layers-per-virtual-pipeline-stage`).
+* `megatron-deepspeed` — Megatron TP (innermost, consecutive ranks) inside DeepSpeed ZeRO (≤ 1 with a pipeline);
+  GPTModelPipe's `type:transformer` partition (Megatron's even split of blocks); DeepSpeed-Ulysses.
+* `megatron-core` — uniform TP and PP, plain DP or the distributed optimizer (ZeRO-1), an even split or uneven first
+  and last stages (`--decoder-first/last-pipeline-num-layers`), interleaved 1F1B on an even split (every number of
+  equal chunks per stage: `--num-layers-per-virtual-pipeline-stage`), context parallelism.
 
 Stock frameworks recompute all Transformer blocks or none (never embeddings or heads) and run 1F1B. The
 Megatron targets also run sequence parallelism (every layer with TP) and selective recomputation of the attention
@@ -17,14 +17,11 @@ core (Megatron-DeepSpeed only where attention is not flash). gbmw's runtime runs
 Transformer blocks (not embeddings or heads: `sequence_parallel_blocks_only`), and selective recomputation of any
 block (gbmw.adapters.runtime.attention_core_recompute) — but its search does not offer +sel (`search_offers_selective`).
 The runtime's attention is fused (`fused_attention`): it keeps no s×s scores, so recomputing the core frees only the
-fp32 log-sum-exp of each row, 4·a bytes a token (GPT-3 175B: 384 bytes against the block's 34·h ≈ 418 KB with 16-bit
-activations, 0.09 %: below the estimator's 3 % error at scale, benchmarks/memory_at_scale.py), and repeats the core's
-forward in backward, 4·s·h FLOPs a token. Per byte freed that is s·d_head FLOPs, against (24·h² + 4·s·h) / (32·h)
-for full recomputation (+ckpt: all but the layer's 2·h-byte input) — 262 144 against 9 472 for GPT-3 175B at
-s = 2048, dearer by more than an order of magnitude for any model with d_head ≥ 64 and s ≥ h/4 — so +sel could win
-only within a few bytes a token of the budget's edge, a choice made on the estimate's noise, while a third
-recomputation level would make every layer's strategy list half as long again. Plans that carry +sel (a Megatron
-target's, `--uniform ckpt=selective`) still run, priced as the runtime runs them (gbmw.cost.activation_recompute).
+fp32 log-sum-exp of each row, 4·a bytes a token (GPT-3 175B: 0.09 % of a block's stash), at s·d_head FLOPs per byte
+freed against (24·h² + 4·s·h) / (32·h) for +ckpt (262 144 against 9 472 for GPT-3 175B at s = 2048): +sel could win
+only within a few bytes a token of the budget's edge, on the estimate's noise, while a third recomputation level would
+make every layer's strategy list half as long again. Plans that carry +sel (a Megatron target's, `--uniform
+ckpt=selective`) still run, priced as the runtime runs them (gbmw.cost.activation_recompute).
 """
 
 from __future__ import annotations
@@ -35,6 +32,7 @@ from typing import Protocol, Sequence
 import numpy as np
 
 from gbmw.errors import GbmwError, PlanError
+from gbmw.space.sequence_split import sequence_split_problem
 from gbmw.space.stock_partitions import PARTITION_RULES, RULE_DESCRIPTIONS, is_first_last_split
 from gbmw.space.strategy import DATA_PARALLEL_AXES, Strategy
 from gbmw.specs.files import shown
@@ -346,31 +344,6 @@ class Target:
         if problems:
             advice = "" if self.per_layer else (f" — use --target runtime, or plan again with --target {self.name}")
             raise PlanError(f"{self.name} cannot run this plan: " + "; ".join(problems) + advice)
-
-
-def sequence_split_problem(strategy: Strategy, layer, model: ModelSpec, target: "Target | None" = None) -> str | None:
-    """Why `strategy`'s sequence axis cannot split `layer` of `model` (None: it can). Ulysses gives each rank whole
-    heads, so TP × u divides the query and key/value heads (Jacobs et al. 2023, Sec. 3); megatron-core's CP cuts the
-    sequence into 2·c chunks for its load-balanced causal split (megatron.core.utils.get_batch_on_this_cp_rank) and
-    runs through fused (flash) attention; neither splits a layer that reads a second sequence (T5's cross-attention)."""
-    axis, degree, tp = strategy.sequence_axis, strategy.sequence_parallel_degree, strategy.tp
-    pieces = 2 * degree if axis == "cp" else degree
-    if model.sequence_length % pieces:
-        return (f"{axis}{degree} splits each sample's {model.sequence_length} tokens into {pieces} equal parts; give a "
-                f"sequence length divisible by {pieces}")
-    if layer.side_input_bytes_per_sample:
-        return f"{axis} does not split a layer that reads a second sequence (cross-attention)"
-    if not layer.attention_heads:
-        return None
-    if axis == "ulysses":
-        for what, heads in (("attention heads", layer.attention_heads), ("key/value heads", layer.kv_heads)):
-            if heads and heads % (tp * degree):
-                return (f"Ulysses gives each of tp({tp}) × ulysses({degree}) ranks whole heads, but the layer has "
-                        f"{heads} {what}")
-    flash = layer.forward_flash_attention_flops_per_sample > 0 or (target is not None and target.fused_attention)
-    if axis == "cp" and not flash:
-        return "context parallelism runs through fused (flash) attention; give the job flash_attention: true"
-    return None
 
 
 def _describe_runs(plan: PlanLayout) -> str:
