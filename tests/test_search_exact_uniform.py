@@ -75,10 +75,11 @@ def test_oracle_enumerates_the_spaces_layouts(space_name, devices, per_node, att
 
 
 def test_oracle_counts_megatron_cores_layouts():
-    # 8 devices, pp = 1: tp8, dp8, z1dp8, tp2-dp4, tp4-dp2, tp2-z1dp4, tp4-z1dp2 (7 trees, 5 with TP and so also
-    # with +sp), each with no, full and selective recomputation
+    # 8 devices, pp = 1: tp8, dp8, z1dp8, tp2-dp4, tp4-dp2, tp2-z1dp4, tp4-z1dp2 (7 trees, 5 with TP), and with
+    # context parallelism cp8, tp2-cp4, tp4-cp2, cp2-dp4, cp4-dp2, cp2-z1dp4, cp4-z1dp2, tp2-cp2-dp2, tp2-cp2-z1dp2
+    # (9 trees, 4 with TP); those with TP also with +sp; each with no, full and selective recomputation
     job = make_job(_tiny_gpt(heads=8), make_cluster(nodes=1, devices_per_node=8))
-    assert len(space_layouts("megatron-core", job, 1)) == (7 + 5) * 3
+    assert len(space_layouts("megatron-core", job, 1)) == (7 + 5 + 9 + 4) * 3
 
 
 @settings(max_examples=160, **CASES)

@@ -70,13 +70,23 @@ class TargetRules:
     selective: str | None
     """`any`, `standard` (not with flash attention) or None."""
     interleaved: bool = False
+    sequence_axis: str | None = None
+    """`cp` (megatron-core: sequence divisible by 2·cp, flash attention) or `ulysses` (Megatron-DeepSpeed: tp·u
+    divides every layer's heads, u the sequence; never with +sp); placed just inside the data-parallel axis."""
+    expert_axes: tuple[str, ...] = ()
+    """The data-parallel axes expert parallelism composes with (an MoE model: every power of two EP dividing the
+    data-parallel degree and every layer's experts; none with a sequence axis)."""
+    expert_needs_sp_with_tp: bool = False
 
 
 TARGET_RULES = {
     "deepspeed": TargetRules(("dp", "z1dp", "z2dp", "sdp"), 1, ("uniform", "parameters"), False, None),
-    "megatron-deepspeed": TargetRules(("tp", "dp", "z1dp", "z2dp", "sdp"), 1, ("even",), True, "standard"),
-    "megatron-core": TargetRules(("tp", "dp", "z1dp"), None, ("even", "first-last"), True, "any", interleaved=True),
+    "megatron-deepspeed": TargetRules(("tp", "ulysses", "dp", "z1dp", "z2dp", "sdp"), 1, ("even",), True, "standard",
+                                      sequence_axis="ulysses", expert_axes=("dp", "z1dp", "z2dp")),
+    "megatron-core": TargetRules(("tp", "cp", "dp", "z1dp"), None, ("even", "first-last"), True, "any", interleaved=True,
+                                 sequence_axis="cp", expert_axes=("dp", "z1dp"), expert_needs_sp_with_tp=True),
 }
+SEQUENCE = ("cp", "ulysses")
 ZERO_STAGE = {"dp": 0, "z1dp": 1, "z2dp": 2, "sdp": 3}
 
 
@@ -101,9 +111,12 @@ def _target_trees(rules: TargetRules, group: int, pp: int) -> list[tuple]:
     result = []
     for tree in _trees(rules.axes, group):
         axes = [axis for axis, _ in tree]
-        data = [axis for axis in axes if axis != "tp"]
+        data = [axis for axis in axes if axis != "tp" and axis not in SEQUENCE]
+        sequence = [index for index, axis in enumerate(axes) if axis in SEQUENCE]
         if len(data) > 1 or ("tp" in axes and axes[0] != "tp"):
             continue
+        if sequence and sequence[0] != (axes.index(data[0]) - 1 if data else len(axes) - 1):
+            continue  # the sequence axis goes just inside the data-parallel one, or outermost
         if pp > 1 and rules.pipeline_max_zero_stage is not None and any(
                 ZERO_STAGE[axis] > rules.pipeline_max_zero_stage for axis in data):
             continue
@@ -140,12 +153,22 @@ def space_layouts(space: str, job: JobSpec, pp: int) -> list[Layout]:
         levels = ["none", "full"] + (["selective"] if rules.selective == "any" or (
             rules.selective == "standard" and not flash) else [])
         layouts = []
+        moe = job.model.is_mixture_of_experts
         for tree in _target_trees(rules, devices // pp, pp):
             has_tp = any(axis == "tp" for axis, _ in tree)
+            has_sequence = any(axis in SEQUENCE for axis, _ in tree)
+            data = [(axis, degree) for axis, degree in tree if axis != "tp" and axis not in SEQUENCE]
+            eps = [1] + ([2**e for e in range(1, data[0][1].bit_length()) if data[0][1] % 2**e == 0]
+                         if moe and data and data[0][0] in rules.expert_axes and not has_sequence else [])
             for sp in ((False, True) if rules.sequence_parallel and has_tp else (False,)):
-                for level in levels:
-                    block = Strategy(tree, ckpt=level == "full", selective=level == "selective", sp=sp)
-                    layouts.append(Layout(block, Strategy(tree, sp=sp)))
+                if sp and rules.sequence_axis == "ulysses" and has_sequence:
+                    continue  # Megatron-DeepSpeed's initialize refuses --sequence-parallel beside Ulysses
+                for ep in eps:
+                    if ep > 1 and rules.expert_needs_sp_with_tp and has_tp and not sp:
+                        continue
+                    for level in levels:
+                        block = Strategy(tree, ckpt=level == "full", selective=level == "selective", sp=sp, ep=ep)
+                        layouts.append(Layout(block, Strategy(tree, sp=sp, ep=ep)))
         return layouts
     fixed = {"ddp": (1, (("dp", devices),)), "megatron-tp": (1, (("tp", devices),)),
              "fsdp": (1, (("sdp", devices),)), "gpipe": (devices, ()),
@@ -172,11 +195,32 @@ def space_pipeline_degrees(space: str, job: JobSpec) -> list[int]:
 
 def _runs_on_every_layer(layout: Layout, job: JobSpec, micro_batch: int) -> bool:
     tp = math.prod(degree for axis, degree in layout.block.dims if axis == "tp")
-    data = math.prod(degree for axis, degree in layout.block.dims if axis != "tp")
+    data = math.prod(degree for axis, degree in layout.block.dims if axis != "tp" and axis not in SEQUENCE)
     heads_ok = all(heads == 0 or heads % tp == 0 for layer in job.model.layers
                    for heads in (layer.attention_heads, layer.kv_heads))
     sequence_ok = not layout.block.sp or job.model.sequence_length % tp == 0  # +sp slices the sequence over TP
-    return heads_ok and sequence_ok and micro_batch % data == 0
+    experts_ok = all(layer.num_experts % layout.block.ep == 0 for layer in job.model.layers if layer.num_experts)
+    return heads_ok and sequence_ok and experts_ok and _splits_the_sequence(layout, job) and micro_batch % data == 0
+
+
+def _splits_the_sequence(layout: Layout, job: JobSpec) -> bool:
+    """The sequence axis' rules on every layer: cp — the sequence in 2·cp parts, flash attention; ulysses — the
+    sequence in u parts, tp·u dividing the query and key/value heads; neither on a layer with a second sequence."""
+    axis = next((axis for axis, _ in layout.block.dims if axis in SEQUENCE), None)
+    if axis is None:
+        return True
+    degree, tp = layout.block.degree(axis), layout.block.tp
+    if job.model.sequence_length % (2 * degree if axis == "cp" else degree):
+        return False
+    for layer in job.model.layers:
+        if layer.side_input_bytes_per_sample:
+            return False
+        if layer.attention_heads and axis == "cp" and not layer.forward_flash_attention_flops_per_sample:
+            return False
+        if layer.attention_heads and axis == "ulysses" and any(
+                heads and heads % (tp * degree) for heads in (layer.attention_heads, layer.kv_heads)):
+            return False
+    return True
 
 
 @dataclass(frozen=True)

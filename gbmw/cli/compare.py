@@ -11,13 +11,13 @@ from dataclasses import dataclass
 from gbmw.plan import Plan
 from gbmw.search.nothing_fits import NothingFitsError
 from gbmw.search.planner import Planner
-from gbmw.space.spaces import BASELINES, DEFAULT_VARIANT, VARIANTS
+from gbmw.space.spaces import BASELINES, DEFAULT_VARIANT, OPT_IN_VARIANTS, VARIANTS
 from gbmw.space.targets import STOCK_TARGETS
 from gbmw.specs.jobs import JobSpec, load_job
 
 ROWS: list[tuple[str, str, str]] = (
     [("baseline", name, "runtime") for name in BASELINES]
-    + [("variant", name, "runtime") for name in VARIANTS]
+    + [("variant", name, "runtime") for name in VARIANTS if name not in OPT_IN_VARIANTS]
     + [("target", DEFAULT_VARIANT, name) for name in STOCK_TARGETS]
 )
 

@@ -38,8 +38,9 @@ def add_planning_commands(commands) -> None:
     plan.add_argument("job", help="job YAML or bundled job recipe name")
     _search_options(plan, memory_size)
     plan.add_argument("--variant", default="gbmw",
-                      help="search variant: gbmw (default: BMW with ZeRO-1/2 too), bmw, base, 1f1b+bi-obj, galvatron, "
-                           "dp+pp, dp+tp, or a baseline (ddp, megatron-tp, gpipe, fsdp, deepspeed-3d)")
+                      help="search variant: gbmw (default: BMW with ZeRO-1/2 too), gbmw+ulysses (and Ulysses sequence "
+                           "parallelism, for long sequences; slower), bmw, base, 1f1b+bi-obj, galvatron, dp+pp, dp+tp, "
+                           "or a baseline (ddp, megatron-tp, gpipe, fsdp, deepspeed-3d)")
     plan.add_argument("--target", default="runtime",
                       help="what will run it: runtime (default), deepspeed, megatron-deepspeed, megatron-core")
     plan.add_argument("--max-pp", type=power_of_two(MAX_DEVICES), help="largest pipeline degree to try")

@@ -182,6 +182,8 @@ VARIANTS: dict[str, SearchSpace] = {
     ),
 }
 DEFAULT_VARIANT = "gbmw"
+OPT_IN_VARIANTS = ("gbmw+ulysses",)
+"""Variants only `--variant` asks for: `gbmw compare` (the paper's table) leaves them out."""
 
 BASELINES: dict[str, SearchSpace] = {
     "ddp": SearchSpace("PyTorch DDP (DP)", ckpt=False, fixed_dims=lambda n, pp, c: (("dp", n),) if pp == 1 else None,
