@@ -30,7 +30,10 @@ def test_gpt3_recipes_agree_between_ds_config_and_megatron_arguments():
         assert value("--zero-stage") == config.get("zero_optimization", {}).get("stage", 0)
         assert value("--global-batch-size") == config["train_batch_size"]
         assert value("--micro-batch-size") == config["train_micro_batch_size_per_gpu"]
-        data_parallel = 32 // (value("--tensor-model-parallel-size") * value("--pipeline-model-parallel-size"))
+        # Megatron-DeepSpeed's validate_args: data_parallel_size = world // (pp * tp * ds_sequence_parallel_size)
+        ulysses = value("--ds-sequence-parallel-size") if "--ds-sequence-parallel-size" in args else 1
+        data_parallel = 32 // (value("--tensor-model-parallel-size") * value("--pipeline-model-parallel-size")
+                               * ulysses)
         assert config["train_batch_size"] == (config["train_micro_batch_size_per_gpu"]
                                               * config["gradient_accumulation_steps"] * data_parallel)
         assert "optimizer" in config and "scheduler" in config  # the user's keys survive

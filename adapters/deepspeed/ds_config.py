@@ -198,6 +198,8 @@ def ds_config_to_plan_fields(config: dict[str, Any], world_size: int, tp: int = 
 
 
 def plan_layout(plan: Plan, model: ModelSpec) -> tuple[int, int, int]:
-    """(tp, pp, dp) of a plan DeepSpeed can run — the arguments `validate_with_deepspeed` needs."""
+    """(model-parallel width, pp, dp) of a plan DeepSpeed can run — the arguments `validate_with_deepspeed` needs.
+    The width is TP times the sequence-parallel (Ulysses) degree: the ranks of a stage that share samples, which
+    DeepSpeed's batch arithmetic (train_batch_size = micro × accumulation × dp) leaves out of dp."""
     layout = _layout(plan, model)
-    return layout.tp, layout.pp, layout.dp
+    return layout.tp * plan.strategies[0].sequence_parallel_degree, layout.pp, layout.dp
