@@ -44,6 +44,7 @@ from rich.table import Table
 from gbmw.cost.estimate import estimate_plan
 from gbmw.handwritten.uniform_config import UniformConfig
 from gbmw.plan import Plan
+from gbmw.space.stock_partitions import megatron_partition
 from gbmw.space.targets import get_target
 from gbmw.specs.architectures import GPTArchitecture, MixtureOfExperts
 from gbmw.specs.bundled import resolve_recipe
@@ -383,7 +384,13 @@ def cost_moe(run: dict) -> MoECosted:
         raise ValueError(f"{run['name']}: global batch not a multiple of micro-batch × DP")
     config = UniformConfig(tp=tp, pp=parallelism["pipeline"], zero=zero, ckpt=recompute, sp=sp, ep=ep,
                            micro=parallelism["micro_batch"], batch=parallelism["global_batch"], target=target)
-    plan = config.to_plan(job)
+    if target == "runtime":
+        # FSDP2 with EP (NeMo AutoModel) is costed with the runtime's framework memory, though gbmw's runtime does
+        # not run EP with sharded data parallelism yet: the plan is built without the runtime's check
+        plan = _plan_with_partition(config, job, tuple(megatron_partition(job.model, config.pp)))
+        assumptions.append("costed as gbmw's runtime would run FSDP + EP (it does not yet)")
+    else:
+        plan = config.to_plan(job)
     virtual = parallelism.get("virtual_stages") or 1
     if virtual > 1:
         plan = replace(plan, virtual_stages=virtual)
