@@ -190,6 +190,15 @@ def _plan_with_partition(config: UniformConfig, job: JobSpec, partition: tuple[i
                 strategies=config.layer_strategies(job.model, dp), target=config.target)
 
 
+def _interleaved(plan: Plan, parallelism: dict, job: JobSpec) -> tuple[Plan, int]:
+    """`plan` with the run's virtual pipeline stages (interleaved 1F1B), checked by its target; and their number."""
+    virtual = parallelism.get("virtual_stages") or 1
+    if virtual > 1:
+        plan = replace(plan, virtual_stages=virtual)
+        get_target(plan.target).check(plan, job.model)
+    return plan, virtual
+
+
 def cost(run: dict) -> Costed:
     if run["model"].get("moe"):
         return cost_moe(run)
@@ -214,10 +223,7 @@ def cost(run: dict) -> Costed:
         plan = _plan_with_partition(config, job, (count // pp,) * pp)
     else:
         plan = config.to_plan(job)
-    virtual = parallelism.get("virtual_stages") or 1
-    if virtual > 1:
-        plan = replace(plan, virtual_stages=virtual)
-        get_target(plan.target).check(plan, job.model)
+    plan, virtual = _interleaved(plan, parallelism, job)
     predicted = estimate_plan(job, plan).iteration_time_s
     measured, measured_from = measured_iteration_s(run)
     described = config.describe() + (f",v={virtual}" if virtual > 1 else "") + f",gpus={run['cluster']['gpus']}"
@@ -391,10 +397,7 @@ def cost_moe(run: dict) -> MoECosted:
         assumptions.append("costed as gbmw's runtime would run FSDP + EP (it does not yet)")
     else:
         plan = config.to_plan(job)
-    virtual = parallelism.get("virtual_stages") or 1
-    if virtual > 1:
-        plan = replace(plan, virtual_stages=virtual)
-        get_target(plan.target).check(plan, job.model)
+    plan, virtual = _interleaved(plan, parallelism, job)
     estimate = estimate_plan(job, plan)
     measured, measured_from = moe_measured_iteration_s(run)
     described = config.describe() + (f",v={virtual}" if virtual > 1 else "") + f",gpus={run['cluster']['gpus']}"
