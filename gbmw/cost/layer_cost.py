@@ -246,20 +246,20 @@ def layer_costs(
 
     forward_compute = forward_compute + experts.extra_forward_compute_s
     backward_compute = backward_compute + 2 * experts.extra_forward_compute_s
-    tp_forward = tp_forward + experts.alltoall_forward_s  # blocking, like TP's collectives: run again in backward
+    # TP's collectives and EP's all-to-alls block compute; backward runs as many, a full recomputation again
+    blocking = tp_forward + experts.alltoall_forward_s
     # Context parallelism's ring and Ulysses' all-to-alls (gbmw.cost.context_parallel)
     attention_rate = np.where(arrays.forward_flash_attention_flops_per_sample > 0,
                               settings.cluster.attention_flops(settings.precision),
                               settings.cluster.sustained_flops(settings.precision))
     context = context_parallel_costs(model, strategy, samples, comm,
                                      arrays.attention_core_flops_per_sample * samples / tp / attention_rate)
-    tp_forward_only = tp_forward
-    forward = forward_compute + tp_forward + forward_gather + call_overhead + context.forward_s
-    full_recompute = forward_compute + tp_forward + recompute_overhead + context.forward_s
+    forward = forward_compute + blocking + forward_gather + call_overhead + context.forward_s
+    full_recompute = forward_compute + blocking + recompute_overhead + context.forward_s
     recompute = full_recompute if strategy.ckpt else selective_recompute_s(
         model, samples, strategy, settings.cluster.sustained_flops(settings.precision),
         settings.cluster.attention_flops(settings.precision), settings.cluster.memory_bandwidth_bytes_per_s)
-    backward_common = tp_forward_only + recompute + context.backward_s
+    backward_common = blocking + recompute + context.backward_s
     time_no_sync = forward + backward_common + overlapped(backward_compute, every_micro_batch)
     time_sync = forward + backward_common + overlapped(backward_compute, every_micro_batch + last_micro_batch)
 
