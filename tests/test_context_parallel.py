@@ -102,7 +102,7 @@ def test_each_target_offers_its_own_sequence_axis_with_its_rules():
     standard = job.model.model_copy(update={"layers": tuple(layer.model_copy(
         update={"forward_flash_attention_flops_per_sample": 0.0}) for layer in job.model.layers)})
     assert "fused (flash)" in sequence_split_problem(Strategy.parse("cp2"), standard.layers[1], standard, core)
-    with pytest.raises(PlanError, match=r"--uniform tp=2, pp=4, cp=16: devices\(64\) % 128 != 0"):
+    with pytest.raises(PlanError, match=r"--uniform tp=2, pp=4, cp=16: devices\(64\) % \(tp \* pp \* cp = 128\) != 0"):
         gbmw.uniform_plan(job, "tp=2,pp=4,cp=16,micro=1,target=megatron-core")
 
 

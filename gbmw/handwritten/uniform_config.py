@@ -112,16 +112,16 @@ class UniformConfig:
             raise PlanError(f"--uniform cp={self.cp}, ulysses={self.ulysses}: both split the sequence; give one")
         sequence = self.cp * self.ulysses
         split = self.tp * self.pp * sequence
+        axis = "cp" if self.cp > 1 else "ulysses" if self.ulysses > 1 else None
+        given = f"tp={self.tp}, pp={self.pp}" + (f", {axis}={sequence}" if axis else "")
+        product = "tp * pp" + (f" * {axis}" if axis else "")
         if devices % split:
-            raise PlanError(f"--uniform tp={self.tp}, pp={self.pp}{f', cp={self.cp}' if self.cp > 1 else ''}"
-                            f"{f', ulysses={self.ulysses}' if self.ulysses > 1 else ''}: devices({devices}) % "
-                            f"{split} != 0")
+            raise PlanError(f"--uniform {given}: devices({devices}) % ({product} = {split}) != 0")
         dp = devices // split
         if self.dp is not None and self.dp != dp:
-            raise PlanError(
-                f"--uniform dp={self.dp}: devices({devices}) / (tp({self.tp}) * pp({self.pp}) * sequence({sequence}))"
-                f" = {dp}; leave dp out or set it to {dp}"
-            )
+            factors = f"tp({self.tp}) * pp({self.pp})" + (f" * {axis}({sequence})" if axis else "")
+            raise PlanError(f"--uniform dp={self.dp}: devices({devices}) / ({factors}) = {dp}; leave dp out or set it "
+                            f"to {dp}")
         global_batch = self.batch or job.global_batch
         if global_batch is None:
             raise PlanError(f"--uniform: job {job.name} has no global_batch; add batch=N to --uniform")
