@@ -33,6 +33,7 @@ PLANS = [
 # move by Adam's ~lr per step).
 
 
+@pytest.mark.torch
 def test_a_capacity_factor_is_refused_in_one_line():
     from runtime_reference import architecture
 
