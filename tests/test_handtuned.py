@@ -14,7 +14,7 @@ CONFIGS = sorted(path.stem for path in (RECIPES_DIR / "handtuned").glob("*.yaml"
 
 def test_every_model_has_handtuned_configurations():
     applied = {load_handtuned(name).applies_to for name in CONFIGS}
-    assert applied == {"gpt3-15b", "gpt3-39b", "gpt3-65b"}
+    assert applied == {"gpt3-15b", "gpt3-39b", "gpt3-65b", "mixtral-8x7b"}
 
 
 @pytest.mark.parametrize("name", CONFIGS)
