@@ -73,8 +73,8 @@ def megatron_rows() -> list[tuple[str, float, float]]:
             continue
         job = job_for(handtuned.applies_to, "bf16")
         config = handtuned.uniform
-        if job.cluster.num_devices % (config.tp * config.pp):
-            continue
+        if job.cluster.num_devices % (config.tp * config.pp) or job.model.is_mixture_of_experts:
+            continue  # the restated formula is Megatron's dense one (10·L·h² per model), no experts
         uniform = UniformConfig(tp=config.tp, pp=config.pp, zero=config.zero, ckpt=config.ckpt, micro=1,
                                 target="megatron-core")
         plan = uniform.to_plan(job)
