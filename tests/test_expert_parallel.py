@@ -106,13 +106,13 @@ def test_the_busiest_rank_carries_the_stated_load():
     assert heavy.forward_memory_bytes[0] - even.forward_memory_bytes[0] == pytest.approx(0.5 * (30 + 120 / 2) * 2)
 
 
-def tiny_moe_job(budget: str = "64GiB", devices: int = 4) -> JobSpec:
+def tiny_moe_job(devices: int = 4) -> JobSpec:
     arch = parse_architecture(dict(
         family="gpt", name="tiny-moe", num_layers=4, hidden_size=256, num_heads=8, seq_length=128, vocab_size=1024,
         gated_mlp=True, bias=False, norm="rms", position_embedding="rotary", tie_embeddings=False, dropout=False,
         moe=dict(num_experts=8, top_k=2, expert_ffn_hidden_size=512, dense_blocks=[0])), "test")
     model = build_model(arch, "fp32")
-    return make_job(model, make_cluster(devices_per_node=devices), budget=int(float(budget.rstrip("GiB")) * 2**30))
+    return make_job(model, make_cluster(devices_per_node=devices), budget=64 * 2**30)
 
 
 def test_the_per_layer_search_gives_ep_to_expert_blocks_only():

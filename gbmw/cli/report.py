@@ -93,9 +93,8 @@ def _experts_line(job: JobSpec, plan: Plan) -> str | None:
         return None
     layer = moe_layers[0][0]
     degrees = sorted({strategy.ep for _, strategy in moe_layers})
-    capacity = layer.expert_load_factor == 1.0 and job.model.architecture is not None and getattr(
-        job.model.architecture.moe, "capacity_factor", None) is not None
-    routing = (f"capacity factor {job.model.architecture.moe.capacity_factor:g} (padded)" if capacity else
+    moe = getattr(job.model.architecture, "moe", None)
+    routing = (f"capacity factor {moe.capacity_factor:g} (padded)" if moe is not None and moe.capacity_factor else
                f"dropless, ASSUMED load imbalance {layer.expert_load_factor:.2f} (the busiest EP rank's routed tokens "
                "over the mean; set moe.load_imbalance in the model)")
     return (f"experts: {len(moe_layers)} MoE blocks × {layer.num_experts} experts, top-{layer.experts_per_token}, "
