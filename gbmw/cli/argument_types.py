@@ -10,12 +10,16 @@ import argparse
 import math
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Callable
 
 from gbmw.errors import GbmwError
 from gbmw.specs.files import shown
 from gbmw.specs.schema import parse_bytes
+
+
+_OTHER_RANKS_WAIT_S = 60.0
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -28,7 +32,12 @@ class OneLineParser(argparse.ArgumentParser):
         command = self.prog.removeprefix("gbmw").strip()
         if os.environ.get("RANK", "0") == "0":
             print(f"gbmw: error: {command + ': ' if command else ''}{message} (see `gbmw "
-                  f"{command + ' ' if command else ''}--help`)", file=sys.stderr)
+                  f"{command + ' ' if command else ''}--help`)", file=sys.stderr, flush=True)
+        else:
+            # The other ranks leave after rank 0: a launcher that sees any rank exit terminates the rest, so a rank
+            # leaving first could stop rank 0 before its line is out (no process group exists yet to wait on). Rank
+            # 0's exit ends this wait through the launcher's SIGTERM; without one, the rank exits 2 by itself.
+            time.sleep(_OTHER_RANKS_WAIT_S)
         raise SystemExit(2)
 
 
