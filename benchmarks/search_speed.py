@@ -22,6 +22,9 @@ Prints, each measured in this run on one pinned core:
    beside its dense twin — the same model with one dense MLP as wide as a token's experts (top-k × expert width),
    so the same active parameters and FLOPs per token — and the ratio (target ≤ 3×: expert parallelism multiplies
    the strategies of the MoE blocks).
+9. long sequences (issue 27): Llama-3.1-8B on 64 H100s at 131072 tokens per sample beside the same job at 4096,
+   for the runtime target with the default variant and with `gbmw+ulysses`, and for the megatron-core target (which
+   offers context parallelism): seconds, the plan, and the ratio 128k / 4k (target ≤ 2×).
 """
 
 from __future__ import annotations
@@ -323,12 +326,36 @@ def mixture_of_experts_against_dense() -> None:
     console.print(table)
 
 
+LONG_SEQUENCE_JOB = "llama3.1-8b-128k_h100-80g-x64"
+SHORT_SEQUENCE_TOKENS = 4096
+
+
+def long_sequence_against_short() -> None:
+    """Section 9: the same job's search at 128k and at 4k tokens, each target and variant side by side."""
+    table = Table(title=f"9. {LONG_SEQUENCE_JOB}: search at its 131072 tokens against {SHORT_SEQUENCE_TOKENS} (fixed batch)")
+    for column in ("target", "variant", "tokens", "search s", "samples/s", "plan", "ratio long / short"):
+        table.add_column(column, justify="left" if column in ("target", "variant", "plan") else "right")
+    for target, variant in (("runtime", "gbmw"), ("runtime", "gbmw+ulysses"), ("megatron-core", "gbmw")):
+        seconds = {}
+        for tokens in (None, SHORT_SEQUENCE_TOKENS):
+            job = load_job(LONG_SEQUENCE_JOB, seq_length=tokens)
+            plan, elapsed, _ = timed_plan(job, target=target, variant=variant)
+            seconds[job.model.sequence_length] = elapsed
+            layout = "OOM" if plan is None else (
+                f"pp {plan.pp}, {', '.join(dict.fromkeys(s.name for s in plan.strategies[1:-1]))[:40]}")
+            table.add_row(target, variant, str(job.model.sequence_length), f"{elapsed:.2f}",
+                          "OOM" if plan is None else f"{plan.estimate.samples_per_s:.3f}", layout,
+                          "" if tokens is None else f"{seconds[max(seconds)] / elapsed:.2f}×")
+    console.print(table)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--hetu", action="store_true", help="also run hetu-galvatron side by side")
     parser.add_argument("--hetu-python", default=os.path.join(os.path.dirname(__file__), "..", ".venv-hetu", "bin",
                                                               "python"))
-    parser.add_argument("--sections", default="1,2,3,4,6", help="which sections to run (5 needs --hetu; 7 and 8, a few minutes, only when named)")
+    parser.add_argument("--sections", default="1,2,3,4,6",
+                        help="which sections to run (5 needs --hetu; 7, 8 and 9, a few minutes, only when named)")
     parser.add_argument("--exact-limit-s", type=float, default=300.0,
                         help="stop each exact search of sections 2 and 6 after this many seconds (default 300)")
     parser.add_argument("--hetu-jobs", default=",".join(HETU_JOBS), help="jobs for section 5")
@@ -361,6 +388,8 @@ def main() -> None:
         paper_grid_both_modes()
     if "8" in sections:
         mixture_of_experts_against_dense()
+    if "9" in sections:
+        long_sequence_against_short()
 
 
 if __name__ == "__main__":
