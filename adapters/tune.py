@@ -11,7 +11,7 @@ speed-up, both costed by the same estimator.
 from __future__ import annotations
 
 import shlex
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from gbmw.cost.estimate import estimate_plan
@@ -59,7 +59,14 @@ class TuneResult:
 def tune(ds_config_path: str, model: str, cluster: str, target: str = "deepspeed", output: str | None = None,
          memory: str | None = None, current_tp: int = 1, current_pp: int = 1, current_ckpt: str | None = None,
          script: str = "pretrain_gpt.py", *, batch: int | None = None, seq_length: int | None = None,
-         flash_attention: bool | None = None, precision: str | None = None) -> TuneResult:
+         flash_attention: bool | None = None, precision: str | None = None, current: str | None = None) -> TuneResult:
+    """Tune the job of `ds_config_path` for `target` (see the module docstring).
+
+    The job's current layout is `current`, in `gbmw estimate --uniform`'s keys (tp, pp, sp, cp, ulysses, ep, zero,
+    ckpt), or `current_tp`/`current_pp`/`current_ckpt`; what it leaves out comes from the ds_config (zero: its
+    ZeRO stage; ulysses: its `sequence_parallel_size`, DeepSpeed's Ulysses degree for HF models; ckpt: whether
+    it has an activation_checkpointing section) or is 1 / off.
+    """
     if target == "runtime":
         raise GbmwError("--target runtime: tune rewrites an existing DeepSpeed job's config, which cannot express "
                         "gbmw's per-layer plans; tune for deepspeed, megatron-deepspeed or megatron-core, or plan and "
@@ -72,10 +79,13 @@ def tune(ds_config_path: str, model: str, cluster: str, target: str = "deepspeed
     user = ds.load_user_config(ds_config_path)
     cluster_spec = load_cluster(resolve_recipe(cluster, "clusters"))
     world = cluster_spec.num_devices
-    if current_tp < 1 or current_pp < 1 or world % (current_tp * current_pp):
-        raise GbmwError(f"--current-tp {current_tp} × --current-pp {current_pp} must divide the cluster's {world} devices")
+    layout = _current_layout(user, ds_config_path, current, current_tp, current_pp, current_ckpt)
+    width = layout.tp * layout.cp * layout.ulysses  # the ranks of a stage that share samples
+    if world % (width * layout.pp):
+        raise GbmwError(f"{_describe(layout, current, user)}: tp × pp × cp × ulysses = {width * layout.pp} must divide the "
+                        f"cluster's {world} devices")
     precision = hf_auto.precision_of(user, precision, notes, ds_config_path)
-    global_batch, micro_per_gpu = _batch_of(user, world, current_tp, current_pp, batch, ds_config_path, notes)
+    global_batch, micro_per_gpu = _batch_of(user, world, width, layout.pp, batch, ds_config_path, notes)
     # The model file is read as a file (an HF config's `_name_or_path` names it, it does not locate it).
     model_spec = load_model(resolve_recipe(model, "models"), precision, seq_length, flash_attention, notes)
     budget = parse_bytes(memory, "--memory") if memory else cluster_spec.usable_memory_bytes
@@ -83,24 +93,23 @@ def tune(ds_config_path: str, model: str, cluster: str, target: str = "deepspeed
                   precision=precision, optimizer=_optimizer_of(user), global_batch=global_batch,
                   memory_budget_bytes=budget, notes=tuple(notes))
 
-    current, problem = None, ""
-    zero = int((user.get("zero_optimization") or {}).get("stage", 0) or 0)
-    ckpt = current_ckpt or ("full" if user.get("activation_checkpointing") else "none")
+    current_plan, problem = None, ""
     try:
         if micro_per_gpu is None:
             raise GbmwError("train_micro_batch_size_per_gpu is \"auto\" (HF Trainer's per_device_train_batch_size)")
-        uniform = UniformConfig(tp=current_tp, pp=current_pp, zero=zero, ckpt=ckpt, micro=micro_per_gpu, target=target,
-                                batch=global_batch)
-        current = uniform.to_plan(job)
-        current = replace_estimate(current, estimate_plan(job, current))
+        uniform = replace(layout, micro=micro_per_gpu, target=target, batch=global_batch)
+        current_plan = uniform.to_plan(job)
+        current_plan = replace_estimate(current_plan, estimate_plan(job, current_plan))
     except GbmwError as error:
         problem = str(error)
 
     plan = Planner(job, batch=global_batch, target=target).run()
-    result = TuneResult(job, current, problem, plan, None, [], notes=notes)
+    result = TuneResult(job, current_plan, problem, plan, None, [], notes=notes)
     config_path = "ds_config.json"
     if target in ds.DEEPSPEED_TARGETS:
         generated = ds.plan_to_ds_config(plan, job, target)
+        if SEQUENCE_PARALLEL_KEY in user:  # DeepSpeed divides the devices by it for the data-parallel size
+            generated[SEQUENCE_PARALLEL_KEY] = plan.strategies[0].degree("ulysses")
         merged, changes = ds.merge_into_user_config(user, generated)
         changes += hf_auto.fill_precision_switches(merged, precision)
         tp, pp, _ = ds.plan_layout(plan, job.model)
@@ -130,6 +139,48 @@ def tune(ds_config_path: str, model: str, cluster: str, target: str = "deepspeed
         for name, text in files.items():
             result.written.append(write_new_file(folder / name, text))
     return result
+
+
+SEQUENCE_PARALLEL_KEY = "sequence_parallel_size"
+"""DeepSpeed's Ulysses degree in a ds_config (ALST, deepspeed.runtime.sequence_parallel.ulysses_sp: without a
+Megatron mpu, DeepSpeedConfig takes world size / sequence_parallel_size as the data-parallel size)."""
+_LAYOUT_KEYS = ("tp", "pp", "sp", "cp", "ulysses", "ep", "zero", "ckpt")
+
+
+def _current_layout(user: dict, where: str, current: str | None, tp: int, pp: int, ckpt: str | None) -> UniformConfig:
+    """The job's current layout: `--current` (or --current-tp/-pp/-ckpt) over what the ds_config says."""
+    given: set[str] = set()
+    if current is not None:
+        if (tp, pp, ckpt) != (1, 1, None):
+            raise GbmwError("--current: give the current layout there or with --current-tp/--current-pp/--current-ckpt, "
+                            "not both")
+        given = {item.partition("=")[0].strip() for item in current.split(",") if item.strip()}
+        foreign = sorted(given - set(_LAYOUT_KEYS))
+        if foreign:
+            raise GbmwError(f"--current {shown(current)}: key {foreign[0]} is not a layout key; the batch and micro-batch "
+                            f"come from the ds_config and the target from --target (keys: {', '.join(_LAYOUT_KEYS)})")
+        layout = UniformConfig.parse(current)
+    else:
+        layout = UniformConfig(tp=tp, pp=pp)
+    defaults: dict[str, object] = {}
+    if "zero" not in given:
+        defaults["zero"] = int((user.get("zero_optimization") or {}).get("stage", 0) or 0)
+    if "ckpt" not in given:
+        defaults["ckpt"] = ckpt or ("full" if user.get("activation_checkpointing") else "none")
+    degree = user.get(SEQUENCE_PARALLEL_KEY, 1)
+    if "ulysses" not in given and degree != 1:
+        if isinstance(degree, bool) or not isinstance(degree, int) or degree < 1:
+            raise GbmwError(f"{where}: key `{SEQUENCE_PARALLEL_KEY}`: value {shown(degree)} is not a positive whole "
+                            "number (DeepSpeed's Ulysses degree; 1 without)")
+        defaults["ulysses"] = degree
+    return replace(layout, **defaults)
+
+
+def _describe(layout: UniformConfig, current: str | None, user: dict) -> str:
+    given = f"--current {shown(current)}" if current is not None else f"--current-tp {layout.tp} × --current-pp {layout.pp}"
+    if layout.ulysses > 1 and user.get(SEQUENCE_PARALLEL_KEY) == layout.ulysses and "ulysses" not in (current or ""):
+        given += f" with the ds_config's {SEQUENCE_PARALLEL_KEY} {layout.ulysses}"
+    return given
 
 
 def _batch_of(user: dict, world: int, tp: int, pp: int, batch: int | None, where: str,

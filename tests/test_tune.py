@@ -183,3 +183,63 @@ def test_launch_script_runs_from_any_folder(tmp_path):
     words = result.stdout.split("\n")
     config = words[words.index("--deepspeed_config") + 1]
     assert config == str(out / "ds_config.json") and json.loads(Path(config).read_text())["train_batch_size"] == 1536
+
+
+ULYSSES_CONFIG = {  # DeepSpeed's Ulysses (ALST) degree 2: data-parallel size 2 on 4 devices, so 1 × 4 × 2 = 8
+    "train_batch_size": 8, "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 4,
+    "zero_optimization": {"stage": 1}, "sequence_parallel_size": 2,
+}
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("target", ["megatron-deepspeed", "deepspeed"])
+def test_tune_reads_the_configs_ulysses_degree_and_writes_the_plans(tmp_path, capsys, target):
+    """The config's `sequence_parallel_size` is the current Ulysses degree: costed where the target runs Ulysses,
+    named as the reason where it does not; the written config carries the plan's degree, so DeepSpeed's
+    data-parallel size (devices / sequence_parallel_size) matches the batch keys."""
+    from gbmw.plan import Plan
+
+    user = write_user_config(tmp_path, ULYSSES_CONFIG)
+    out = tmp_path / "tuned"
+    assert main(["tune", "--ds-config", str(user), "--model", "llama-tiny", "--cluster", "cpu-x4", "--target", target,
+                 "-o", str(out)]) == 0
+    printed = capsys.readouterr().out
+    if target == "megatron-deepspeed":
+        assert "current: tp=1,pp=1,zero=1,ckpt=none,ulysses=2,micro=1,batch=8" in printed
+    else:
+        assert "current: cannot be costed" in printed and "Ulysses (ulysses): deepspeed does not run it" in printed
+    plan = Plan.load(out / "plan.yaml")
+    ulysses = plan.strategies[0].degree("ulysses")
+    tuned = json.loads((out / "ds_config.json").read_text())
+    assert tuned["sequence_parallel_size"] == ulysses
+    if ulysses != 2:
+        assert f"sequence_parallel_size: 2 -> {ulysses}" in printed
+    data_parallel = 4 // (plan.strategies[0].tp * plan.pp * ulysses)
+    assert tuned["train_micro_batch_size_per_gpu"] * tuned["gradient_accumulation_steps"] * data_parallel == 8
+
+
+@pytest.mark.torch
+def test_tune_costs_a_current_expert_parallel_layout(tmp_path, capsys):
+    """`--current` takes --uniform's layout keys: an MoE job's TP 2 with sequence parallelism and EP 2 is costed as
+    that layout (megatron-core needs +sp where EP meets TP)."""
+    user = write_user_config(tmp_path, {key: value for key, value in ULYSSES_CONFIG.items()
+                                        if key != "sequence_parallel_size"} | {"gradient_accumulation_steps": 2})
+    assert main(["tune", "--ds-config", str(user), "--model", "llama-moe-tiny", "--cluster", "cpu-x4",
+                 "--target", "megatron-core", "--current", "tp=2,sp=on,ep=2"]) == 0
+    printed = capsys.readouterr().out
+    assert "current: tp=2,pp=1,zero=1,ckpt=none,sp=on,ep=2,micro=1,batch=8,target=megatron-core" in printed
+    assert "estimated speed-up:" in printed
+
+
+@pytest.mark.parametrize("current, extra, message", [
+    ("tp=2,micro=2", [], "--current 'tp=2,micro=2': key micro is not a layout key"),
+    ("tp=2", ["--current-tp", "2"], "--current: give the current layout there or with --current-tp"),
+    ("tp=2,cp=4", [], "--current 'tp=2,cp=4' with the ds_config's sequence_parallel_size 2: tp × pp × cp × ulysses = "
+                      "16 must divide the cluster's 4 devices"),
+    ("tp=8,ulysses=1", [], "--current 'tp=8,ulysses=1': tp × pp × cp × ulysses = 8 must divide the cluster's 4"),
+])
+def test_tune_current_layout_bad_input_is_one_line(tmp_path, current, extra, message):
+    user = write_user_config(tmp_path, ULYSSES_CONFIG)
+    code, err = run("tune", "--ds-config", str(user), "--model", "llama-moe-tiny", "--cluster", "cpu-x4",
+                    "--current", current, *extra)
+    assert code == 2 and "Traceback" not in err and err.count("\n") == 1 and message in err, err

@@ -31,6 +31,7 @@ OWNED_KEYS: tuple[str, ...] = (
     "bf16.enabled",
     "fp16.enabled",
     "pipeline.activation_checkpoint_interval",
+    "sequence_parallel_size",
 )
 """Dotted paths of the keys gbmw sets: the ones the plan and its estimate depend on. Everything
 else in a user's config — optimizer, scheduler, gradient_clipping, logging, offload, loss-scale

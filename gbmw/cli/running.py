@@ -168,6 +168,10 @@ def _tune_parser(commands) -> None:
     tune.add_argument("--memory", type=memory_size, help="per-device memory budget (default: the cluster's usable memory)")
     tune.add_argument("--current-tp", type=integer(1, MAX_DEVICES), default=1, help="the job's current tensor-parallel size (default 1)")
     tune.add_argument("--current-pp", type=integer(1, MAX_DEVICES), default=1, help="the job's current pipeline-parallel size (default 1)")
+    tune.add_argument("--current", metavar="LAYOUT",
+                      help="the job's current layout in --uniform's keys, e.g. tp=2,pp=4,sp=on,ep=8 or ulysses=4 "
+                           "(keys tp, pp, sp, cp, ulysses, ep, zero, ckpt; zero, ckpt and ulysses default to the "
+                           "ds_config's: its ZeRO stage, activation_checkpointing, sequence_parallel_size)")
     tune.add_argument("--current-ckpt", choices=("full", "none"),
                       help="the job's current recomputation (Megatron's --recompute-granularity full; default: whether "
                            "the ds_config has an activation_checkpointing section)")
@@ -189,7 +193,8 @@ def _run_tune(args: argparse.Namespace) -> int:
 
     result = tune(args.ds_config, args.model, args.cluster, args.target, args.output, args.memory,
                   args.current_tp, args.current_pp, args.current_ckpt, args.script, batch=args.batch,
-                  seq_length=args.seq_length, flash_attention=args.flash_attention, precision=args.precision)
+                  seq_length=args.seq_length, flash_attention=args.flash_attention, precision=args.precision,
+                  current=args.current)
     print_notes(result.notes)
     print_tune(result)
     return 0
