@@ -342,7 +342,8 @@ class Target:
         """Raise PlanError with every reason this target cannot run `plan`."""
         problems = self.problems(plan, model)
         if problems:
-            advice = "" if self.per_layer else (f" — use --target runtime, or plan again with --target {self.name}")
+            advised = self.per_layer or any("use --target" in problem for problem in problems)
+            advice = "" if advised else f" — use --target runtime, or plan again with --target {self.name}"
             raise PlanError(f"{self.name} cannot run this plan: " + "; ".join(problems) + advice)
 
 
