@@ -16,7 +16,7 @@ strategy S (data-parallel ways d, TP degree t) processes micro_batch / d samples
   Under precision fp8 (Transformer Engine) the linear layers' GEMMs (`fp8_forward_flops_per_sample`) run at the
   device's measured FP8 GEMM rate and every other FLOP at bf16's; their casts are memory-bound passes at the measured
   bandwidth — the inputs and output gradients per micro-batch, the weights once per iteration, priced on the last
-  micro-batch (`fp8_cast_s`; what is cast: gbmw.specs.transformer_layers).
+  micro-batch (gbmw.cost.fp8; what is cast: gbmw.specs.transformer_layers).
 * TP: the layer's all-reduces in forward and as many in backward (and again in the recompute).
 * EP (mixture-of-experts layers under `+epN`): the routed experts split over the EP group, their states synchronised
   and sharded over the expert-data-parallel group, the dispatch and combine all-to-alls, the busiest rank's load
@@ -50,6 +50,7 @@ from gbmw.cost.activation_recompute import (selective_freed_bytes, selective_reb
 from gbmw.cost.comm import CommModel
 from gbmw.cost.context_parallel import context_parallel_costs
 from gbmw.cost.expert_parallel import expert_data_parallel_group, expert_parallel_costs, expert_view
+from gbmw.cost.fp8 import fp8_cast_s, fp8_weight_copy_bytes, rank_fp8_parameters
 from gbmw.cost.framework_memory import (autocast_weight_copy_bytes, fp32_residual_extra_share,
                                         fp32_tp_input_extra_share, gather_buffer_bytes_per_parameter,
                                         kept_shard_bytes_per_parameter, prices_backward_workspace,
@@ -150,29 +151,6 @@ def matmul_wave_loss_s(model: ModelSpec, settings: CostSettings, samples: float,
     return forward * analytic, backward * analytic
 
 
-def fp8_cast_s(model: ModelSpec, settings: CostSettings, samples: float, tp: int, fp8_parameters: np.ndarray
-               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(forward, backward, once per iteration) per layer: Transformer Engine's FP8 casts at the device's memory
-    bandwidth — the inputs and output gradients of `samples` samples at TP `tp` (TP-split traffic of the LayerSpec),
-    and the rank's `fp8_parameters` weights, read in bf16 (2 bytes) and written row- and column-wise in FP8 (2 bytes).
-    Zeros unless the precision is fp8 (gbmw.specs.transformer_layers says what is cast and what is left out)."""
-    if settings.precision != "fp8":
-        zeros = np.zeros(model.num_layers)
-        return zeros, zeros, zeros
-    arrays, bandwidth = model.arrays, settings.cluster.memory_bandwidth_bytes_per_s
-    forward = arrays.fp8_forward_cast_traffic_bytes_per_sample * samples / tp / bandwidth
-    backward = arrays.fp8_backward_cast_traffic_bytes_per_sample * samples / tp / bandwidth
-    return forward, backward, fp8_parameters * FP8_WEIGHT_CAST_BYTES / bandwidth
-
-
-FP8_WEIGHT_CAST_BYTES = 4
-"""Bytes one weight's cast moves per iteration: its bf16 value read, its row- and column-wise FP8 data written."""
-FP8_WEIGHT_COPY_BYTES = 2
-"""Bytes Transformer Engine holds per FP8 weight between micro-batches: its row- and column-wise FP8 data
-(transformer_engine/pytorch/module/linear.py `_linear_forward_impl`: `weight_quantizer.set_usage(rowwise=True,
-columnwise=...)`, `quantize_weight(..., cache=...)`)."""
-
-
 def _framework_overheads_s(model: ModelSpec, strategy: Strategy, settings: CostSettings, comm: CommModel,
                            parameter_bytes: float, gradient_bytes: float) -> tuple[np.ndarray, np.ndarray]:
     """Per call: what profiled TP-2 / SDP-2 / checkpointed timings show beyond compute and the modelled
@@ -249,11 +227,9 @@ def layer_costs(
     device_parameters = dense_parameters + rank_experts
     """What this rank holds of each layer before any ZeRO sharding."""
     expert_strategy = expert_view(weights)
-    # the FP8 weights this rank holds (the routed experts' at 1/ep; their biases, if any, counted as weights)
-    fp8_experts = np.minimum(arrays.expert_parameter_count, arrays.fp8_parameter_count) / tp
-    fp8_parameters = (arrays.fp8_parameter_count / tp - fp8_experts
-                      + (fp8_experts / strategy.ep if split_experts else fp8_experts))
-    forward_cast, backward_cast, weight_cast = fp8_cast_s(model, settings, samples, tp, fp8_parameters)
+    fp8_parameters = rank_fp8_parameters(model, strategy)
+    forward_cast, backward_cast, weight_cast = fp8_cast_s(model, settings.precision, settings.cluster, samples, tp,
+                                                         fp8_parameters)
     forward_compute = forward_compute + forward_cast
     backward_compute = backward_compute + backward_cast
 
@@ -359,7 +335,7 @@ def layer_costs(
         + rank_experts * gather_buffer_bytes_per_parameter(settings.framework, expert_strategy, parameter_bytes))
     held_states = (dense_parameters * model_state_bytes_per_parameter(weights, settings)
                    + rank_experts * model_state_bytes_per_parameter(expert_strategy, settings)
-                   + (fp8_parameters * FP8_WEIGHT_COPY_BYTES if settings.precision == "fp8" else 0.0))
+                   + fp8_parameters * fp8_weight_copy_bytes(settings.precision))
     return LayerCosts(
         time_s=time_sync,
         time_no_grad_sync_s=time_no_sync,

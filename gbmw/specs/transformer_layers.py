@@ -14,25 +14,17 @@ and writes its output; without flash attention the scores are written, read and 
 by dropout), and read by the scores × V matmul (4·d, or 6·d + 1 with dropout, per score); flash attention
 reads Q, K, V and writes its output. Matmul inputs and outputs are the matmuls' own traffic (in their FLOP/s).
 
-FP8 (`BlockShape.fp8_linears`: precision fp8, Transformer Engine's linear layers as megatron-core builds a block —
-`TELayerNormColumnParallelLinear` for QKV and FC1, `TERowParallelLinear` for the output projection and FC2,
-`TEGroupedLinear` for routed experts; megatron/core/extensions/transformer_engine.py). Read in TransformerEngine
-(transformer_engine/pytorch/module/):
-* a linear stashes its input quantised, column-wise data only — 1 byte per element (linear.py `_linear_forward_impl`:
-  `inputmat.update_usage(rowwise_usage=False, columnwise_usage=True)`; layernorm_linear.py `_LayerNormLinear.forward`
-  keeps the norm's FP8 output `ln_out`; grouped_linear.py `_GroupedLinear.forward` the same per expert). Where
-  another op keeps the bf16 tensor too, both are kept: flash attention keeps its output for its backward, the output
-  projection an FP8 copy of it (+1 byte); the router keeps the norm output a shared expert's FC1 quantises (+1);
-* the norm of a LayerNormLinear writes its output in FP8 (`with_quantized_norm`): no pass of its own. Every other
-  linear input is quantised by a pass that reads it (d bytes) and writes its row- and column-wise FP8 data (2 bytes);
-  in backward every linear's output gradient is (E5M2, both layouts: `_linear_backward`): (d + 2) bytes per element,
-  counted as TP-split traffic (exact with sequence parallelism; a row-parallel output gradient is whole on each TP
-  rank without it — an under-count there);
-* each FP8 weight is quantised once per iteration (megatron-core's `TELinear.forward` passes `is_first_microbatch`,
-  and `quantize_weight` caches the row- and column-wise workspace between micro-batches): 2 bytes of FP8 copies per
-  weight, held (gbmw.cost.layer_cost).
-Left out: the amax reductions and scale updates of delayed scaling (a few scalars per tensor), the GEMMs' fp32 →
-bf16 output, and FP8 all-gathers of sequence-parallel inputs (the TP collectives are priced in bf16).
+FP8 (`BlockShape.fp8_linears`: precision fp8; megatron-core's TE linears, megatron/core/extensions/
+transformer_engine.py), read in TransformerEngine's transformer_engine/pytorch/module/: a linear stashes its input
+quantised, column-wise only — 1 byte per element (linear.py `_linear_forward_impl`: `inputmat.update_usage(
+rowwise_usage=False, columnwise_usage=True)`; layernorm_linear.py `_LayerNormLinear.forward` keeps the norm's FP8
+`ln_out`; grouped_linear.py `_GroupedLinear.forward` per expert); where another op keeps the bf16 tensor too, both
+stay (flash attention its output beside the projection's FP8 copy; the router the norm output a shared expert
+quantises). A LayerNormLinear's norm writes FP8 itself (`with_quantized_norm`); every other linear input is cast by a
+pass reading d bytes and writing 2 (row- and column-wise), and so is every output gradient in backward
+(`_linear_backward`), counted TP-split (exact with sequence parallelism, an under-count of the row-parallel ones
+without it). The weights' casts and copies: gbmw.cost.fp8. Left out: delayed scaling's amax reductions, FP8
+all-gathers of sequence-parallel inputs (the TP collectives are priced in bf16).
 """
 
 from __future__ import annotations
