@@ -47,6 +47,8 @@ REACH_CONFIGS = {  # issue 26's experts and issue 27's context parallelism, besi
     "llama3.1-8b-128k_h100-80g-x64": ("tp=2,pp=1,zero=1,cp=8,sp=on,micro=1", "tp=1,pp=2,zero=0,cp=16,ckpt=full,micro=1",
                                       "tp=8,pp=1,zero=1,cp=4,sp=on,micro=1"),
 }
+FP8_JOBS = ("gpt3-65b_h100-80g-x64", "llama3.1-8b-128k_h100-80g-x64", "mixtral-8x7b_h100-80g-x64")
+"""Jobs also checked with `precision: fp8` (issue 28: --bf16 --fp8-format hybrid --fp8-recipe delayed)."""
 ARCHITECTURES = {"A100": 8, "H100": 9, "H200": 9, "B200": 10, "GB200": 10}
 """GPU name → CUDA major version, as Megatron's get_device_arch_version would read it on that GPU."""
 
@@ -113,6 +115,11 @@ def argument_sets() -> list[tuple[str, gbmw.JobSpec, gbmw.Plan]]:
     for name, configs in REACH_CONFIGS.items():
         cases += [(f"{name}: {config}", jobs[name], gbmw.uniform_plan(jobs[name], f"{config},target=megatron-core"))
                   for config in configs]
+    for name in FP8_JOBS:
+        job = fp8_job(name)
+        cases.append((f"{job.name}: tp=4,pp=2,zero=1,sp=on", job,
+                      gbmw.uniform_plan(job, "tp=4,pp=2,zero=1,sp=on,micro=1" + (",ep=2" if "mixtral" in name else "")
+                                        + ",target=megatron-core")))
     for name in GRID_JOBS:
         for tp, pp, zero in ((1, 1, 0), (2, 2, 1), (8, 1, 1), (4, 4, 0)):
             for ckpt in ("none", "full", "selective"):
@@ -121,6 +128,17 @@ def argument_sets() -> list[tuple[str, gbmw.JobSpec, gbmw.Plan]]:
                     cases.append((f"{name}: {config.removesuffix(',target=megatron-core')}", jobs[name],
                                   gbmw.uniform_plan(jobs[name], config)))
     return cases
+
+
+def fp8_job(name: str) -> gbmw.JobSpec:
+    """The bundled job `name` with `precision: fp8`."""
+    import tempfile
+
+    text = (RECIPES_DIR / "jobs" / f"{name}.yaml").read_text().replace("precision: bf16", "precision: fp8")
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / f"{name.replace('_', '-fp8_', 1)}.yaml"
+        path.write_text(text)
+        return gbmw.load_job(path)
 
 
 def check(arguments, job: gbmw.JobSpec, plan: gbmw.Plan, extra: tuple[str, ...] = ()) -> str | None:
@@ -149,7 +167,8 @@ def check(arguments, job: gbmw.JobSpec, plan: gbmw.Plan, extra: tuple[str, ...] 
                     recompute_granularity=None if strategy.recompute == "none" else strategy.recompute,
                     use_distributed_optimizer=strategy.degree("z1dp") > 1,
                     virtual_pipeline_model_parallel_size=plan.virtual_stages if plan.virtual_stages > 1 else None,
-                    context_parallel_size=strategy.degree("cp"))
+                    context_parallel_size=strategy.degree("cp"), bf16=plan.precision in ("bf16", "fp8"),
+                    fp8="hybrid" if plan.precision == "fp8" else None)
     if job.model.is_mixture_of_experts:
         expert = next(layer for layer in job.model.layers if layer.num_experts)
         expected.update(num_experts=expert.num_experts, moe_router_topk=expert.experts_per_token,

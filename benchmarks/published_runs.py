@@ -14,7 +14,11 @@ Nothing here is calibrated to these runs. The devices come from the bundled clus
 rates and STREAM bandwidths (recipes/clusters/*.yaml, benchmarks/kernel_rates.yaml) — and the inter-node links
 from NCCL's measured bandwidth per NIC (below); the runs are only compared with.
 
-Runs that cannot be costed are listed with the reason: FP8, an unstated configuration (micro-batch, recomputation, TP/PP split, precision)
+FP8 runs (issue 28) are costed as Transformer Engine's FP8 (delayed scaling) on megatron-core where the device has an
+FP8 rate (gbmw.specs.transformer_layers). A third table costs the context-parallel runs of
+benchmarks/published_long_context_runs.yaml (fields their table omits taken from the recipe the data file quotes,
+printed as assumptions). Runs that cannot be costed are listed with the reason: FP8 on a device without a bundled FP8
+rate or with another scaling recipe, an unstated configuration (micro-batch, recomputation, TP/PP split, precision)
 or an unstated network, or numbers the collector could not verify in a primary source.
 
 Mixture-of-experts runs (issue 26) are in benchmarks/published_moe_runs.yaml and get a table of their own below the
@@ -58,10 +62,15 @@ MEAN_TARGET, MAX_TARGET = 0.10, 0.20
 # NCCL's all-reduce bus bandwidth per NIC across nodes, measured (benchmarks/kernel_rates.yaml): "peak NCCL
 # bandwidth per 200G HDR NIC (12 GB/s per 100G NIC)" — NVIDIA/nccl-tests issue #119; 8 x HDR on DGX A100 reach
 # 192 GB/s — NVIDIA/nccl issue #812. A 100 Gb/s Omni-Path NIC is taken at the 100G rate (no OPA measurement found).
-NIC_GB_PER_S = {200: 24.0, 100: 12.0}
+NIC_GB_PER_S = {400: 46.0, 200: 24.0, 100: 12.0}
+"""400: "For NDR @ 400Gbps you should see 46-48GB/s per NIC" (NVIDIA/nccl-tests issue #290, as
+recipes/clusters/h100-80g-x64.yaml cites it)."""
+DGX_H100_NICS = (8, 400)
+"""A DGX-H100 node's compute fabric: eight single-port ConnectX-7 at 400 Gb/s (the DGX BasePOD reference architecture
+recipes/clusters/h100-80g-x64.yaml cites), for rows that name the system, not its NICs."""
 DEVICE_RECIPES = {"A100 80GB": "a100-80g-x32", "A100 40GB": "a100-40g-x64", "H100": "h100-80g-x64"}
 TARGET_OF_FRAMEWORK = {"megatron-lm": "megatron-core", "megatron-deepspeed": "megatron-deepspeed",
-                       "composer/llm-foundry": "runtime"}
+                       "composer/llm-foundry": "runtime", "nemo": "megatron-core"}
 """FSDP (llm-foundry) keeps fp32 parameters sharded and computes in bf16 under autocast, as gbmw's runtime does."""
 
 
@@ -93,9 +102,11 @@ def why_not_costable(run: dict) -> str | None:
     precision = str(run.get("precision") or "").lower()
     if run.get("verified") is False:
         return "numbers not verified in the primary source"
-    if "fp8" in precision:
-        return "FP8"
-    if not any(word in precision for word in ("fp16", "bf16", "16-bit")):
+    run, _ = with_recipe_fields(run)
+    parallelism, model = run["parallelism"], run["model"]
+    if "fp8" in precision and _device_recipe(cluster) != "h100-80g-x64":
+        return f"FP8 on {cluster.get('gpu')!r}, which has no bundled FP8 rate"
+    if not any(word in precision for word in ("fp16", "bf16", "16-bit", "fp8")):
         return f"precision not stated ({run.get('precision')!r})"
     missing = [key for key in ("tensor", "pipeline", "data", "micro_batch", "global_batch", "recompute")
                if parallelism.get(key) is None]
@@ -112,6 +123,24 @@ def why_not_costable(run: dict) -> str | None:
     return None
 
 
+def with_recipe_fields(run: dict) -> tuple[dict, list[str]]:
+    """`run` with each field its table leaves out (null) taken from the recipe its data file quotes
+    (`assumed_from_recipe`: field → value, quote, recipe), and one assumption line per field taken."""
+    recipe = run.get("assumed_from_recipe") or {}
+    taken = {field: entry for field, entry in recipe.items() if entry.get("quote") and entry.get("recipe")}
+    if not taken:
+        return run, []
+    filled = dict(run, parallelism=dict(run["parallelism"]), model=dict(run["model"]))
+    lines = []
+    for field, entry in taken.items():
+        part = "model" if field in filled["model"] else "parallelism"
+        if filled[part].get(field) is None:
+            filled[part][field] = entry["value"]
+            lines.append(f"{field}={entry['value']}")
+    where = next(iter(taken.values()))["recipe"]
+    return filled, [f"from the recipe {where}: {', '.join(lines)}"] if lines else []
+
+
 def _device_recipe(cluster: dict) -> str | None:
     gpu = str(cluster.get("gpu") or "")
     return next((recipe for key, recipe in DEVICE_RECIPES.items() if key in gpu), None)
@@ -125,6 +154,8 @@ def _node_bandwidth(cluster: dict) -> float | None:
         return cluster["nics_per_node"] * NIC_GB_PER_S[100]
     if cluster.get("node_injection_gbps"):  # e.g. "1600 Gbps node-node": 8 x 200 Gb/s
         return cluster["node_injection_gbps"] / 200 * NIC_GB_PER_S[200]
+    if "DGX-H100" in str(cluster.get("gpu")):
+        return DGX_H100_NICS[0] * NIC_GB_PER_S[DGX_H100_NICS[1]]
     return None
 
 
@@ -147,19 +178,37 @@ def build_cluster(run: dict, assumptions: list[str]) -> ClusterSpec:
 
 def build_job(run: dict, cluster: ClusterSpec, assumptions: list[str]) -> JobSpec:
     model, precision_text = run["model"], str(run["precision"]).lower()
-    precision = "bf16" if "bf16" in precision_text else "fp16"
+    precision = "fp8" if "fp8" in precision_text else "bf16" if "bf16" in precision_text else "fp16"
     if "16-bit" in precision_text and "bf16" not in precision_text and "fp16" not in precision_text:
         assumptions.append("fp16 (the source says 16-bit)")
     ffn = model.get("ffn_hidden_size") or 4 * model["hidden_size"]
-    architecture = GPTArchitecture(
-        name=run["name"], family="gpt", num_layers=model["num_layers"], hidden_size=model["hidden_size"],
-        num_heads=model["num_attention_heads"], ffn_hidden_size=ffn, seq_length=model["seq_length"],
-        vocab_size=model["vocab_size"], attention="flash" if _framework(run) == "composer/llm-foundry" else "standard",
-        bias=_framework(run) != "composer/llm-foundry",
-        position_embedding="rotary" if "alibi" in str(model.get("architecture")).lower() else "learned")
+    if str(model.get("architecture")).lower() == "llama":
+        architecture = llama_architecture(run)
+    else:
+        # NeMo's megatron-core runs attention through Transformer Engine's fused kernels
+        fused = _framework(run) == "composer/llm-foundry" or "nemo" in str(run["parallelism"].get("framework")).lower()
+        architecture = GPTArchitecture(
+            name=run["name"], family="gpt", num_layers=model["num_layers"], hidden_size=model["hidden_size"],
+            num_heads=model["num_attention_heads"], ffn_hidden_size=ffn, seq_length=model["seq_length"],
+            vocab_size=model["vocab_size"], attention="flash" if fused else "standard",
+            bias=_framework(run) != "composer/llm-foundry",
+            position_embedding="rotary" if "alibi" in str(model.get("architecture")).lower() else "learned")
     spec = build_model(architecture, precision)
     return JobSpec(name=run["name"], model=spec, cluster=cluster, precision=precision,
                    global_batch=run["parallelism"]["global_batch"], memory_budget_bytes=cluster.usable_memory_bytes)
+
+
+def llama_architecture(run: dict) -> GPTArchitecture:
+    """A LLaMA-style decoder as NeMo / megatron-core define Llama 2 and 3 (nemo/collections/llm/gpt/model/llama.py):
+    RMSNorm, SwiGLU, rotary positions, no biases, untied embeddings, no dropout, grouped-query attention, and
+    Transformer Engine's fused (flash) attention."""
+    model = run["model"]
+    return GPTArchitecture(
+        name=run["name"], family="gpt", num_layers=model["num_layers"], hidden_size=model["hidden_size"],
+        num_heads=model["num_attention_heads"], num_kv_heads=model.get("num_kv_heads") or model.get("num_query_groups"),
+        ffn_hidden_size=model["ffn_hidden_size"], seq_length=model["seq_length"], vocab_size=model["vocab_size"],
+        gated_mlp=True, bias=False, norm="rms", position_embedding="rotary", tie_embeddings=False, dropout=False,
+        attention="flash")
 
 
 def measured_iteration_s(run: dict) -> tuple[float, str]:
@@ -202,7 +251,8 @@ def _interleaved(plan: Plan, parallelism: dict, job: JobSpec) -> tuple[Plan, int
 def cost(run: dict) -> Costed:
     if run["model"].get("moe"):
         return cost_moe(run)
-    parallelism, assumptions = run["parallelism"], []
+    run, assumptions = with_recipe_fields(run)
+    parallelism = run["parallelism"]
     cluster = build_cluster(run, assumptions)
     job = build_job(run, cluster, assumptions)
     framework = _framework(run)
@@ -287,9 +337,11 @@ def why_moe_run_not_costable(run: dict) -> list[str]:
         reasons.append("numbers not verified in the primary source (a headline claim without its configuration)")
     if (parallelism.get("context") or 1) > 1:
         reasons.append(f"context parallelism (CP {parallelism['context']}) not modelled (issue 27)")
-    if "fp8" in precision:
-        reasons.append("FP8 — not costed until issue 28")
-    elif "bf16" not in precision and "fp16" not in precision:
+    if "fp8" in precision and re.search(r"current scaling|fp8-cs|block|fine-grained", precision):
+        reasons.append("FP8 with current or blockwise scaling (gbmw costs Transformer Engine's delayed scaling)")
+    elif "fp8" in precision and "recipe not stated" in precision:
+        reasons.append("FP8 recipe not stated")
+    elif "fp8" not in precision and "bf16" not in precision and "fp16" not in precision:
         reasons.append(f"precision not stated ({run.get('precision')!r})")
     if "mla" in str(model.get("architecture")).lower():
         reasons.append("multi-head latent attention (DeepSeek MLA) not modelled")
@@ -350,8 +402,9 @@ def build_moe_job(run: dict, cluster: ClusterSpec, assumptions: list[str]) -> Jo
         ffn_hidden_size=model.get("ffn_hidden_size"), seq_length=model["seq_length"], vocab_size=model["vocab_size"],
         gated_mlp=True, bias=False, norm="rms", position_embedding="rotary", tie_embeddings=False, dropout=False,
         attention="flash", moe=experts)
-    spec = build_model(architecture, "bf16")
-    return JobSpec(name=run["name"], model=spec, cluster=cluster, precision="bf16",
+    precision = "fp8" if "fp8" in str(run.get("precision")).lower() else "bf16"
+    spec = build_model(architecture, precision)
+    return JobSpec(name=run["name"], model=spec, cluster=cluster, precision=precision,
                    global_batch=run["parallelism"]["global_batch"], memory_budget_bytes=cluster.usable_memory_bytes)
 
 
@@ -403,6 +456,88 @@ def cost_moe(run: dict) -> MoECosted:
     described = config.describe() + (f",v={virtual}" if virtual > 1 else "") + f",gpus={run['cluster']['gpus']}"
     return MoECosted(run["name"], run["source"]["title"].split(",")[0][:40], described, measured, measured_from,
                      estimate.iteration_time_s, tuple(assumptions), max(estimate.stage_peak_memory_bytes) / 2**30)
+
+
+# ---- long-context runs (issues 27/28): benchmarks/published_long_context_runs.yaml ----------------------------------
+
+LONG_CONTEXT_DATA = Path(__file__).with_name("published_long_context_runs.yaml")
+NEMO_LLAMA_FLOPS = ("NVIDIA/NeMo nemo/utils/flops_formulas.py llama2() @ 8cfedd72 (the long-sequence page's commit): "
+                    "gbs·s·L·h²·(12 + 12·g/a + 18·f/h + 12·s/h · 0.5 (causal) + 6·V/(L·h))")
+
+
+def why_long_context_run_not_costable(run: dict) -> list[str]:
+    """Every reason a context-parallel run cannot be costed as published (empty: it can)."""
+    run, _ = with_recipe_fields(run)
+    parallelism, cluster, model, measured = run["parallelism"], run["cluster"], run["model"], run["measured"]
+    precision = str(run.get("precision") or "").lower()
+    notes = " ".join(run.get("notes") or [])
+    reasons = []
+    if "INCONSISTENT ROW" in notes:
+        reasons.append("TP·PP·DP·CP is not the stated GPU count")
+    if _device_recipe(cluster) is None:
+        reasons.append(f"device {cluster.get('gpu')!r} has no bundled recipe")
+    if "current scaling" in precision or "fp8-cs" in precision:
+        reasons.append("FP8 current scaling (gbmw costs delayed scaling)")
+    if "megatron-core" not in str(parallelism.get("framework")).lower():
+        reasons.append(f"framework {parallelism.get('framework')!r}: gbmw's CP target is megatron-core")
+    missing = [key for key in ("tensor", "pipeline", "data", "context", "micro_batch", "global_batch", "recompute",
+                               "sequence_parallel", "distributed_optimizer") if parallelism.get(key) is None]
+    if missing:
+        reasons.append(f"configuration not stated: {', '.join(missing)}")
+    if not (measured.get("iteration_seconds") or measured.get("tokens_per_second_per_gpu")):
+        reasons.append("TFLOP/s only (no iteration time or tokens/s)")
+    return reasons
+
+
+def cost_long_context(run: dict) -> MoECosted:
+    """A context-parallel run in its own configuration (TP, PP, DP, CP, interleaving, recomputation, sequence
+    parallelism, distributed optimizer) on megatron-core, in FP8 where the run is."""
+    run, assumptions = with_recipe_fields(run)
+    parallelism = run["parallelism"]
+    cluster = build_cluster(run, assumptions)
+    if cluster.nodes > 1 and run["cluster"].get("nics_per_node") is None:
+        assumptions.append("8 x 400 Gb/s NDR per DGX-H100 node")
+    precision = "fp8" if "fp8" in str(run["precision"]).lower() else "bf16"
+    job = JobSpec(name=run["name"], model=build_model(llama_architecture(run), precision), cluster=cluster,
+                  precision=precision, global_batch=parallelism["global_batch"],
+                  memory_budget_bytes=cluster.usable_memory_bytes)
+    config = UniformConfig(tp=parallelism["tensor"], pp=parallelism["pipeline"],
+                           zero=1 if parallelism["distributed_optimizer"] else 0, ckpt=parallelism["recompute"],
+                           sp=bool(parallelism["sequence_parallel"]) and parallelism["tensor"] > 1,
+                           cp=parallelism["context"], micro=parallelism["micro_batch"],
+                           batch=parallelism["global_batch"], target="megatron-core")
+    plan, virtual = _interleaved(config.to_plan(job), parallelism, job)
+    estimate = estimate_plan(job, plan)
+    measured, measured_from = moe_measured_iteration_s(run)
+    described = config.describe() + (f",v={virtual}" if virtual > 1 else "") + f",gpus={run['cluster']['gpus']}"
+    return MoECosted(run["name"], run["source"]["title"].split(",")[0][:40], described, measured, measured_from,
+                     estimate.iteration_time_s, tuple(assumptions), max(estimate.stage_peak_memory_bytes) / 2**30)
+
+
+def print_long_context_table(console: Console) -> list[MoECosted]:
+    """The context-parallel table and its summary; the runs not costed, each with every reason."""
+    runs = yaml.safe_load(LONG_CONTEXT_DATA.read_text())["runs"]
+    costed, skipped = [], []
+    for run in runs:
+        reasons = why_long_context_run_not_costable(run)
+        if reasons:
+            skipped.append((run["name"], "; ".join(reasons)))
+        else:
+            costed.append(cost_long_context(run))
+    table = Table(title="published long-context (context-parallel) runs: gbmw's predicted iteration time vs the "
+                        "published one")
+    for column in ("run", "config", "published s", "from", "predicted s", "error", "peak GiB", "assumed"):
+        table.add_column(column, justify="right" if column in ("published s", "predicted s", "error", "peak GiB")
+                         else "left", overflow="fold")
+    for row in costed:
+        table.add_row(row.name, row.config, f"{row.measured_s:.3f}", row.measured_from, f"{row.predicted_s:.3f}",
+                      f"{row.error:+.1%}", f"{row.peak_memory_gib:.1f}", "; ".join(row.assumptions))
+    console.print(table)
+    console.print(_summary(costed, "long-context ")[0])
+    console.print(f"long-context runs not costed ({len(skipped)}):")
+    for name, reason in skipped:
+        console.print(f"  {name}: {reason}")
+    return costed
 
 
 def _summary(rows: list[Costed], label: str) -> tuple[str, bool]:
@@ -477,11 +612,17 @@ def main() -> int:
         console.print(f"  {name}: {reason}")
     console.print()
     moe_costed, moe_met = print_moe_table(console)
+    console.print()
+    long_context_costed = print_long_context_table(console)
+    fp8 = [row for row in costed + moe_costed + long_context_costed if "fp8" in row.name]
+    console.print(f"FP8 runs (issue 28, target |error| ≤ 10 %): {_summary(fp8, 'FP8 ')[0]}" if fp8 else
+                  "no FP8 run costed")
     if args.json:
         from gbmw.specs.files import write_new_file
 
         write_new_file(args.json, json.dumps([dict(vars(row), error=row.error) for row in costed] + [
-            dict(vars(row), error=row.error, table="moe") for row in moe_costed], indent=1))
+            dict(vars(row), error=row.error, table="moe") for row in moe_costed] + [
+            dict(vars(row), error=row.error, table="long-context") for row in long_context_costed], indent=1))
     return 0 if mean <= MEAN_TARGET and worst <= MAX_TARGET and moe_met else 1
 
 

@@ -301,6 +301,63 @@ def test_inverse_refuses_megatron_deepspeed_without_deepspeed_and_wrong_precisio
         megatron_args_to_plan(args + ["--decoder-first-pipeline-num-layers", "3"], job, target)
 
 
+# ------------------------------------------------------------------------------------------ precision fp8
+
+FP8_JOB = "model: gpt3-15b\ncluster: h100-80g-x64\nprecision: fp8\nglobal_batch: 512\n"
+
+
+@pytest.fixture(scope="module")
+def fp8_job(tmp_path_factory) -> gbmw.JobSpec:
+    path = tmp_path_factory.mktemp("fp8") / "gpt3-15b-fp8_h100-80g-x64.yaml"
+    path.write_text(FP8_JOB)
+    return gbmw.load_job(path)
+
+
+def test_fp8_plan_emits_transformer_engine_flags_and_round_trips(fp8_job):
+    """fp8 is megatron-core's TE FP8 on bf16 parameters: --bf16 --fp8-format hybrid --fp8-recipe delayed (the flags
+    and choices of TransformerConfig.fp8 / fp8_recipe, megatron/core/transformer/transformer_config.py)."""
+    plan = gbmw.uniform_plan(fp8_job, "tp=4,pp=2,zero=1,sp=on,micro=1,target=megatron-core")
+    args = plan_to_megatron_args(plan, fp8_job, "megatron-core")
+    given = values(args)
+    assert (given["--fp8-format"], given["--fp8-recipe"]) == ("hybrid", "delayed")
+    assert "--bf16" in given and "--fp16" not in given
+    assert megatron_args_to_plan(args, fp8_job, "megatron-core") == comparable(plan, "megatron-core")
+    with pytest.raises(GbmwError, match="--fp8-format e4m3 --fp8-recipe delayed with bf16: gbmw costs FP8 as --bf16 "
+                                        "--fp8-format hybrid --fp8-recipe delayed only"):
+        megatron_args_to_plan(args + ["--fp8-format", "e4m3"], fp8_job, "megatron-core")
+    with pytest.raises(GbmwError, match="train in bf16 but job gpt3-15b-fp8_h100-80g-x64 trains in fp8"):
+        megatron_args_to_plan([a for a in args if a not in ("--fp8-format", "--fp8-recipe", "hybrid", "delayed")],
+                              fp8_job, "megatron-core")
+
+
+def test_fp8_refused_in_one_line_where_no_transformer_engine_runs(fp8_job):
+    from gbmw.adapters.deepspeed import plan_to_ds_config
+
+    plan = gbmw.uniform_plan(fp8_job, "tp=4,pp=2,zero=1,micro=1,target=megatron-core")
+    line = ("precision fp8: --target {} plans fp32, fp16, bf16 ({} does not run Transformer Engine's FP8 linears); "
+            "plan it for --target megatron-core, or set the job's precision to bf16")
+    with pytest.raises(GbmwError) as error:
+        plan_to_megatron_args(plan, fp8_job, "megatron-deepspeed")
+    assert str(error.value) == line.format("megatron-deepspeed", "Megatron-DeepSpeed")
+    with pytest.raises(GbmwError) as error:
+        plan_to_ds_config(dataclasses.replace(plan, target="deepspeed"), fp8_job, "deepspeed")
+    assert str(error.value) == line.format("deepspeed", "DeepSpeed (ZeRO + pipeline engine)")
+    for target in ("deepspeed", "runtime"):
+        with pytest.raises(GbmwError, match=f"precision fp8: --target {target} plans fp32, fp16, bf16"):
+            gbmw.uniform_plan(fp8_job, f"tp=1,pp=2,zero=1,micro=1,target={target}")
+
+
+@pytest.mark.torch
+def test_fp8_megatron_core_config(fp8_job):
+    pytest.importorskip("megatron.core")
+    import torch
+
+    plan = gbmw.uniform_plan(fp8_job, "tp=4,pp=2,zero=1,sp=on,micro=1,target=megatron-core")
+    _, config = plan_to_megatron_core_configs(plan, fp8_job)
+    assert (config.fp8, config.fp8_recipe, config.bf16, config.params_dtype) == ("hybrid", "delayed", True,
+                                                                                 torch.bfloat16)
+
+
 def test_blocks_per_stage_follows_megatron():
     assert megatron_blocks_per_stage(48, 1) == [48]
     assert megatron_blocks_per_stage(48, 4) == [12, 12, 12, 12]

@@ -34,6 +34,8 @@ What a plan says, and the flag that says it::
     virtual_stages v > 1              --num-layers-per-virtual-pipeline-stage refused (plain 1F1B)
                                       (blocks per stage / v)
     precision                         --bf16 / --fp16 (none for fp32)        same
+    precision fp8                     --bf16 --fp8-format hybrid              refused (no Transformer Engine FP8)
+                                      --fp8-recipe delayed
 
 Megatron places the embedding on the first stage and the output layer on the last, and
 ``--num-layers`` counts Transformer blocks only; in a Plan the embedding and head are layers, so

@@ -166,6 +166,8 @@ def plan_to_megatron_args(
     args += _architecture_args(arch, target, layout)
     if plan.precision in ("bf16", "fp16"):
         args.append(f"--{plan.precision}")
+    elif plan.precision == "fp8":  # Transformer Engine's FP8 linears on bf16 parameters (gbmw.specs.transformer_layers)
+        args += ["--bf16", "--fp8-format", "hybrid", "--fp8-recipe", "delayed"]
     if layout.sequence_parallel:
         args.append("--sequence-parallel")
     if layout.recompute == "full":

@@ -60,6 +60,9 @@ def _parser(target: str) -> _Parser:
         add(_flag(dest), type=int)
     for dest in ("swiglu", "disable_bias_linear", "untie_embeddings_and_output_weights", "bf16", "fp16"):
         add(_flag(dest), action="store_true")
+    if target == "megatron-core":  # TransformerConfig.fp8 / fp8_recipe (megatron/core/transformer/transformer_config.py)
+        add("--fp8-format", dest="fp8", choices=["e4m3", "hybrid"])
+        add("--fp8-recipe", choices=["tensorwise", "delayed", "mxfp8", "blockwise", "custom"], default="delayed")
     add("--attention-dropout", type=float)
     add("--hidden-dropout", type=float)
     add("--recompute-granularity", choices=["full", "selective"])
@@ -168,6 +171,11 @@ def megatron_args_to_plan(args: Sequence[str], job: JobSpec, target: str = "mega
     precision = "bf16" if namespace.bf16 else "fp16" if namespace.fp16 else "fp32"
     if namespace.bf16 and namespace.fp16:
         raise GbmwError("Megatron arguments give both --bf16 and --fp16")
+    if getattr(namespace, "fp8", None) is not None:
+        if (namespace.fp8, namespace.fp8_recipe, precision) != ("hybrid", "delayed", "bf16"):
+            raise GbmwError(f"Megatron arguments: --fp8-format {namespace.fp8} --fp8-recipe {namespace.fp8_recipe} "
+                            f"with {precision}: gbmw costs FP8 as --bf16 --fp8-format hybrid --fp8-recipe delayed only")
+        precision = "fp8"
     if precision != job.precision:
         raise GbmwError(f"Megatron arguments train in {precision} but job {job.name} trains in {job.precision}")
 

@@ -58,7 +58,8 @@ def plan_to_megatron_core_configs(plan: Plan, job: JobSpec) -> tuple[Any, Any]:
     """megatron-core's (ModelParallelConfig, TransformerConfig) for `plan`, built on any machine.
 
     Fields (megatron-core 0.16): tensor/pipeline_model_parallel_size, sequence_parallel for +sp layouts,
-    params_dtype = pipeline_dtype from the precision with bf16/fp16, use_cpu_initialization=True and
+    params_dtype = pipeline_dtype from the precision with bf16/fp16 (fp8: bf16 parameters with fp8="hybrid",
+    fp8_recipe="delayed"), use_cpu_initialization=True and
     gradient_accumulation_fusion=False (no CUDA extension needed), the GPT widths, recompute_granularity
     "full" / recompute_method "uniform" / recompute_num_layers 1 for +ckpt blocks, recompute_granularity
     "selective" for +sel blocks, and
@@ -70,14 +71,14 @@ def plan_to_megatron_core_configs(plan: Plan, job: JobSpec) -> tuple[Any, Any]:
     layout = megatron_layout(plan, job, "megatron-core")
     arch = gpt_architecture(job)
     torch, ModelParallelConfig, TransformerConfig, get_num_layers_to_build = _megatron_core()
-    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[plan.precision]
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.bfloat16}[plan.precision]
     parallel = dict(
         tensor_model_parallel_size=layout.tensor_parallel,
         pipeline_model_parallel_size=layout.pipeline_parallel,
         sequence_parallel=layout.sequence_parallel,
         params_dtype=dtype,
         pipeline_dtype=dtype,
-        bf16=plan.precision == "bf16",
+        bf16=plan.precision in ("bf16", "fp8"),
         fp16=plan.precision == "fp16",
         use_cpu_initialization=True,
         gradient_accumulation_fusion=False,
@@ -96,6 +97,8 @@ def plan_to_megatron_core_configs(plan: Plan, job: JobSpec) -> tuple[Any, Any]:
         normalization="RMSNorm" if arch.norm == "rms" else "LayerNorm",
         num_layers_in_first_pipeline_stage=layout.first_stage_blocks,
         num_layers_in_last_pipeline_stage=layout.last_stage_blocks,
+        # precision fp8: Transformer Engine's FP8 linears, E4M3 forward and E5M2 gradients, delayed scaling
+        **(dict(fp8="hybrid", fp8_recipe="delayed") if plan.precision == "fp8" else {}),
     )
     if arch.gated_mlp:
         transformer.update(gated_linear_unit=True, activation_func=torch.nn.functional.silu)

@@ -13,6 +13,10 @@ strategy S (data-parallel ways d, TP degree t) processes micro_batch / d samples
   adds' traffic by TP too (gbmw.cost.activation_recompute). On a device with a
   known multiprocessor count, each linear matmul of that micro-batch's shape (rows = samples × tokens, TP-split
   features) also pays the time its tile waves lose, forward and backward (gbmw.cost.matmul_waves).
+  Under precision fp8 (Transformer Engine) the linear layers' GEMMs (`fp8_forward_flops_per_sample`) run at the
+  device's measured FP8 GEMM rate and every other FLOP at bf16's; their casts are memory-bound passes at the measured
+  bandwidth — the inputs and output gradients per micro-batch, the weights once per iteration, priced on the last
+  micro-batch (gbmw.cost.fp8; what is cast: gbmw.specs.transformer_layers).
 * TP: the layer's all-reduces in forward and as many in backward (and again in the recompute).
 * EP (mixture-of-experts layers under `+epN`): the routed experts split over the EP group, their states synchronised
   and sharded over the expert-data-parallel group, the dispatch and combine all-to-alls, the busiest rank's load
@@ -29,7 +33,8 @@ strategy S (data-parallel ways d, TP degree t) processes micro_batch / d samples
   without the attention core's s×s tensors under selective recomputation, TP's replicated part divided by TP
   under sequence parallelism: Korthikanti et al. 2022, Table 2);
   backward extra O_b (the recomputed intermediates of a CKPT layer, the gathered parameters and
-  gradients of an SDP layer); model states O_ms.
+  gradients of an SDP layer); model states O_ms, and under fp8 the FP8 copies of the linear weights Transformer
+  Engine caches between micro-batches (row- and column-wise: 2 bytes per weight, TP- and EP-local, never sharded).
 
 gbmw.cost.stage_cost adds what depends on the stage (transitions, pipeline sends, the 1F1B stash).
 """
@@ -45,6 +50,7 @@ from gbmw.cost.activation_recompute import (selective_freed_bytes, selective_reb
 from gbmw.cost.comm import CommModel
 from gbmw.cost.context_parallel import context_parallel_costs
 from gbmw.cost.expert_parallel import expert_data_parallel_group, expert_parallel_costs, expert_view
+from gbmw.cost.fp8 import fp8_cast_s, fp8_weight_copy_bytes, rank_fp8_parameters
 from gbmw.cost.framework_memory import (autocast_weight_copy_bytes, fp32_residual_extra_share,
                                         fp32_tp_input_extra_share, gather_buffer_bytes_per_parameter,
                                         kept_shard_bytes_per_parameter, prices_backward_workspace,
@@ -115,8 +121,9 @@ def forward_compute_s(model: ModelSpec, settings: CostSettings, samples: float, 
     `sequence_parallel`, TP also divides the traffic of the norms, dropout and residual adds: gbmw.cost.activation_recompute)."""
     arrays = model.arrays
     bandwidth = settings.cluster.memory_bandwidth_bytes_per_s
-    flash = arrays.forward_flash_attention_flops_per_sample
-    split = ((arrays.forward_flops_per_sample - flash) / settings.cluster.sustained_flops(settings.precision)
+    flash, fp8 = arrays.forward_flash_attention_flops_per_sample, arrays.fp8_forward_flops_per_sample
+    split = ((arrays.forward_flops_per_sample - flash - fp8) / settings.cluster.sustained_flops(settings.precision)
+             + fp8 / settings.cluster.linear_flops(settings.precision)
              + flash / settings.cluster.attention_flops(settings.precision)
              + arrays.forward_tp_split_memory_traffic_bytes_per_sample / bandwidth)
     whole = arrays.forward_memory_traffic_bytes_per_sample / bandwidth
@@ -135,8 +142,11 @@ def matmul_wave_loss_s(model: ModelSpec, settings: CostSettings, samples: float,
         return np.zeros(model.num_layers), np.zeros(model.num_layers)
     out_features = np.where(arrays.matmul_splits_out, arrays.matmul_out_features / tp, arrays.matmul_out_features)
     in_features = np.where(arrays.matmul_splits_out, arrays.matmul_in_features, arrays.matmul_in_features / tp)
+    # [layer, 1]: a layer with FP8 linears runs its matmuls at the FP8 rate (a head's at bf16's)
+    rate = np.where(arrays.fp8_forward_flops_per_sample > 0, settings.cluster.linear_flops(settings.precision),
+                    settings.cluster.sustained_flops(settings.precision))[:, None]
     forward, backward = linear_wave_loss_s(arrays.matmul_rows_per_sample * samples, out_features, in_features,
-                                           settings.cluster.sustained_flops(settings.precision), multiprocessors)
+                                           rate, multiprocessors)
     analytic = ~arrays.has_measured_time
     return forward * analytic, backward * analytic
 
@@ -209,7 +219,7 @@ def layer_costs(
     tp_forward = collective_time_s(comm.allreduce_s, arrays.tp_allreduce_bytes_per_sample * samples, tp, tp_stride)
 
     # Expert parallelism: the routed experts leave the data-parallel group for the expert-data-parallel one.
-    experts = expert_parallel_costs(model, strategy, samples, comm, settings.cluster.sustained_flops(settings.precision))
+    experts = expert_parallel_costs(model, strategy, samples, comm, settings.cluster.linear_flops(settings.precision))
     local_parameters = tp_local_parameters(model, tp)
     split_experts = strategy.ep > 1
     dense_parameters = local_parameters - experts.expert_parameters if split_experts else local_parameters
@@ -217,6 +227,11 @@ def layer_costs(
     device_parameters = dense_parameters + rank_experts
     """What this rank holds of each layer before any ZeRO sharding."""
     expert_strategy = expert_view(weights)
+    fp8_parameters = rank_fp8_parameters(model, strategy)
+    forward_cast, backward_cast, weight_cast = fp8_cast_s(model, settings.precision, settings.cluster, samples, tp,
+                                                         fp8_parameters)
+    forward_compute = forward_compute + forward_cast
+    backward_compute = backward_compute + backward_cast
 
     # Data-parallel communication of this layer's (TP-local) parameters and gradients.
     every_micro_batch = np.zeros(model.num_layers)  # backward, overlappable
@@ -261,7 +276,8 @@ def layer_costs(
         settings.cluster.attention_flops(settings.precision), settings.cluster.memory_bandwidth_bytes_per_s)
     backward_common = blocking + recompute + context.backward_s
     time_no_sync = forward + backward_common + overlapped(backward_compute, every_micro_batch)
-    time_sync = forward + backward_common + overlapped(backward_compute, every_micro_batch + last_micro_batch)
+    time_sync = (forward + backward_common + overlapped(backward_compute, every_micro_batch + last_micro_batch)
+                 + weight_cast)
 
     # Memory.
     boundary = arrays.boundary_activation_bytes_per_sample * samples
@@ -318,7 +334,8 @@ def layer_costs(
         dense_parameters * gather_buffer_bytes_per_parameter(settings.framework, weights, parameter_bytes)
         + rank_experts * gather_buffer_bytes_per_parameter(settings.framework, expert_strategy, parameter_bytes))
     held_states = (dense_parameters * model_state_bytes_per_parameter(weights, settings)
-                   + rank_experts * model_state_bytes_per_parameter(expert_strategy, settings))
+                   + rank_experts * model_state_bytes_per_parameter(expert_strategy, settings)
+                   + fp8_parameters * fp8_weight_copy_bytes(settings.precision))
     return LayerCosts(
         time_s=time_sync,
         time_no_grad_sync_s=time_no_sync,

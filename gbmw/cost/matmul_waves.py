@@ -44,11 +44,12 @@ def matmul_time_s(rows, columns, inner, flops_per_s: float, multiprocessors: int
     return flops / (flops_per_s * wave_efficiency(rows, columns, multiprocessors))
 
 
-def linear_wave_loss_s(rows: np.ndarray, out_features: np.ndarray, in_features: np.ndarray, flops_per_s: float,
-                       multiprocessors: int) -> tuple[np.ndarray, np.ndarray]:
+def linear_wave_loss_s(rows: np.ndarray, out_features: np.ndarray, in_features: np.ndarray,
+                       flops_per_s: float | np.ndarray, multiprocessors: int) -> tuple[np.ndarray, np.ndarray]:
     """(forward, backward) time the linear matmuls lose to their waves beyond their FLOPs at the full rate, summed
     over the last axis (a layer's matmuls; zero-sized entries are padding). Arrays of one shape: rows of the input,
-    and the weight's output and input features as one device holds them (TP-split)."""
+    and the weight's output and input features as one device holds them (TP-split); the full rate may be one per
+    layer (shaped to broadcast: an FP8 layer's matmuls at the FP8 rate)."""
     full_rate = 2.0 * rows * out_features * in_features / flops_per_s
     forward = matmul_time_s(rows, out_features, in_features, flops_per_s, multiprocessors)
     input_gradient = matmul_time_s(rows, in_features, out_features, flops_per_s, multiprocessors)

@@ -8,7 +8,9 @@ gbmw-runtime    any         4         4           8            gbmw's runtime: f
 megatron        bf16        2         4           12           Megatron-LM docs, "Distributed Optimizer": bf16
                 fp16        2         2           16           parameters with fp32 main gradients keep 18
                 fp32        4         4           8            bytes (6 + 12/d distributed), fp16 20 (4 + 16/d),
-                                                               fp32 16 (8 + 8/d)
+                fp8         2         4           12           fp32 16 (8 + 8/d); fp8 (Transformer Engine) keeps
+                                                               bf16's states (its FP8 weight copies are not model
+                                                               states: gbmw.cost.layer_cost)
 deepspeed       bf16/fp16   2         2           16           DeepSpeed's estimate_zero2_model_states_mem_needs:
                 fp32        4         4           8            16-bit weights and gradients, then fp32 gradients,
                                                                fp32 weights and Adam's moments (18/d with ZeRO-2)
@@ -51,11 +53,13 @@ _ADAM = {
     ("megatron", "fp32"): StateBytes(4, 4, 8),
     ("megatron", "bf16"): StateBytes(2, 4, 12),
     ("megatron", "fp16"): StateBytes(2, 2, 16),
+    ("megatron", "fp8"): StateBytes(2, 4, 12),
     ("deepspeed", "fp32"): StateBytes(4, 4, 8),
     ("deepspeed", "bf16"): StateBytes(2, 2, 16),
     ("deepspeed", "fp16"): StateBytes(2, 2, 16),
 }
-_SGD = {"fp32": StateBytes(4, 4, 0), "bf16": StateBytes(2, 2, 4), "fp16": StateBytes(2, 2, 4)}
+_SGD = {"fp32": StateBytes(4, 4, 0), "bf16": StateBytes(2, 2, 4), "fp16": StateBytes(2, 2, 4),
+        "fp8": StateBytes(2, 2, 4)}
 FRAMEWORKS = ("gbmw-runtime", "megatron", "deepspeed")
 
 

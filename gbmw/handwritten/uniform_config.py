@@ -131,6 +131,7 @@ class UniformConfig:
                 f"--uniform: global batch {global_batch} is not a multiple of micro({self.micro}) * dp({dp}) = "
                 f"{micro_batch}; DeepSpeed's identity is train_batch = micro * grad_accum * dp"
             )
+        get_target(self.target).check_precision(job.precision)
         strategies = self.layer_strategies(job.model, dp)
         plan = Plan(
             model=job.model.name,

@@ -106,6 +106,7 @@ class Planner:
     def __post_init__(self) -> None:
         self.spec: SearchSpace = search_space(self.variant, self.target)
         target = get_target(self.spec.target)
+        target.check_precision(self.job.precision)
         fused = target.fused_attention and not self.attention_as_declared
         self.job = self.job.model_copy(update={"model": model_as_run(self.job.model, fused)})
         self.settings = CostSettings(self.job.cluster, self.job.precision, self.job.optimizer, target.framework)

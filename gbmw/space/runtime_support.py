@@ -53,6 +53,9 @@ def runtime_refusal(architecture: Any, precision: str | None = None) -> str | No
         return (f"{where}: `moe.capacity_factor: {moe.capacity_factor}`: gbmw's runtime routes dropless (every token "
                 "copy reaches its experts) and drops no tokens; leave capacity_factor out (null) to train it here, or "
                 "plan it for --target megatron-core (--moe-expert-capacity-factor)")
+    if precision == "fp8":
+        return (f"{where}: precision fp8: gbmw's runtime trains in {' or '.join(RUNTIME_PRECISIONS)}, not with "
+                "Transformer Engine's FP8 linears; plan it for --target megatron-core, or with precision bf16")
     if precision is not None and precision not in RUNTIME_PRECISIONS:
         return (f"{where}: precision {precision}: gbmw's runtime trains in {' or '.join(RUNTIME_PRECISIONS)} "
                 "(fp16 would need loss scaling); plan the job with precision bf16 or fp32")

@@ -109,6 +109,9 @@ class Target:
     expert_parallel_needs_sequence_parallel: bool = False
     """EP with TP needs sequence parallelism (megatron-core: "When using expert parallelism and tensor parallelism
     for training, sequence parallelism must be used", megatron/core/model_parallel_config.py)."""
+    precisions: tuple[str, ...] = ("fp32", "fp16", "bf16")
+    """The training precisions it runs: `fp8` only where its layers are Transformer Engine's (megatron-core); DeepSpeed,
+    Megatron-DeepSpeed and gbmw's runtime do not run TE's FP8 linears."""
     fused_attention: bool = False
     """Its attention is a fused kernel whatever the model declares (gbmw's runtime calls SDPA, whose flash /
     memory-efficient kernels keep no s×s scores: gbmw.adapters.runtime.attention); a stock framework runs the
@@ -338,6 +341,21 @@ class Target:
                             f"multiple of {v} (equal chunks)")
         return problems
 
+    def precision_refusal(self, precision: str) -> str | None:
+        """Why this target cannot train in `precision` (one line naming the field and what works), or None."""
+        if precision in self.precisions:
+            return None
+        runs_it = [name for name, target in TARGETS.items() if precision in target.precisions]
+        return (f"precision {precision}: --target {self.name} plans {', '.join(self.precisions)} ({self.label} does "
+                f"not run Transformer Engine's FP8 linears); plan it for --target {' or '.join(runs_it) or '…'}, or set "
+                "the job's precision to bf16")
+
+    def check_precision(self, precision: str) -> None:
+        """Raise GbmwError with `precision_refusal`'s line where this target cannot train in `precision`."""
+        refusal = self.precision_refusal(precision)
+        if refusal is not None:
+            raise GbmwError(refusal)
+
     def check(self, plan: PlanLayout, model: ModelSpec) -> None:
         """Raise PlanError with every reason this target cannot run `plan`."""
         problems = self.problems(plan, model)
@@ -383,7 +401,7 @@ TARGETS: dict[str, Target] = {
         partition_methods=(("even", "even"), ("first-last", "first-last")),
         pipeline_scatter_gather=True, interleaved_pipeline=True, sequence_parallel=True, selective_recompute="any",
         expert_parallel=True, expert_parallel_needs_sequence_parallel=True, expert_parallel_axes=("dp", "z1dp"),
-        sequence_axes=("cp",),
+        sequence_axes=("cp",), precisions=("fp32", "fp16", "bf16", "fp8"),
     ),
 }
 STOCK_TARGETS = tuple(name for name, target in TARGETS.items() if not target.per_layer)

@@ -13,7 +13,7 @@ from pydantic import ByteSize, Field, model_validator
 
 from gbmw.errors import SpecError
 from gbmw.specs.files import read_yaml
-from gbmw.specs.model_spec import PRECISIONS
+from gbmw.specs.model_spec import HIGHER_PRECISION, PRECISIONS
 from gbmw.specs.schema import MAX_DEVICES, MAX_MEMORY_BYTES, Frozen, Items, MemorySize, validate_as
 
 
@@ -24,6 +24,9 @@ class FlopsPerPrecision(Frozen):
     tf32: float | None = Field(default=None, gt=0, le=1e9)
     fp16: float | None = Field(default=None, gt=0, le=1e9)
     bf16: float | None = Field(default=None, gt=0, le=1e9)
+    fp8: float | None = Field(default=None, gt=0, le=1e9)
+    """FP8 (E4M3/E5M2) tensor-core GEMMs, as Transformer Engine's linear layers run them; absent: no FP8 tensor
+    cores (A100), and precision fp8 is refused."""
 
 
 class AttentionFlops(Frozen):
@@ -56,7 +59,7 @@ class DeviceSpec(Frozen):
 
     @model_validator(mode="after")
     def _sustained_below_peak(self) -> "DeviceSpec":
-        for precision in ("fp32", "tf32", "fp16", "bf16"):
+        for precision in ("fp32", "tf32", "fp16", "bf16", "fp8"):
             peak, sustained = getattr(self.peak_tflops, precision), getattr(self.sustained_tflops, precision)
             if sustained is not None and peak is None:
                 raise ValueError(f"sustained_tflops.{precision} is given but peak_tflops.{precision} is not")
@@ -129,12 +132,22 @@ class ClusterSpec(Frozen):
         return int(self.device.memory) - int(self.reserved_memory)
 
     def sustained_flops(self, precision: str) -> float:
-        """Sustained FLOP/s of one device for a training precision (fp32 means true fp32, not TF32)."""
-        tflops = self._tflops(self.device.sustained_tflops, precision)
+        """Sustained FLOP/s of one device's matmuls for a training precision (fp32 means true fp32, not TF32); under
+        fp8, of the matmuls outside the FP8 linear layers (bf16: the LM head, the router): `linear_flops` gives theirs."""
+        tflops = self._tflops(self.device.sustained_tflops, HIGHER_PRECISION.get(precision, precision))
         return tflops * 1e12
 
+    def linear_flops(self, precision: str) -> float:
+        """Sustained FLOP/s of the linear layers' GEMMs: the measured FP8 GEMM rate under fp8 (Transformer Engine),
+        the matmul rate of the precision otherwise."""
+        if precision != "fp8":
+            return self.sustained_flops(precision)
+        return self._tflops(self.device.sustained_tflops, "fp8") * 1e12
+
     def attention_flops(self, precision: str) -> float:
-        """FLOP/s of fused attention kernels: the measured attention rate, or the matmul rate where none is given."""
+        """FLOP/s of fused attention kernels: the measured attention rate, or the matmul rate where none is given
+        (under fp8, bf16's: Transformer Engine's FP8 recipes leave the attention core in bf16)."""
+        precision = HIGHER_PRECISION.get(precision, precision)
         table = self.device.attention_tflops
         rate = getattr(table, precision, None) if table is not None else None
         return rate * 1e12 if rate is not None else self.sustained_flops(precision)
@@ -148,6 +161,13 @@ class ClusterSpec(Frozen):
 
     def _tflops(self, table: FlopsPerPrecision, precision: str) -> float:
         value = getattr(table, precision, None)
+        if value is None and precision == "fp8":
+            supported = [p for p in PRECISIONS if getattr(table, p, None) is not None]
+            raise SpecError(
+                f"cluster {self.name}: precision fp8: device {self.device.name} has no FP8 rate (device.peak_tflops.fp8 "
+                f"and sustained_tflops.fp8 are not given: no FP8 tensor cores, e.g. A100); train in one of {supported}, "
+                "or give the device's FP8 GEMM rates"
+            )
         if value is None:
             supported = [p for p in PRECISIONS if getattr(table, p, None) is not None]
             raise SpecError(

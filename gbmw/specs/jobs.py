@@ -75,7 +75,8 @@ def load_job(path: str | Path, memory_budget: str | int | None = None, seq_lengt
     notes: list[str] = []
     model = load_model(model_path, job.precision, seq_length or job.seq_length,
                        job.flash_attention if flash_attention is None else flash_attention, notes)
-    cluster.sustained_flops(job.precision)  # fails early, naming the precisions the device supports
+    cluster.linear_flops(job.precision)  # fails early, naming the precisions the device supports (fp8: its FP8 rate)
+    cluster.sustained_flops(job.precision)  # fp8: and bf16's, for everything but the FP8 linears
     if memory_budget is not None:
         budget = parse_bytes(memory_budget, "--memory")
     elif job.memory_budget is not None:

@@ -20,11 +20,17 @@ from gbmw.specs.architectures import Architecture
 from gbmw.specs.schema import (MAX_COUNT, MAX_GLOBAL_BATCH, MAX_LAYERS, MAX_QUANTITY, MAX_SEQUENCE, MAX_WIDTH, Frozen,
                                Items)
 
-Precision = Literal["fp32", "fp16", "bf16"]
-PRECISIONS: tuple[str, ...] = ("fp32", "fp16", "bf16")
+Precision = Literal["fp32", "fp16", "bf16", "fp8"]
+PRECISIONS: tuple[str, ...] = ("fp32", "fp16", "bf16", "fp8")
+"""`fp8` is Transformer Engine's FP8 training as megatron-core runs it: the linear layers' GEMMs in FP8, everything
+else — attention core, norms, softmax, embeddings, the LM head, the optimizer — in bf16 (`HIGHER_PRECISION`)."""
 
-#: Bytes of one activation element under each training precision (16-bit activations in mixed precision).
-ACTIVATION_DTYPE_BYTES: dict[str, int] = {"fp32": 4, "fp16": 2, "bf16": 2}
+HIGHER_PRECISION: dict[str, str] = {"fp8": "bf16"}
+"""The precision of everything but the FP8 linear layers' GEMMs, where it differs from the training precision."""
+
+#: Bytes of one activation element under each training precision (16-bit activations in mixed precision; bf16 ones
+#: under FP8, whose linear layers alone stash their inputs in 1 byte: gbmw.specs.transformer_layers).
+ACTIVATION_DTYPE_BYTES: dict[str, int] = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 2}
 
 NON_BLOCK_KINDS = ("embedding", "head")
 """Layer kinds that are not Transformer blocks: stock frameworks recompute blocks only, and Megatron's
@@ -124,6 +130,17 @@ class LayerSpec(Frozen):
     largest_weight_gradient_tp_split_bytes: float = Field(default=0.0, ge=0, le=MAX_QUANTITY)
     """The gradient of the layer's largest weight matrix in the dtype backward computes it in, whole before it is
     added to the parameter's gradient (bytes; TP divides it). 0: not modelled."""
+    fp8_forward_flops_per_sample: float = Field(default=0.0, ge=0, le=MAX_QUANTITY)
+    """The part of `forward_flops_per_sample` that runs as FP8 GEMMs (Transformer Engine's linear layers under
+    precision fp8: QKV, output projection, MLP and routed-expert FC1/FC2; the TP-split part); 0: none."""
+    fp8_parameter_count: int = Field(default=0, ge=0, le=MAX_COUNT)
+    """The weights of those linear layers (TP divides them; the routed experts' are `expert_parameter_count`'s, which
+    EP divides too): Transformer Engine keeps an FP8 copy of each and casts it once per iteration."""
+    fp8_forward_cast_traffic_bytes_per_sample: float = Field(default=0.0, ge=0, le=MAX_QUANTITY)
+    """Bytes the forward pass's FP8 casts read and write for one sample (inputs of the linears no norm kernel
+    quantises); TP divides it (gbmw.specs.transformer_layers)."""
+    fp8_backward_cast_traffic_bytes_per_sample: float = Field(default=0.0, ge=0, le=MAX_QUANTITY)
+    """The same for the backward pass's casts of the linears' output gradients; TP divides it."""
     matmuls: Items[Matmul] = Field(default=(), max_length=16)
     """The layer's linear matmuls, whose FLOPs are part of `forward_flops_per_sample`, for their shape-dependent
     rate (gbmw.cost.matmul_waves); empty: every FLOP at the sustained rate."""
@@ -361,6 +378,10 @@ class LayerArrays:
         self.backward_workspace_tp_split_bytes_per_sample = column("backward_workspace_tp_split_bytes_per_sample")
         self.largest_weight_gradient_tp_split_bytes = column("largest_weight_gradient_tp_split_bytes")
         self.forward_flash_attention_flops_per_sample = column("forward_flash_attention_flops_per_sample")
+        self.fp8_forward_flops_per_sample = column("fp8_forward_flops_per_sample")
+        self.fp8_parameter_count = column("fp8_parameter_count")
+        self.fp8_forward_cast_traffic_bytes_per_sample = column("fp8_forward_cast_traffic_bytes_per_sample")
+        self.fp8_backward_cast_traffic_bytes_per_sample = column("fp8_backward_cast_traffic_bytes_per_sample")
         self.forward_memory_traffic_bytes_per_sample = column("forward_memory_traffic_bytes_per_sample")
         self.attention_core_activation_bytes_per_sample = column("attention_core_activation_bytes_per_sample")
         self.attention_core_flops_per_sample = column("attention_core_flops_per_sample")

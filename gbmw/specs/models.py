@@ -5,6 +5,7 @@ gbmw.specs.transformer_layers — and loading a model from a recipe, a layer lis
 
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,11 @@ def build_model(arch: Any, precision: str) -> ModelSpec:
         "vit": _build_vit,
         "swin": _build_swin,
     }[arch.family]
+    if precision == "fp8" and arch.family != "gpt":
+        raise SpecError(f"model {arch.name}: precision fp8 is costed as megatron-core runs it (Transformer Engine's FP8 "
+                        f"linears in GPT-style decoders), not for `family: {arch.family}`; train it in bf16")
+    if precision == "fp8":
+        builder = functools.partial(_build_gpt, fp8=True)
     layers, sequence_length, hidden_size = builder(arch, ACTIVATION_DTYPE_BYTES[precision])
     return ModelSpec(
         name=arch.name,
@@ -52,13 +58,15 @@ def model_as_run(model: ModelSpec, fused_attention: bool) -> ModelSpec:
     return build_model(arch.model_copy(update={"attention": "flash"}), model.precision)
 
 
-def _build_gpt(arch: GPTArchitecture, d: int) -> tuple[list[LayerSpec], int, int]:
+def _build_gpt(arch: GPTArchitecture, d: int, fp8: bool = False) -> tuple[list[LayerSpec], int, int]:
+    """`fp8`: the blocks' linear layers are Transformer Engine's FP8 ones (precision fp8); embedding and head stay
+    bf16."""
     s, h = arch.seq_length, arch.hidden_size
     shape = BlockShape(
         tokens=s, hidden=h, heads=arch.num_heads, head_dim=arch.attention_head_dim,
         kv_heads=arch.num_kv_heads or arch.num_heads, ffn=arch.ffn_hidden_size or 4 * h,
         attended_tokens=arch.attended_tokens, gated_mlp=arch.gated_mlp, bias=arch.bias, qkv_bias=arch.qkv_bias,
-        norm=arch.norm, norm_bias=arch.norm_bias, qk_norm=arch.qk_norm,
+        norm=arch.norm, norm_bias=arch.norm_bias, qk_norm=arch.qk_norm, fp8_linears=fp8,
     )
     flash, raw_scores = arch.attention == "flash", arch.attention == "standard-with-raw-scores"
     positions = (arch.max_position_embeddings or s) if arch.position_embedding == "learned" else 0

@@ -13,6 +13,18 @@ PyTorch runs them — a norm reads its input and writes its output (2·d per ele
 and writes its output; without flash attention the scores are written, read and written by the softmax (and
 by dropout), and read by the scores × V matmul (4·d, or 6·d + 1 with dropout, per score); flash attention
 reads Q, K, V and writes its output. Matmul inputs and outputs are the matmuls' own traffic (in their FLOP/s).
+
+FP8 (`BlockShape.fp8_linears`: precision fp8; megatron-core's TE linears, megatron/core/extensions/
+transformer_engine.py), read in TransformerEngine's transformer_engine/pytorch/module/: a linear stashes its input
+quantised, column-wise only — 1 byte per element (linear.py `_linear_forward_impl`: `inputmat.update_usage(
+rowwise_usage=False, columnwise_usage=True)`; layernorm_linear.py `_LayerNormLinear.forward` keeps the norm's FP8
+`ln_out`; grouped_linear.py `_GroupedLinear.forward` per expert); where another op keeps the bf16 tensor too, both
+stay (flash attention its output beside the projection's FP8 copy; the router the norm output a shared expert
+quantises). A LayerNormLinear's norm writes FP8 itself (`with_quantized_norm`); every other linear input is cast by a
+pass reading d bytes and writing 2 (row- and column-wise), and so is every output gradient in backward
+(`_linear_backward`), counted TP-split (exact with sequence parallelism, an under-count of the row-parallel ones
+without it). The weights' casts and copies: gbmw.cost.fp8. Left out: delayed scaling's amax reductions, FP8
+all-gathers of sequence-parallel inputs (the TP collectives are priced in bf16).
 """
 
 from __future__ import annotations
@@ -58,6 +70,8 @@ class BlockShape:
     shared_gate: bool = False
     capacity_factor: float | None = None
     load_imbalance: float = 1.0
+    fp8_linears: bool = False
+    """The linear layers run as Transformer Engine's FP8 linears (precision fp8; the module docstring)."""
 
 
 def block_layer(name: str, kind: str, shape: BlockShape, dtype_bytes: int, dropout: bool, flash: bool,
@@ -76,6 +90,9 @@ def block_layer(name: str, kind: str, shape: BlockShape, dtype_bytes: int, dropo
     norm_params = norm_parameter_count(shape, h)
     norm_statistics = (2 if shape.norm == "layer" else 1) * 4  # fp32 bytes per token kept for the norm's backward
     up_outputs = 2 if shape.gated_mlp else 1
+    fp8 = 1 if shape.fp8_linears else 0
+    linear_input = 1 if fp8 else d  # bytes of a stashed linear input no other op keeps
+    cast = d + 2  # an FP8 cast pass reads d bytes and writes the row- and column-wise FP8 data
 
     def sub_block_traffic(tokens: int) -> float:
         """The norm, the dropout after the output projection, and the residual add, per sample."""
@@ -115,15 +132,18 @@ def block_layer(name: str, kind: str, shape: BlockShape, dtype_bytes: int, dropo
             score_bytes = shape.heads * query_tokens * 4  # fp32 log-sum-exp per row
         else:
             score_bytes = shape.heads * scores_per_head * (d + (mask + d if dropout else 0) + (d if raw_scores else 0))
+        # the output projection's input: kept by the projection (FP8: its quantised copy, and flash attention keeps
+        # its bf16 output beside it)
+        projection_input = (d + fp8) if flash else linear_input
         split = (
             query_tokens * attention_width * d  # Q
             + 2 * kv_input_tokens * kv_width * d  # K, V
             + score_bytes
-            + query_tokens * attention_width * d  # input of the output projection
+            + query_tokens * attention_width * projection_input
         )
-        # norm input, norm output, the norm's fp32 statistics per token (mean and 1/std; RMSNorm: 1/rms only),
-        # dropout mask
-        replicated = query_tokens * h * (d + d) + query_tokens * norm_statistics + query_tokens * h * mask
+        # norm input, norm output (the QKV linear's input), the norm's fp32 statistics per token (mean and 1/std;
+        # RMSNorm: 1/rms only), dropout mask
+        replicated = query_tokens * h * (d + linear_input) + query_tokens * norm_statistics + query_tokens * h * mask
         core_traffic = 2 * query_tokens * attention_width * d + 2 * kv_input_tokens * kv_width * d
         score_traffic = 0 if flash else shape.heads * scores_per_head * ((6 * d + 1) if dropout else 4 * d)
         core_traffic += score_traffic
@@ -140,6 +160,13 @@ def block_layer(name: str, kind: str, shape: BlockShape, dtype_bytes: int, dropo
             core_bytes=score_bytes,
             core_flops=4 * query_tokens * key_tokens * attention_width,
             core_traffic=score_traffic,
+            fp8_flops=fp8 * (flops - 4 * query_tokens * key_tokens * attention_width),
+            fp8_params=fp8 * weights,
+            # forward: the projection's input (the QKV input is the norm's FP8 output); backward: QKV's and the
+            # projection's output gradients
+            fp8_forward_cast=fp8 * cast * query_tokens * attention_width,
+            fp8_backward_cast=fp8 * cast * (query_tokens * attention_width + kv_input_tokens * 2 * kv_width
+                                            + query_tokens * h),
             matmuls=(
                 # Q and K, V (one fused QKV matmul where they read the same tokens), then the output projection
                 (Matmul(rows_per_sample=query_tokens, out_features=attention_width + 2 * kv_width, in_features=h,
@@ -159,8 +186,9 @@ def block_layer(name: str, kind: str, shape: BlockShape, dtype_bytes: int, dropo
         params=mlp_weights + ((shape.ffn * up_outputs + h) if shape.bias else 0) + norm_params,
         tp_split=mlp_weights + (shape.ffn * up_outputs if shape.bias else 0),
         flops=2 * s * mlp_weights,
-        split=s * shape.ffn * (up_outputs + 1) * d,  # up-projection output(s) and activation output
-        replicated=s * h * (d + d) + s * norm_statistics + s * h * mask,
+        # up-projection output(s), kept by the activation, and the activation's output, kept by FC2
+        split=s * shape.ffn * (up_outputs * d + linear_input),
+        replicated=s * h * (d + linear_input) + s * norm_statistics + s * h * mask,
         allreduce=s * h * d,
         traffic=sub_block_traffic(s),
         split_traffic=s * shape.ffn * (up_outputs + 1) * d,  # the activation reads its input(s), writes its output
@@ -168,6 +196,10 @@ def block_layer(name: str, kind: str, shape: BlockShape, dtype_bytes: int, dropo
         core_bytes=0,
         core_flops=0,
         core_traffic=0,
+        fp8_flops=fp8 * 2 * s * mlp_weights,
+        fp8_params=fp8 * mlp_weights,
+        fp8_forward_cast=fp8 * cast * s * shape.ffn,  # FC2's input (FC1's is the norm's FP8 output)
+        fp8_backward_cast=fp8 * cast * s * (shape.ffn * up_outputs + h),
         matmuls=(Matmul(rows_per_sample=s, out_features=shape.ffn * up_outputs, in_features=h, tp_split="out"),
                  Matmul(rows_per_sample=s, out_features=h, in_features=shape.ffn, tp_split="in")),
     )
@@ -209,20 +241,36 @@ def moe_mlp(shape: BlockShape, d: int, dropout: bool, sub_block_traffic: float) 
     router_weights = h * shape.experts + (h if shape.shared_gate else 0)
     expert_parameters = shape.experts * (expert_weights + expert_biases)
     expert_flops = 2 * copies * expert_weights
-    expert_split = copies * shape.expert_ffn * (up + 1) * d
-    expert_whole = 2 * copies * h * d
+    fp8 = 1 if shape.fp8_linears else 0
+    linear_input = 1 if fp8 else d
+    cast = d + 2
+    # the experts' hidden (FC1's outputs, kept by the activation; its output, kept by FC2), the permuted expert
+    # input (kept by FC1) and the expert output the weighted sum reads
+    expert_split = copies * shape.expert_ffn * (up * d + linear_input)
+    expert_whole = copies * h * (linear_input + d)
+    shared_split = s * shape.shared_ffn * (up * d + linear_input)
+    # the router keeps the norm output in bf16; a shared expert's FC1 keeps its FP8 copy beside it
+    shared_input = s * h * fp8 if shape.shared_ffn else 0
+    fp8_cast_forward = cast * (copies * (h + shape.expert_ffn) + (s * (h + shape.shared_ffn) if shape.shared_ffn else 0))
+    fp8_cast_backward = cast * (copies * (shape.expert_ffn * up + h)
+                                + (s * (shape.shared_ffn * up + h) if shape.shared_ffn else 0))
     return dict(
         params=expert_parameters + shared_weights + shared_biases + router_weights + norm_params,
         tp_split=expert_parameters + shared_weights + (shared_biases - (h if shared_biases else 0)),
         flops=expert_flops + 2 * s * shared_weights + 2 * s * router_weights,
-        split=expert_split + s * shape.shared_ffn * (up + 1) * d,
-        replicated=s * h * (d + d) + s * norm_statistics + s * h * mask + s * shape.experts * 4 + expert_whole,
+        split=expert_split + shared_split,
+        replicated=(s * h * (d + d) + s * norm_statistics + s * h * mask + s * shape.experts * 4 + expert_whole
+                    + shared_input),
         allreduce=copies * h * d + (s * h * d if shape.shared_ffn else 0),
         # the norm, dropout and residual add; the permutation and un-permutation copies (each reads and writes the
         # token copies); the router's fp32 softmax
         traffic=sub_block_traffic + 4 * copies * h * d + s * shape.experts * 8,
-        split_traffic=expert_split + s * shape.shared_ffn * (up + 1) * d,
+        split_traffic=copies * shape.expert_ffn * (up + 1) * d + s * shape.shared_ffn * (up + 1) * d,
         flash_flops=0, core_bytes=0, core_flops=0, core_traffic=0,
+        fp8_flops=fp8 * (expert_flops + 2 * s * shared_weights),
+        fp8_params=fp8 * (shape.experts * expert_weights + shared_weights),
+        fp8_forward_cast=fp8 * fp8_cast_forward,
+        fp8_backward_cast=fp8 * fp8_cast_backward,
         matmuls=(Matmul(rows_per_sample=s, out_features=shape.shared_ffn * up, in_features=h, tp_split="out"),
                  Matmul(rows_per_sample=s, out_features=h, in_features=shape.shared_ffn, tp_split="in"))
         if shape.shared_ffn else (),
@@ -268,6 +316,10 @@ def _finish_block(name: str, kind: str, shape: BlockShape, d: int, parts: list[d
         attention_core_memory_traffic_bytes_per_sample=float(total["core_traffic"]),
         forward_memory_traffic_bytes_per_sample=float(total["traffic"]),
         forward_tp_split_memory_traffic_bytes_per_sample=float(total["split_traffic"]),
+        fp8_forward_flops_per_sample=float(total["fp8_flops"]),
+        fp8_parameter_count=int(total["fp8_params"]),
+        fp8_forward_cast_traffic_bytes_per_sample=float(total["fp8_forward_cast"]),
+        fp8_backward_cast_traffic_bytes_per_sample=float(total["fp8_backward_cast"]),
         # backward's working set beside the stash: the gradient of the MLP's up-projection output(s), and of its
         # largest weight matrix (an MLP projection, or the fused QKV) in the activation dtype
         backward_workspace_tp_split_bytes_per_sample=float(workspace),
