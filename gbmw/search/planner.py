@@ -10,8 +10,7 @@ Two modes:
 * The default is APPROXIMATE: the paper's partitions only (time-balanced, and the bi-objective adjustment), each
   stage solved on a memory grid for its own (m − 1)·N + C, which is Eq. (9) only for the slowest stage. Its plan
   is in the space, fits the budget (stage_estimate checks every stage) and is never faster than the brute force's
-  (tests/test_search_exact.py); it can be slower, or find nothing where a plan fits
-  (benchmarks/search_vs_brute_force.py counts how often).
+  (tests/test_search_exact.py); it can be slower, or find nothing where a plan fits (benchmarks/search_vs_brute_force.py).
 * `exact=True` (`--exact`) returns the estimator's optimum over the space for the per-layer variants whose
   partitioning is free (gbmw.search.exact.whole_plan_search: every partition, memory compared exactly, Eq. (9) exactly), with
   the default mode's plan as the incumbent; tests/test_search_exact.py checks it against a brute force over whole

@@ -35,6 +35,7 @@ from gbmw.errors import GbmwError, PlanError
 from gbmw.space.sequence_split import sequence_split_problem
 from gbmw.space.stock_partitions import PARTITION_RULES, RULE_DESCRIPTIONS, is_first_last_split
 from gbmw.space.strategy import DATA_PARALLEL_AXES, Strategy
+from gbmw.space.technique_support import technique_problems
 from gbmw.specs.files import shown
 from gbmw.specs.model_spec import ModelSpec
 
@@ -213,7 +214,7 @@ class Target:
     def problems(self, plan: PlanLayout, model: ModelSpec) -> list[str]:
         """Why this target cannot run `plan` as it is (empty if it can)."""
         target = self.name
-        problems = self._technique_problems(plan, model) + self._interleaving_problems(plan, model)
+        problems = technique_problems(self, plan, model) + self._interleaving_problems(plan, model)
         if self.per_layer:
             return problems + self._sequence_parallel_layer_problems(plan, model)
         blocks = [layer.is_block for layer in model.layers]
@@ -260,56 +261,6 @@ class Target:
                 shown = f" ({list(candidates[0])})" if len(candidates) == 1 and rule != "first-last" else ""
                 offered.append(RULE_DESCRIPTIONS[rule] + (shown or " (none for this model)" * (not candidates)))
             problems.append(f"partition {list(plan.partition)} is not {' nor '.join(offered)}")
-        return problems
-
-    def _technique_problems(self, plan: PlanLayout, model: ModelSpec) -> list[str]:
-        """Why this target cannot run `plan`'s sequence parallelism or selective recomputation (empty if it can)."""
-        problems = []
-        if not self.sequence_parallel and any(strategy.sp for strategy in plan.strategies):
-            problems.append(f"sequence parallelism (+sp): {self.name} does not run it — use --target megatron-core "
-                            "or megatron-deepspeed")
-        indivisible = sorted({strategy.tp for strategy in plan.strategies
-                              if strategy.sp and model.sequence_length % strategy.tp})
-        if indivisible:
-            problems.append(f"sequence parallelism (+sp) with TP {indivisible[0]}: the sequence of "
-                            f"{model.sequence_length} tokens is sliced over the TP group, so TP must divide it — use a "
-                            "sequence length TP divides, or no +sp there")
-        for axis in sorted({strategy.sequence_axis for strategy in plan.strategies} - {None}):
-            if axis not in self.sequence_axes:
-                runs = {"cp": "megatron-core", "ulysses": "megatron-deepspeed"}[axis]
-                problems.append(f"{'context parallelism (cp)' if axis == 'cp' else 'Ulysses (ulysses)'}: {self.name} "
-                                f"does not run it — use --target {runs}")
-            elif not self.sequence_split_with_sequence_parallel and any(
-                    strategy.sequence_axis == axis and strategy.sp for strategy in plan.strategies):
-                problems.append(f"{axis} with +sp: {self.name} runs one or the other")
-        for strategy, layer in zip(plan.strategies, model.layers):
-            problem = sequence_split_problem(strategy, layer, model, self) if strategy.sequence_axis else None
-            if problem:
-                problems.append(f"layer {layer.name} ({strategy.name}): {problem}")
-                break
-        expert_degrees = sorted({strategy.ep for strategy in plan.strategies if strategy.ep > 1})
-        if expert_degrees and not self.expert_parallel:
-            problems.append(f"expert parallelism (+ep{expert_degrees[0]}): {self.name} does not split experts over "
-                            "ranks — use --target megatron-core, megatron-deepspeed or runtime")
-        elif self.expert_parallel_needs_sequence_parallel and any(
-                strategy.ep > 1 and strategy.tp > 1 and not strategy.sp for strategy in plan.strategies):
-            problems.append(f"expert parallelism with TP but no sequence parallelism: {self.name} needs +sp there")
-        sharded = sorted({axis for strategy in plan.strategies if strategy.ep > 1 for axis, _ in strategy.dims
-                          if axis in DATA_PARALLEL_AXES and axis not in self.expert_parallel_axes})
-        if expert_degrees and self.expert_parallel and sharded:
-            problems.append(f"expert parallelism with {sharded[0]}: {self.name} composes EP with "
-                            f"{' or '.join(self.expert_parallel_axes)} only")
-        if not self.sequence_parallel_in_expert_blocks and any(
-                strategy.sp and layer.num_experts for strategy, layer in zip(plan.strategies, model.layers)):
-            problems.append(f"sequence parallelism (+sp) in a mixture-of-experts block: {self.name} does not run it "
-                            "there yet")
-        if any(strategy.selective for strategy in plan.strategies):
-            if self.selective_recompute is None:
-                problems.append(f"selective recomputation (+sel): {self.name} does not run it — use --target "
-                                "megatron-core")
-            elif not all(self.runs_recompute_of(strategy, model) for strategy in plan.strategies):
-                problems.append(f"selective recomputation (+sel) with flash attention: {self.name} recomputes only "
-                                "its unfused attention core — use --target megatron-core, or full recomputation")
         return problems
 
     def _sequence_parallel_layer_problems(self, plan: PlanLayout, model: ModelSpec) -> list[str]:

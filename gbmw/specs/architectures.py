@@ -142,7 +142,7 @@ class GPTArchitecture(_Architecture):
 
     @property
     def attended_tokens(self) -> int:
-        """Keys per query whose scores are computed (gbmw.specs.transformer_layers.BlockShape.attended_tokens)."""
+        """Keys per query whose scores are computed (gbmw.specs.block_shape.BlockShape.attended_tokens)."""
         if self.attention == "flash" and self.sliding_window is not None:
             return min(self.seq_length, self.sliding_window)
         return self.seq_length
