@@ -27,12 +27,12 @@ train-demo: setup
 		--steps 20 --save out/train-demo/checkpoint
 
 # The unit tier (the planner) runs with torch, DeepSpeed and megatron-core made unimportable, which proves it needs
-# none of them; then the torch, dist and gpu tiers (tests/conftest.py).
+# none of them; then the torch, dist and gpu tiers (tests/conftest.py). Each session lists its slowest tests.
 test: test-unit
-	$(BIN)/python -m pytest -q -m "not unit"
+	$(BIN)/python -m pytest -q -m "not unit" --durations=15
 
 test-unit: setup
-	$(BIN)/python -m pytest -q -m unit --without-torch
+	$(BIN)/python -m pytest -q -m unit --without-torch --durations=15
 
 clean:
 	rm -rf $(VENV)
