@@ -1,6 +1,6 @@
 """A Hugging Face config.json (GPT-2, LLaMA/Mistral/Qwen2, BERT/RoBERTa, T5/mT5, ViT; the mixtures of experts
-Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, DBRX) read into gbmw's architecture types, from the file alone (no
-transformers import, nothing downloaded or executed).
+Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, DBRX, DeepSeek-V2/V3) read into gbmw's architecture types, from the file alone
+(no transformers import, nothing downloaded or executed).
 
 What the file does not say is asked of the user: the training sequence length (a config states only the longest
 the model takes, `max_position_embeddings`; used, with a note, when none is given) and whether attention is fused
@@ -22,8 +22,26 @@ block to 8 of 64 experts of `intermediate_size` and norms the whole Q and K proj
 routing's numbers but no cost are accepted (`norm_topk_prob`, `router_aux_loss_coef`, `output_router_logits`,
 router jitter, `clip_qkv`, DBRX's `moe_loss_weight` and `moe_normalize_expert_weights`). Any other
 mixture-of-experts key is refused by name, and so is one under a dense `model_type` (a model is never costed as
-dense when its config says experts); DeepSeek-V2/V3's multi-head latent attention is refused, as are the other
-mixture-of-experts types.
+dense when its config says experts), as are the other mixture-of-experts types.
+
+DeepSeek-V2 and V3 (transformers' modeling_deepseek_v2/v3, the checkpoints' modeling_deepseek.py) attend through
+multi-head latent attention (`q_lora_rank` — null: no query latent —, `kv_lora_rank`, `qk_nope_head_dim`,
+`qk_rope_head_dim`, `v_head_dim`; gbmw.specs.architectures.MultiLatentAttention); `num_key_value_heads` builds
+nothing there and is not read. Blocks below `first_k_dense_replace` keep a dense SwiGLU MLP of `intermediate_size`;
+the others route to `num_experts_per_tok` of `n_routed_experts` experts of `moe_intermediate_size` beside one shared
+MLP of `n_shared_experts` × that width (`moe_layer_freq` other than 1 — every k-th block, in the checkpoints' own
+code; ignored by transformers — is refused). DeepSeek-V3 with `topk_method: noaux_tc` adds a routing bias per expert
+(`e_score_correction_bias`, stored in the checkpoint, counted). Accepted because they change no parameter and no FLOP:
+`norm_topk_prob` and `routed_scaling_factor` (rescale the top-k weights), `scoring_func` (softmax or sigmoid over
+the same router logits, one op per token and expert), `topk_method` and `n_group` / `topk_group` (which experts win:
+group-limited routing sends a token to experts of at most `topk_group` of `n_group` groups — devices or nodes —,
+which bounds the nodes its copies travel to; gbmw's all-to-all (gbmw.cost.expert_parallel) does not use that bound,
+it spreads every token's copies over the EP group), `aux_loss_alpha` / `seq_aux` (balancing losses), `ep_size` (an
+inference setting), `rope_scaling` (YaRN rescales rotary frequencies and the softmax scale: no parameters) and
+`quantization_config` (how the published weights are stored, not how gbmw's job trains). DeepSeek-V3's multi-token
+prediction module (`num_nextn_predict_layers`: one more MoE block, two norms and a 2h → h projection, with the
+embedding and head shared) is not costed — the 671B the model card counts excludes it, and so does gbmw, with a
+note; `attention_bias: true` is refused (both published models have none).
 """
 
 from __future__ import annotations
@@ -45,6 +63,9 @@ _MOE_KEYS_READ = {
     "qwen3_moe": ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "decoder_sparse_step",
                   "mlp_only_layers"),
     "olmoe": ("num_experts", "num_experts_per_tok"),
+    **{kind: ("n_routed_experts", "n_shared_experts", "moe_intermediate_size", "num_experts_per_tok",
+              "first_k_dense_replace", "moe_layer_freq", "routed_scaling_factor")
+       for kind in ("deepseek_v2", "deepseek_v3")},
     "dbrx": ("ffn_config.moe_num_experts", "ffn_config.moe_top_k", "ffn_config.moe_jitter_eps",
              "ffn_config.moe_loss_weight", "ffn_config.moe_normalize_expert_weights"),
 }
@@ -57,7 +78,8 @@ _MOE_KEY = re.compile(r"expert|moe|router|routed|capacity_factor|sparse_step|mlp
 _SAYS_NO_EXPERTS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts", "num_experts_per_tok",
                     "num_experts_per_token", "moe_layer_freq", "expert_interval")
 """Keys for which 1 means a dense model (one expert, every block alike) — as 0, false or null do for any key."""
-_MOE_TYPES = ("deepseek_v2", "deepseek_v3", "jamba", "granitemoe", "granitemoeshared", "phimoe", "qwen3_next",
+_DEEPSEEK = ("deepseek_v2", "deepseek_v3")
+_MOE_TYPES = ("jamba", "granitemoe", "granitemoeshared", "phimoe", "qwen3_next",
               "switch_transformers", "nllb_moe", "gpt_oss", "llama4", "glm4_moe", "ernie4_5_moe", "minimax")
 """Mixture-of-experts model_types gbmw does not import."""
 _DBRX_KEYS = {"attn_config": ("attn_pdrop", "clip_qkv", "kv_n_heads", "rope_theta", "model_type"),
@@ -80,6 +102,11 @@ _HF_KEYS["olmoe"] = {**_HF_KEYS_OF_LLAMA_BERT_VIT, "moe.num_experts": "num_exper
 _HF_KEYS["qwen3_moe"] = {**_HF_KEYS["olmoe"], "moe.expert_ffn_hidden_size": "moe_intermediate_size"}
 _HF_KEYS["qwen2_moe"] = {**_HF_KEYS["qwen3_moe"],
                          "moe.shared_expert_ffn_hidden_size": "shared_expert_intermediate_size"}
+_HF_KEYS["deepseek_v2"] = _HF_KEYS["deepseek_v3"] = {
+    **_HF_KEYS_OF_LLAMA_BERT_VIT, "moe.num_experts": "n_routed_experts", "moe.top_k": "num_experts_per_tok",
+    "moe.expert_ffn_hidden_size": "moe_intermediate_size", "moe.shared_experts": "n_shared_experts",
+    **{f"latent_attention.{key}": key
+       for key in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")}}
 _HF_KEYS["dbrx"] = {"num_layers": "n_layers", "hidden_size": "d_model", "num_heads": "n_heads",
                     "num_kv_heads": "attn_config.kv_n_heads", "ffn_hidden_size": "ffn_config.ffn_hidden_size",
                     "max_position_embeddings": "max_seq_len", "moe.num_experts": "ffn_config.moe_num_experts",
@@ -128,6 +155,21 @@ def import_hf_config(path: str | Path, seq_length: int | None = None, flash_atte
             qk_norm={"qwen3_moe": "head", "olmoe": "full"}.get(model_type),
             moe=_experts(config, model_type, where) if model_type in _MOE_DECODERS else None,
         )
+    elif model_type in _DEEPSEEK:
+        positions_field = "max_position_embeddings"
+        data = dict(
+            family="gpt", num_layers=need("num_hidden_layers"), hidden_size=need("hidden_size"),
+            num_heads=need("num_attention_heads"), ffn_hidden_size=need("intermediate_size"),
+            max_position_embeddings=need("max_position_embeddings"), vocab_size=need("vocab_size"),
+            gated_mlp=True, norm="rms", bias=False, position_embedding="rotary",
+            tie_embeddings=config.get("tie_word_embeddings", False), dropout=bool(config.get("attention_dropout")),
+            rope_theta=config.get("rope_theta", 10000.0), latent_attention=_latent_attention(config, where),
+            moe=_deepseek_experts(config, model_type, where),
+        )
+        if config.get("num_nextn_predict_layers"):
+            notes.append(f"{where}: `num_nextn_predict_layers` {config['num_nextn_predict_layers']}: the multi-token "
+                         "prediction module is not costed (gbmw plans the main model, as its published parameter "
+                         "count does)")
     elif model_type == "dbrx":
         positions_field = "max_seq_len"
         attn, ffn = _dbrx_section(config, "attn_config", where), _dbrx_section(config, "ffn_config", where)
@@ -174,7 +216,8 @@ def import_hf_config(path: str | Path, seq_length: int | None = None, flash_atte
     else:
         raise SpecError(
             f"{where}: field `model_type`: value {shown(model_type)} — supported: gpt2, llama, mistral, qwen2, "
-            "mixtral, qwen2_moe, qwen3_moe, olmoe, dbrx, bert, roberta, t5, mt5, vit; or write a model recipe YAML "
+            "mixtral, qwen2_moe, qwen3_moe, olmoe, dbrx, deepseek_v2, deepseek_v3, bert, roberta, t5, mt5, vit; or "
+            "write a model recipe YAML "
             "(see recipes/models/)"
         )
     if isinstance(data.get("rope_theta"), int) and not isinstance(data["rope_theta"], bool):
@@ -224,18 +267,15 @@ def _required(config: dict[str, Any], where: str, model_type: Any, *keys: str, p
 
 
 def _refuse_mixture_of_experts_gbmw_cannot_read(config: dict[str, Any], where: str) -> None:
-    """One error naming the key that makes the model a mixture of experts gbmw cannot cost as the file says:
-    DeepSeek's latent attention, a mixture-of-experts model_type gbmw does not import, a mixture-of-experts key
+    """One error naming the key that makes the model one gbmw cannot cost as the file says: latent attention outside
+    DeepSeek's model_types, a mixture-of-experts model_type gbmw does not import, a mixture-of-experts key
     gbmw does not read for this model_type, or experts under a model_type whose code builds a dense model."""
     model_type = config.get("model_type")
-    if model_type in ("deepseek_v2", "deepseek_v3") or config.get("kv_lora_rank") is not None:
-        rank = config.get("kv_lora_rank")
-        field = "kv_lora_rank" if rank is not None else "model_type"
+    if model_type not in _DEEPSEEK and config.get("kv_lora_rank") is not None:
         raise SpecError(
-            f"{where}: field `{field}`: value {shown(config.get(field))} — multi-head latent attention "
-            f"(DeepSeek-V2/V3, model_type {shown(model_type)}: keys and values compressed to a "
-            f"{f'rank-{rank} ' if rank is not None else ''}latent), which gbmw does not model; write a model recipe "
-            "YAML with standard attention and `moe:` for an approximate plan, or wait for latent-attention support"
+            f"{where}: field `kv_lora_rank`: value {shown(config['kv_lora_rank'])} — multi-head latent attention under "
+            f"model_type {shown(model_type)}, whose transformers code builds standard attention; gbmw imports latent "
+            f"attention for {', '.join(_DEEPSEEK)}, or write a model recipe YAML with `latent_attention:`"
         )
     if model_type in _MOE_TYPES:
         raise SpecError(
@@ -307,6 +347,37 @@ def _experts(config: dict[str, Any], model_type: str, where: str) -> dict[str, A
         return None  # transformers builds every block dense: a dense model, costed as one
     moe["dense_blocks"] = dense
     return moe
+
+
+def _latent_attention(config: dict[str, Any], where: str) -> dict[str, Any]:
+    """The `latent_attention` mapping of a DeepSeek-V2/V3 config (its values are checked by the architecture)."""
+    if config.get("attention_bias", False) is not False:
+        raise SpecError(f"{where}: field `attention_bias`: value {shown(config.get('attention_bias'))} — gbmw models "
+                        "DeepSeek's latent attention without biases (DeepSeek-V2 and V3 have none); give false")
+    model_type = config.get("model_type")
+    return dict(q_lora_rank=config.get("q_lora_rank"),
+                **{key: _required(config, where, model_type, key)
+                   for key in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")})
+
+
+def _deepseek_experts(config: dict[str, Any], model_type: str, where: str) -> dict[str, Any] | None:
+    """The `moe` mapping of a DeepSeek-V2/V3 config (the module docstring); None where no block routes to experts."""
+    experts = config.get("n_routed_experts")
+    frequency, first_dense = config.get("moe_layer_freq", 1), config.get("first_k_dense_replace", 0)
+    if frequency != 1:
+        raise SpecError(f"{where}: field `moe_layer_freq`: value {shown(frequency)} — gbmw makes every block from "
+                        "`first_k_dense_replace` on an MoE block (moe_layer_freq 1, as transformers builds DeepSeek); "
+                        "give 1, or write a model recipe YAML with `moe.dense_blocks`")
+    if not isinstance(first_dense, int) or isinstance(first_dense, bool) or first_dense < 0:
+        raise SpecError(f"{where}: field `first_k_dense_replace`: value {shown(first_dense)} — must be a whole number "
+                        "from 0 (the blocks, from the first, whose MLP stays dense)")
+    layers = config.get("num_hidden_layers")
+    if not experts or not isinstance(layers, int) or first_dense >= layers:
+        return None  # every block dense: costed as a dense model (a bad num_hidden_layers is the architecture's)
+    return dict(num_experts=experts, top_k=_required(config, where, model_type, "num_experts_per_tok"),
+                expert_ffn_hidden_size=_required(config, where, model_type, "moe_intermediate_size"),
+                shared_experts=config.get("n_shared_experts") or 0, dense_blocks=list(range(first_dense)),
+                expert_score_bias=model_type == "deepseek_v3" and config.get("topk_method") == "noaux_tc")
 
 
 def _check_top_k(moe: dict[str, Any], model_type: str, where: str) -> None:
