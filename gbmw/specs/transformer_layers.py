@@ -41,7 +41,9 @@ TOKEN_ID_BYTES = 8  # int64 token ids are the input of an embedding layer
 
 def block_layer(name: str, kind: str, shape: BlockShape, dtype_bytes: int, dropout: bool, flash: bool,
                 raw_scores: bool = False) -> LayerSpec:
-    """Costs of one self-attention (+ optional cross-attention) + MLP block (Korthikanti et al. Sec. 4.1).
+    """Costs of one self-attention (+ optional cross-attention) + MLP block (Korthikanti et al. Sec. 4.1); with
+    `shape.kv_lora_rank` the self-attention is multi-head latent attention (gbmw.specs.latent_attention), with
+    `shape.experts` the MLP a mixture of experts (gbmw.specs.moe_mlp).
 
     `raw_scores`: standard attention that also stashes the raw scores QKᵀ (d bytes each) beside the softmax
     output. The paper's testbed did: its Table 2 activation sizes per sample grow per layer by gbmw's accounting
