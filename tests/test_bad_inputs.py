@@ -39,6 +39,13 @@ HF = {"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 4, "n_position
 HF_MOE = {"model_type": "mixtral", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
           "intermediate_size": 128, "max_position_embeddings": 32, "vocab_size": 128, "num_local_experts": 4,
           "num_experts_per_tok": 2}
+HF_DEEPSEEK = {"model_type": "deepseek_v2", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
+               "intermediate_size": 128, "max_position_embeddings": 32, "vocab_size": 128, "q_lora_rank": None,
+               "kv_lora_rank": 16, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16,
+               "n_routed_experts": 4, "n_shared_experts": 1, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+               "first_k_dense_replace": 1, "moe_layer_freq": 1}
+LATENT = ("position_embedding: rotary\nbias: false\nlatent_attention:\n  kv_lora_rank: 16\n  qk_nope_head_dim: 16\n"
+          "  qk_rope_head_dim: 8\n  v_head_dim: 16\n")
 MOE = "moe:\n  num_experts: 4\n  top_k: 2\n  expert_ffn_hidden_size: 128\n"
 DS = {"train_batch_size": 16, "train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 1}}
 ALIAS_BOMB = ('a: &a ["x","x","x","x","x","x","x","x","x"]\n'
@@ -264,8 +271,19 @@ CASES = [
                                                                 "config.json")),
     ("hf-moe-one-expert", ESTIMATE, "field `num_local_experts`: value 1 — must be at least 2",
      model_job(json.dumps({**HF_MOE, "num_local_experts": 1, "num_experts_per_tok": 1}), "config.json")),
-    ("hf-moe-latent-attention", ESTIMATE, "field `kv_lora_rank`: value 512 — multi-head latent attention",
-     model_job(json.dumps({**HF_MOE, "model_type": "deepseek_v2", "kv_lora_rank": 512}), "config.json")),
+    ("hf-latent-attention-rank-zero", ESTIMATE, "field `kv_lora_rank`: value 0 — must be at least 1",
+     model_job(json.dumps({**HF_DEEPSEEK, "kv_lora_rank": 0}), "config.json")),
+    ("hf-latent-attention-under-a-dense-type", ESTIMATE, "field `kv_lora_rank`: value 512 — multi-head latent "
+                                                         "attention under model_type 'mixtral'",
+     model_job(json.dumps({**HF_MOE, "kv_lora_rank": 512}), "config.json")),
+    ("hf-deepseek-moe-layer-freq", ESTIMATE, "field `moe_layer_freq`: value 2 — gbmw makes every block from "
+                                             "`first_k_dense_replace` on an MoE block",
+     model_job(json.dumps({**HF_DEEPSEEK, "moe_layer_freq": 2}), "config.json")),
+    ("hf-deepseek-attention-bias", ESTIMATE, "field `attention_bias`: value True — gbmw models DeepSeek's latent "
+                                             "attention without biases",
+     model_job(json.dumps({**HF_DEEPSEEK, "attention_bias": True}), "config.json")),
+    ("model-latent-attention-groups", ESTIMATE, "num_kv_heads 2 with latent_attention: every one of the 4 heads",
+     model_job(MODEL.replace("dropout: false\n", "num_kv_heads: 2\ndropout: false\n") + LATENT)),
     ("model-moe-top-k", ESTIMATE, "top_k 5 > num_experts 4", model_job(MODEL + MOE.replace("top_k: 2", "top_k: 5"))),
     ("model-moe-one-expert", ESTIMATE, "field `moe.num_experts`: value 1 — must be at least 2",
      model_job(MODEL + MOE.replace("num_experts: 4", "num_experts: 1"))),

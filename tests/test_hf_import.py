@@ -15,7 +15,7 @@ import pytest
 from gbmw.errors import GbmwError, SpecError
 from gbmw.specs.hf_import import import_hf_config
 from gbmw.specs.jobs import load_job
-from gbmw.specs.models import load_model
+from gbmw.specs.models import build_model, load_model
 
 CONFIGS = Path(__file__).parent / "hf_configs"
 
@@ -60,6 +60,10 @@ MOE_PARAMETERS = {
     "Qwen3-30B-A3B": (30_532_122_624, 3_353_032_704),  # head_dim 128 ≠ 2048 / 32; q/k norms over head_dim
     "OLMoE-1B-7B-0924": (6_919_161_856, 1_282_017_280),  # q norm over 2048, k norm over 16 × 128
     "dbrx-base": (131_596_523_520, 36_469_708_800),  # LayerNorms without a shift
+    # multi-head latent attention; 1 dense block, 2 shared experts; no query latent
+    "DeepSeek-V2-Lite": (15_706_484_224, 2_661_150_208),
+    # 3 dense blocks, a query latent, a routing bias per expert; the main model without the MTP module
+    "DeepSeek-V3": (671_026_419_200, 37_552_297_472),
 }
 PUBLISHED_MOE = [
     # (name, total, active, how the publisher rounds) in billions, with where each figure is published.
@@ -173,13 +177,61 @@ def _refusal(tmp_path: Path, base: str, changes: dict) -> str:
     return message
 
 
-def test_deepseek_latent_attention_is_refused_by_name():
-    with pytest.raises(SpecError) as raised:
-        import_hf_config(CONFIGS / "DeepSeek-V2-Lite.json", 4096)
-    message = str(raised.value)
-    assert "\n" not in message
-    assert "DeepSeek-V2-Lite.json: field `kv_lora_rank`: value 512 — multi-head latent attention" in message
-    assert "write a model recipe YAML with standard attention" in message
+@pytest.mark.parametrize("name, total, active", [
+    # DeepSeek counts active parameters without the input embedding table (exact counts less vocab × hidden):
+    # DeepSeek-V2-Lite model card: "15.7B total parameters, of which 2.4B are activated for each token" (2.45B cut);
+    # DeepSeek-V3 README_WEIGHTS.md: "Total parameters: 671B", "Activation parameters: 36.6B (including 0.9B for the
+    # output Head)".
+    ("DeepSeek-V2-Lite", 15.7, 2.4),
+    ("DeepSeek-V3", 671, 36.6),
+])
+def test_deepseek_counts_are_the_published_ones_without_the_input_embedding(name, total, active):
+    model = load_model(CONFIGS / f"{name}.json", "bf16", 4096)
+    embedding = model.layers[0].parameter_count
+    assert round(model.parameter_count / 1e9, 1 if total % 1 else 0) == total
+    assert int((model.active_parameter_count - embedding) / 1e8) / 10 == active
+
+
+def test_deepseek_blocks_latents_and_routing_as_the_configs_say():
+    notes: list[str] = []
+    v3 = import_hf_config(CONFIGS / "DeepSeek-V3.json", 4096, notes=notes)
+    lite = import_hf_config(CONFIGS / "DeepSeek-V2-Lite.json", 4096)
+    assert (v3.latent_attention.q_lora_rank, lite.latent_attention.q_lora_rank) == (1536, None)
+    assert (v3.moe.dense_blocks, lite.moe.dense_blocks) == ((0, 1, 2), (0,))
+    assert (v3.moe.expert_score_bias, lite.moe.expert_score_bias) == (True, False)  # noaux_tc's e_score_correction_bias
+    assert (v3.moe.shared_experts * v3.moe.shared_ffn_hidden_size, lite.moe.shared_experts
+            * lite.moe.shared_ffn_hidden_size) == (2048, 2 * 1408)
+    assert any("`num_nextn_predict_layers` 1: the multi-token prediction module is not costed" in note
+               for note in notes)
+    block = build_model(v3, "bf16").layers[4]  # an MoE block: 256 × 3 × 7168 × 2048 experts, router and bias
+    h, heads = 7168, 128
+    attention = (h * 1536 + 1536 + 1536 * heads * 192 + h * (512 + 64) + 512 + 512 * heads * 256 + heads * 128 * h + h)
+    assert block.parameter_count == attention + 256 * 3 * h * 2048 + 3 * h * 2048 + h * 256 + 256 + h
+
+
+@pytest.mark.parametrize("base, changes, expected", [
+    ("Llama-2-7b-hf", {"kv_lora_rank": 512}, "field `kv_lora_rank`: value 512 — multi-head latent attention under "
+                                             "model_type 'llama', whose transformers code builds standard attention"),
+    ("DeepSeek-V2-Lite", {"moe_layer_freq": 2}, "field `moe_layer_freq`: value 2 — gbmw makes every block from "
+                                                "`first_k_dense_replace` on an MoE block"),
+    ("DeepSeek-V2-Lite", {"first_k_dense_replace": -1}, "field `first_k_dense_replace`: value -1 — must be a whole"),
+    ("DeepSeek-V3", {"attention_bias": True}, "field `attention_bias`: value True — gbmw models DeepSeek's latent "
+                                              "attention without biases"),
+    ("DeepSeek-V3", {"kv_lora_rank": 0}, "field `kv_lora_rank`: value 0 — must be at least 1"),
+    ("DeepSeek-V3", {"q_lora_rank": 0}, "field `q_lora_rank`: value 0 — must be at least 1"),
+    ("DeepSeek-V3", {"v_head_dim": None}, "field `v_head_dim` is required for model_type 'deepseek_v3'"),
+])
+def test_bad_latent_attention_settings_end_in_one_line_naming_the_key(tmp_path, base, changes, expected):
+    assert expected in _refusal(tmp_path, base, changes)
+
+
+def test_deepseek_routing_keys_that_change_no_cost_are_accepted(tmp_path):
+    lite = load_model(CONFIGS / "DeepSeek-V2-Lite.json", "bf16", 4096)
+    changed = {**json.loads((CONFIGS / "DeepSeek-V2-Lite.json").read_text()), "scoring_func": "sigmoid",
+               "topk_method": "group_limited_greedy", "n_group": 8, "topk_group": 3, "routed_scaling_factor": 16.0,
+               "norm_topk_prob": True}
+    (tmp_path / "config.json").write_text(json.dumps(changed))
+    assert load_model(tmp_path / "config.json", "bf16", 4096).layers == lite.layers
 
 
 @pytest.mark.parametrize("base, changes, expected", [

@@ -57,6 +57,8 @@ EXTRA_ROUND_TRIPS = {
     "llama-7b_single-node_dp8": ("llama-7b_a100-80g-x8", "tp=1,pp=1,zero=0,ckpt=none,micro=1", "megatron-core"),
     "llama-7b_megatron-core_tp4-pp2-sp-full": ("llama-7b_a100-80g-x32", "tp=4,pp=2,zero=1,ckpt=full,sp=on,micro=1,target=megatron-core",
                                                "megatron-core"),
+    "deepseek-v2-lite_megatron-core_tp2-ep4-sp": ("deepseek-v2-lite_h100-80g-x64",
+                                                  "tp=2,pp=1,zero=1,ep=4,sp=on,micro=1,target=megatron-core", "megatron-core"),
     "gpt3-15b_megatron-deepspeed_tp8-sp": ("gpt3-15b_a100-80g-x32", "tp=8,pp=1,zero=1,ckpt=none,sp=on,micro=1,target=megatron-deepspeed",
                                            "megatron-deepspeed"),
 }
@@ -382,7 +384,14 @@ def test_megatron_core_configs_construct(name):
     job, plan, _ = case(name)
     parallel, config = plan_to_megatron_core_configs(plan, job)
     strategy = plan.strategies[1]
-    assert type(parallel).__name__ == "ModelParallelConfig" and type(config).__name__ == "TransformerConfig"
+    latent = job.model.architecture.latent_attention
+    assert type(parallel).__name__ == "ModelParallelConfig"
+    assert type(config).__name__ == ("TransformerConfig" if latent is None else "MLATransformerConfig")
+    if latent is not None:
+        assert (config.q_lora_rank, config.kv_lora_rank, config.qk_head_dim, config.qk_pos_emb_head_dim,
+                config.v_head_dim, config.qk_layernorm) == (latent.q_lora_rank, latent.kv_lora_rank,
+                                                            latent.qk_nope_head_dim, latent.qk_rope_head_dim,
+                                                            latent.v_head_dim, True)
     for made in (parallel, config):
         assert (made.tensor_model_parallel_size, made.pipeline_model_parallel_size) == (strategy.tp, plan.pp)
         assert made.sequence_parallel is strategy.sp and made.use_cpu_initialization is True
@@ -498,3 +507,41 @@ def test_moe_layouts_megatron_cannot_express_are_refused_by_name():
         "megatron-core")
     with pytest.raises(PlanError, match="expert parallelism with TP but no sequence parallelism"):
         gbmw.uniform_plan(job, "tp=2,pp=4,zero=1,ep=4,micro=1,target=megatron-core")
+
+
+# ------------------------------------------------------------------------------------ multi-head latent attention
+
+
+def test_latent_attention_flags_are_read_back_and_refused_where_they_cannot_run(tmp_path):
+    job, plan, target = case("deepseek-v2-lite_megatron-core_tp2-ep4-sp")
+    args = plan_to_megatron_args(plan, job, target)
+    given = values(args)
+    assert {"--multi-latent-attention", "--qk-layernorm"} <= set(given) and "--group-query-attention" not in given
+    assert [given[flag] for flag in ("--kv-lora-rank", "--qk-head-dim", "--qk-pos-emb-head-dim", "--v-head-dim")] == [
+        "512", "128", "64", "128"]
+    assert "--q-lora-rank" not in given and "--kv-channels" not in given  # V2-Lite has no query latent
+    with pytest.raises(GbmwError, match=r"--kv-lora-rank 256 \(the model needs 512\)"):
+        megatron_args_to_plan(" ".join(args).replace("--kv-lora-rank 512", "--kv-lora-rank 256").split(), job, target)
+    with pytest.raises(GbmwError, match=r"--multi-latent-attention False \(the model needs True\)"):
+        megatron_args_to_plan([arg for arg in args if arg != "--multi-latent-attention"], job, target)
+    llama, llama_plan, _ = case("llama-7b_megatron-core_tp4-pp4")
+    with pytest.raises(GbmwError, match=r"--multi-latent-attention True \(the model needs False\)"):
+        megatron_args_to_plan(plan_to_megatron_args(llama_plan, llama, target) + ["--multi-latent-attention"], llama,
+                              target)
+    deepspeed_plan = gbmw.uniform_plan(job, "tp=1,pp=1,zero=1,micro=1,target=megatron-deepspeed")
+    with pytest.raises(GbmwError) as refused:
+        plan_to_megatron_args(deepspeed_plan, job, "megatron-deepspeed")
+    assert str(refused.value) == (
+        "model deepseek-v2-lite: megatron-deepspeed's arguments cannot express multi-head latent attention "
+        "(latent_attention; Megatron-DeepSpeed has no MLA, megatron-core's --multi-latent-attention runs it) — plan it "
+        "for --target deepspeed or runtime, or write a model recipe YAML for the nearest layout")
+
+    (tmp_path / "job.yaml").write_text(f"model: {Path(__file__).parent / 'hf_configs' / 'DeepSeek-V3.json'}\n"
+                                       "cluster: h100-80g-x64\nprecision: bf16\nglobal_batch: 1024\nseq_length: 4096\n"
+                                       "flash_attention: true\n")
+    v3 = gbmw.load_job(tmp_path / "job.yaml")
+    v3_plan = gbmw.uniform_plan(v3, "tp=4,pp=1,zero=1,ep=16,sp=on,micro=1,target=megatron-core")
+    v3_args = values(plan_to_megatron_args(v3_plan, v3, "megatron-core"))
+    assert (v3_args["--q-lora-rank"], v3_args["--moe-router-score-function"]) == ("1536", "sigmoid")
+    assert "--moe-router-enable-expert-bias" in v3_args
+    assert v3_args["--moe-layer-freq"] == "[" + ",".join(["0"] * 3 + ["1"] * 58) + "]"

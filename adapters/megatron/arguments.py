@@ -42,6 +42,8 @@ def _architecture_values(arch: GPTArchitecture, target: str) -> dict[str, Any]:
         ("q/k norms over the whole Q and K width (qk_norm: full; Megatron's --qk-layernorm norms each head)",
          arch.qk_norm == "full"),
         ("q/k norms (qk_norm: head; Megatron-DeepSpeed has no --qk-layernorm)", deepspeed and arch.qk_norm == "head"),
+        ("multi-head latent attention (latent_attention; Megatron-DeepSpeed has no MLA, megatron-core's "
+         "--multi-latent-attention runs it)", deepspeed and arch.latent_attention is not None),
     ) if bad]
     if unexpressed:
         raise GbmwError(f"model {arch.name}: {target}'s arguments cannot express {'; '.join(unexpressed)} — plan it "
@@ -60,8 +62,25 @@ def _architecture_values(arch: GPTArchitecture, target: str) -> dict[str, Any]:
         values["position_embedding_type"] = "rope" if arch.position_embedding == "rotary" else None
         values["rotary_base"] = rope_base
         values["add_qkv_bias"] = bool(arch.qkv_bias) and not arch.bias
-        values["qk_layernorm"] = arch.qk_norm == "head"
+        # MLA's latent norms are --qk-layernorm's in megatron-core's MLA layer spec (the up-projections become
+        # LayerNormLinears); without it they would be identities
+        values["qk_layernorm"] = arch.qk_norm == "head" or arch.latent_attention is not None
+        values.update(_latent_attention_values(arch))
     return values
+
+
+def _latent_attention_values(arch: GPTArchitecture) -> dict[str, Any]:
+    """{argparse dest: value} of megatron-core's multi-head latent attention flags (megatron/training/arguments.py
+    `_add_mla_args`; `--multi-latent-attention` from TransformerConfig.multi_latent_attention); {} without MLA. Every
+    width is written out: Megatron's defaults (--kv-lora-rank 32, …) are not DeepSeek's. YaRN's rotary settings
+    (--rope-type, --rotary-scaling-factor, --mscale…) change no cost and are left to the user. Without MLA: the flag
+    off."""
+    latent = arch.latent_attention
+    if latent is None:
+        return {"multi_latent_attention": False}  # read back: the flag on a model without MLA is a mismatch
+    return {"multi_latent_attention": True, "q_lora_rank": latent.q_lora_rank, "kv_lora_rank": latent.kv_lora_rank,
+            "qk_head_dim": latent.qk_nope_head_dim, "qk_pos_emb_head_dim": latent.qk_rope_head_dim,
+            "v_head_dim": latent.v_head_dim}
 
 
 def _expert_values(arch: GPTArchitecture, target: str, layout) -> dict[str, Any]:
@@ -78,6 +97,7 @@ def _expert_values(arch: GPTArchitecture, target: str, layout) -> dict[str, Any]
                          if moe_blocks == [int((index + 1) % k == 0) for index in range(arch.num_layers)]), None)
         problems = [what for what, bad in (
             ("shared experts", moe.shared_experts > 0),
+            ("a routing bias per expert (expert_score_bias)", moe.expert_score_bias),
             ("dense blocks other than every k-th (its --expert-interval)", interval is None),
             (f"an expert width ({moe.expert_ffn_hidden_size}) other than the dense FFN's "
              f"({arch.ffn_hidden_size or 4 * arch.hidden_size}) with dense blocks",
@@ -97,6 +117,9 @@ def _expert_values(arch: GPTArchitecture, target: str, layout) -> dict[str, Any]
             "moe_ffn_hidden_size": moe.expert_ffn_hidden_size, "moe_layer_freq": pattern,
             "moe_shared_expert_intermediate_size": moe.shared_experts * moe.shared_ffn_hidden_size or None,
             "moe_shared_expert_gate": moe.shared_expert_gate,
+            # DeepSeek-V3's routing bias per expert; megatron-core takes it with sigmoid scores only
+            "moe_router_enable_expert_bias": moe.expert_score_bias,
+            "moe_router_score_function": "sigmoid" if moe.expert_score_bias else None,
             "expert_model_parallel_size": layout.expert_parallel,
             "expert_tensor_parallel_size": layout.tensor_parallel,
             "moe_token_dispatcher_type": "alltoall", "moe_grouped_gemm": True,

@@ -95,6 +95,9 @@ def _parser(target: str) -> _Parser:
         add("--use-distributed-optimizer", action="store_true")
         add("--num-layers-per-virtual-pipeline-stage", type=int)
         add("--qk-layernorm", action="store_true")
+        add("--multi-latent-attention", action="store_true")
+        for dest in ("q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim"):
+            add(_flag(dest), type=int)
         add("--expert-model-parallel-size", dest="expert_parallel", type=int, default=1)
         add("--context-parallel-size", dest="sequence_degree", type=int, default=1)
         add("--cp-comm-type", choices=["p2p"])

@@ -29,13 +29,13 @@ def _megatron_core():
             warnings.simplefilter("ignore")
             import torch
             from megatron.core import ModelParallelConfig
-            from megatron.core.transformer import TransformerConfig
+            from megatron.core.transformer import MLATransformerConfig, TransformerConfig
             from megatron.core.transformer.transformer_block import get_num_layers_to_build
     except ImportError as error:
         raise GbmwError(
             f"megatron-core configs need the runtime extra (pip install 'gbmw[runtime]'): {error}"
         ) from None
-    return torch, ModelParallelConfig, TransformerConfig, get_num_layers_to_build
+    return torch, ModelParallelConfig, (TransformerConfig, MLATransformerConfig), get_num_layers_to_build
 
 
 def _construct(config_class: type, kwargs: dict[str, Any]) -> Any:
@@ -62,7 +62,8 @@ def plan_to_megatron_core_configs(plan: Plan, job: JobSpec) -> tuple[Any, Any]:
     fp8_recipe="delayed"), use_cpu_initialization=True and
     gradient_accumulation_fusion=False (no CUDA extension needed), the GPT widths, recompute_granularity
     "full" / recompute_method "uniform" / recompute_num_layers 1 for +ckpt blocks, recompute_granularity
-    "selective" for +sel blocks, and
+    "selective" for +sel blocks, an MLATransformerConfig with the latent widths and qk_layernorm for multi-head latent
+    attention, and
     num_layers_in_first/last_pipeline_stage for uneven stages (what Megatron-LM's
     core_transformer_config_from_args sets from --decoder-first/last-pipeline-num-layers). Their
     __post_init__ validates; the per-stage block counts megatron-core would build
@@ -70,7 +71,7 @@ def plan_to_megatron_core_configs(plan: Plan, job: JobSpec) -> tuple[Any, Any]:
     """
     layout = megatron_layout(plan, job, "megatron-core")
     arch = gpt_architecture(job)
-    torch, ModelParallelConfig, TransformerConfig, get_num_layers_to_build = _megatron_core()
+    torch, ModelParallelConfig, (TransformerConfig, MLATransformerConfig), get_num_layers_to_build = _megatron_core()
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.bfloat16}[plan.precision]
     parallel = dict(
         tensor_model_parallel_size=layout.tensor_parallel,
@@ -100,6 +101,11 @@ def plan_to_megatron_core_configs(plan: Plan, job: JobSpec) -> tuple[Any, Any]:
         # precision fp8: Transformer Engine's FP8 linears, E4M3 forward and E5M2 gradients, delayed scaling
         **(dict(fp8="hybrid", fp8_recipe="delayed") if plan.precision == "fp8" else {}),
     )
+    latent = arch.latent_attention
+    if latent is not None:  # what Megatron-LM's core_transformer_config_from_args builds for --multi-latent-attention
+        transformer.update(q_lora_rank=latent.q_lora_rank, kv_lora_rank=latent.kv_lora_rank,
+                           qk_head_dim=latent.qk_nope_head_dim, qk_pos_emb_head_dim=latent.qk_rope_head_dim,
+                           v_head_dim=latent.v_head_dim, qk_layernorm=True)
     if arch.gated_mlp:
         transformer.update(gated_linear_unit=True, activation_func=torch.nn.functional.silu)
     if not arch.dropout:
@@ -109,7 +115,7 @@ def plan_to_megatron_core_configs(plan: Plan, job: JobSpec) -> tuple[Any, Any]:
     elif layout.recompute == "selective":  # megatron-core's default recompute_modules: ["core_attn"]
         transformer.update(recompute_granularity="selective")
     parallel_config = _construct(ModelParallelConfig, parallel)
-    transformer_config = _construct(TransformerConfig, transformer)
+    transformer_config = _construct(TransformerConfig if latent is None else MLATransformerConfig, transformer)
     try:
         built = [get_num_layers_to_build(transformer_config, pp_rank=stage)
                  for stage in range(layout.pipeline_parallel)]

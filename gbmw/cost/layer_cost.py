@@ -122,31 +122,37 @@ def forward_compute_s(model: ModelSpec, settings: CostSettings, samples: float, 
     arrays = model.arrays
     bandwidth = settings.cluster.memory_bandwidth_bytes_per_s
     flash, fp8 = arrays.forward_flash_attention_flops_per_sample, arrays.fp8_forward_flops_per_sample
+    # the linears every TP rank runs whole (at the FP8 rate in a layer with FP8 linears)
+    replicated = arrays.tp_replicated_forward_flops_per_sample / np.where(
+        fp8 > 0, settings.cluster.linear_flops(settings.precision), settings.cluster.sustained_flops(settings.precision))
     split = ((arrays.forward_flops_per_sample - flash - fp8) / settings.cluster.sustained_flops(settings.precision)
              + fp8 / settings.cluster.linear_flops(settings.precision)
              + flash / settings.cluster.attention_flops(settings.precision)
-             + arrays.forward_tp_split_memory_traffic_bytes_per_sample / bandwidth)
-    whole = arrays.forward_memory_traffic_bytes_per_sample / bandwidth
+             + arrays.forward_tp_split_memory_traffic_bytes_per_sample / bandwidth) - replicated
+    whole = arrays.forward_memory_traffic_bytes_per_sample / bandwidth + replicated
     analytic = split * samples / tp + whole * samples / (tp if sequence_parallel else 1)
     measured = arrays.forward_time_per_sample_s * samples / tp + arrays.forward_overhead_s
     return np.where(arrays.has_measured_time, measured, analytic)
 
 
-def matmul_wave_loss_s(model: ModelSpec, settings: CostSettings, samples: float, tp: int) -> tuple[np.ndarray, np.ndarray]:
+def matmul_wave_loss_s(model: ModelSpec, settings: CostSettings, samples: float, tp: int,
+                       sequence_parallel: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """(forward, backward) per layer: what the linear matmuls of `samples` samples at TP degree `tp` lose to their
     tile waves beyond their FLOPs at the sustained rate (gbmw.cost.matmul_waves); 0 for profiled layers and on devices
-    without a multiprocessor count."""
+    without a multiprocessor count. A linear whole on every TP rank runs the rank's share of the rows under
+    `sequence_parallel`."""
     multiprocessors = settings.cluster.device.multiprocessors
     arrays = model.arrays
     if multiprocessors is None:
         return np.zeros(model.num_layers), np.zeros(model.num_layers)
+    whole = arrays.matmul_replicated
     out_features = np.where(arrays.matmul_splits_out, arrays.matmul_out_features / tp, arrays.matmul_out_features)
-    in_features = np.where(arrays.matmul_splits_out, arrays.matmul_in_features, arrays.matmul_in_features / tp)
+    in_features = np.where(arrays.matmul_splits_out | whole, arrays.matmul_in_features, arrays.matmul_in_features / tp)
     # [layer, 1]: a layer with FP8 linears runs its matmuls at the FP8 rate (a head's at bf16's)
     rate = np.where(arrays.fp8_forward_flops_per_sample > 0, settings.cluster.linear_flops(settings.precision),
                     settings.cluster.sustained_flops(settings.precision))[:, None]
-    forward, backward = linear_wave_loss_s(arrays.matmul_rows_per_sample * samples, out_features, in_features,
-                                           rate, multiprocessors)
+    rows = arrays.matmul_rows_per_sample * samples / np.where(whole & sequence_parallel, tp, 1)
+    forward, backward = linear_wave_loss_s(rows, out_features, in_features, rate, multiprocessors)
     analytic = ~arrays.has_measured_time
     return forward * analytic, backward * analytic
 
@@ -210,7 +216,7 @@ def layer_costs(
     backward_compute = np.where(arrays.has_measured_backward,
                                 arrays.backward_time_per_sample_s * samples / tp + arrays.backward_overhead_s,
                                 2.0 * forward_compute)
-    forward_wave_loss, backward_wave_loss = matmul_wave_loss_s(model, settings, samples, tp)
+    forward_wave_loss, backward_wave_loss = matmul_wave_loss_s(model, settings, samples, tp, strategy.sp)
     forward_compute = forward_compute + forward_wave_loss
     backward_compute = backward_compute + backward_wave_loss  # 0 for profiled layers
 

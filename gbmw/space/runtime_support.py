@@ -5,7 +5,7 @@ The runtime (gbmw.adapters.runtime.model) builds GPT-style decoders — GPT-2/3 
 GELU MLP, biases) and LLaMA-style (RMSNorm, SwiGLU, rotary positions, grouped-query attention, no biases,
 tied or untied head), mixture-of-experts ones among them (dropless top-k routing, shared experts, expert parallelism
 +epN with plain dp; not a capacity factor; in an MoE block not +sp, nor sdp/z1dp/z2dp together with +ep — the engine
-refuses those strategies) — and BERT encoders. It trains in fp32 or bf16 (fp16 would need loss scaling). T5's
+refuses those strategies), not with multi-head latent attention — and BERT encoders. It trains in fp32 or bf16 (fp16 would need loss scaling). T5's
 encoder-decoder, ViT's and Swin's image models are planned and emitted for DeepSpeed and Megatron, but the
 runtime has no modules for them yet.
 
@@ -42,6 +42,10 @@ def runtime_refusal(architecture: Any, precision: str | None = None) -> str | No
         return (f"{where}: `sliding_window: {window}` is shorter than seq_length {architecture.seq_length}: gbmw's "
                 "runtime attends over the whole causal prefix; train at seq_length ≤ the window (--seq-length "
                 f"{window}) or with a framework that runs sliding windows")
+    if getattr(architecture, "latent_attention", None) is not None:
+        return (f"{where}: `latent_attention` (multi-head latent attention, DeepSeek-V2/V3): gbmw's runtime builds "
+                "standard and grouped-query attention only; plan it for --target megatron-core "
+                "(--multi-latent-attention) and run it there")
     if getattr(architecture, "qk_norm", "none") != "none":
         return (f"{where}: `qk_norm: {architecture.qk_norm}` (norms on the queries and keys): gbmw's runtime builds no "
                 "q/k norms yet; plan it for --target megatron-core (--qk-layernorm, for per-head norms) and run it there")

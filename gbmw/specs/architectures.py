@@ -1,6 +1,7 @@
 """Model architectures as recipes describe them: the Transformer families gbmw plans (GPT, BERT, T5, ViT,
 Swin) as typed, validated records — widths, depths, heads, sequence lengths, and the options that change
-costs (gated MLPs, RMSNorm, rotary positions, grouped-query attention, flash attention, dropout).
+costs (gated MLPs, RMSNorm, rotary positions, grouped-query or multi-head latent attention, flash attention,
+dropout).
 
 `gbmw.specs.models` turns an architecture into the planner's per-layer costs; the runtime builds its modules
 from the same record, and the Megatron emitter reads its flags from it. A ModelSpec carries the
@@ -58,6 +59,11 @@ class MixtureOfExperts(Frozen):
     """Width of each shared expert's MLP; None: `expert_ffn_hidden_size`."""
     shared_expert_gate: bool = False
     """A sigmoid gate (a hidden → 1 linear) scales the shared experts' output (Qwen2-MoE)."""
+    expert_score_bias: bool = False
+    """A learned bias per expert added to the routing scores when the top-k are chosen (DeepSeek-V3's
+    auxiliary-loss-free balancing, `e_score_correction_bias`; megatron-core's `--moe-router-enable-expert-bias`):
+    `num_experts` numbers per MoE block, counted as parameters as the checkpoint stores them (updated by a balancing
+    rule, not by gradients: their few optimizer states are an over-count of bytes)."""
     dense_blocks: Items[Annotated[int, Field(ge=0, le=MAX_LAYERS)]] = Field(default=(), max_length=MAX_LAYERS)
     """Indices (from 0) of the blocks whose MLP stays dense: DeepSeek's first `first_k_dense_replace` blocks,
     Qwen's `mlp_only_layers` and the blocks `decoder_sparse_step` skips. Every other block is an MoE block."""
@@ -81,6 +87,35 @@ class MixtureOfExperts(Frozen):
         if len(set(self.dense_blocks)) != len(self.dense_blocks):
             raise ValueError(f"dense_blocks {list(self.dense_blocks)} names a block twice")
         return self
+
+
+class MultiLatentAttention(Frozen):
+    """Multi-head latent attention (DeepSeek-V2, arXiv 2405.04434 Sec. 2.1; transformers' modeling_deepseek_v2/v3,
+    megatron-core's MLASelfAttention): keys and values are compressed into a `kv_lora_rank` latent per token
+    (kv_a_proj_with_mqa, hidden → kv_lora_rank + qk_rope_head_dim, then an RMSNorm kv_a_layernorm) and expanded per
+    head (kv_b_proj, kv_lora_rank → heads·(qk_nope_head_dim + v_head_dim)); queries likewise through a
+    `q_lora_rank` latent (q_a_proj, q_a_layernorm, q_b_proj, rank → heads·(qk_nope_head_dim + qk_rope_head_dim)), or
+    directly (q_proj, hidden → the same) when q_lora_rank is null. Each query and key head is qk_nope_head_dim wide
+    without positions plus qk_rope_head_dim with rotary positions (the rotary key part is one, shared by every head:
+    the "decoupled RoPE" of Sec. 2.1.3); values are v_head_dim wide; o_proj maps heads·v_head_dim → hidden. Every
+    head has its own keys and values: no grouped-query groups."""
+
+    q_lora_rank: int | None = Field(default=None, ge=1, le=MAX_WIDTH)
+    """Rank of the query latent (DeepSeek-V3: 1536); None: queries projected straight from the hidden state
+    (DeepSeek-V2-Lite)."""
+    kv_lora_rank: int = Field(ge=1, le=MAX_WIDTH)
+    """Rank of the key/value latent (DeepSeek-V2/V3: 512)."""
+    qk_nope_head_dim: int = Field(ge=1, le=MAX_WIDTH)
+    """Width of each query/key head's part without positions (128)."""
+    qk_rope_head_dim: int = Field(ge=1, le=MAX_WIDTH)
+    """Width of each query/key head's rotary part (64); the key's is shared by the heads."""
+    v_head_dim: int = Field(ge=1, le=MAX_WIDTH)
+    """Width of each value head (128)."""
+
+    @property
+    def qk_head_dim(self) -> int:
+        """The width of a query or key head: its part without positions and its rotary part."""
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
 
 
 class GPTArchitecture(_Architecture):
@@ -127,9 +162,14 @@ class GPTArchitecture(_Architecture):
     tie_embeddings: bool = True
     moe: MixtureOfExperts | None = None
     """Routed experts in the MLPs (a mixture-of-experts decoder); None: every block's MLP is dense."""
+    latent_attention: MultiLatentAttention | None = None
+    """Multi-head latent attention in every block (DeepSeek-V2/V3) in place of Q, K, V projections of `head_dim`;
+    None: standard (or grouped-query) attention."""
 
     def _head_pairs(self) -> list[tuple[int, int]]:
-        return [] if self.head_dim is not None else [(self.hidden_size, self.num_heads)]
+        if self.head_dim is not None or self.latent_attention is not None:
+            return []  # the heads' widths are given, not hidden_size / num_heads
+        return [(self.hidden_size, self.num_heads)]
 
     def is_moe_block(self, index: int) -> bool:
         """Whether block `index` (from 0) routes its tokens to experts."""
@@ -149,6 +189,8 @@ class GPTArchitecture(_Architecture):
 
     @model_validator(mode="after")
     def _kv_heads_divide(self) -> "GPTArchitecture":
+        if self.latent_attention is not None:
+            self._check_latent_attention()
         if self.num_kv_heads is not None and self.num_heads % self.num_kv_heads:
             raise ValueError(f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}: "
                              "grouped-query attention shares each key/value head among equal groups")
@@ -160,6 +202,29 @@ class GPTArchitecture(_Architecture):
                              f"{self.max_position_embeddings}: the model takes at most "
                              f"{self.max_position_embeddings} tokens per sample")
         return self
+
+    def _check_latent_attention(self) -> None:
+        """What multi-head latent attention leaves no room for, one value at a time."""
+        if self.num_kv_heads is not None and self.num_kv_heads != self.num_heads:
+            raise ValueError(f"num_kv_heads {self.num_kv_heads} with latent_attention: every one of the {self.num_heads} "
+                             "heads expands its own keys and values from the latent (no grouped-query groups); drop "
+                             f"num_kv_heads or give {self.num_heads}")
+        if self.head_dim is not None:
+            raise ValueError(f"head_dim {self.head_dim} with latent_attention: its head widths are "
+                             "latent_attention.qk_nope_head_dim + qk_rope_head_dim (queries, keys) and v_head_dim "
+                             "(values); drop head_dim")
+        if self.position_embedding != "rotary":
+            raise ValueError(f"position_embedding {self.position_embedding!r} with latent_attention: its positions are "
+                             "the rotary part of each head (qk_rope_head_dim); give position_embedding: rotary")
+        if self.qk_norm != "none":
+            raise ValueError(f"qk_norm {self.qk_norm!r} with latent_attention: its norms are on the latents "
+                             "(q_a_layernorm, kv_a_layernorm), counted with it; drop qk_norm")
+        if self.bias or self.qkv_bias:
+            raise ValueError(f"{'bias' if self.bias else 'qkv_bias'} true with latent_attention: gbmw models "
+                             "DeepSeek's latent attention, whose projections have no biases; give bias: false")
+        if self.sliding_window is not None:
+            raise ValueError(f"sliding_window {self.sliding_window} with latent_attention: gbmw models latent "
+                             "attention over the whole causal prefix; drop sliding_window")
 
 
 class BERTArchitecture(_Architecture):

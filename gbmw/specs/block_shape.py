@@ -38,8 +38,19 @@ class BlockShape:
     shared_ffn: int = 0
     """Width of the shared experts together (count × width: they run on every token as one MLP)."""
     shared_gate: bool = False
+    expert_score_bias: bool = False
+    """A per-expert routing bias beside the router (gbmw.specs.architectures.MixtureOfExperts.expert_score_bias)."""
     capacity_factor: float | None = None
     load_imbalance: float = 1.0
+    q_lora_rank: int = 0
+    """Multi-head latent attention's query latent (gbmw.specs.latent_attention); 0: queries straight from the hidden
+    state."""
+    kv_lora_rank: int = 0
+    """Multi-head latent attention's key/value latent; 0: standard attention (Q, K, V of `head_dim` per head)."""
+    qk_rope_head_dim: int = 0
+    """Latent attention: the rotary part of each query/key head (`head_dim` is the whole query/key head)."""
+    v_head_dim: int = 0
+    """Latent attention: the width of each value head."""
     fp8_linears: bool = False
     """The linear layers run as Transformer Engine's FP8 linears (precision fp8; the module docstring)."""
 

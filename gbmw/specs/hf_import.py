@@ -1,6 +1,6 @@
 """A Hugging Face config.json (GPT-2, LLaMA/Mistral/Qwen2, BERT/RoBERTa, T5/mT5, ViT; the mixtures of experts
-Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, DBRX) read into gbmw's architecture types, from the file alone (no
-transformers import, nothing downloaded or executed).
+Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, DBRX, DeepSeek-V2/V3) read into gbmw's architecture types, from the file alone
+(no transformers import, nothing downloaded or executed).
 
 What the file does not say is asked of the user: the training sequence length (a config states only the longest
 the model takes, `max_position_embeddings`; used, with a note, when none is given) and whether attention is fused
@@ -11,59 +11,23 @@ LLaMA has biases on q/k/v/o only with `attention_bias` and on the MLP only with 
 Qwen2 always has q/k/v biases and no others. `head_dim`, where given, sets the attention width
 (heads × head_dim, which need not equal hidden_size).
 
-Mixtures of experts (gbmw.specs.architectures.MixtureOfExperts), as transformers' modeling code builds them:
-Mixtral routes every block to `num_experts_per_tok` of `num_local_experts` SwiGLU experts of `intermediate_size`.
-Qwen2-MoE and Qwen3-MoE make block i an MoE block iff i is not in `mlp_only_layers` and (i + 1) is a multiple of
-`decoder_sparse_step` (the others keep a dense MLP of `intermediate_size`); their experts are
-`moe_intermediate_size` wide; Qwen2-MoE adds one shared expert of `shared_expert_intermediate_size` behind a
-sigmoid gate and has q/k/v biases; Qwen3-MoE norms Q and K per head (RMSNorm over `head_dim`). OLMoE routes every
-block to 8 of 64 experts of `intermediate_size` and norms the whole Q and K projections. DBRX nests its sizes in
-`attn_config` and `ffn_config`, fuses Wqkv, has no linear biases and LayerNorms without a shift. Keys that change
-routing's numbers but no cost are accepted (`norm_topk_prob`, `router_aux_loss_coef`, `output_router_logits`,
-router jitter, `clip_qkv`, DBRX's `moe_loss_weight` and `moe_normalize_expert_weights`). Any other
-mixture-of-experts key is refused by name, and so is one under a dense `model_type` (a model is never costed as
-dense when its config says experts); DeepSeek-V2/V3's multi-head latent attention is refused, as are the other
-mixture-of-experts types.
+Mixtures of experts and DeepSeek's latent attention are read by gbmw.specs.hf_experts.
 """
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any
 
 from gbmw.errors import SpecError
 from gbmw.specs.architectures import apply_training_settings, parse_architecture
 from gbmw.specs.files import read_json, shown
+from gbmw.specs.hf_experts import (DEEPSEEK, MOE_KEYS_READ, check_top_k, dbrx_section, deepseek_experts,
+                                   deepseek_latent_attention, llama_style_experts, refuse_experts_gbmw_cannot_read,
+                                   required)
 
 _MOE_DECODERS = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe")
 """LLaMA-style mixtures of experts read like `_LLAMA_LIKE`, plus their experts; `dbrx` is read apart."""
-_MOE_KEYS_READ = {
-    "mixtral": ("num_local_experts", "num_experts_per_tok"),
-    "qwen2_moe": ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size",
-                  "decoder_sparse_step", "mlp_only_layers"),
-    "qwen3_moe": ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "decoder_sparse_step",
-                  "mlp_only_layers"),
-    "olmoe": ("num_experts", "num_experts_per_tok"),
-    "dbrx": ("ffn_config.moe_num_experts", "ffn_config.moe_top_k", "ffn_config.moe_jitter_eps",
-             "ffn_config.moe_loss_weight", "ffn_config.moe_normalize_expert_weights"),
-}
-"""The mixture-of-experts keys gbmw reads (or knows to change no cost) for each model_type it imports experts of."""
-_MOE_KEYS_WITHOUT_COST = ("norm_topk_prob", "router_aux_loss_coef", "output_router_logits", "router_jitter_noise")
-"""Keys that change routing's numbers (renormalised top-k weights, the balancing loss, jitter) but no cost."""
-_MOE_KEY = re.compile(r"expert|moe|router|routed|capacity_factor|sparse_step|mlp_only_layers|dense_replace")
-"""What a key that configures experts looks like (`num_experts`, `moe_layer_freq`, `ffn_config.moe_num_experts`,
-`first_k_dense_replace`, ...); generation keys such as `top_k` do not."""
-_SAYS_NO_EXPERTS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts", "num_experts_per_tok",
-                    "num_experts_per_token", "moe_layer_freq", "expert_interval")
-"""Keys for which 1 means a dense model (one expert, every block alike) — as 0, false or null do for any key."""
-_MOE_TYPES = ("deepseek_v2", "deepseek_v3", "jamba", "granitemoe", "granitemoeshared", "phimoe", "qwen3_next",
-              "switch_transformers", "nllb_moe", "gpt_oss", "llama4", "glm4_moe", "ernie4_5_moe", "minimax")
-"""Mixture-of-experts model_types gbmw does not import."""
-_DBRX_KEYS = {"attn_config": ("attn_pdrop", "clip_qkv", "kv_n_heads", "rope_theta", "model_type"),
-              "ffn_config": ("ffn_act_fn", "ffn_hidden_size", "moe_num_experts", "moe_top_k", "moe_jitter_eps",
-                             "moe_loss_weight", "moe_normalize_expert_weights", "model_type")}
-"""The keys transformers' DbrxAttentionConfig / DbrxFFNConfig take (they refuse any other)."""
 _LLAMA_LIKE = ("llama", "mistral", "qwen2")
 _HF_KEYS_OF_LLAMA_BERT_VIT = {"num_layers": "num_hidden_layers", "num_heads": "num_attention_heads",
                               "num_kv_heads": "num_key_value_heads", "ffn_hidden_size": "intermediate_size"}
@@ -80,6 +44,11 @@ _HF_KEYS["olmoe"] = {**_HF_KEYS_OF_LLAMA_BERT_VIT, "moe.num_experts": "num_exper
 _HF_KEYS["qwen3_moe"] = {**_HF_KEYS["olmoe"], "moe.expert_ffn_hidden_size": "moe_intermediate_size"}
 _HF_KEYS["qwen2_moe"] = {**_HF_KEYS["qwen3_moe"],
                          "moe.shared_expert_ffn_hidden_size": "shared_expert_intermediate_size"}
+_HF_KEYS["deepseek_v2"] = _HF_KEYS["deepseek_v3"] = {
+    **_HF_KEYS_OF_LLAMA_BERT_VIT, "moe.num_experts": "n_routed_experts", "moe.top_k": "num_experts_per_tok",
+    "moe.expert_ffn_hidden_size": "moe_intermediate_size", "moe.shared_experts": "n_shared_experts",
+    **{f"latent_attention.{key}": key
+       for key in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")}}
 _HF_KEYS["dbrx"] = {"num_layers": "n_layers", "hidden_size": "d_model", "num_heads": "n_heads",
                     "num_kv_heads": "attn_config.kv_n_heads", "ffn_hidden_size": "ffn_config.ffn_hidden_size",
                     "max_position_embeddings": "max_seq_len", "moe.num_experts": "ffn_config.moe_num_experts",
@@ -102,10 +71,10 @@ def import_hf_config(path: str | Path, seq_length: int | None = None, flash_atte
     model_type = config.get("model_type")
     name = config.get("_name_or_path") or path.parent.name or path.stem
     where = str(path)
-    _refuse_mixture_of_experts_gbmw_cannot_read(config, where)
+    refuse_experts_gbmw_cannot_read(config, where)
 
     def need(*keys: str) -> Any:
-        return _required(config, where, model_type, *keys)
+        return required(config, where, model_type, *keys)
 
     if model_type == "gpt2":
         positions_field = "n_positions" if "n_positions" in config else "n_ctx"
@@ -126,22 +95,37 @@ def import_hf_config(path: str | Path, seq_length: int | None = None, flash_atte
             rope_theta=config.get("rope_theta", 10000.0), **_llama_biases(config, model_type, where),
             sliding_window=_sliding_window(config, model_type, where),
             qk_norm={"qwen3_moe": "head", "olmoe": "full"}.get(model_type),
-            moe=_experts(config, model_type, where) if model_type in _MOE_DECODERS else None,
+            moe=llama_style_experts(config, model_type, where) if model_type in _MOE_DECODERS else None,
         )
+    elif model_type in DEEPSEEK:
+        positions_field = "max_position_embeddings"
+        data = dict(
+            family="gpt", num_layers=need("num_hidden_layers"), hidden_size=need("hidden_size"),
+            num_heads=need("num_attention_heads"), ffn_hidden_size=need("intermediate_size"),
+            max_position_embeddings=need("max_position_embeddings"), vocab_size=need("vocab_size"),
+            gated_mlp=True, norm="rms", bias=False, position_embedding="rotary",
+            tie_embeddings=config.get("tie_word_embeddings", False), dropout=bool(config.get("attention_dropout")),
+            rope_theta=config.get("rope_theta", 10000.0), latent_attention=deepseek_latent_attention(config, where),
+            moe=deepseek_experts(config, model_type, where),
+        )
+        if config.get("num_nextn_predict_layers"):
+            notes.append(f"{where}: `num_nextn_predict_layers` {config['num_nextn_predict_layers']}: the multi-token "
+                         "prediction module is not costed (gbmw plans the main model, as its published parameter "
+                         "count does)")
     elif model_type == "dbrx":
         positions_field = "max_seq_len"
-        attn, ffn = _dbrx_section(config, "attn_config", where), _dbrx_section(config, "ffn_config", where)
+        attn, ffn = dbrx_section(config, "attn_config", where), dbrx_section(config, "ffn_config", where)
         data = dict(
             family="gpt", num_layers=need("n_layers"), hidden_size=need("d_model"), num_heads=need("n_heads"),
-            num_kv_heads=_required(attn, where, model_type, "kv_n_heads", prefix="attn_config."),
-            ffn_hidden_size=_required(ffn, where, model_type, "ffn_hidden_size", prefix="ffn_config."),
+            num_kv_heads=required(attn, where, model_type, "kv_n_heads", prefix="attn_config."),
+            ffn_hidden_size=required(ffn, where, model_type, "ffn_hidden_size", prefix="ffn_config."),
             max_position_embeddings=need("max_seq_len"), vocab_size=need("vocab_size"), gated_mlp=True,
             norm="layer", norm_bias=False, bias=False, position_embedding="rotary",
             tie_embeddings=config.get("tie_word_embeddings", False), rope_theta=attn.get("rope_theta", 10000.0),
             dropout=any(bool(value) for value in (config.get("emb_pdrop"), config.get("resid_pdrop"),
                                                    attn.get("attn_pdrop"))),
-            moe=dict(num_experts=_required(ffn, where, model_type, "moe_num_experts", prefix="ffn_config."),
-                     top_k=_required(ffn, where, model_type, "moe_top_k", prefix="ffn_config."),
+            moe=dict(num_experts=required(ffn, where, model_type, "moe_num_experts", prefix="ffn_config."),
+                     top_k=required(ffn, where, model_type, "moe_top_k", prefix="ffn_config."),
                      expert_ffn_hidden_size=ffn["ffn_hidden_size"]),
         )
     elif model_type in ("bert", "roberta"):
@@ -174,13 +158,14 @@ def import_hf_config(path: str | Path, seq_length: int | None = None, flash_atte
     else:
         raise SpecError(
             f"{where}: field `model_type`: value {shown(model_type)} — supported: gpt2, llama, mistral, qwen2, "
-            "mixtral, qwen2_moe, qwen3_moe, olmoe, dbrx, bert, roberta, t5, mt5, vit; or write a model recipe YAML "
+            "mixtral, qwen2_moe, qwen3_moe, olmoe, dbrx, deepseek_v2, deepseek_v3, bert, roberta, t5, mt5, vit; or "
+            "write a model recipe YAML "
             "(see recipes/models/)"
         )
     if isinstance(data.get("rope_theta"), int) and not isinstance(data["rope_theta"], bool):
         data["rope_theta"] = float(data["rope_theta"])
     if isinstance(data.get("moe"), dict):
-        _check_top_k(data["moe"], model_type, where)
+        check_top_k(data["moe"], _HF_KEYS[model_type], where)
     data = {key: value for key, value in data.items() if value is not None}
     if seq_length is None and positions_field:
         # T5's relative positions have no maximum; its configs' n_positions (512) is the length it was trained at.
@@ -213,122 +198,6 @@ def import_hf_config(path: str | Path, seq_length: int | None = None, flash_atte
                         else "standard attention computes every score and masks those outside the window (with "
                              "--flash-attention only the window is computed)"))
     return architecture
-
-
-def _required(config: dict[str, Any], where: str, model_type: Any, *keys: str, prefix: str = "") -> Any:
-    """The first of `keys` the config sets (not null), or an error naming the first (`prefix`: its section)."""
-    for key in keys:
-        if key in config and config[key] is not None:
-            return config[key]
-    raise SpecError(f"{where}: field `{prefix}{keys[0]}` is required for model_type {shown(model_type)}")
-
-
-def _refuse_mixture_of_experts_gbmw_cannot_read(config: dict[str, Any], where: str) -> None:
-    """One error naming the key that makes the model a mixture of experts gbmw cannot cost as the file says:
-    DeepSeek's latent attention, a mixture-of-experts model_type gbmw does not import, a mixture-of-experts key
-    gbmw does not read for this model_type, or experts under a model_type whose code builds a dense model."""
-    model_type = config.get("model_type")
-    if model_type in ("deepseek_v2", "deepseek_v3") or config.get("kv_lora_rank") is not None:
-        rank = config.get("kv_lora_rank")
-        field = "kv_lora_rank" if rank is not None else "model_type"
-        raise SpecError(
-            f"{where}: field `{field}`: value {shown(config.get(field))} — multi-head latent attention "
-            f"(DeepSeek-V2/V3, model_type {shown(model_type)}: keys and values compressed to a "
-            f"{f'rank-{rank} ' if rank is not None else ''}latent), which gbmw does not model; write a model recipe "
-            "YAML with standard attention and `moe:` for an approximate plan, or wait for latent-attention support"
-        )
-    if model_type in _MOE_TYPES:
-        raise SpecError(
-            f"{where}: field `model_type`: value {shown(model_type)} — a mixture-of-experts architecture gbmw does "
-            f"not import (it imports {', '.join(_MOE_KEYS_READ)}); write a model recipe YAML with `moe:` (see "
-            "recipes/models/mixtral-8x7b.yaml)"
-        )
-    read = _MOE_KEYS_READ.get(model_type, ())
-    for key, value in _keys_of(config):
-        if not _MOE_KEY.search(key.rsplit(".", 1)[-1]) or key in read or key in _MOE_KEYS_WITHOUT_COST:
-            continue
-        if value is None or value is False or value == 0 or value == [] \
-                or (value == 1 and key.rsplit(".", 1)[-1] in _SAYS_NO_EXPERTS):
-            continue  # says "no experts" (or "every block alike"): nothing to cost
-        if read:
-            raise SpecError(
-                f"{where}: field `{key}`: value {shown(value)} — a mixture-of-experts setting gbmw does not model "
-                f"for model_type {shown(model_type)} (it reads {', '.join(read)}); remove it if it does not change the "
-                "model, or write a model recipe YAML with `moe:`"
-            )
-        raise SpecError(
-            f"{where}: field `{key}`: value {shown(value)} — a mixture-of-experts setting under model_type "
-            f"{shown(model_type)}, whose transformers code builds a dense model; gbmw will not cost it as dense: give "
-            f"the model_type whose code routes the experts ({', '.join(_MOE_KEYS_READ)}), or write a model recipe "
-            "YAML with `moe:`"
-        )
-
-
-def _keys_of(config: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
-    """Every key of the config and of the objects nested in it, as `section.key`, in the file's order."""
-    keys = []
-    for key, value in config.items():
-        keys.append((prefix + str(key), value))
-        if isinstance(value, dict):
-            keys += _keys_of(value, f"{prefix}{key}.")
-    return keys
-
-
-def _experts(config: dict[str, Any], model_type: str, where: str) -> dict[str, Any] | None:
-    """The `moe` mapping of a LLaMA-style mixture of experts (None where no block routes to experts)."""
-    if model_type == "mixtral":
-        return dict(num_experts=_required(config, where, model_type, "num_local_experts"),
-                    top_k=_required(config, where, model_type, "num_experts_per_tok"),
-                    expert_ffn_hidden_size=_required(config, where, model_type, "intermediate_size"))
-    if model_type == "olmoe":
-        return dict(num_experts=_required(config, where, model_type, "num_experts"),
-                    top_k=_required(config, where, model_type, "num_experts_per_tok"),
-                    expert_ffn_hidden_size=_required(config, where, model_type, "intermediate_size"))
-    experts = _required(config, where, model_type, "num_experts")
-    moe = dict(num_experts=experts, top_k=_required(config, where, model_type, "num_experts_per_tok"),
-               expert_ffn_hidden_size=_required(config, where, model_type, "moe_intermediate_size"))
-    if model_type == "qwen2_moe":
-        moe.update(shared_experts=1, shared_expert_gate=True,
-                   shared_expert_ffn_hidden_size=_required(config, where, model_type,
-                                                           "shared_expert_intermediate_size"))
-    layers, step = config.get("num_hidden_layers"), config.get("decoder_sparse_step", 1)
-    dense_only = config.get("mlp_only_layers") or []
-    if not isinstance(step, int) or isinstance(step, bool) or step < 1:
-        raise SpecError(f"{where}: field `decoder_sparse_step`: value {shown(step)} — must be a whole number from 1 "
-                        "(1: every block routes to experts; k: every k-th block)")
-    if not isinstance(layers, int) or isinstance(layers, bool):
-        return moe  # the architecture's check of num_hidden_layers says what is wrong
-    if not isinstance(dense_only, list) or not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < layers
-                                                   for i in dense_only):
-        raise SpecError(f"{where}: field `mlp_only_layers`: value {shown(dense_only)} — must list block indices "
-                        f"from 0 to {layers - 1} (the blocks whose MLP stays dense)")
-    dense = [i for i in range(layers) if i in dense_only or (i + 1) % step != 0]
-    if experts == 0 or len(dense) == layers:
-        return None  # transformers builds every block dense: a dense model, costed as one
-    moe["dense_blocks"] = dense
-    return moe
-
-
-def _check_top_k(moe: dict[str, Any], model_type: str, where: str) -> None:
-    """A token goes to at most every expert: the error names the config's keys (MixtureOfExperts names its own)."""
-    keys = _HF_KEYS[model_type]
-    experts, top_k = moe["num_experts"], moe["top_k"]
-    if all(isinstance(n, int) and not isinstance(n, bool) for n in (experts, top_k)) and top_k > experts >= 1:
-        raise SpecError(f"{where}: field `{keys['moe.top_k']}`: value {top_k} — more experts per token than the "
-                        f"{experts} of `{keys['moe.num_experts']}`; give from 1 to {experts}")
-
-
-def _dbrx_section(config: dict[str, Any], section: str, where: str) -> dict[str, Any]:
-    """DBRX's `attn_config` or `ffn_config`, with only the keys transformers' DBRX takes."""
-    value = config.get(section)
-    if not isinstance(value, dict):
-        raise SpecError(f"{where}: field `{section}`: value {shown(value)} — DBRX's sizes are in an object "
-                        f"`{section}` (keys {', '.join(_DBRX_KEYS[section])})")
-    for key in value:
-        if key not in _DBRX_KEYS[section]:
-            raise SpecError(f"{where}: field `{section}.{key}`: value {shown(value[key])} — not a key of DBRX's "
-                            f"{section} (transformers refuses it too); it takes {', '.join(_DBRX_KEYS[section])}")
-    return value
 
 
 def _llama_biases(config: dict[str, Any], model_type: str, where: str) -> dict[str, bool]:

@@ -23,6 +23,7 @@ class LayerArrays:
         self.parameter_count = column("parameter_count")
         self.tp_split_parameter_count = column("tp_split_parameter_count")
         self.forward_flops_per_sample = column("forward_flops_per_sample")
+        self.tp_replicated_forward_flops_per_sample = column("tp_replicated_forward_flops_per_sample")
         self.boundary_activation_bytes_per_sample = column("boundary_activation_bytes_per_sample")
         self.intermediate_activation_bytes_per_sample = column("intermediate_activation_bytes_per_sample")
         self.intermediate_tp_split_activation_bytes_per_sample = column(
@@ -45,6 +46,7 @@ class LayerArrays:
         self.forward_flash_attention_flops_per_sample = column("forward_flash_attention_flops_per_sample")
         self.fp8_forward_flops_per_sample = column("fp8_forward_flops_per_sample")
         self.fp8_parameter_count = column("fp8_parameter_count")
+        self.fp8_tp_replicated_parameter_count = column("fp8_tp_replicated_parameter_count")
         self.fp8_forward_cast_traffic_bytes_per_sample = column("fp8_forward_cast_traffic_bytes_per_sample")
         self.fp8_backward_cast_traffic_bytes_per_sample = column("fp8_backward_cast_traffic_bytes_per_sample")
         self.forward_memory_traffic_bytes_per_sample = column("forward_memory_traffic_bytes_per_sample")
@@ -55,14 +57,16 @@ class LayerArrays:
         self.has_measured_time = np.array([layer.timings is not None for layer in layers])
         # [layer, matmul]: the layers' linear matmuls, padded with zero-sized ones
         width = max([len(layer.matmuls) for layer in layers] + [1])
-        shapes = np.zeros((len(layers), width, 4))
+        shapes = np.zeros((len(layers), width, 5))
         for row, layer in enumerate(layers):
             for index, matmul in enumerate(layer.matmuls):
                 shapes[row, index] = (matmul.rows_per_sample, matmul.out_features, matmul.in_features,
-                                      matmul.tp_split == "out")
+                                      matmul.tp_split == "out", matmul.tp_split == "none")
         self.matmul_rows_per_sample, self.matmul_out_features, self.matmul_in_features = (
             shapes[..., 0], shapes[..., 1], shapes[..., 2])
         self.matmul_splits_out = shapes[..., 3].astype(bool)
+        self.matmul_replicated = shapes[..., 4].astype(bool)
+        """Whole on every TP rank (`Matmul.tp_split` none)."""
         self.forward_time_per_sample_s = timing("forward_time_per_sample_s")
         self.has_measured_backward = np.array(
             [layer.timings is not None and layer.timings.backward_time_per_sample_s is not None for layer in layers]

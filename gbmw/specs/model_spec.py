@@ -78,9 +78,10 @@ class Matmul(Frozen):
     """Input rows per sample (tokens; 1 for a pooled classifier)."""
     out_features: int = Field(ge=1, le=MAX_WIDTH)
     in_features: int = Field(ge=1, le=MAX_WIDTH)
-    tp_split: Literal["out", "in"]
+    tp_split: Literal["out", "in", "none"]
     """Which dimension TP divides: `out` for a column-parallel (or vocabulary-parallel) linear, `in` for a
-    row-parallel one."""
+    row-parallel one, `none` for a linear whole on every TP rank (latent attention's down-projections), whose rows
+    sequence parallelism divides instead."""
 
 
 class LayerSpec(Frozen):
@@ -97,6 +98,10 @@ class LayerSpec(Frozen):
     linears, vocabulary-parallel embeddings); the rest (norms, some biases) is replicated."""
     forward_flops_per_sample: float = Field(ge=0, le=MAX_QUANTITY)
     """Floating-point operations of one forward pass for one sample."""
+    tp_replicated_forward_flops_per_sample: float = Field(default=0.0, ge=0, le=MAX_QUANTITY)
+    """The part of `forward_flops_per_sample` every TP rank computes whole — linears duplicated across the TP group
+    (latent attention's down-projections, gbmw.specs.latent_attention) — which only sequence parallelism divides (each
+    rank then runs its share of the tokens); the rest TP divides."""
     boundary_activation_bytes_per_sample: float = Field(ge=0, le=MAX_QUANTITY)
     """The layer's input, stashed for backward and sent between pipeline stages (Sec. 3.1 `bnd`).
     Replicated across the ranks of a TP group."""
@@ -137,6 +142,8 @@ class LayerSpec(Frozen):
     fp8_parameter_count: int = Field(default=0, ge=0, le=MAX_COUNT)
     """The weights of those linear layers (TP divides them; the routed experts' are `expert_parameter_count`'s, which
     EP divides too): Transformer Engine keeps an FP8 copy of each and casts it once per iteration."""
+    fp8_tp_replicated_parameter_count: int = Field(default=0, ge=0, le=MAX_COUNT)
+    """The part of `fp8_parameter_count` whole on every TP rank (latent attention's down-projections)."""
     fp8_forward_cast_traffic_bytes_per_sample: float = Field(default=0.0, ge=0, le=MAX_QUANTITY)
     """Bytes the forward pass's FP8 casts read and write for one sample (inputs of the linears no norm kernel
     quantises); TP divides it (gbmw.specs.transformer_layers)."""
@@ -226,6 +233,12 @@ class LayerSpec(Frozen):
                              f"({self.num_experts}) in a mixture-of-experts layer, and both 0 in a dense one")
         if self.num_experts == 0 and (self.expert_parameter_count or self.expert_forward_flops_per_sample):
             raise ValueError("expert parameters or FLOPs in a layer with num_experts 0; give its num_experts")
+        if self.tp_replicated_forward_flops_per_sample > self.forward_flops_per_sample:
+            raise ValueError(f"tp_replicated_forward_flops_per_sample ({self.tp_replicated_forward_flops_per_sample:g}) > "
+                             f"forward_flops_per_sample ({self.forward_flops_per_sample:g}): it is a part of them")
+        if self.fp8_tp_replicated_parameter_count > self.fp8_parameter_count:
+            raise ValueError(f"fp8_tp_replicated_parameter_count ({self.fp8_tp_replicated_parameter_count}) > "
+                             f"fp8_parameter_count ({self.fp8_parameter_count}): it is a part of them")
         if self.tp_split_parameter_count > self.parameter_count:
             raise ValueError(
                 f"tp_split_parameter_count ({self.tp_split_parameter_count}) > "

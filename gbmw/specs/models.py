@@ -62,12 +62,16 @@ def _build_gpt(arch: GPTArchitecture, d: int, fp8: bool = False) -> tuple[list[L
     """`fp8`: the blocks' linear layers are Transformer Engine's FP8 ones (precision fp8); embedding and head stay
     bf16."""
     s, h = arch.seq_length, arch.hidden_size
-    shape = BlockShape(
-        tokens=s, hidden=h, heads=arch.num_heads, head_dim=arch.attention_head_dim,
-        kv_heads=arch.num_kv_heads or arch.num_heads, ffn=arch.ffn_hidden_size or 4 * h,
-        attended_tokens=arch.attended_tokens, gated_mlp=arch.gated_mlp, bias=arch.bias, qkv_bias=arch.qkv_bias,
-        norm=arch.norm, norm_bias=arch.norm_bias, qk_norm=arch.qk_norm, fp8_linears=fp8,
-    )
+    latent = arch.latent_attention
+    latent_fields = {} if latent is None else dict(
+        head_dim=latent.qk_head_dim, q_lora_rank=latent.q_lora_rank or 0, kv_lora_rank=latent.kv_lora_rank,
+        qk_rope_head_dim=latent.qk_rope_head_dim, v_head_dim=latent.v_head_dim)
+    shape = BlockShape(**{
+        **dict(tokens=s, hidden=h, heads=arch.num_heads, head_dim=arch.attention_head_dim,
+               kv_heads=arch.num_kv_heads or arch.num_heads, ffn=arch.ffn_hidden_size or 4 * h,
+               attended_tokens=arch.attended_tokens, gated_mlp=arch.gated_mlp, bias=arch.bias, qkv_bias=arch.qkv_bias,
+               norm=arch.norm, norm_bias=arch.norm_bias, qk_norm=arch.qk_norm, fp8_linears=fp8),
+        **latent_fields})
     flash, raw_scores = arch.attention == "flash", arch.attention == "standard-with-raw-scores"
     positions = (arch.max_position_embeddings or s) if arch.position_embedding == "learned" else 0
     layers = [embedding_layer("embedding", s, h, arch.vocab_size, positions, 0, d, arch.dropout, norm=False)]
@@ -75,6 +79,7 @@ def _build_gpt(arch: GPTArchitecture, d: int, fp8: bool = False) -> tuple[list[L
     expert_shape = shape if moe is None else replace(
         shape, experts=moe.num_experts, top_k=moe.top_k, expert_ffn=moe.expert_ffn_hidden_size,
         shared_ffn=moe.shared_experts * moe.shared_ffn_hidden_size, shared_gate=moe.shared_expert_gate,
+        expert_score_bias=moe.expert_score_bias,
         capacity_factor=moe.capacity_factor, load_imbalance=moe.load_imbalance)
     layers += [block_layer(f"decoder.{i}", "decoder", expert_shape if arch.is_moe_block(i) else shape, d,
                            arch.dropout, flash, raw_scores)

@@ -31,6 +31,7 @@ def moe_mlp(shape: BlockShape, d: int, dropout: bool, sub_block_traffic: float) 
     shared_weights = h * shape.shared_ffn * up + shape.shared_ffn * h
     shared_biases = (shape.shared_ffn * up + h) if shape.bias and shape.shared_ffn else 0
     router_weights = h * shape.experts + (h if shape.shared_gate else 0)
+    score_bias = shape.experts if shape.expert_score_bias else 0  # DeepSeek-V3's per-expert routing bias
     expert_parameters = shape.experts * (expert_weights + expert_biases)
     expert_flops = 2 * copies * expert_weights
     fp8 = 1 if shape.fp8_linears else 0
@@ -47,9 +48,10 @@ def moe_mlp(shape: BlockShape, d: int, dropout: bool, sub_block_traffic: float) 
     fp8_cast_backward = cast * (copies * (shape.expert_ffn * up + h)
                                 + (s * (shape.shared_ffn * up + h) if shape.shared_ffn else 0))
     return dict(
-        params=expert_parameters + shared_weights + shared_biases + router_weights + norm_params,
+        params=expert_parameters + shared_weights + shared_biases + router_weights + score_bias + norm_params,
         tp_split=expert_parameters + shared_weights + (shared_biases - (h if shared_biases else 0)),
         flops=expert_flops + 2 * s * shared_weights + 2 * s * router_weights,
+        replicated_flops=0,
         split=expert_split + shared_split,
         replicated=(s * h * (d + d) + s * norm_statistics + s * h * mask + s * shape.experts * 4 + expert_whole
                     + shared_input),
@@ -61,6 +63,7 @@ def moe_mlp(shape: BlockShape, d: int, dropout: bool, sub_block_traffic: float) 
         flash_flops=0, core_bytes=0, core_flops=0, core_traffic=0,
         fp8_flops=fp8 * (expert_flops + 2 * s * shared_weights),
         fp8_params=fp8 * (shape.experts * expert_weights + shared_weights),
+        fp8_replicated_params=0,
         fp8_forward_cast=fp8 * fp8_cast_forward,
         fp8_backward_cast=fp8 * fp8_cast_backward,
         matmuls=(Matmul(rows_per_sample=s, out_features=shape.shared_ffn * up, in_features=h, tp_split="out"),

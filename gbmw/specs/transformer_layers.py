@@ -30,6 +30,7 @@ all-gathers of sequence-parallel inputs (the TP collectives are priced in bf16).
 from __future__ import annotations
 
 from gbmw.specs.block_shape import BlockShape, norm_parameter_count
+from gbmw.specs.latent_attention import latent_attention, latent_attention_widths
 from gbmw.specs.model_spec import LayerSpec, Matmul
 from gbmw.specs.moe_mlp import moe_mlp
 
@@ -40,7 +41,9 @@ TOKEN_ID_BYTES = 8  # int64 token ids are the input of an embedding layer
 
 def block_layer(name: str, kind: str, shape: BlockShape, dtype_bytes: int, dropout: bool, flash: bool,
                 raw_scores: bool = False) -> LayerSpec:
-    """Costs of one self-attention (+ optional cross-attention) + MLP block (Korthikanti et al. Sec. 4.1).
+    """Costs of one self-attention (+ optional cross-attention) + MLP block (Korthikanti et al. Sec. 4.1); with
+    `shape.kv_lora_rank` the self-attention is multi-head latent attention (gbmw.specs.latent_attention), with
+    `shape.experts` the MLP a mixture of experts (gbmw.specs.moe_mlp).
 
     `raw_scores`: standard attention that also stashes the raw scores QKᵀ (d bytes each) beside the softmax
     output. The paper's testbed did: its Table 2 activation sizes per sample grow per layer by gbmw's accounting
@@ -115,6 +118,7 @@ def block_layer(name: str, kind: str, shape: BlockShape, dtype_bytes: int, dropo
             params=weights + column_biases + row_bias + norm_params + qk["params"],
             tp_split=weights + column_biases + qk["tp_split"],
             flops=flops,
+            replicated_flops=0,
             split=split + qk["split"],
             replicated=replicated + qk["replicated"],
             allreduce=query_tokens * h * d,
@@ -126,6 +130,7 @@ def block_layer(name: str, kind: str, shape: BlockShape, dtype_bytes: int, dropo
             core_traffic=score_traffic,
             fp8_flops=fp8 * (flops - 4 * query_tokens * key_tokens * attention_width),
             fp8_params=fp8 * weights,
+            fp8_replicated_params=0,
             # forward: the projection's input (the QKV input is the norm's FP8 output); backward: QKV's and the
             # projection's output gradients
             fp8_forward_cast=fp8 * cast * query_tokens * attention_width,
@@ -141,7 +146,8 @@ def block_layer(name: str, kind: str, shape: BlockShape, dtype_bytes: int, dropo
             ) + (Matmul(rows_per_sample=query_tokens, out_features=h, in_features=attention_width, tp_split="in"),),
         )
 
-    self_attention = attention(s, shape.attended_tokens, s)
+    self_attention = latent_attention(shape, d, dropout, flash, raw_scores, sub_block_traffic(s)) \
+        if shape.kv_lora_rank else attention(s, shape.attended_tokens, s)
     if shape.experts:
         return _finish_block(name, kind, shape, d, [self_attention, moe_mlp(shape, d, dropout, sub_block_traffic(s))],
                              expert_mlp=True)
@@ -150,6 +156,7 @@ def block_layer(name: str, kind: str, shape: BlockShape, dtype_bytes: int, dropo
         params=mlp_weights + ((shape.ffn * up_outputs + h) if shape.bias else 0) + norm_params,
         tp_split=mlp_weights + (shape.ffn * up_outputs if shape.bias else 0),
         flops=2 * s * mlp_weights,
+        replicated_flops=0,
         # up-projection output(s), kept by the activation, and the activation's output, kept by FC2
         split=s * shape.ffn * (up_outputs * d + linear_input),
         replicated=s * h * (d + linear_input) + s * norm_statistics + s * h * mask,
@@ -162,6 +169,7 @@ def block_layer(name: str, kind: str, shape: BlockShape, dtype_bytes: int, dropo
         core_traffic=0,
         fp8_flops=fp8 * 2 * s * mlp_weights,
         fp8_params=fp8 * mlp_weights,
+        fp8_replicated_params=0,
         fp8_forward_cast=fp8 * cast * s * shape.ffn,  # FC2's input (FC1's is the norm's FP8 output)
         fp8_backward_cast=fp8 * cast * s * (shape.ffn * up_outputs + h),
         matmuls=(Matmul(rows_per_sample=s, out_features=shape.ffn * up_outputs, in_features=h, tp_split="out"),
@@ -185,12 +193,15 @@ def _finish_block(name: str, kind: str, shape: BlockShape, d: int, parts: list[d
     moe = parts[1] if expert_mlp else None
     workspace = moe["workspace"] if moe else s * shape.ffn * up_outputs * d
     largest_mlp = moe["largest_weight"] / d if moe else h * shape.ffn
+    query_width, key_value_width, largest_attention = latent_attention_widths(shape) if shape.kv_lora_rank else (
+        attention_width, 2 * kv_width, h * (attention_width + 2 * kv_width))
     return LayerSpec(
         name=name,
         kind=kind,
         parameter_count=int(total["params"] + shape.extra_params),
         tp_split_parameter_count=int(total["tp_split"]),
         forward_flops_per_sample=float(total["flops"]),
+        tp_replicated_forward_flops_per_sample=float(total["replicated_flops"]),
         matmuls=total["matmuls"],
         boundary_activation_bytes_per_sample=float(boundary),
         # The first norm's input is the boundary itself: it is counted there, not twice.
@@ -206,16 +217,17 @@ def _finish_block(name: str, kind: str, shape: BlockShape, d: int, parts: list[d
         forward_tp_split_memory_traffic_bytes_per_sample=float(total["split_traffic"]),
         fp8_forward_flops_per_sample=float(total["fp8_flops"]),
         fp8_parameter_count=int(total["fp8_params"]),
+        fp8_tp_replicated_parameter_count=int(total["fp8_replicated_params"]),
         fp8_forward_cast_traffic_bytes_per_sample=float(total["fp8_forward_cast"]),
         fp8_backward_cast_traffic_bytes_per_sample=float(total["fp8_backward_cast"]),
         # backward's working set beside the stash: the gradient of the MLP's up-projection output(s), and of its
         # largest weight matrix (an MLP projection, or the fused QKV) in the activation dtype
         backward_workspace_tp_split_bytes_per_sample=float(workspace),
-        largest_weight_gradient_tp_split_bytes=float(max(largest_mlp, h * (attention_width + 2 * kv_width)) * d),
+        largest_weight_gradient_tp_split_bytes=float(max(largest_mlp, largest_attention) * d),
         attention_heads=shape.heads,
         kv_heads=shape.kv_heads,
-        attention_query_bytes_per_sample=float(s * attention_width * d),
-        attention_key_value_bytes_per_sample=float(s * 2 * kv_width * d),
+        attention_query_bytes_per_sample=float(s * query_width * d),
+        attention_key_value_bytes_per_sample=float(s * key_value_width * d),
         **(moe["experts"] if moe else {}),
     )
 
