@@ -38,6 +38,10 @@ class BlockShape:
     shared_ffn: int = 0
     """Width of the shared experts together (count × width: they run on every token as one MLP)."""
     shared_gate: bool = False
+    router_bias: bool = False
+    """A bias per expert on the router (gbmw.specs.architectures.MixtureOfExperts.router_bias)."""
+    attention_sinks: bool = False
+    """A learned softmax logit per head (gbmw.specs.architectures.GPTArchitecture.attention_sinks)."""
     capacity_factor: float | None = None
     load_imbalance: float = 1.0
     fp8_linears: bool = False

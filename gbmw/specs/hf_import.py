@@ -1,5 +1,5 @@
 """A Hugging Face config.json (GPT-2, LLaMA/Mistral/Qwen2, BERT/RoBERTa, T5/mT5, ViT; the mixtures of experts
-Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, DBRX) read into gbmw's architecture types, from the file alone (no
+Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, GPT-OSS, DBRX) read into gbmw's architecture types, from the file alone (no
 transformers import, nothing downloaded or executed).
 
 What the file does not say is asked of the user: the training sequence length (a config states only the longest
@@ -17,7 +17,11 @@ Qwen2-MoE and Qwen3-MoE make block i an MoE block iff i is not in `mlp_only_laye
 `decoder_sparse_step` (the others keep a dense MLP of `intermediate_size`); their experts are
 `moe_intermediate_size` wide; Qwen2-MoE adds one shared expert of `shared_expert_intermediate_size` behind a
 sigmoid gate and has q/k/v biases; Qwen3-MoE norms Q and K per head (RMSNorm over `head_dim`). OLMoE routes every
-block to 8 of 64 experts of `intermediate_size` and norms the whole Q and K projections. DBRX nests its sizes in
+block to 8 of 64 experts of `intermediate_size` and norms the whole Q and K projections. GPT-OSS (transformers'
+modeling_gpt_oss.py) routes every block to `num_experts_per_tok` of `num_local_experts` gated experts of
+`intermediate_size` whose two projections have biases, scores them with a router that has a bias, has biases on
+q/k/v/o (`attention_bias`), `head_dim` 64 whatever the hidden size, a learned sink logit per head in every softmax,
+and alternates windowed and full attention by `layer_types` (each block costed with its own keys per query). DBRX nests its sizes in
 `attn_config` and `ffn_config`, fuses Wqkv, has no linear biases and LayerNorms without a shift. Keys that change
 routing's numbers but no cost are accepted (`norm_topk_prob`, `router_aux_loss_coef`, `output_router_logits`,
 router jitter, `clip_qkv`, DBRX's `moe_loss_weight` and `moe_normalize_expert_weights`). Any other
@@ -28,42 +32,15 @@ mixture-of-experts types.
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any
 
 from gbmw.errors import SpecError
 from gbmw.specs.architectures import apply_training_settings, parse_architecture
 from gbmw.specs.files import read_json, shown
+from gbmw.specs.hf_experts import (MOE_DECODERS, check_gpt_oss_keys, check_top_k, dbrx_section, experts_of,
+                                   refuse_mixture_of_experts_gbmw_cannot_read, required)
 
-_MOE_DECODERS = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe")
-"""LLaMA-style mixtures of experts read like `_LLAMA_LIKE`, plus their experts; `dbrx` is read apart."""
-_MOE_KEYS_READ = {
-    "mixtral": ("num_local_experts", "num_experts_per_tok"),
-    "qwen2_moe": ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size",
-                  "decoder_sparse_step", "mlp_only_layers"),
-    "qwen3_moe": ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "decoder_sparse_step",
-                  "mlp_only_layers"),
-    "olmoe": ("num_experts", "num_experts_per_tok"),
-    "dbrx": ("ffn_config.moe_num_experts", "ffn_config.moe_top_k", "ffn_config.moe_jitter_eps",
-             "ffn_config.moe_loss_weight", "ffn_config.moe_normalize_expert_weights"),
-}
-"""The mixture-of-experts keys gbmw reads (or knows to change no cost) for each model_type it imports experts of."""
-_MOE_KEYS_WITHOUT_COST = ("norm_topk_prob", "router_aux_loss_coef", "output_router_logits", "router_jitter_noise")
-"""Keys that change routing's numbers (renormalised top-k weights, the balancing loss, jitter) but no cost."""
-_MOE_KEY = re.compile(r"expert|moe|router|routed|capacity_factor|sparse_step|mlp_only_layers|dense_replace")
-"""What a key that configures experts looks like (`num_experts`, `moe_layer_freq`, `ffn_config.moe_num_experts`,
-`first_k_dense_replace`, ...); generation keys such as `top_k` do not."""
-_SAYS_NO_EXPERTS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts", "num_experts_per_tok",
-                    "num_experts_per_token", "moe_layer_freq", "expert_interval")
-"""Keys for which 1 means a dense model (one expert, every block alike) — as 0, false or null do for any key."""
-_MOE_TYPES = ("deepseek_v2", "deepseek_v3", "jamba", "granitemoe", "granitemoeshared", "phimoe", "qwen3_next",
-              "switch_transformers", "nllb_moe", "gpt_oss", "llama4", "glm4_moe", "ernie4_5_moe", "minimax")
-"""Mixture-of-experts model_types gbmw does not import."""
-_DBRX_KEYS = {"attn_config": ("attn_pdrop", "clip_qkv", "kv_n_heads", "rope_theta", "model_type"),
-              "ffn_config": ("ffn_act_fn", "ffn_hidden_size", "moe_num_experts", "moe_top_k", "moe_jitter_eps",
-                             "moe_loss_weight", "moe_normalize_expert_weights", "model_type")}
-"""The keys transformers' DbrxAttentionConfig / DbrxFFNConfig take (they refuse any other)."""
 _LLAMA_LIKE = ("llama", "mistral", "qwen2")
 _HF_KEYS_OF_LLAMA_BERT_VIT = {"num_layers": "num_hidden_layers", "num_heads": "num_attention_heads",
                               "num_kv_heads": "num_key_value_heads", "ffn_hidden_size": "intermediate_size"}
@@ -77,6 +54,7 @@ _HF_KEYS["mixtral"] = {**_HF_KEYS_OF_LLAMA_BERT_VIT, "moe.num_experts": "num_loc
                        "moe.top_k": "num_experts_per_tok", "moe.expert_ffn_hidden_size": "intermediate_size"}
 _HF_KEYS["olmoe"] = {**_HF_KEYS_OF_LLAMA_BERT_VIT, "moe.num_experts": "num_experts", "moe.top_k": "num_experts_per_tok",
                      "moe.expert_ffn_hidden_size": "intermediate_size"}
+_HF_KEYS["gpt_oss"] = _HF_KEYS["mixtral"]
 _HF_KEYS["qwen3_moe"] = {**_HF_KEYS["olmoe"], "moe.expert_ffn_hidden_size": "moe_intermediate_size"}
 _HF_KEYS["qwen2_moe"] = {**_HF_KEYS["qwen3_moe"],
                          "moe.shared_expert_ffn_hidden_size": "shared_expert_intermediate_size"}
@@ -102,10 +80,12 @@ def import_hf_config(path: str | Path, seq_length: int | None = None, flash_atte
     model_type = config.get("model_type")
     name = config.get("_name_or_path") or path.parent.name or path.stem
     where = str(path)
-    _refuse_mixture_of_experts_gbmw_cannot_read(config, where)
+    refuse_mixture_of_experts_gbmw_cannot_read(config, where)
+    if model_type == "gpt_oss":
+        check_gpt_oss_keys(config, where)
 
     def need(*keys: str) -> Any:
-        return _required(config, where, model_type, *keys)
+        return required(config, where, model_type, *keys)
 
     if model_type == "gpt2":
         positions_field = "n_positions" if "n_positions" in config else "n_ctx"
@@ -114,7 +94,7 @@ def import_hf_config(path: str | Path, seq_length: int | None = None, flash_atte
             ffn_hidden_size=config.get("n_inner"), max_position_embeddings=need("n_positions", "n_ctx"),
             vocab_size=need("vocab_size"), tie_embeddings=config.get("tie_word_embeddings", True),
         )
-    elif model_type in _LLAMA_LIKE or model_type in _MOE_DECODERS:
+    elif model_type in _LLAMA_LIKE or model_type in MOE_DECODERS:
         positions_field = "max_position_embeddings"
         data = dict(
             family="gpt", num_layers=need("num_hidden_layers"), hidden_size=need("hidden_size"),
@@ -124,24 +104,25 @@ def import_hf_config(path: str | Path, seq_length: int | None = None, flash_atte
             gated_mlp=True, norm="rms", position_embedding="rotary",
             tie_embeddings=config.get("tie_word_embeddings", False), dropout=False,
             rope_theta=config.get("rope_theta", 10000.0), **_llama_biases(config, model_type, where),
-            sliding_window=_sliding_window(config, model_type, where),
+            **_windows(config, model_type, where),
             qk_norm={"qwen3_moe": "head", "olmoe": "full"}.get(model_type),
-            moe=_experts(config, model_type, where) if model_type in _MOE_DECODERS else None,
+            attention_sinks=model_type == "gpt_oss" or None,
+            moe=experts_of(config, model_type, where) if model_type in MOE_DECODERS else None,
         )
     elif model_type == "dbrx":
         positions_field = "max_seq_len"
-        attn, ffn = _dbrx_section(config, "attn_config", where), _dbrx_section(config, "ffn_config", where)
+        attn, ffn = dbrx_section(config, "attn_config", where), dbrx_section(config, "ffn_config", where)
         data = dict(
             family="gpt", num_layers=need("n_layers"), hidden_size=need("d_model"), num_heads=need("n_heads"),
-            num_kv_heads=_required(attn, where, model_type, "kv_n_heads", prefix="attn_config."),
-            ffn_hidden_size=_required(ffn, where, model_type, "ffn_hidden_size", prefix="ffn_config."),
+            num_kv_heads=required(attn, where, model_type, "kv_n_heads", prefix="attn_config."),
+            ffn_hidden_size=required(ffn, where, model_type, "ffn_hidden_size", prefix="ffn_config."),
             max_position_embeddings=need("max_seq_len"), vocab_size=need("vocab_size"), gated_mlp=True,
             norm="layer", norm_bias=False, bias=False, position_embedding="rotary",
             tie_embeddings=config.get("tie_word_embeddings", False), rope_theta=attn.get("rope_theta", 10000.0),
             dropout=any(bool(value) for value in (config.get("emb_pdrop"), config.get("resid_pdrop"),
                                                    attn.get("attn_pdrop"))),
-            moe=dict(num_experts=_required(ffn, where, model_type, "moe_num_experts", prefix="ffn_config."),
-                     top_k=_required(ffn, where, model_type, "moe_top_k", prefix="ffn_config."),
+            moe=dict(num_experts=required(ffn, where, model_type, "moe_num_experts", prefix="ffn_config."),
+                     top_k=required(ffn, where, model_type, "moe_top_k", prefix="ffn_config."),
                      expert_ffn_hidden_size=ffn["ffn_hidden_size"]),
         )
     elif model_type in ("bert", "roberta"):
@@ -174,13 +155,13 @@ def import_hf_config(path: str | Path, seq_length: int | None = None, flash_atte
     else:
         raise SpecError(
             f"{where}: field `model_type`: value {shown(model_type)} — supported: gpt2, llama, mistral, qwen2, "
-            "mixtral, qwen2_moe, qwen3_moe, olmoe, dbrx, bert, roberta, t5, mt5, vit; or write a model recipe YAML "
+            "mixtral, qwen2_moe, qwen3_moe, olmoe, gpt_oss, dbrx, bert, roberta, t5, mt5, vit; or write a model recipe YAML "
             "(see recipes/models/)"
         )
     if isinstance(data.get("rope_theta"), int) and not isinstance(data["rope_theta"], bool):
         data["rope_theta"] = float(data["rope_theta"])
     if isinstance(data.get("moe"), dict):
-        _check_top_k(data["moe"], model_type, where)
+        check_top_k(data["moe"], _HF_KEYS[model_type], where)
     data = {key: value for key, value in data.items() if value is not None}
     if seq_length is None and positions_field:
         # T5's relative positions have no maximum; its configs' n_positions (512) is the length it was trained at.
@@ -215,128 +196,18 @@ def import_hf_config(path: str | Path, seq_length: int | None = None, flash_atte
     return architecture
 
 
-def _required(config: dict[str, Any], where: str, model_type: Any, *keys: str, prefix: str = "") -> Any:
-    """The first of `keys` the config sets (not null), or an error naming the first (`prefix`: its section)."""
-    for key in keys:
-        if key in config and config[key] is not None:
-            return config[key]
-    raise SpecError(f"{where}: field `{prefix}{keys[0]}` is required for model_type {shown(model_type)}")
-
-
-def _refuse_mixture_of_experts_gbmw_cannot_read(config: dict[str, Any], where: str) -> None:
-    """One error naming the key that makes the model a mixture of experts gbmw cannot cost as the file says:
-    DeepSeek's latent attention, a mixture-of-experts model_type gbmw does not import, a mixture-of-experts key
-    gbmw does not read for this model_type, or experts under a model_type whose code builds a dense model."""
-    model_type = config.get("model_type")
-    if model_type in ("deepseek_v2", "deepseek_v3") or config.get("kv_lora_rank") is not None:
-        rank = config.get("kv_lora_rank")
-        field = "kv_lora_rank" if rank is not None else "model_type"
-        raise SpecError(
-            f"{where}: field `{field}`: value {shown(config.get(field))} — multi-head latent attention "
-            f"(DeepSeek-V2/V3, model_type {shown(model_type)}: keys and values compressed to a "
-            f"{f'rank-{rank} ' if rank is not None else ''}latent), which gbmw does not model; write a model recipe "
-            "YAML with standard attention and `moe:` for an approximate plan, or wait for latent-attention support"
-        )
-    if model_type in _MOE_TYPES:
-        raise SpecError(
-            f"{where}: field `model_type`: value {shown(model_type)} — a mixture-of-experts architecture gbmw does "
-            f"not import (it imports {', '.join(_MOE_KEYS_READ)}); write a model recipe YAML with `moe:` (see "
-            "recipes/models/mixtral-8x7b.yaml)"
-        )
-    read = _MOE_KEYS_READ.get(model_type, ())
-    for key, value in _keys_of(config):
-        if not _MOE_KEY.search(key.rsplit(".", 1)[-1]) or key in read or key in _MOE_KEYS_WITHOUT_COST:
-            continue
-        if value is None or value is False or value == 0 or value == [] \
-                or (value == 1 and key.rsplit(".", 1)[-1] in _SAYS_NO_EXPERTS):
-            continue  # says "no experts" (or "every block alike"): nothing to cost
-        if read:
-            raise SpecError(
-                f"{where}: field `{key}`: value {shown(value)} — a mixture-of-experts setting gbmw does not model "
-                f"for model_type {shown(model_type)} (it reads {', '.join(read)}); remove it if it does not change the "
-                "model, or write a model recipe YAML with `moe:`"
-            )
-        raise SpecError(
-            f"{where}: field `{key}`: value {shown(value)} — a mixture-of-experts setting under model_type "
-            f"{shown(model_type)}, whose transformers code builds a dense model; gbmw will not cost it as dense: give "
-            f"the model_type whose code routes the experts ({', '.join(_MOE_KEYS_READ)}), or write a model recipe "
-            "YAML with `moe:`"
-        )
-
-
-def _keys_of(config: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
-    """Every key of the config and of the objects nested in it, as `section.key`, in the file's order."""
-    keys = []
-    for key, value in config.items():
-        keys.append((prefix + str(key), value))
-        if isinstance(value, dict):
-            keys += _keys_of(value, f"{prefix}{key}.")
-    return keys
-
-
-def _experts(config: dict[str, Any], model_type: str, where: str) -> dict[str, Any] | None:
-    """The `moe` mapping of a LLaMA-style mixture of experts (None where no block routes to experts)."""
-    if model_type == "mixtral":
-        return dict(num_experts=_required(config, where, model_type, "num_local_experts"),
-                    top_k=_required(config, where, model_type, "num_experts_per_tok"),
-                    expert_ffn_hidden_size=_required(config, where, model_type, "intermediate_size"))
-    if model_type == "olmoe":
-        return dict(num_experts=_required(config, where, model_type, "num_experts"),
-                    top_k=_required(config, where, model_type, "num_experts_per_tok"),
-                    expert_ffn_hidden_size=_required(config, where, model_type, "intermediate_size"))
-    experts = _required(config, where, model_type, "num_experts")
-    moe = dict(num_experts=experts, top_k=_required(config, where, model_type, "num_experts_per_tok"),
-               expert_ffn_hidden_size=_required(config, where, model_type, "moe_intermediate_size"))
-    if model_type == "qwen2_moe":
-        moe.update(shared_experts=1, shared_expert_gate=True,
-                   shared_expert_ffn_hidden_size=_required(config, where, model_type,
-                                                           "shared_expert_intermediate_size"))
-    layers, step = config.get("num_hidden_layers"), config.get("decoder_sparse_step", 1)
-    dense_only = config.get("mlp_only_layers") or []
-    if not isinstance(step, int) or isinstance(step, bool) or step < 1:
-        raise SpecError(f"{where}: field `decoder_sparse_step`: value {shown(step)} — must be a whole number from 1 "
-                        "(1: every block routes to experts; k: every k-th block)")
-    if not isinstance(layers, int) or isinstance(layers, bool):
-        return moe  # the architecture's check of num_hidden_layers says what is wrong
-    if not isinstance(dense_only, list) or not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < layers
-                                                   for i in dense_only):
-        raise SpecError(f"{where}: field `mlp_only_layers`: value {shown(dense_only)} — must list block indices "
-                        f"from 0 to {layers - 1} (the blocks whose MLP stays dense)")
-    dense = [i for i in range(layers) if i in dense_only or (i + 1) % step != 0]
-    if experts == 0 or len(dense) == layers:
-        return None  # transformers builds every block dense: a dense model, costed as one
-    moe["dense_blocks"] = dense
-    return moe
-
-
-def _check_top_k(moe: dict[str, Any], model_type: str, where: str) -> None:
-    """A token goes to at most every expert: the error names the config's keys (MixtureOfExperts names its own)."""
-    keys = _HF_KEYS[model_type]
-    experts, top_k = moe["num_experts"], moe["top_k"]
-    if all(isinstance(n, int) and not isinstance(n, bool) for n in (experts, top_k)) and top_k > experts >= 1:
-        raise SpecError(f"{where}: field `{keys['moe.top_k']}`: value {top_k} — more experts per token than the "
-                        f"{experts} of `{keys['moe.num_experts']}`; give from 1 to {experts}")
-
-
-def _dbrx_section(config: dict[str, Any], section: str, where: str) -> dict[str, Any]:
-    """DBRX's `attn_config` or `ffn_config`, with only the keys transformers' DBRX takes."""
-    value = config.get(section)
-    if not isinstance(value, dict):
-        raise SpecError(f"{where}: field `{section}`: value {shown(value)} — DBRX's sizes are in an object "
-                        f"`{section}` (keys {', '.join(_DBRX_KEYS[section])})")
-    for key in value:
-        if key not in _DBRX_KEYS[section]:
-            raise SpecError(f"{where}: field `{section}.{key}`: value {shown(value[key])} — not a key of DBRX's "
-                            f"{section} (transformers refuses it too); it takes {', '.join(_DBRX_KEYS[section])}")
-    return value
-
-
 def _llama_biases(config: dict[str, Any], model_type: str, where: str) -> dict[str, bool]:
     """`bias` (every linear layer) and `qkv_bias` of a LLaMA-style model, as its modeling code builds them."""
     if model_type in ("qwen2", "qwen2_moe"):
         return {"bias": False, "qkv_bias": True}
     if model_type in ("mistral", "mixtral"):
         return {"bias": False}
+    if model_type == "gpt_oss":
+        if config.get("attention_bias", False) is not True:
+            raise SpecError(f"{where}: field `attention_bias`: value {shown(config.get('attention_bias'))} — GPT-OSS's "
+                            "experts always have biases, and gbmw models biases on every linear layer or on none; "
+                            "give true (as the published GPT-OSS configs do)")
+        return {"bias": True}
     attention, mlp = config.get("attention_bias", False), config.get("mlp_bias", False)
     for field, value in (("attention_bias", attention), ("mlp_bias", mlp)):
         if not isinstance(value, bool):
@@ -354,27 +225,29 @@ _QWEN = ("qwen2", "qwen2_moe", "qwen3_moe")
 """Qwen windows attention only with `use_sliding_window`, from block `max_window_layers` on."""
 
 
-def _sliding_window(config: dict[str, Any], model_type: str, where: str) -> int | None:
-    """The attention window of every block, or None where no block has one. Qwen2 windows only with
-    `use_sliding_window`, and then only the blocks from `max_window_layers` on; a config's `layer_types` names each
-    block's attention. A model whose blocks differ is refused: gbmw gives every block the same attention."""
+def _windows(config: dict[str, Any], model_type: str, where: str) -> dict[str, Any]:
+    """`sliding_window` and `full_attention_blocks`: the window, and the blocks that attend to the whole sequence
+    beside it. Qwen2 windows only with `use_sliding_window`, and then only the blocks from `max_window_layers` on; a
+    config's `layer_types` names each block's attention (GPT-OSS: `sliding_attention`, `full_attention`)."""
     window = config.get("sliding_window")
     if not isinstance(window, int) or isinstance(window, bool) or window <= 0:
-        return None
+        return {}
     if model_type in _QWEN and not config.get("use_sliding_window", False):
-        return None
+        return {}
     layers = config.get("num_hidden_layers")
+    if not isinstance(layers, int) or isinstance(layers, bool):
+        return {"sliding_window": window}  # the architecture's check of num_hidden_layers says what is wrong
     types = config.get("layer_types")
-    if isinstance(types, list):
-        windowed = sum(kind == "sliding_attention" for kind in types)
-    elif model_type in _QWEN and isinstance(layers, int):
-        windowed = max(0, layers - int(config.get("max_window_layers", 28)))
+    if types is not None:
+        kinds = ("sliding_attention", "full_attention")
+        if not isinstance(types, list) or len(types) != layers or any(kind not in kinds for kind in types):
+            raise SpecError(f"{where}: field `layer_types`: value {shown(types)} — must list one of "
+                            f"{', '.join(kinds)} for each of the {layers} blocks")
+        full = [i for i, kind in enumerate(types) if kind == "full_attention"]
+    elif model_type in _QWEN:
+        full = list(range(min(layers, int(config.get("max_window_layers", 28)))))
     else:
-        windowed = layers
-    if windowed == 0:
-        return None
-    if windowed != layers:
-        raise SpecError(f"{where}: field `sliding_window`: value {window} — {windowed} of {layers} blocks attend "
-                        "through the window and the others to the whole sequence; gbmw gives every block the same "
-                        "attention, so this model cannot be costed as it is")
-    return window
+        full = []
+    if len(full) == layers:
+        return {}
+    return {"sliding_window": window, "full_attention_blocks": full}
