@@ -125,3 +125,18 @@ def test_megatron_and_the_runtime_refuse_what_they_do_not_run(tmp_path):
     job.write_text(job.read_text().replace("seq_length: 128", "seq_length: 4096"))
     with pytest.raises(GbmwError, match=r"sliding-window attention \(128 tokens\) at a sequence of 4096"):
         gpt_architecture(load_job(job))
+
+
+@pytest.mark.parametrize("changes, expected", [
+    ({"sliding_window": 128, "full_attention_blocks": [1, 4]},
+     "full_attention_blocks [1, 4] names a block past the last of 4 (blocks count from 0)"),
+    ({"full_attention_blocks": [1]}, "full_attention_blocks [1] without a sliding_window"),
+])
+def test_a_model_recipe_with_bad_full_attention_blocks_is_one_line(changes, expected):
+    from gbmw.specs.architectures import parse_architecture
+
+    recipe = dict(family="gpt", name="tiny", num_layers=4, hidden_size=64, num_heads=4, seq_length=256,
+                  vocab_size=100, **changes)
+    with pytest.raises(SpecError) as raised:
+        parse_architecture(recipe, "tiny.yaml")
+    assert expected in str(raised.value) and "\n" not in str(raised.value)

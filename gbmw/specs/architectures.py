@@ -201,12 +201,6 @@ class BERTArchitecture(_Architecture):
 
     @model_validator(mode="after")
     def _positions_cover_the_sequence(self) -> "BERTArchitecture":
-        if any(index >= self.num_layers for index in self.full_attention_blocks):
-            raise ValueError(f"full_attention_blocks {list(self.full_attention_blocks)} names a block past the last "
-                             f"of {self.num_layers} (blocks count from 0)")
-        if self.full_attention_blocks and self.sliding_window is None:
-            raise ValueError(f"full_attention_blocks {list(self.full_attention_blocks)} without a sliding_window: "
-                             "every block attends to the whole sequence already; set sliding_window or drop them")
         if self.max_position_embeddings is not None and self.seq_length > self.max_position_embeddings:
             raise ValueError(f"seq_length {self.seq_length} exceeds max_position_embeddings "
                              f"{self.max_position_embeddings}: the position table has no row for the later tokens")
