@@ -24,8 +24,8 @@ or an unstated network, or numbers the collector could not verify in a primary s
 Mixture-of-experts runs (issue 26) are in benchmarks/published_moe_runs.yaml and get a table of their own below the
 dense one, against the same targets; the dense table and its summary are those of the dense runs alone. An MoE run
 is costed with its published expert-parallel degree (`--uniform ep=N`) on the framework's nearest gbmw target; each
-one that cannot be costed names every reason (FP8, multi-head latent attention, alternating sliding-window
-attention, context parallelism, a device without a bundled recipe, an unstated field…). A field its results table
+one that cannot be costed names every reason (FP8, multi-head latent attention, context parallelism, a device without
+a bundled recipe, an unstated field…); GPT-OSS is costed with its windowed and full blocks, sinks and biases. A field its results table
 omits is taken from the benchmark recipe committed with that row only where the data file quotes the recipe
 (`assumed_from_recipe`), and the table prints it as an assumption. The exit status is 0 when both tables meet
 the targets.
@@ -43,6 +43,7 @@ from pathlib import Path
 
 import yaml
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from gbmw.cost.estimate import estimate_plan
@@ -136,7 +137,7 @@ def with_recipe_fields(run: dict) -> tuple[dict, list[str]]:
         part = "model" if field in filled["model"] else "parallelism"
         if filled[part].get(field) is None:
             filled[part][field] = entry["value"]
-            lines.append(f"{field}={entry['value']}")
+            lines.append(f"{field}={entry['value']}" + (f" ({entry['costed_as']})" if entry.get("costed_as") else ""))
     where = next(iter(taken.values()))["recipe"]
     return filled, [f"from the recipe {where}: {', '.join(lines)}"] if lines else []
 
@@ -315,20 +316,14 @@ def _dense_blocks(run: dict) -> tuple[int, ...] | None:
     return tuple(range(int(first.group(1)))) if first else None
 
 
-def _recompute(run: dict) -> tuple[str | None, str | None]:
-    """(recompute, assumption): as published, else from the recipe the data file quotes, else (None, None)."""
-    if run["parallelism"].get("recompute") is not None:
-        return run["parallelism"]["recompute"], None
-    recipe = (run.get("assumed_from_recipe") or {}).get("recompute")
-    if recipe and recipe.get("quote") and recipe.get("recipe"):
-        where, _, commit = recipe["recipe"].partition(" @ ")
-        return recipe["value"], (f"ckpt={recipe['value']} from the row's recipe {where.rsplit('/', 1)[-1]} @ {commit[:9]} "
-                                 f"({recipe['quote'].split()[-2]} {recipe['quote'].split()[-1]})")
-    return None, None
+def _gpt_oss(run: dict) -> bool:
+    """Whether the run trains GPT-OSS (its architecture read from Megatron-Bridge's GPTOSSProvider, as the notes say)."""
+    return "gpt_oss_provider.py" in " ".join(run.get("notes") or [])
 
 
 def why_moe_run_not_costable(run: dict) -> list[str]:
-    """Every reason an MoE run cannot be costed as published (empty: it can)."""
+    """Every reason an MoE run cannot be costed as published (empty: it can), with the fields its recipe gives."""
+    run, _ = with_recipe_fields(run)
     parallelism, cluster, model, moe = run["parallelism"], run["cluster"], run["model"], run["model"]["moe"]
     precision = str(run.get("precision") or "").lower()
     notes = " ".join(run.get("notes") or []).lower()
@@ -345,8 +340,6 @@ def why_moe_run_not_costable(run: dict) -> list[str]:
         reasons.append(f"precision not stated ({run.get('precision')!r})")
     if "mla" in str(model.get("architecture")).lower():
         reasons.append("multi-head latent attention (DeepSeek MLA) not modelled")
-    if re.search(r"sliding[ -]window", notes):
-        reasons.append("alternating sliding-window / full attention with attention sinks (GPT-OSS) not modelled")
     if not isinstance(moe.get("capacity_factor"), (int, float, type(None))):
         reasons.append(f"capacity factor {moe['capacity_factor']!r}: token dropping at an unstated capacity")
     if _dense_blocks(run) is None:
@@ -355,10 +348,8 @@ def why_moe_run_not_costable(run: dict) -> list[str]:
         reasons.append("device not stated")
     elif _device_recipe(cluster) is None:
         reasons.append(f"device {cluster['gpu']!r} has no bundled recipe")
-    missing = [key for key in ("tensor", "pipeline", "data", "expert", "micro_batch", "global_batch")
+    missing = [key for key in ("tensor", "pipeline", "data", "expert", "micro_batch", "global_batch", "recompute")
                if parallelism.get(key) is None]
-    if _recompute(run)[0] is None:
-        missing.append("recompute")
     missing += [key for key in ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "vocab_size")
                 if model.get(key) is None]
     if missing:
@@ -382,7 +373,10 @@ def why_moe_run_not_costable(run: dict) -> list[str]:
 def build_moe_job(run: dict, cluster: ClusterSpec, assumptions: list[str]) -> JobSpec:
     """The model as its provider defines it: grouped-query attention with its head width, a SwiGLU MLP (Mixtral,
     Qwen3-MoE, DeepSeek, GPT-OSS alike), RMSNorm, rotary positions, no biases, untied embeddings, flash attention
-    (Transformer Engine's fused attention in every framework here), no dropout, and the routed experts."""
+    (Transformer Engine's fused attention in every framework here), no dropout, and the routed experts. GPT-OSS
+    (Megatron-Bridge's GPTOSSProvider, transformers' modeling_gpt_oss.py) adds biases on every linear and on the
+    router, a learned softmax sink per head, and a 128-token window in every even block (the odd ones attend to the
+    whole sequence)."""
     model, moe = run["model"], run["model"]["moe"]
     notes = " ".join(run.get("notes") or []).lower()
     if "balance" in notes:
@@ -395,13 +389,15 @@ def build_moe_job(run: dict, cluster: ClusterSpec, assumptions: list[str]) -> Jo
         num_experts=moe["num_experts"], top_k=moe["top_k"], expert_ffn_hidden_size=moe["expert_ffn_hidden_size"],
         shared_experts=moe.get("shared_experts") or 0,
         shared_expert_ffn_hidden_size=moe.get("shared_expert_ffn_hidden_size"),
-        dense_blocks=_dense_blocks(run), capacity_factor=moe.get("capacity_factor"))
+        dense_blocks=_dense_blocks(run), capacity_factor=moe.get("capacity_factor"), router_bias=_gpt_oss(run))
+    gpt_oss = dict(bias=True, attention_sinks=True, sliding_window=128,
+                   full_attention_blocks=tuple(range(1, model["num_layers"], 2))) if _gpt_oss(run) else {}
     architecture = GPTArchitecture(
         name=run["name"], family="gpt", num_layers=model["num_layers"], hidden_size=model["hidden_size"],
         num_heads=model["num_attention_heads"], num_kv_heads=model.get("num_kv_heads"), head_dim=model.get("head_dim"),
         ffn_hidden_size=model.get("ffn_hidden_size"), seq_length=model["seq_length"], vocab_size=model["vocab_size"],
-        gated_mlp=True, bias=False, norm="rms", position_embedding="rotary", tie_embeddings=False, dropout=False,
-        attention="flash", moe=experts)
+        gated_mlp=True, norm="rms", position_embedding="rotary", tie_embeddings=False, dropout=False,
+        attention="flash", moe=experts, **{"bias": False, **gpt_oss})
     precision = "fp8" if "fp8" in str(run.get("precision")).lower() else "bf16"
     spec = build_model(architecture, precision)
     return JobSpec(name=run["name"], model=spec, cluster=cluster, precision=precision,
@@ -419,14 +415,13 @@ def moe_measured_iteration_s(run: dict) -> tuple[float, str]:
 
 
 def cost_moe(run: dict) -> MoECosted:
-    parallelism, assumptions = run["parallelism"], []
+    run, assumptions = with_recipe_fields(run)
+    parallelism = run["parallelism"]
     cluster = build_cluster(run, assumptions)
     job = build_moe_job(run, cluster, assumptions)
     target = _moe_target(run)
     tp, ep = parallelism["tensor"], parallelism["expert"]
-    recompute, recipe_assumption = _recompute(run)
-    if recipe_assumption:
-        assumptions.append(recipe_assumption)
+    recompute = parallelism["recompute"]
     if target == "runtime":
         zero = 3  # FSDP2: every parameter sharded over the data-parallel (FSDP) group
     else:
@@ -569,7 +564,7 @@ def print_moe_table(console: Console) -> tuple[list[MoECosted], bool]:
     for row in costed:
         table.add_row(row.name, row.source, row.config, f"{row.measured_s:.3f}", row.measured_from,
                       f"{row.predicted_s:.3f}", f"{row.error:+.1%}", f"{row.peak_memory_gib:.1f}",
-                      "; ".join(row.assumptions))
+                      escape("; ".join(row.assumptions)))
     console.print(table)
     line, met = _summary(costed, "MoE ")
     sources = len({row.source for row in costed})
@@ -578,7 +573,7 @@ def print_moe_table(console: Console) -> tuple[list[MoECosted], bool]:
                   f"≥ 2 sources: {len(costed)} from {sources} ({'met' if enough else 'not met'})")
     console.print(f"MoE runs not costed ({len(skipped)}):")
     for name, reason in skipped:
-        console.print(f"  {name}: {reason}")
+        console.print(f"  {name}: {escape(reason)}")
     return costed, met and enough
 
 

@@ -17,7 +17,9 @@ def test_every_bundled_job_is_runnable_or_refused_with_its_reason(job_name):
     job = load_job(job_name)
     family = job.model.architecture.family
     refusal = runtime_refusal(job.model.architecture, job.precision)
-    if family in ("gpt", "bert") and job.precision in ("fp32", "bf16"):
+    if getattr(job.model.architecture, "latent_attention", None) is not None:
+        assert "`latent_attention` (multi-head latent attention, DeepSeek-V2/V3)" in refusal
+    elif family in ("gpt", "bert") and job.precision in ("fp32", "bf16"):
         assert refusal is None  # LLaMA-style decoders included (llama-7b, llama-tiny)
     elif family not in ("gpt", "bert"):
         assert f"`family: {family}` is planned but not trained by gbmw's runtime" in refusal

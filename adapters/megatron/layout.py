@@ -42,6 +42,10 @@ def gpt_architecture(job: JobSpec) -> GPTArchitecture:
         raise GbmwError(f"model {job.model.name}: sliding-window attention ({window} tokens) at a sequence of "
                         f"{architecture.seq_length}: gbmw's Megatron arguments set no window, so Megatron would train "
                         f"full attention; train at most {window} tokens (--seq-length) or use --target runtime")
+    if architecture.attention_sinks:
+        raise GbmwError(f"model {job.model.name}: attention sinks (a learned softmax logit per head, GPT-OSS): gbmw's "
+                        "Megatron arguments do not set megatron-core's --softmax-type learnable yet, so Megatron would "
+                        "train without them; use the model's own training code")
     blocks = sum(layer.is_block for layer in job.model.layers)
     if architecture.num_layers != blocks:
         raise GbmwError(

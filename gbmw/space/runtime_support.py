@@ -46,6 +46,13 @@ def runtime_refusal(architecture: Any, precision: str | None = None) -> str | No
         return (f"{where}: `latent_attention` (multi-head latent attention, DeepSeek-V2/V3): gbmw's runtime builds "
                 "standard and grouped-query attention only; plan it for --target megatron-core "
                 "(--multi-latent-attention) and run it there")
+    if getattr(architecture, "attention_sinks", False):
+        return (f"{where}: `attention_sinks: true` (a learned softmax logit per head, GPT-OSS): gbmw's runtime's "
+                "attention has no sinks; plan it for --target megatron-core and run it with GPT-OSS's own code")
+    moe = getattr(architecture, "moe", None)
+    if moe is not None and moe.router_bias:
+        return (f"{where}: `moe.router_bias: true`: gbmw's runtime's router has no bias; plan it for --target "
+                "megatron-core (its router has one with --add-bias-linear) and run it there")
     if getattr(architecture, "qk_norm", "none") != "none":
         return (f"{where}: `qk_norm: {architecture.qk_norm}` (norms on the queries and keys): gbmw's runtime builds no "
                 "q/k norms yet; plan it for --target megatron-core (--qk-layernorm, for per-head norms) and run it there")

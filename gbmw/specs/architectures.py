@@ -70,6 +70,9 @@ class MixtureOfExperts(Frozen):
     capacity_factor: float | None = Field(default=None, gt=0, le=64)
     """Each expert takes at most capacity_factor × (tokens × top_k / experts) tokens per micro-batch, padded to
     exactly that many (token dropping, GShard); None: dropless (every routed token is computed)."""
+    router_bias: bool = False
+    """A learned bias per expert on the router's logits (GPT-OSS: `nn.Linear(hidden, experts, bias=True)`;
+    megatron-core's router has one wherever `add_bias_linear` is set)."""
     load_imbalance: float = Field(default=1.0, ge=1.0, le=64)
     """An ASSUMPTION, not a fact of the model: with dropless routing and expert parallelism, the routed tokens the
     busiest rank of an EP group receives over the mean. 1.0 assumes perfectly balanced routing (what an auxiliary
@@ -159,6 +162,14 @@ class GPTArchitecture(_Architecture):
     """Each query attends to at most this many keys (Mistral-7B v0.1: 4096); None: the whole causal prefix.
     Only flash attention skips the keys outside the window; standard attention computes the whole score matrix
     and masks it, so the window changes costs only with `attention: flash` and a sequence longer than it."""
+    full_attention_blocks: Items[Annotated[int, Field(ge=0, le=MAX_LAYERS)]] = Field(default=(),
+                                                                                      max_length=MAX_LAYERS)
+    """Indices (from 0) of the blocks that attend to the whole causal prefix although `sliding_window` is set (a
+    config.json's `layer_types`: GPT-OSS alternates windowed and full blocks, the odd ones full)."""
+    attention_sinks: bool = False
+    """A learned logit per head joins every row's softmax (GPT-OSS's `sinks`; megatron-core's `softmax_type:
+    learnable`): one parameter per head and block, split with the heads under TP; its FLOPs (one more term per
+    row of scores) are not counted."""
     tie_embeddings: bool = True
     moe: MixtureOfExperts | None = None
     """Routed experts in the MLPs (a mixture-of-experts decoder); None: every block's MLP is dense."""
@@ -180,10 +191,14 @@ class GPTArchitecture(_Architecture):
         """The width of one attention head."""
         return self.head_dim or self.hidden_size // self.num_heads
 
-    @property
-    def attended_tokens(self) -> int:
-        """Keys per query whose scores are computed (gbmw.specs.block_shape.BlockShape.attended_tokens)."""
-        if self.attention == "flash" and self.sliding_window is not None:
+    def is_windowed_block(self, index: int) -> bool:
+        """Whether block `index` (from 0) attends through `sliding_window`."""
+        return self.sliding_window is not None and index not in self.full_attention_blocks
+
+    def attended_tokens(self, index: int) -> int:
+        """Keys per query whose scores block `index` computes (gbmw.specs.block_shape.BlockShape.attended_tokens):
+        the window where the block has one and flash attention skips the keys outside it, else the sequence."""
+        if self.attention == "flash" and self.is_windowed_block(index):
             return min(self.seq_length, self.sliding_window)
         return self.seq_length
 
@@ -197,6 +212,12 @@ class GPTArchitecture(_Architecture):
         if self.moe is not None and any(index >= self.num_layers for index in self.moe.dense_blocks):
             raise ValueError(f"moe.dense_blocks {list(self.moe.dense_blocks)} names a block past the last of "
                              f"{self.num_layers} (blocks count from 0)")
+        if any(index >= self.num_layers for index in self.full_attention_blocks):
+            raise ValueError(f"full_attention_blocks {list(self.full_attention_blocks)} names a block past the last "
+                             f"of {self.num_layers} (blocks count from 0)")
+        if self.full_attention_blocks and self.sliding_window is None:
+            raise ValueError(f"full_attention_blocks {list(self.full_attention_blocks)} without a sliding_window: "
+                             "every block attends to the whole sequence already; set sliding_window or drop them")
         if self.max_position_embeddings is not None and self.seq_length > self.max_position_embeddings:
             raise ValueError(f"seq_length {self.seq_length} exceeds max_position_embeddings "
                              f"{self.max_position_embeddings}: the model takes at most "

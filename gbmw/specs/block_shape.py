@@ -40,6 +40,10 @@ class BlockShape:
     shared_gate: bool = False
     expert_score_bias: bool = False
     """A per-expert routing bias beside the router (gbmw.specs.architectures.MixtureOfExperts.expert_score_bias)."""
+    router_bias: bool = False
+    """A bias per expert on the router (gbmw.specs.architectures.MixtureOfExperts.router_bias)."""
+    attention_sinks: bool = False
+    """A learned softmax logit per head (gbmw.specs.architectures.GPTArchitecture.attention_sinks)."""
     capacity_factor: float | None = None
     load_imbalance: float = 1.0
     q_lora_rank: int = 0

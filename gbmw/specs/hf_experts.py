@@ -49,6 +49,7 @@ MOE_KEYS_READ = {
     "qwen3_moe": ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "decoder_sparse_step",
                   "mlp_only_layers"),
     "olmoe": ("num_experts", "num_experts_per_tok"),
+    "gpt_oss": ("num_local_experts", "num_experts_per_tok", "experts_per_token"),
     **{kind: ("n_routed_experts", "n_shared_experts", "moe_intermediate_size", "num_experts_per_tok",
               "first_k_dense_replace", "moe_layer_freq", "routed_scaling_factor")
        for kind in ("deepseek_v2", "deepseek_v3")},
@@ -66,8 +67,18 @@ _SAYS_NO_EXPERTS = ("num_experts", "num_local_experts", "n_routed_experts", "moe
 """Keys for which 1 means a dense model (one expert, every block alike) — as 0, false or null do for any key."""
 DEEPSEEK = ("deepseek_v2", "deepseek_v3")
 _MOE_TYPES = ("jamba", "granitemoe", "granitemoeshared", "phimoe", "qwen3_next",
-              "switch_transformers", "nllb_moe", "gpt_oss", "llama4", "glm4_moe", "ernie4_5_moe", "minimax")
+              "switch_transformers", "nllb_moe", "llama4", "glm4_moe", "ernie4_5_moe", "minimax")
 """Mixture-of-experts model_types gbmw does not import."""
+GPT_OSS_KEYS = ("architectures", "attention_bias", "attention_dropout", "bos_token_id", "dtype", "eos_token_id",
+                 "experts_per_token", "head_dim", "hidden_act", "hidden_size", "initial_context_length",
+                 "initializer_range", "intermediate_size", "layer_types", "max_position_embeddings", "model_type",
+                 "num_attention_heads", "num_experts_per_tok", "num_hidden_layers", "num_key_value_heads",
+                 "num_local_experts", "output_router_logits", "pad_token_id", "quantization_config", "rms_norm_eps",
+                 "rope_scaling", "rope_theta", "router_aux_loss_coef", "sliding_window", "swiglu_limit",
+                 "tie_word_embeddings", "torch_dtype", "transformers_version", "use_cache", "vocab_size", "_name_or_path")
+"""The keys of a gpt_oss config.json gbmw reads or knows to change no training cost (token ids, initialisation, the
+RoPE scaling and clamp constants, the released checkpoint's MXFP4 storage `quantization_config` — training runs in
+the job's precision); any other is refused by name."""
 _DBRX_KEYS = {"attn_config": ("attn_pdrop", "clip_qkv", "kv_n_heads", "rope_theta", "model_type"),
               "ffn_config": ("ffn_act_fn", "ffn_hidden_size", "moe_num_experts", "moe_top_k", "moe_jitter_eps",
                              "moe_loss_weight", "moe_normalize_expert_weights", "model_type")}
@@ -136,6 +147,11 @@ def llama_style_experts(config: dict[str, Any], model_type: str, where: str) -> 
         return dict(num_experts=required(config, where, model_type, "num_local_experts"),
                     top_k=required(config, where, model_type, "num_experts_per_tok"),
                     expert_ffn_hidden_size=required(config, where, model_type, "intermediate_size"))
+    if model_type == "gpt_oss":
+        return dict(num_experts=required(config, where, model_type, "num_local_experts"),
+                    top_k=required(config, where, model_type, "num_experts_per_tok"),
+                    expert_ffn_hidden_size=required(config, where, model_type, "intermediate_size"),
+                    router_bias=True)
     if model_type == "olmoe":
         return dict(num_experts=required(config, where, model_type, "num_experts"),
                     top_k=required(config, where, model_type, "num_experts_per_tok"),
@@ -202,6 +218,26 @@ def check_top_k(moe: dict[str, Any], keys: dict[str, str], where: str) -> None:
     if all(isinstance(n, int) and not isinstance(n, bool) for n in (experts, top_k)) and top_k > experts >= 1:
         raise SpecError(f"{where}: field `{keys['moe.top_k']}`: value {top_k} — more experts per token than the "
                         f"{experts} of `{keys['moe.num_experts']}`; give from 1 to {experts}")
+
+
+def check_gpt_oss_keys(config: dict[str, Any], where: str) -> None:
+    """A gpt_oss config.json has only the keys gbmw reads or knows to cost nothing (`GPT_OSS_KEYS`), its two top-k
+    keys agree, its activation is the SwiGLU gbmw costs, and it trains without attention dropout."""
+    for key, value in config.items():
+        if key not in GPT_OSS_KEYS:
+            raise SpecError(f"{where}: field `{key}`: value {shown(value)} — not a key of the published GPT-OSS "
+                            "configs, so gbmw cannot say what it costs; remove it if it changes nothing, or write a "
+                            "model recipe YAML with `moe:`")
+    if "experts_per_token" in config and config["experts_per_token"] != config.get("num_experts_per_tok"):
+        raise SpecError(f"{where}: field `experts_per_token`: value {shown(config['experts_per_token'])} — GPT-OSS "
+                        f"routes each token to `num_experts_per_tok` ({shown(config.get('num_experts_per_tok'))}) "
+                        "experts; the two must agree")
+    if config.get("hidden_act", "silu") != "silu":
+        raise SpecError(f"{where}: field `hidden_act`: value {shown(config['hidden_act'])} — GPT-OSS's experts are "
+                        "gated SiLU (SwiGLU) MLPs, which gbmw costs; give \"silu\"")
+    if config.get("attention_dropout", 0.0) not in (0, 0.0):
+        raise SpecError(f"{where}: field `attention_dropout`: value {shown(config['attention_dropout'])} — gbmw costs "
+                        "GPT-OSS without dropout (the published configs have 0.0); give 0.0")
 
 
 def dbrx_section(config: dict[str, Any], section: str, where: str) -> dict[str, Any]:

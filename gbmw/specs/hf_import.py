@@ -1,5 +1,5 @@
 """A Hugging Face config.json (GPT-2, LLaMA/Mistral/Qwen2, BERT/RoBERTa, T5/mT5, ViT; the mixtures of experts
-Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, DBRX, DeepSeek-V2/V3) read into gbmw's architecture types, from the file alone
+Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, GPT-OSS, DBRX, DeepSeek-V2/V3) read into gbmw's architecture types, from the file alone
 (no transformers import, nothing downloaded or executed).
 
 What the file does not say is asked of the user: the training sequence length (a config states only the longest
@@ -10,6 +10,10 @@ Facts of the architectures that the config leaves implicit (from each model's Hu
 LLaMA has biases on q/k/v/o only with `attention_bias` and on the MLP only with `mlp_bias`; Mistral has none;
 Qwen2 always has q/k/v biases and no others. `head_dim`, where given, sets the attention width
 (heads × head_dim, which need not equal hidden_size).
+
+GPT-OSS (transformers' modeling_gpt_oss.py) has biases on q/k/v/o (`attention_bias`) and on its experts,
+`head_dim` 64 whatever the hidden size, a learned sink logit per head in every softmax, and alternates windowed and
+full attention by `layer_types` (each block costed with its own keys per query).
 
 Mixtures of experts and DeepSeek's latent attention are read by gbmw.specs.hf_experts.
 """
@@ -22,11 +26,11 @@ from typing import Any
 from gbmw.errors import SpecError
 from gbmw.specs.architectures import apply_training_settings, parse_architecture
 from gbmw.specs.files import read_json, shown
-from gbmw.specs.hf_experts import (DEEPSEEK, MOE_KEYS_READ, check_top_k, dbrx_section, deepseek_experts,
-                                   deepseek_latent_attention, llama_style_experts, refuse_experts_gbmw_cannot_read,
-                                   required)
+from gbmw.specs.hf_experts import (DEEPSEEK, MOE_KEYS_READ, check_gpt_oss_keys, check_top_k, dbrx_section,
+                                   deepseek_experts, deepseek_latent_attention, llama_style_experts,
+                                   refuse_experts_gbmw_cannot_read, required)
 
-_MOE_DECODERS = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe")
+_MOE_DECODERS = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "gpt_oss")
 """LLaMA-style mixtures of experts read like `_LLAMA_LIKE`, plus their experts; `dbrx` is read apart."""
 _LLAMA_LIKE = ("llama", "mistral", "qwen2")
 _HF_KEYS_OF_LLAMA_BERT_VIT = {"num_layers": "num_hidden_layers", "num_heads": "num_attention_heads",
@@ -39,6 +43,7 @@ _HF_KEYS = {"gpt2": {"num_layers": "n_layer", "hidden_size": "n_embd", "num_head
 _HF_KEYS["mt5"] = _HF_KEYS["t5"]
 _HF_KEYS["mixtral"] = {**_HF_KEYS_OF_LLAMA_BERT_VIT, "moe.num_experts": "num_local_experts",
                        "moe.top_k": "num_experts_per_tok", "moe.expert_ffn_hidden_size": "intermediate_size"}
+_HF_KEYS["gpt_oss"] = _HF_KEYS["mixtral"]
 _HF_KEYS["olmoe"] = {**_HF_KEYS_OF_LLAMA_BERT_VIT, "moe.num_experts": "num_experts", "moe.top_k": "num_experts_per_tok",
                      "moe.expert_ffn_hidden_size": "intermediate_size"}
 _HF_KEYS["qwen3_moe"] = {**_HF_KEYS["olmoe"], "moe.expert_ffn_hidden_size": "moe_intermediate_size"}
@@ -72,6 +77,8 @@ def import_hf_config(path: str | Path, seq_length: int | None = None, flash_atte
     name = config.get("_name_or_path") or path.parent.name or path.stem
     where = str(path)
     refuse_experts_gbmw_cannot_read(config, where)
+    if model_type == "gpt_oss":
+        check_gpt_oss_keys(config, where)
 
     def need(*keys: str) -> Any:
         return required(config, where, model_type, *keys)
@@ -93,7 +100,7 @@ def import_hf_config(path: str | Path, seq_length: int | None = None, flash_atte
             gated_mlp=True, norm="rms", position_embedding="rotary",
             tie_embeddings=config.get("tie_word_embeddings", False), dropout=False,
             rope_theta=config.get("rope_theta", 10000.0), **_llama_biases(config, model_type, where),
-            sliding_window=_sliding_window(config, model_type, where),
+            **_windows(config, model_type, where), attention_sinks=model_type == "gpt_oss" or None,
             qk_norm={"qwen3_moe": "head", "olmoe": "full"}.get(model_type),
             moe=llama_style_experts(config, model_type, where) if model_type in _MOE_DECODERS else None,
         )
@@ -158,7 +165,7 @@ def import_hf_config(path: str | Path, seq_length: int | None = None, flash_atte
     else:
         raise SpecError(
             f"{where}: field `model_type`: value {shown(model_type)} — supported: gpt2, llama, mistral, qwen2, "
-            "mixtral, qwen2_moe, qwen3_moe, olmoe, dbrx, deepseek_v2, deepseek_v3, bert, roberta, t5, mt5, vit; or "
+            "mixtral, qwen2_moe, qwen3_moe, olmoe, gpt_oss, dbrx, deepseek_v2, deepseek_v3, bert, roberta, t5, mt5, vit; or "
             "write a model recipe YAML "
             "(see recipes/models/)"
         )
@@ -206,6 +213,12 @@ def _llama_biases(config: dict[str, Any], model_type: str, where: str) -> dict[s
         return {"bias": False, "qkv_bias": True}
     if model_type in ("mistral", "mixtral"):
         return {"bias": False}
+    if model_type == "gpt_oss":
+        if config.get("attention_bias", False) is not True:
+            raise SpecError(f"{where}: field `attention_bias`: value {shown(config.get('attention_bias'))} — GPT-OSS's "
+                            "experts always have biases, and gbmw models biases on every linear layer or on none; "
+                            "give true (as the published GPT-OSS configs do)")
+        return {"bias": True}
     attention, mlp = config.get("attention_bias", False), config.get("mlp_bias", False)
     for field, value in (("attention_bias", attention), ("mlp_bias", mlp)):
         if not isinstance(value, bool):
@@ -223,27 +236,29 @@ _QWEN = ("qwen2", "qwen2_moe", "qwen3_moe")
 """Qwen windows attention only with `use_sliding_window`, from block `max_window_layers` on."""
 
 
-def _sliding_window(config: dict[str, Any], model_type: str, where: str) -> int | None:
-    """The attention window of every block, or None where no block has one. Qwen2 windows only with
-    `use_sliding_window`, and then only the blocks from `max_window_layers` on; a config's `layer_types` names each
-    block's attention. A model whose blocks differ is refused: gbmw gives every block the same attention."""
+def _windows(config: dict[str, Any], model_type: str, where: str) -> dict[str, Any]:
+    """`sliding_window` and `full_attention_blocks`: the window, and the blocks that attend to the whole sequence
+    beside it. Qwen2 windows only with `use_sliding_window`, and then only the blocks from `max_window_layers` on; a
+    config's `layer_types` names each block's attention (GPT-OSS: `sliding_attention`, `full_attention`)."""
     window = config.get("sliding_window")
     if not isinstance(window, int) or isinstance(window, bool) or window <= 0:
-        return None
+        return {}
     if model_type in _QWEN and not config.get("use_sliding_window", False):
-        return None
+        return {}
     layers = config.get("num_hidden_layers")
+    if not isinstance(layers, int) or isinstance(layers, bool):
+        return {"sliding_window": window}  # the architecture's check of num_hidden_layers says what is wrong
     types = config.get("layer_types")
-    if isinstance(types, list):
-        windowed = sum(kind == "sliding_attention" for kind in types)
-    elif model_type in _QWEN and isinstance(layers, int):
-        windowed = max(0, layers - int(config.get("max_window_layers", 28)))
+    if types is not None:
+        kinds = ("sliding_attention", "full_attention")
+        if not isinstance(types, list) or len(types) != layers or any(kind not in kinds for kind in types):
+            raise SpecError(f"{where}: field `layer_types`: value {shown(types)} — must list one of "
+                            f"{', '.join(kinds)} for each of the {layers} blocks")
+        full = [i for i, kind in enumerate(types) if kind == "full_attention"]
+    elif model_type in _QWEN:
+        full = list(range(min(layers, int(config.get("max_window_layers", 28)))))
     else:
-        windowed = layers
-    if windowed == 0:
-        return None
-    if windowed != layers:
-        raise SpecError(f"{where}: field `sliding_window`: value {window} — {windowed} of {layers} blocks attend "
-                        "through the window and the others to the whole sequence; gbmw gives every block the same "
-                        "attention, so this model cannot be costed as it is")
-    return window
+        full = []
+    if len(full) == layers:
+        return {}
+    return {"sliding_window": window, "full_attention_blocks": full}

@@ -69,8 +69,9 @@ def _build_gpt(arch: GPTArchitecture, d: int, fp8: bool = False) -> tuple[list[L
     shape = BlockShape(**{
         **dict(tokens=s, hidden=h, heads=arch.num_heads, head_dim=arch.attention_head_dim,
                kv_heads=arch.num_kv_heads or arch.num_heads, ffn=arch.ffn_hidden_size or 4 * h,
-               attended_tokens=arch.attended_tokens, gated_mlp=arch.gated_mlp, bias=arch.bias, qkv_bias=arch.qkv_bias,
-               norm=arch.norm, norm_bias=arch.norm_bias, qk_norm=arch.qk_norm, fp8_linears=fp8),
+               attended_tokens=s, gated_mlp=arch.gated_mlp, bias=arch.bias, qkv_bias=arch.qkv_bias,
+               norm=arch.norm, norm_bias=arch.norm_bias, qk_norm=arch.qk_norm, attention_sinks=arch.attention_sinks,
+               fp8_linears=fp8),
         **latent_fields})
     flash, raw_scores = arch.attention == "flash", arch.attention == "standard-with-raw-scores"
     positions = (arch.max_position_embeddings or s) if arch.position_embedding == "learned" else 0
@@ -79,10 +80,13 @@ def _build_gpt(arch: GPTArchitecture, d: int, fp8: bool = False) -> tuple[list[L
     expert_shape = shape if moe is None else replace(
         shape, experts=moe.num_experts, top_k=moe.top_k, expert_ffn=moe.expert_ffn_hidden_size,
         shared_ffn=moe.shared_experts * moe.shared_ffn_hidden_size, shared_gate=moe.shared_expert_gate,
-        expert_score_bias=moe.expert_score_bias,
+        expert_score_bias=moe.expert_score_bias, router_bias=moe.router_bias,
         capacity_factor=moe.capacity_factor, load_imbalance=moe.load_imbalance)
-    layers += [block_layer(f"decoder.{i}", "decoder", expert_shape if arch.is_moe_block(i) else shape, d,
-                           arch.dropout, flash, raw_scores)
+    # each block with its own keys per query: a window's, or the sequence's (GPT-OSS alternates them)
+    layers += [block_layer(f"decoder.{i}", "decoder",
+                           replace(expert_shape if arch.is_moe_block(i) else shape,
+                                   attended_tokens=arch.attended_tokens(i)),
+                           d, arch.dropout, flash, raw_scores)
                for i in range(arch.num_layers)]
     norm_params = norm_parameter_count(shape, h)
     tied = "embedding" if arch.tie_embeddings else None

@@ -32,6 +32,7 @@ def moe_mlp(shape: BlockShape, d: int, dropout: bool, sub_block_traffic: float) 
     shared_biases = (shape.shared_ffn * up + h) if shape.bias and shape.shared_ffn else 0
     router_weights = h * shape.experts + (h if shape.shared_gate else 0)
     score_bias = shape.experts if shape.expert_score_bias else 0  # DeepSeek-V3's per-expert routing bias
+    router_biases = shape.experts if shape.router_bias else 0
     expert_parameters = shape.experts * (expert_weights + expert_biases)
     expert_flops = 2 * copies * expert_weights
     fp8 = 1 if shape.fp8_linears else 0
@@ -48,7 +49,8 @@ def moe_mlp(shape: BlockShape, d: int, dropout: bool, sub_block_traffic: float) 
     fp8_cast_backward = cast * (copies * (shape.expert_ffn * up + h)
                                 + (s * (shape.shared_ffn * up + h) if shape.shared_ffn else 0))
     return dict(
-        params=expert_parameters + shared_weights + shared_biases + router_weights + score_bias + norm_params,
+        params=(expert_parameters + shared_weights + shared_biases + router_weights + score_bias + router_biases
+                + norm_params),
         tp_split=expert_parameters + shared_weights + (shared_biases - (h if shared_biases else 0)),
         flops=expert_flops + 2 * s * shared_weights + 2 * s * router_weights,
         replicated_flops=0,

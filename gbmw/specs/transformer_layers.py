@@ -88,6 +88,7 @@ def block_layer(name: str, kind: str, shape: BlockShape, dtype_bytes: int, dropo
         qkv_bias = shape.bias if shape.qkv_bias is None else shape.qkv_bias
         column_biases = (attention_width + 2 * kv_width) if qkv_bias else 0
         row_bias = h if shape.bias else 0
+        sinks = shape.heads if shape.attention_sinks else 0  # one learned logit per head, split with the heads
         qk = qk_norms(query_tokens, kv_input_tokens)
         flops = (
             2 * query_tokens * (h * attention_width + attention_width * h)
@@ -115,8 +116,8 @@ def block_layer(name: str, kind: str, shape: BlockShape, dtype_bytes: int, dropo
         score_traffic = 0 if flash else shape.heads * scores_per_head * ((6 * d + 1) if dropout else 4 * d)
         core_traffic += score_traffic
         return dict(
-            params=weights + column_biases + row_bias + norm_params + qk["params"],
-            tp_split=weights + column_biases + qk["tp_split"],
+            params=weights + column_biases + row_bias + norm_params + qk["params"] + sinks,
+            tp_split=weights + column_biases + qk["tp_split"] + sinks,
             flops=flops,
             replicated_flops=0,
             split=split + qk["split"],
