@@ -12,24 +12,22 @@ from test_runtime_moe import GLOBAL_BATCH, MODEL, _reference
 # (id, model, processes, per-layer strategies (embedding, dense block 0, MoE blocks 1–3, head), partition,
 # micro-batches)
 PLANS = [
-    ("sdp2+ep2", MODEL, 2, ["sdp2+ep2"] * 6, [6], 2),
-    ("z1dp2-z2dp2+ep2", MODEL, 2, ["z1dp2", "z2dp2", "z1dp2+ep2", "z2dp2+ep2+ckpt", "z1dp2+ep2", "z2dp2"], [6], 2),
+    ("zero-1-2-3+ep2", MODEL, 2, ["z1dp2", "z2dp2", "sdp2+ep2", "z2dp2+ep2+ckpt", "z1dp2+ep2", "sdp2"], [6], 2),
     ("sdp4+ep2", MODEL, 4, ["sdp4+ep2"] * 6, [6], 2),
     ("z1dp4+ep2", MODEL, 4, ["z1dp4+ep2"] * 6, [6], 2),
     ("z2dp4+ep2+ckpt", MODEL, 4, ["z2dp4+ep2+ckpt"] * 6, [6], 2),
-    # MoE blocks: ep2 with sdp (experts sharded over 2), ep4 with sdp (not sharded), ep2 with plain dp; dense z1dp
-    ("mixed", MODEL, 4, ["z1dp4", "z1dp4", "sdp4+ep2", "sdp4+ep4+ckpt", "dp4+ep2", "z1dp4"], [6], 2),
-    ("tp2-sdp2+ep2", MODEL, 4, ["tp2-sdp2+ep2"] * 6, [6], 2),
+    # MoE blocks: ep2 with sdp (experts sharded over 2), ep2 with TP and sdp (not sharded), ep2 with plain dp; dense
+    # layers z1dp
+    ("mixed", MODEL, 4, ["z1dp4", "z1dp4", "sdp4+ep2", "tp2-sdp2+ep2+ckpt", "dp4+ep2", "z1dp4"], [6], 2),
     ("pp2", MODEL, 4, ["sdp2", "tp2", "sdp2+ep2", "z2dp2+ep2+ckpt", "z1dp2+ep2", "dp2"], [3, 3], 4),
 ]
 # Tolerances: test_runtime_equivalence's, as in test_runtime_moe (the same fp32 reorderings: an expert's gradient
 # summed from copies that arrive from several ranks, a reduce-scatter in place of an all-reduce). What they still
-# catch here: expert gradients reduce-scattered over the whole data-parallel group (experts of different EP ranks
-# summed into each other: their weights and moments off by far more than 1e-5 / 1e-4 of scale) or averaged instead
-# of summed over the expert-data-parallel group (moments off by its size squared: the divide factor is per FSDP2
-# unit, not recursive), a z1dp unit that reduce-scatters its experts every micro-batch and keeps only the last one's
-# (moments off), and expert shards mis-gathered for checkpoints or loaded into another rank's shard (weights
-# compared element by element).
+# catch here, each checked by breaking it: the experts' unit averaging over its expert-data-parallel group instead
+# of summing (FSDP2's divide factor is per unit, not recursive: a loss of the three differs) and experts
+# sharded over the whole data-parallel group (experts of different EP ranks reduce-scattered into each other: every
+# loss differs); and, by the test_runtime_moe argument, expert shards gathered for checkpoints in the wrong order or
+# loaded into another rank's shard (weights compared element by element).
 
 
 @pytest.mark.dist
@@ -41,19 +39,47 @@ def test_matches_single_process(plan_id):
     assert_same_training(*trained_from(PLANS, processes, plan_id), *_reference())
 
 
+def _save_and_describe_shards(rank, world_size, strategies, steps, checkpoint):
+    """Train `steps` steps and save; return, for an MoE block (decoder.1), how many ranks each parameter is sharded
+    over (1: a plain tensor) and the shard's share of its rows."""
+    from runtime_reference import architecture, make_plan
+
+    from gbmw.adapters.runtime.checkpoint_files import save_checkpoint
+    from gbmw.adapters.runtime.engine import AdamSettings, HybridEngine
+    from gbmw.adapters.runtime.groups import GroupPool
+    from gbmw.adapters.runtime.model import synthetic_batch
+    from runtime_reference import ADAM_EPS, LEARNING_RATE
+
+    arch = architecture(MODEL)
+    plan = make_plan(MODEL, world_size, strategies, [6], GLOBAL_BATCH, 2)
+    engine = HybridEngine(plan, arch, GroupPool(plan), "cpu", adam=AdamSettings(LEARNING_RATE, eps=ADAM_EPS))
+    for _ in range(steps):
+        engine.train_step(synthetic_batch(arch, GLOBAL_BATCH, engine.step, 0))
+    save_checkpoint(engine, checkpoint)
+    block = next(layer for layer in engine.layers if layer.name == "decoder.1")
+    return {key: (parameter.device_mesh.size() if hasattr(parameter, "device_mesh") else 1,
+                  parameter.to_local().shape[0] / parameter.shape[0] if hasattr(parameter, "device_mesh") else 1.0)
+            for key, parameter in block.parameters.items()}
+
+
 @pytest.mark.dist
 def test_a_checkpoint_saved_with_sharded_experts_resumes_under_another_sharding(tmp_path):
     """Saved after 2 steps with the experts ZeRO-3-sharded over two ranks (sdp4+ep2: each shard gathered over its
     expert-data-parallel group, then every EP rank's experts), resumed on 2 processes with ZeRO-1 and every rank
     holding its own experts unsharded (z1dp2+ep2): the third step's loss and the weights after it equal
-    uninterrupted single-process training."""
+    uninterrupted single-process training. Under sdp4+ep2 a rank holds half of each of its experts (the expert-data-
+    parallel group of 2) and a quarter of the router and attention (the data-parallel group of 4)."""
     from dist_fixture import run_distributed
     from runtime_reference import collect, distributed_training
     from test_runtime_equivalence import assert_same_training
 
     checkpoint = tmp_path / "step2"
-    run_distributed(4, distributed_training, MODEL, ["sdp4+ep2"] * 6, [6], GLOBAL_BATCH, 2, 2, str(checkpoint),
-                    timeout_s=150)
+    shards = run_distributed(4, _save_and_describe_shards, ["sdp4+ep2"] * 6, 2, str(checkpoint), timeout_s=150)
+    for rank, described in enumerate(shards):
+        experts = {key: value for key, value in described.items() if key.startswith("moe.experts.")}
+        assert len(experts) == 2 * 3  # two experts of three matrices (SwiGLU, no biases)
+        assert set(experts.values()) == {(2, 0.5)}, rank
+        assert {value for key, value in described.items() if key not in experts} == {(4, 0.25)}, rank
     expected_losses, expected_weights = _reference()
     resumed = run_distributed(2, distributed_training, MODEL, ["z1dp2+ep2"] * 6, [6], GLOBAL_BATCH, 2, 1, None,
                               str(checkpoint), timeout_s=150)
