@@ -13,8 +13,9 @@ tests/test_fake_memory.py shows the fake trace's peak equals the real step's on 
   per-layer plan for it (TP, ZeRO-1/2/3 and checkpointing mixed on one stage), and that plan with sequence
   parallelism (+sp) in every block, and that with selective recomputation (+sel) in the blocks without +ckpt;
 - mixture of experts: gbmw's plan for Mixtral-8x7B on 64 H100-80GB (`mixtral-8x7b_h100-80g-x64`: expert parallelism
-  with plain DP in the MoE blocks) and a mixed per-layer plan for it (EP degrees 2–8 beside TP, ZeRO and
-  checkpointing). Their MoE layers route by the balanced assignment (every expert n·k/E copies), the estimator's
+  with plain DP in the MoE blocks), a mixed per-layer plan for it (EP degrees 2–8 beside TP, ZeRO and
+  checkpointing), and that plan with ZeRO-1/2/3 in the MoE blocks beside EP (experts sharded over their
+  expert-data-parallel group). Their MoE layers route by the balanced assignment (every expert n·k/E copies), the estimator's
   stated assumption (`moe.load_imbalance` = 1; gbmw.adapters.profile.fake_memory says what that leaves unchecked).
 Prints estimated and tracked peak per rank and the error; the target (issue 12) is |error| ≤ 3 %.
 """
@@ -78,6 +79,18 @@ def mixtral_mixed_plan(job):
     return plan_from_strategy_names(job.model, 64, names, [5, 4, 4, 4, 4, 4, 4, 5], 256, 32, cluster=job.cluster.name)
 
 
+def mixtral_sharded_plan(job):
+    """`mixtral_mixed_plan` with ZeRO in place of plain DP: EP composed with sdp, z2dp and z1dp, the experts' states
+    sharded over their expert-data-parallel group (gbmw.adapters.runtime.expert_data_parallel; none left at ep = dp).
+    Its first run (stages 0–2 only, under load) found the estimate above the trace by +2.4 % (sdp8+ep2), +3.6 %
+    (sdp8+ep2) and +4.6 % (tp2-sdp4+ep2) — about one fp32 copy of a block's local experts per stage — where stage 1
+    with dp8+ep2 in its blocks instead was −0.03 %: the estimator over-prices the experts' own FSDP2 unit (not yet
+    found where)."""
+    names = (["z1dp8"] + ["sdp8+ep2"] * 6 + ["tp2-sdp4+ep2"] * 6 + ["z2dp8+ep4+ckpt"] * 8 + ["z1dp8+ep2"] * 4
+             + ["tp4-z1dp2+ep2"] * 4 + ["sdp8+ep8"] * 4 + ["sdp8"])
+    return plan_from_strategy_names(job.model, 64, names, [5, 4, 4, 4, 4, 4, 4, 5], 256, 32, cluster=job.cluster.name)
+
+
 def dense_cases():
     gpt15, gpt65 = load_job("gpt3-15b_a100-80g-x32"), load_job("gpt3-65b_h100-80g-x64")
     llama = load_job("llama-7b_a100-80g-x8")
@@ -93,7 +106,8 @@ def dense_cases():
 def moe_cases():
     mixtral = load_job("mixtral-8x7b_h100-80g-x64")
     return [("gbmw's plan, Mixtral-8x7B, 64 × H100", mixtral, Planner(mixtral).run()),
-            ("mixed per-layer MoE plan, Mixtral-8x7B, 64 devices", mixtral, mixtral_mixed_plan(mixtral))]
+            ("mixed per-layer MoE plan, Mixtral-8x7B, 64 devices", mixtral, mixtral_mixed_plan(mixtral)),
+            ("the same with ZeRO-1/2/3 beside EP, Mixtral-8x7B", mixtral, mixtral_sharded_plan(mixtral))]
 
 
 CASES = {"dense": dense_cases, "moe": moe_cases}

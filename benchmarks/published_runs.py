@@ -439,10 +439,11 @@ def cost_moe(run: dict) -> MoECosted:
     config = UniformConfig(tp=tp, pp=parallelism["pipeline"], zero=zero, ckpt=recompute, sp=sp, ep=ep,
                            micro=parallelism["micro_batch"], batch=parallelism["global_batch"], target=target)
     if target == "runtime":
-        # FSDP2 with EP (NeMo AutoModel) is costed with the runtime's framework memory, though gbmw's runtime does
-        # not run EP with sharded data parallelism yet: the plan is built without the runtime's check
+        # FSDP2 with EP (NeMo AutoModel) is costed as gbmw's runtime runs it (its FSDP2 shards the experts over their
+        # expert-data-parallel group, gbmw.adapters.runtime.expert_data_parallel), on Megatron's partition
         plan = _plan_with_partition(config, job, tuple(megatron_partition(job.model, config.pp)))
-        assumptions.append("costed as gbmw's runtime would run FSDP + EP (it does not yet)")
+        get_target("runtime").check(plan, job.model)
+        assumptions.append("costed as gbmw's runtime runs FSDP + EP")
     else:
         plan = config.to_plan(job)
     plan, virtual = _interleaved(plan, parallelism, job)

@@ -43,6 +43,9 @@ PLANS = [  # (job, processes, per-layer strategies (embedding, 4 blocks, head), 
     ("llama-moe-tiny", 2, ["tp2", "sdp2", "dp2+ep2", "dp2+ep2+ckpt", "tp2", "dp2"], [6], 2),
     ("llama-moe-tiny", 4, ["dp4", "tp2-dp2", "tp2-dp2+ep2", "dp4+ep4", "dp4+ep4+ckpt", "tp4"], [6], 2),
     ("llama-moe-tiny", 4, ["dp2+ep2", "tp2", "dp2+ep2", "dp2+ep2+ckpt", "dp2+ep2", "dp2"], [3, 3], 3),
+    # EP with ZeRO: the experts sharded over their expert-data-parallel group of 2 (FSDP2 units inside the layer's),
+    # or, at ep = dp, left unsharded by the layer's unit
+    ("llama-moe-tiny", 4, ["z1dp4", "z1dp4", "sdp4+ep2", "z2dp4+ep2+ckpt", "sdp4+ep4", "z1dp4+ep2"], [6], 2),
 ]
 MOE_MODELS = {"llama-moe-tiny": "llama-tiny_cpu-x4"}
 """MoE models of PLANS and the bundled job whose cluster and training settings they are traced with."""

@@ -97,14 +97,10 @@ def test_the_moe_mlp_is_mixtrals_routing_with_its_exact_gradient(gated, shared_g
 def test_what_the_runtime_cannot_run_in_an_moe_block_is_refused_in_one_line():
     from runtime_reference import architecture
 
-    from gbmw.adapters.runtime.experts import ExpertParallel
     from gbmw.adapters.runtime.model import build_layer
     from gbmw.adapters.runtime.tensor_parallel import TensorParallel
     from gbmw.errors import PlanError
-    from gbmw.space.strategy import Strategy
 
-    with pytest.raises(PlanError, match=r"cannot shard experts \(sdp, z1dp, z2dp\) with \+ep yet; use dp with \+ep2"):
-        ExpertParallel.of(None, Strategy.parse("sdp4+ep2"))
     with pytest.raises(PlanError, match=r"decoder.1: .* without sequence parallelism \(\+sp\)"):
         build_layer(architecture(MODEL), "decoder.1", TensorParallel(None, 2, 0, sequence_parallel=True))
 

@@ -6,11 +6,13 @@ sharding):
 2. wrap it for activation checkpointing when the strategy says `+ckpt` (torch's checkpoint_wrapper:
    only the layer input is stashed, the rest is recomputed in backward), or checkpoint its attention core alone
    when it says `+sel` (attention_core_recompute);
-3. shard it over its data-parallel group when the strategy uses sdp/z1dp/z2dp (sharding, FSDP2);
+3. shard it over its data-parallel group when the strategy uses sdp/z1dp/z2dp (sharding, FSDP2), an MoE block's
+   routed experts under +epN over their expert-data-parallel group (expert_data_parallel);
 4. set its weights from full tensors (initial values by parameter name, or a checkpoint), sliced for
    this rank — so every plan, and single-process training, starts from the same model.
 A mixture-of-experts block holds the routed experts of its EP rank (`+epN`, experts: tokens reach them by all-to-all)
-and sums their gradients over its expert-data-parallel group, its other gradients over the data-parallel group.
+and sums (or shards, with ZeRO) their gradients over its expert-data-parallel group, its other gradients over the
+data-parallel group (expert_data_parallel).
 A layer with a `ulysses` axis runs on its rank's part of each sample's tokens (ulysses: all-to-alls around the
 attention core); its weights see the Ulysses ranks as data-parallel ones (Strategy.gradient_view), so gradients are
 summed and parameters sharded over the data-parallel and Ulysses ranks together.
@@ -40,7 +42,8 @@ from gbmw.errors import PlanError
 from gbmw.plan import Plan
 from gbmw.space.strategy import Strategy
 
-from .experts import ExpertParallel, gather_experts, gradient_parts, is_expert_parameter
+from .expert_data_parallel import gradient_parts, shard_layer
+from .experts import ExpertParallel, gather_experts, is_expert_parameter
 from .groups import GroupPool
 from .local_adam import LocalShardAdam
 from .model import TransformerBlock, build_layer, check_runtime_supports, initial_value, layer_names
@@ -161,9 +164,11 @@ class HybridEngine:
         weights = strategy.gradient_view  # Ulysses ranks hold the same weights: data-parallel ranks for them
         data_parallel = LayerDataParallel(data_parallel_flavour(weights), self.pool.data_group(weights),
                                           weights.data_parallel)
-        module = data_parallel.wrap(module, self.pool.data_mesh(weights), self.reduce_scatter_in_flight)
         expert_data_parallel = LayerDataParallel(data_parallel.flavour, self.pool.expert_data_group(weights),
                                                  weights.expert_data_parallel)
+        module = shard_layer(module, data_parallel, experts, expert_data_parallel,
+                             (self.pool.data_mesh(weights), self.pool.expert_data_mesh(weights)),
+                             self.reduce_scatter_in_flight)
         parameters = {_canonical(key): parameter for key, parameter in module.named_parameters()}
         return StageLayer(index, name, strategy, module, tp, data_parallel, experts, expert_data_parallel,
                           BatchLayout.of(strategy), split_dims, parameters)

@@ -22,9 +22,10 @@ training.
 
 Parameter names are plan-independent (`moe.router.weight`, `moe.experts.<e>.fc1.weight` with e the global expert
 index, `moe.shared.fc1.weight`): a rank holds the experts it owns under their global names, and `gather_experts`
-assembles every expert's full tensor for checkpoints. Gradients of routed experts are summed over the
-expert-data-parallel group (`gradient_parts`), all others over the whole data-parallel group. The routed experts
-cannot be sharded (sdp, z1dp, z2dp) together with EP yet: FSDP2 would shard them over the whole data-parallel group.
+assembles every expert's full tensor for checkpoints. A rank's routed experts are one module, `LocalExperts`, called
+once per forward, so that sharded data parallelism can shard them over their own group: their gradients are summed
+(dp) or sharded (sdp, z1dp, z2dp) over the expert-data-parallel group, all others' over the whole data-parallel
+group (gbmw.adapters.runtime.expert_data_parallel).
 
 Balanced routing (`balanced_routing()`, for the memory trace only): real routing's token counts are data — read back
 with `.tolist()`, counted by `bincount`, and the all-to-all's split sizes — so torch's fake tensors, which have shapes
@@ -57,7 +58,6 @@ from gbmw.errors import PlanError
 from gbmw.space.strategy import Strategy
 
 from .gated_mlp import swiglu
-from .sharding import SHARDED_FLAVOURS, LayerDataParallel, data_parallel_flavour
 from .tensor_parallel import TensorParallel
 
 _EXPERT_KEY = re.compile(r"^moe\.experts\.(\d+)\.(.+)$")
@@ -97,10 +97,6 @@ class ExpertParallel:
     @classmethod
     def of(cls, pool, strategy: Strategy) -> "ExpertParallel":
         """This rank's EP group under `strategy`, from the process-group pool (gbmw.adapters.runtime.groups)."""
-        if strategy.ep > 1 and data_parallel_flavour(strategy) in SHARDED_FLAVOURS:
-            raise PlanError(f"strategy {strategy.name}: gbmw's runtime sums expert gradients over the expert-data-"
-                            "parallel group with a plain all-reduce and cannot shard experts (sdp, z1dp, z2dp) with "
-                            f"+ep yet; use dp with +ep{strategy.ep} for this layer, or leave +ep out")
         ranks = pool.layout.expert_group(pool.rank, strategy)
         return cls(pool.get(ranks), len(ranks), ranks.index(pool.rank))
 
@@ -130,6 +126,15 @@ class ExpertMLP(nn.Module):
         return self.fc2(swiglu(self.gate(x), up) if self.gated else F.gelu(up)).squeeze(0)
 
 
+class LocalExperts(nn.ModuleDict):
+    """The routed experts this rank holds, by their global index (`"<e>"`), run in one call: its forward is what
+    FSDP2 hooks when it shards them over the expert-data-parallel group (gbmw.adapters.runtime.expert_data_parallel)."""
+
+    def forward(self, parts: list[torch.Tensor]) -> torch.Tensor:
+        """parts[i]: the copies for the i-th local expert → their outputs, concatenated in the same order."""
+        return torch.cat([expert(part) for expert, part in zip(self.values(), parts)])
+
+
 class MixtureOfExpertsMLP(nn.Module):
     """Router, this rank's routed experts, shared experts: [batch, tokens, hidden] → the same shape."""
 
@@ -141,7 +146,7 @@ class MixtureOfExpertsMLP(nn.Module):
         self.num_experts, self.top_k, self.ep = moe.num_experts, moe.top_k, experts
         self.router = nn.Linear(hidden, moe.num_experts, bias=False, dtype=dtype)
         local = moe.num_experts // experts.size
-        self.experts = nn.ModuleDict({
+        self.experts = LocalExperts({
             str(index): ExpertMLP(hidden, moe.expert_ffn_hidden_size, bias, gated, tp, dtype)
             for index in range(experts.rank * local, (experts.rank + 1) * local)})
         shared_width = moe.shared_experts * moe.shared_ffn_hidden_size
@@ -218,7 +223,7 @@ class MixtureOfExpertsMLP(nn.Module):
             total, device=counts.device)
         grouped = received[regroup] if sources > 1 else received
         parts = grouped.split(counts.sum(0).tolist() if balanced_count is None else [balanced_count * sources] * local)
-        outputs = torch.cat([expert(part) for expert, part in zip(self.experts.values(), parts)])
+        outputs = self.experts(list(parts))
         return outputs[torch.argsort(regroup)] if sources > 1 else outputs
 
 
@@ -273,14 +278,6 @@ def _all_to_all(x: torch.Tensor, received: list[int], sent: list[int], group) ->
     output = x.new_empty((sum(received), *x.shape[1:]))
     dist.all_to_all_single(output, x.contiguous(), received, sent, group=group)
     return output
-
-
-def gradient_parts(layer) -> list[tuple[LayerDataParallel, list[nn.Parameter]]]:
-    """A StageLayer's parameters by the group their gradients are summed over: (data-parallel group, the dense ones),
-    (expert-data-parallel group, the routed experts')."""
-    dense = [parameter for key, parameter in layer.parameters.items() if not is_expert_parameter(key)]
-    routed = [parameter for key, parameter in layer.parameters.items() if is_expert_parameter(key)]
-    return [(layer.data_parallel, dense), (layer.expert_data_parallel, routed)]
 
 
 def gather_experts(tensors: dict[str, torch.Tensor], experts: ExpertParallel, device: torch.device

@@ -15,7 +15,8 @@ class GroupPool:
 
     `GroupPool(plan)` must be called on every rank after torch.distributed is initialised; `get(ranks)`
     returns the group of exactly those global ranks (None for a single rank). The one-dimensional device meshes
-    FSDP2 shards over are made here too, for this rank's data-parallel groups: a DeviceMesh holds a real tensor
+    FSDP2 shards over are made here too, for this rank's data-parallel and expert-data-parallel groups (routed experts
+    under EP shard over the latter: gbmw.adapters.runtime.expert_data_parallel): a DeviceMesh holds a real tensor
     of ranks, so it must exist before a fake-tensor trace of the train step (gbmw.adapters.profile.fake_memory).
     """
 
@@ -37,11 +38,12 @@ class GroupPool:
         self._meshes = {}
         first, end = plan.stage_bounds[self.layout.stage_of(self.rank)]
         for strategy in dict.fromkeys(plan.strategies[first:end]):
-            ranks = self.layout.data_group(self.rank, strategy.gradient_view)  # with Ulysses' ranks
-            if len(ranks) > 1 and ranks not in self._meshes:
-                from torch.distributed.device_mesh import DeviceMesh
+            weights = strategy.gradient_view  # with Ulysses' ranks
+            for ranks in (self.layout.data_group(self.rank, weights), self.layout.expert_data_group(self.rank, weights)):
+                if len(ranks) > 1 and ranks not in self._meshes:
+                    from torch.distributed.device_mesh import DeviceMesh
 
-                self._meshes[ranks] = DeviceMesh.from_group(self.get(ranks), self.device_type)
+                    self._meshes[ranks] = DeviceMesh.from_group(self.get(ranks), self.device_type)
 
     def get(self, ranks: tuple[int, ...]):
         if len(ranks) == 1:
@@ -74,6 +76,10 @@ class GroupPool:
     def data_mesh(self, strategy: Strategy):
         """The device mesh of this rank's data-parallel group under `strategy` (a layer of this rank's stage)."""
         return self._meshes.get(self.layout.data_group(self.rank, strategy))
+
+    def expert_data_mesh(self, strategy: Strategy):
+        """The device mesh of this rank's expert-data-parallel group under `strategy` (None for one rank)."""
+        return self._meshes.get(self.layout.expert_data_group(self.rank, strategy))
 
     def __len__(self) -> int:
         return len(self._groups)

@@ -74,17 +74,20 @@ class LayerDataParallel:
     def sharded(self) -> bool:
         return self.flavour in SHARDED_FLAVOURS
 
-    def wrap(self, module: nn.Module, mesh, in_flight: "ReduceScatterInFlight") -> nn.Module:
-        """Apply FSDP2 over `mesh` (the layer's data-parallel group) for sharded flavours (in place; returns the
-        module); its reduce-scatter buffers join the stage's `in_flight`."""
+    def wrap(self, module: nn.Module, mesh, in_flight: "ReduceScatterInFlight | None",
+             ignored: set[nn.Parameter] | None = None) -> nn.Module:
+        """Apply FSDP2 over `mesh` (this group's) for sharded flavours (in place; returns the module), leaving the
+        `ignored` parameters unsharded; a layer's root joins its reduce-scatter buffers to the stage's `in_flight`
+        (None for a unit inside a layer, whose buffers are its root's: gbmw.adapters.runtime.expert_data_parallel)."""
         if not self.sharded or self.size == 1:
             return module
         from torch.distributed.fsdp import fully_shard
 
-        fully_shard(module, mesh=mesh, reshard_after_forward=self.flavour == "sdp")
-        module.set_gradient_divide_factor(1.0)  # sum, not average (see the module docstring)
+        fully_shard(module, mesh=mesh, reshard_after_forward=self.flavour == "sdp", ignored_params=ignored or None)
+        module.set_gradient_divide_factor(1.0)  # sum, not average (see the module docstring); per unit, not recursive
         module.set_force_sum_reduction_for_comms(True)  # gloo has no PREMUL_SUM
-        in_flight.join(module)
+        if in_flight is not None:
+            in_flight.join(module)
         return module
 
     def set_gradient_sync(self, module: nn.Module, last_micro_batch: bool) -> None:

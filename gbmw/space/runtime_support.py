@@ -4,8 +4,10 @@
 The runtime (gbmw.adapters.runtime.model) builds GPT-style decoders — GPT-2/3 (LayerNorm, learned positions,
 GELU MLP, biases) and LLaMA-style (RMSNorm, SwiGLU, rotary positions, grouped-query attention, no biases,
 tied or untied head), mixture-of-experts ones among them (dropless top-k routing, shared experts, expert parallelism
-+epN with plain dp; not a capacity factor; in an MoE block not +sp, nor sdp/z1dp/z2dp together with +ep — the engine
-refuses those strategies), not with multi-head latent attention — and BERT encoders. It trains in fp32 or bf16 (fp16 would need loss scaling). T5's
++epN with any data-parallel flavour — dp, z1dp, z2dp, sdp, the experts sharded over their expert-data-parallel group;
+not a capacity factor; in an MoE block not +sp — the engine refuses that strategy), not with multi-head latent
+attention, attention sinks or a router bias — and BERT encoders. It trains in fp32 or bf16 (fp16 would need loss
+scaling). T5's
 encoder-decoder, ViT's and Swin's image models are planned and emitted for DeepSpeed and Megatron, but the
 runtime has no modules for them yet.
 

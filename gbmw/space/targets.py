@@ -104,7 +104,8 @@ class Target:
     framework sets one EP degree, which its dense layers ignore."""
     expert_parallel_axes: tuple[str, ...] = ("dp", "z1dp", "z2dp", "sdp")
     """The data-parallel axes EP composes with: the ZeRO stages its framework shards expert states under over the
-    expert-data-parallel group (gbmw's runtime: plain DP — its FSDP2 would shard experts over the whole group)."""
+    expert-data-parallel group (gbmw's runtime: all four, its FSDP2 sharding the experts over that group,
+    gbmw.adapters.runtime.expert_data_parallel)."""
     sequence_parallel_in_expert_blocks: bool = True
     """It runs +sp in mixture-of-experts blocks (gbmw's runtime: not yet)."""
     expert_parallel_needs_sequence_parallel: bool = False
@@ -332,7 +333,7 @@ TARGETS: dict[str, Target] = {
     "runtime": Target("runtime", "gbmw runtime", "gbmw-runtime", ("dp", "z1dp", "z2dp", "sdp", "tp", "ulysses"),
                       per_layer=True, fused_attention=True, sequence_parallel=True, sequence_parallel_blocks_only=True,
                       selective_recompute="any", search_offers_selective=False, expert_parallel=True,
-                      expert_parallel_axes=("dp",), sequence_parallel_in_expert_blocks=False,
+                      sequence_parallel_in_expert_blocks=False,
                       sequence_axes=("ulysses",), sequence_split_with_sequence_parallel=False),
     "deepspeed": Target(
         "deepspeed", "DeepSpeed (ZeRO + pipeline engine)", "deepspeed", ("dp", "z1dp", "z2dp", "sdp"),
