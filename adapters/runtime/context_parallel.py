@@ -10,8 +10,8 @@ chunk has few keys before it and a late chunk many, so every rank does the same 
 adds, embeddings and the head's loss run on those tokens alone; learned position embeddings and rotary angles use
 each token's global position (`positions`).
 
-Forward (`ring_attention`). Step t = 0 … c − 1: the rank holds the keys and values of rank j − t (its own at t = 0),
-starts sending them to rank j + 1 and receiving the next from rank j − 1 (torch.distributed P2P, gloo and NCCL
+Forward (`ContextParallel.attend`). Step t = 0 … c − 1: the rank holds the keys and values of rank j − t (its own at
+t = 0), starts sending them to rank j + 1 and receiving the next from rank j − 1 (torch.distributed P2P, gloo and NCCL
 alike), and meanwhile attends its two query chunks to the chunks it holds — blockwise, one (query chunk, key chunk)
 pair at a time: a key chunk before the query chunk is attended in full, the same chunk under the causal mask, a later
 one skipped. Each block's output is normalised within the block; blocks are merged by their log-sum-exp
@@ -49,6 +49,9 @@ from gbmw.errors import PlanError
 from gbmw.space.runtime_support import runtime_strategy_refusal
 from gbmw.space.strategy import Strategy
 
+RING_ATTENTION_DROPOUT = ("gbmw's ring attention (cp) runs without attention dropout; train the model with `dropout: "
+                          "false`, or use ulysses in place of cp")
+
 
 @dataclass(frozen=True)
 class ContextParallel:
@@ -75,6 +78,16 @@ class ContextParallel:
         ranks = pool.layout.sequence_group(pool.rank, strategy)
         return cls(pool.get(ranks), len(ranks), ranks.index(pool.rank), ranks)
 
+    @property
+    def head_split(self) -> int:
+        """Ways the attention core splits the heads: none (every rank attends with all of its TP share)."""
+        return 1
+
+    @property
+    def token_pieces(self) -> int:
+        """Equal pieces each sample's tokens are cut into (2c chunks)."""
+        return 2 * self.size
+
     def chunks_of(self, part: int) -> tuple[int, int]:
         """The two chunks (of 2c) ring rank `part` holds, in the order it holds them."""
         return part, 2 * self.size - 1 - part
@@ -92,8 +105,7 @@ class ContextParallel:
         the inputs and run the ring's forward again in backward (torch's non-reentrant checkpoint; every rank of the
         ring recomputes the same layer in the same order, so the sends pair up again)."""
         if dropout_p > 0.0:
-            raise PlanError("gbmw's ring attention (cp) runs without attention dropout; train the model with "
-                            "`dropout: false`, or use ulysses in place of cp")
+            raise PlanError(RING_ATTENTION_DROPOUT)
         if recompute:
             return torch.utils.checkpoint.checkpoint(_RingAttention.apply, query, key, value, self, causal,
                                                      use_reentrant=False)
@@ -131,7 +143,7 @@ def _blocks(query_chunks: tuple[int, int], key_chunks: tuple[int, int], causal: 
 
 
 def _scores(query: torch.Tensor, key: torch.Tensor, diagonal: bool) -> torch.Tensor:
-    """Q·Kᵀ/√d of one block, fp32, [batch, kv heads, group, L, L]; the diagonal block masks keys after the query."""
+    """Q·Kᵀ/√d of one block, [batch, kv heads, group, L, L]; the diagonal block masks keys after the query."""
     scores = torch.matmul(query, key.unsqueeze(2).transpose(-1, -2)) * (1.0 / math.sqrt(query.size(-1)))
     if diagonal:
         future = torch.ones(scores.shape[-2:], dtype=torch.bool, device=scores.device).triu(1)

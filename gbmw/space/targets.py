@@ -109,6 +109,9 @@ class Target:
     expert_parallel_needs_sequence_parallel: bool = False
     """EP with TP needs sequence parallelism (megatron-core: "When using expert parallelism and tensor parallelism
     for training, sequence parallelism must be used", megatron/core/model_parallel_config.py)."""
+    context_parallel_dropout: bool = True
+    """Its ring attention (`cp`) runs attention dropout (megatron-core through Transformer Engine; gbmw's runtime
+    does not: gbmw.adapters.runtime.context_parallel)."""
     fused_attention: bool = False
     """Its attention is a fused kernel whatever the model declares (gbmw's runtime calls SDPA, whose flash /
     memory-efficient kernels keep no s×s scores: gbmw.adapters.runtime.attention); a stock framework runs the
@@ -359,11 +362,12 @@ def _describe_runs(plan: PlanLayout) -> str:
 
 
 TARGETS: dict[str, Target] = {
-    "runtime": Target("runtime", "gbmw runtime", "gbmw-runtime", ("dp", "z1dp", "z2dp", "sdp", "tp", "ulysses"),
+    "runtime": Target("runtime", "gbmw runtime", "gbmw-runtime", ("dp", "z1dp", "z2dp", "sdp", "tp", "ulysses", "cp"),
                       per_layer=True, fused_attention=True, sequence_parallel=True, sequence_parallel_blocks_only=True,
                       selective_recompute="any", search_offers_selective=False, expert_parallel=True,
                       expert_parallel_axes=("dp",), sequence_parallel_in_expert_blocks=False,
-                      sequence_axes=("ulysses",), sequence_split_with_sequence_parallel=False),
+                      sequence_axes=("ulysses", "cp"), sequence_split_with_sequence_parallel=False,
+                      context_parallel_dropout=False),
     "deepspeed": Target(
         "deepspeed", "DeepSpeed (ZeRO + pipeline engine)", "deepspeed", ("dp", "z1dp", "z2dp", "sdp"),
         pipeline_max_zero_stage=1,

@@ -1,0 +1,111 @@
+"""Ring context parallelism (Liu et al. 2023, megatron-core's load-balanced CP; gbmw.adapters.runtime.context_parallel)
+in the hybrid runtime trains exactly what one process trains: on GPT (LayerNorm, learned positions, tied head) and
+LLaMA-style models (RMSNorm, SwiGLU, rotary positions, 8 query heads on 4 key/value heads), plans with cp alone, with
+data parallelism and ZeRO, with TP, over four ranks, mixed with other layouts between layers (Slice-Gather between
+CP's chunks j and 2c − 1 − j, Ulysses' contiguous parts and batch slices), with +sel and across a pipeline boundary
+give the same losses, weights and Adam moments as single-process training.
+
+Tolerances are test_runtime_equivalence's (its comment derives them). CP adds one reordering to data parallelism's:
+attention's softmax over the whole sequence is merged from blocks by their log-sum-exp, a few fp32 roundings per row
+(the ring alone is checked in float64 below, where it agrees with torch's attention to 1e-12). What the tolerances
+catch here, each by far more: positions taken as a contiguous part rather than the two chunks (learned positions and
+rotary angles of the wrong tokens: `test_contiguous_positions_would_be_caught`), a causal mask on the wrong blocks
+(a query attends to a later chunk, or misses an earlier one), a key/value gradient left on the rank that computed it
+instead of travelling home, a loss share not divided by c, and gradients left unsummed over the CP group (half of
+every moment's gradient: 50 %).
+"""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from dist_fixture import run_distributed  # noqa: E402
+from runtime_reference import collect  # noqa: E402
+from test_runtime_equivalence import (GLOBAL_BATCH, LOSS_TOLERANCE, STEPS, assert_same_training,  # noqa: E402
+                                      reference, trained_from)
+
+pytestmark = pytest.mark.dist
+
+# (id, model, processes, per-layer strategies (embedding, 4 blocks, head), partition, micro-batches)
+PLANS = [
+    ("gpt-cp2", "gpt-tiny", 2, ["cp2"] * 6, [6], 2),
+    ("llama-cp2", "llama-tiny", 2, ["cp2"] * 6, [6], 2),
+    ("gpt-mixed", "gpt-tiny", 2, ["dp2", "cp2", "ulysses2", "cp2+ckpt", "tp2", "cp2"], [6], 2),
+    ("llama-mixed", "llama-tiny", 2, ["cp2", "dp2", "cp2+sel", "ulysses2", "cp2", "sdp2"], [6], 2),
+    ("gpt-cp2-dp2", "gpt-tiny", 4, ["cp2-dp2"] * 6, [6], 2),
+    ("llama-tp2-cp2", "llama-tiny", 4, ["tp2-cp2"] * 6, [6], 2),
+    ("gpt-tp2-cp2", "gpt-tiny", 4, ["tp2-cp2"] * 6, [6], 2),
+    ("llama-cp4", "llama-tiny", 4, ["cp4"] * 6, [6], 2),
+    ("gpt-cp4-mixed", "gpt-tiny", 4, ["dp4", "cp4", "ulysses4", "cp2-dp2", "tp2-cp2", "dp2-tp2"], [6], 2),
+    ("llama-cp2-zero", "llama-tiny", 4, ["cp2-sdp2", "cp2-z1dp2", "cp2-z2dp2+ckpt", "tp2-cp2", "dp4", "cp2-sdp2"],
+     [6], 2),
+    ("gpt-pp2", "gpt-tiny", 4, ["cp2", "cp2", "dp2", "cp2", "ulysses2", "cp2"], [3, 3], 2),
+]
+
+
+@pytest.mark.parametrize("plan_id, model, processes, strategies, partition, micro_batches", PLANS,
+                         ids=[plan[0] for plan in PLANS])
+def test_cp_matches_single_process(plan_id, model, processes, strategies, partition, micro_batches):
+    assert_same_training(*trained_from(PLANS, processes, plan_id), *reference(model))
+
+
+def _ring_against_one_process(rank, world_size, causal):
+    """Ring attention of this rank's chunks (float64, 8 query heads on 4 key/value heads) and its gradients, against
+    torch's attention over the whole sequence: the largest absolute differences of O, dQ, dK and dV."""
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    from gbmw.adapters.runtime.context_parallel import ContextParallel
+
+    generator = torch.Generator().manual_seed(0)
+    batch, tokens, heads, kv_heads, head_dim = 2, 16, 8, 4, 8
+    query, output_grad = (torch.randn(batch, tokens, heads, head_dim, generator=generator, dtype=torch.float64)
+                          for _ in range(2))
+    key, value = (torch.randn(batch, tokens, kv_heads, head_dim, generator=generator, dtype=torch.float64)
+                  for _ in range(2))
+    ring = ContextParallel(dist.new_group(list(range(world_size))), world_size, rank, tuple(range(world_size)))
+    chunk = tokens // (2 * world_size)
+    mine = torch.cat([torch.arange(index * chunk, (index + 1) * chunk) for index in ring.chunks_of(rank)])
+    local = [tensor[:, mine].clone().requires_grad_() for tensor in (query, key, value)]
+    output = ring.attend(*local, causal, 0.0)
+    output.backward(output_grad[:, mine])
+    whole = [tensor.clone().requires_grad_() for tensor in (query, key, value)]
+    expected = F.scaled_dot_product_attention(*(tensor.transpose(1, 2) for tensor in whole), is_causal=causal,
+                                              enable_gqa=True).transpose(1, 2)
+    expected.backward(output_grad)
+    pairs = [(output, expected[:, mine])] + [(mine_, full.grad[:, mine]) for mine_, full in zip(
+        [tensor.grad for tensor in local], whole)]
+    return [float((a - b).abs().max()) for a, b in pairs]
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_ring_attention_equals_attention_over_the_whole_sequence(world_size):
+    """In float64, so the check is of the algorithm, not of fp32 rounding: causal (the load-balanced blocks) and
+    bidirectional (BERT's), forward and every gradient, within 1e-12."""
+    for causal in (True, False):
+        for differences in run_distributed(world_size, _ring_against_one_process, causal, timeout_s=120):
+            assert max(differences) < 1e-12, (causal, differences)
+
+
+def _with_contiguous_positions(rank, world_size, model, strategies):
+    """Train with every CP rank taking its positions as one contiguous part (as Ulysses' would be): the bug the
+    chunk positions avoid."""
+    from runtime_reference import distributed_training
+
+    from gbmw.adapters.runtime.context_parallel import ContextParallel
+
+    ContextParallel.positions = lambda self, local_tokens, device: torch.arange(
+        self.part * local_tokens, (self.part + 1) * local_tokens, device=device)
+    return distributed_training(rank, world_size, model, strategies, [6], GLOBAL_BATCH, 2, STEPS)
+
+
+@pytest.mark.parametrize("model", ["gpt-tiny", "llama-tiny"])
+def test_contiguous_positions_would_be_caught(model):
+    """The tolerances see the bug: learned positions (GPT) or rotary angles (LLaMA) of each chunk pair taken as one
+    contiguous part. GPT's losses move by far more than LOSS_TOLERANCE; LLaMA's rotary angles depend on relative
+    positions only, so only pairs of tokens in different chunks are wrong — still more than the tolerance."""
+    losses, weights = collect(run_distributed(2, _with_contiguous_positions, model, ["cp2"] * 6, timeout_s=300))
+    expected_losses, expected_weights = reference(model)
+    assert max(abs(a - b) for a, b in zip(losses, expected_losses)) > 10 * LOSS_TOLERANCE
+    with pytest.raises(AssertionError):
+        assert_same_training(losses, weights, expected_losses, expected_weights)
