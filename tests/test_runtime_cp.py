@@ -49,9 +49,10 @@ def test_cp_matches_single_process(plan_id, model, processes, strategies, partit
     assert_same_training(*trained_from(PLANS, processes, plan_id), *reference(model))
 
 
-def _ring_against_one_process(rank, world_size, causal):
+def _ring_against_one_process(rank, world_size):
     """Ring attention of this rank's chunks (float64, 8 query heads on 4 key/value heads) and its gradients, against
-    torch's attention over the whole sequence: the largest absolute differences of O, dQ, dK and dV."""
+    torch's attention over the whole sequence, on a ring of all ranks and on rings of two: {(ring size, causal): the
+    largest absolute differences of O, dQ, dK and dV}."""
     import torch.distributed as dist
     import torch.nn.functional as F
 
@@ -63,49 +64,58 @@ def _ring_against_one_process(rank, world_size, causal):
                           for _ in range(2))
     key, value = (torch.randn(batch, tokens, kv_heads, head_dim, generator=generator, dtype=torch.float64)
                   for _ in range(2))
-    ring = ContextParallel(dist.new_group(list(range(world_size))), world_size, rank, tuple(range(world_size)))
-    chunk = tokens // (2 * world_size)
-    mine = torch.cat([torch.arange(index * chunk, (index + 1) * chunk) for index in ring.chunks_of(rank)])
-    local = [tensor[:, mine].clone().requires_grad_() for tensor in (query, key, value)]
-    output = ring.attend(*local, causal, 0.0)
-    output.backward(output_grad[:, mine])
-    whole = [tensor.clone().requires_grad_() for tensor in (query, key, value)]
-    expected = F.scaled_dot_product_attention(*(tensor.transpose(1, 2) for tensor in whole), is_causal=causal,
-                                              enable_gqa=True).transpose(1, 2)
-    expected.backward(output_grad)
-    pairs = [(output, expected[:, mine])] + [(mine_, full.grad[:, mine]) for mine_, full in zip(
-        [tensor.grad for tensor in local], whole)]
-    return [float((a - b).abs().max()) for a, b in pairs]
+    whole_ring = tuple(range(world_size))
+    pairs = [dist.new_group([first, first + 1]) for first in range(0, world_size, 2)]  # every rank creates every group
+    rings = [ContextParallel(dist.new_group(list(whole_ring)), world_size, rank, whole_ring),
+             ContextParallel(pairs[rank // 2], 2, rank % 2, (rank // 2 * 2, rank // 2 * 2 + 1))]
+    differences = {}
+    for ring in rings:
+        for causal in (True, False):
+            chunk = tokens // (2 * ring.size)
+            mine = torch.cat([torch.arange(index * chunk, (index + 1) * chunk) for index in ring.chunks_of(ring.part)])
+            local = [tensor[:, mine].clone().requires_grad_() for tensor in (query, key, value)]
+            output = ring.attend(*local, causal, 0.0)
+            output.backward(output_grad[:, mine])
+            whole = [tensor.clone().requires_grad_() for tensor in (query, key, value)]
+            expected = F.scaled_dot_product_attention(*(tensor.transpose(1, 2) for tensor in whole), is_causal=causal,
+                                                      enable_gqa=True).transpose(1, 2)
+            expected.backward(output_grad)
+            compared = [(output, expected[:, mine])] + [(part.grad, full.grad[:, mine])
+                                                        for part, full in zip(local, whole)]
+            differences[ring.size, causal] = [float((a - b).abs().max()) for a, b in compared]
+    return differences
 
 
-@pytest.mark.parametrize("world_size", [2, 4])
-def test_ring_attention_equals_attention_over_the_whole_sequence(world_size):
-    """In float64, so the check is of the algorithm, not of fp32 rounding: causal (the load-balanced blocks) and
-    bidirectional (BERT's), forward and every gradient, within 1e-12."""
-    for causal in (True, False):
-        for differences in run_distributed(world_size, _ring_against_one_process, causal, timeout_s=120):
-            assert max(differences) < 1e-12, (causal, differences)
+def test_ring_attention_equals_attention_over_the_whole_sequence():
+    """In float64, so the check is of the algorithm, not of fp32 rounding: rings of 4 and of 2, causal (the
+    load-balanced blocks) and bidirectional (BERT's), forward and every gradient, within 1e-12."""
+    for differences in run_distributed(4, _ring_against_one_process, timeout_s=120):
+        assert set(differences) == {(4, True), (4, False), (2, True), (2, False)}
+        for case, values in differences.items():
+            assert max(values) < 1e-12, (case, values)
 
 
-def _with_contiguous_positions(rank, world_size, model, strategies):
-    """Train with every CP rank taking its positions as one contiguous part (as Ulysses' would be): the bug the
-    chunk positions avoid."""
+def _with_contiguous_positions(rank, world_size, models):
+    """Train each model with every CP rank taking its positions as one contiguous part (as Ulysses' would be): the bug
+    the chunk positions avoid."""
     from runtime_reference import distributed_training
 
     from gbmw.adapters.runtime.context_parallel import ContextParallel
 
     ContextParallel.positions = lambda self, local_tokens, device: torch.arange(
         self.part * local_tokens, (self.part + 1) * local_tokens, device=device)
-    return distributed_training(rank, world_size, model, strategies, [6], GLOBAL_BATCH, 2, STEPS)
+    return [distributed_training(rank, world_size, model, ["cp2"] * 6, [6], GLOBAL_BATCH, 2, STEPS) for model in models]
 
 
-@pytest.mark.parametrize("model", ["gpt-tiny", "llama-tiny"])
-def test_contiguous_positions_would_be_caught(model):
+def test_contiguous_positions_would_be_caught():
     """The tolerances see the bug: learned positions (GPT) or rotary angles (LLaMA) of each chunk pair taken as one
     contiguous part. GPT's losses move by far more than LOSS_TOLERANCE; LLaMA's rotary angles depend on relative
     positions only, so only pairs of tokens in different chunks are wrong — still more than the tolerance."""
-    losses, weights = collect(run_distributed(2, _with_contiguous_positions, model, ["cp2"] * 6, timeout_s=300))
-    expected_losses, expected_weights = reference(model)
-    assert max(abs(a - b) for a, b in zip(losses, expected_losses)) > 10 * LOSS_TOLERANCE
-    with pytest.raises(AssertionError):
-        assert_same_training(losses, weights, expected_losses, expected_weights)
+    models = ["gpt-tiny", "llama-tiny"]
+    results = run_distributed(2, _with_contiguous_positions, models, timeout_s=300)
+    for index, model in enumerate(models):
+        losses, weights = collect([result[index] for result in results])
+        expected_losses, expected_weights = reference(model)
+        assert max(abs(a - b) for a, b in zip(losses, expected_losses)) > 10 * LOSS_TOLERANCE, model
+        with pytest.raises(AssertionError):
+            assert_same_training(losses, weights, expected_losses, expected_weights)
