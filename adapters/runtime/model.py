@@ -243,7 +243,8 @@ class TransformerBlock(nn.Module):
                                                           self.head_dim)
         key, value = qkv[:, :, :, self.group_heads], qkv[:, :, :, self.group_heads + 1]
         if self.rotary_base is not None:
-            positions = self.sequence.positions(tokens, qkv.device)  # global (a rank may hold a part of the tokens)
+            # global positions where the rank holds a part of the tokens
+            positions = self.sequence.positions(tokens, qkv.device) if self.sequence.size > 1 else None
             query, key = rotate(query, self.rotary_base, positions), rotate(key, self.rotary_base, positions)
         return query.contiguous(), key.contiguous(), value.contiguous()
 

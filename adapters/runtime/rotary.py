@@ -25,7 +25,8 @@ def rotary_angles(tokens: int, head_dim: int, base: float, device: torch.device,
     if head_dim % 2:
         raise ValueError(f"rotary position embeddings rotate feature pairs: head_dim {head_dim} must be even")
     inverse_frequencies = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim)
-    positions = torch.arange(tokens, device=device) if positions is None else positions
+    if positions is None:
+        positions = torch.arange(tokens, dtype=torch.float32, device=device)
     return torch.outer(positions.to(torch.float32), inverse_frequencies)
 
 
