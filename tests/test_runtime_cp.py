@@ -119,3 +119,21 @@ def test_contiguous_positions_would_be_caught():
         assert max(abs(a - b) for a, b in zip(losses, expected_losses)) > 10 * LOSS_TOLERANCE, model
         with pytest.raises(AssertionError):
             assert_same_training(losses, weights, expected_losses, expected_weights)
+
+
+def test_attention_dropout_and_plus_sp_are_refused_in_one_line():
+    """What the ring does not run is refused before training, in the planner's words (gbmw.space)."""
+    from runtime_reference import architecture
+
+    from gbmw.adapters.runtime.context_parallel import ContextParallel
+    from gbmw.adapters.runtime.model import build_layer
+    from gbmw.adapters.runtime.tensor_parallel import TensorParallel
+    from gbmw.errors import PlanError
+    from gbmw.space.runtime_support import runtime_strategy_refusal
+    from gbmw.space.strategy import Strategy
+
+    with pytest.raises(PlanError, match=r"^layer decoder\.0: gbmw's ring attention \(cp\) runs without attention dropout"):
+        build_layer(architecture("gpt-tiny+dropout"), "decoder.0", TensorParallel.single(),
+                    sequence=ContextParallel(None, 2, 0, (0, 1)))
+    assert "without +sp" in runtime_strategy_refusal(Strategy.parse("tp2-cp2+sp"))
+    assert runtime_strategy_refusal(Strategy.parse("tp2-cp2-z2dp2")) is None
