@@ -132,7 +132,7 @@ def test_attention_dropout_and_plus_sp_are_refused_in_one_line():
     from gbmw.space.runtime_support import runtime_strategy_refusal
     from gbmw.space.strategy import Strategy
 
-    with pytest.raises(PlanError, match=r"^layer decoder\.0: gbmw's ring attention \(cp\) runs without attention dropout"):
+    with pytest.raises(PlanError, match=r"^layer decoder\.0: gbmw.s ring attention \(cp\) runs without attention"):
         build_layer(architecture("gpt-tiny+dropout"), "decoder.0", TensorParallel.single(),
                     sequence=ContextParallel(None, 2, 0, (0, 1)))
     assert "without +sp" in runtime_strategy_refusal(Strategy.parse("tp2-cp2+sp"))
