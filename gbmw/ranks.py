@@ -40,18 +40,31 @@ def batch_shard(local_rank: int, strategy: Strategy) -> tuple[int, int]:
 
 
 def sequence_shard(local_rank: int, strategy: Strategy) -> tuple[int, int]:
-    """(index, count): a stage-local rank holds the index-th of `count` parts of each sample's tokens — its digit
-    on the strategy's sequence axis (cp, ulysses); (0, 1) without one. Costed as contiguous parts: Ulysses' are;
-    megatron-core's load-balanced CP gives each rank two chunks (i and 2c − 1 − i), the same volume."""
+    """(index, count): a stage-local rank's digit on the strategy's sequence axis (cp, ulysses) and that axis' degree;
+    (0, 1) without one. Which tokens the digit stands for is `sequence_pieces`."""
     axis = strategy.sequence_axis
     return (axis_digits(local_rank, strategy)[axis], strategy.degree(axis)) if axis else (0, 1)
 
 
+def sequence_pieces(local_rank: int, strategy: Strategy) -> tuple[tuple[int, int], ...]:
+    """The contiguous pieces of every sample's tokens a stage-local rank holds, in token order, each (index, count):
+    the index-th of `count` equal parts. Ulysses rank j of u: part j of u, one piece. Ring context parallelism rank j
+    of c: chunks j and 2c − 1 − j of 2c — megatron-core's load-balanced causal split
+    (megatron.core.utils.get_batch_on_this_cp_rank), so every rank holds as many early queries (few keys before them)
+    as late ones and does the same causal attention work. ((0, 1),) without a sequence axis."""
+    index, count = sequence_shard(local_rank, strategy)
+    if strategy.sequence_axis != "cp":
+        return ((index, count),)
+    return ((index, 2 * count), (2 * count - 1 - index, 2 * count))
+
+
 @lru_cache(maxsize=None)
-def data_layout(strategy: Strategy) -> tuple[tuple[int, int, int, int], ...]:
-    """(batch index, batch count, sequence index, sequence count) of every local rank of the stage: which part of a
-    micro-batch's activations each rank holds. What the transition cost R compares."""
-    return tuple(batch_shard(local, strategy) + sequence_shard(local, strategy) for local in range(strategy.group_size))
+def data_layout(strategy: Strategy) -> tuple[tuple[int, int, tuple[tuple[int, int], ...]], ...]:
+    """(batch index, batch count, sequence pieces) of every local rank of the stage: which samples of a micro-batch
+    (`batch_shard`) and which of their tokens (`sequence_pieces`) each rank holds. What the transition cost R compares
+    and Slice-Gather moves (gbmw.adapters.runtime.redistribute)."""
+    return tuple(batch_shard(local, strategy) + (sequence_pieces(local, strategy),)
+                 for local in range(strategy.group_size))
 
 
 @lru_cache(maxsize=None)
@@ -70,12 +83,19 @@ def transition_fraction(previous: Strategy, current: Strategy) -> float:
         raise ValueError("strategies of one stage share the group size")
     worst = 0.0
     for held, needed in zip(data_layout(previous), data_layout(current)):
-        # a rank holds a rectangle of (samples × tokens); what it lacks of the needed one comes from the others
-        overlap = _overlap(held[0], held[1], needed[0], needed[1]) * _overlap(held[2], held[3], needed[2], needed[3])
-        forward = 1 / (needed[1] * needed[3]) - overlap
-        backward = 1 / (held[1] * held[3]) - overlap
+        # a rank holds (samples × token pieces); what it lacks of the needed ones comes from the others
+        tokens_in_common = sum(_overlap(*held_piece, *needed_piece)
+                               for held_piece in held[2] for needed_piece in needed[2])
+        overlap = _overlap(held[0], held[1], needed[0], needed[1]) * tokens_in_common
+        forward = _held_fraction(needed) - overlap
+        backward = _held_fraction(held) - overlap
         worst = max(worst, forward + backward)
     return worst
+
+
+def _held_fraction(shard: tuple[int, int, tuple[tuple[int, int], ...]]) -> float:
+    """The fraction of a micro-batch's activation a `data_layout` entry holds."""
+    return sum(1 / count for _, count in shard[2]) / shard[1]
 
 
 def _overlap(index_a: int, count_a: int, index_b: int, count_b: int) -> float:
@@ -140,6 +160,11 @@ class RankLayout:
         """The Ulysses group: the ranks with the same digit as `rank` on every axis but `ulysses` — they hold the
         same samples' other parts of the sequence, in sequence order ((rank,) without a ulysses axis)."""
         return self.group(rank, strategy, ("ulysses",))
+
+    def sequence_group(self, rank: int, strategy: Strategy) -> tuple[int, ...]:
+        """The ranks with the same digit as `rank` on every axis but the strategy's sequence axis (cp or ulysses):
+        they hold the same samples' other tokens, in the order of their sequence digits ((rank,) without one)."""
+        return self.group(rank, strategy, SEQUENCE_AXES)
 
     def gradient_group(self, rank: int, strategy: Strategy) -> tuple[int, ...]:
         """Ranks holding the same weights, whose gradients are summed: the data-parallel group of the strategy's

@@ -87,7 +87,23 @@ def test_transitions_between_sequence_layouts():
     # 1/8 of it before, of which it keeps 1/16: it receives 1/16, and sends back gradients of the other 1/16
     assert transition_fraction(Strategy.parse("dp8"), Strategy.parse("cp2-dp4")) == pytest.approx(1 / 16 + 1 / 16)
     assert transition_fraction(Strategy.parse("cp2-dp4"), Strategy.parse("cp2-dp4+ckpt")) == 0
-    assert transition_fraction(Strategy.parse("cp2-dp4"), Strategy.parse("ulysses2-dp4")) == 0
+    # cp2 holds chunks (0, 3) and (1, 2) of 4, ulysses2 the halves (0, 1) and (2, 3): each rank keeps one chunk of its
+    # two — it receives 1/16 of the micro-batch and sends back gradients of 1/16 (the runtime's Slice-Gather moves that)
+    assert transition_fraction(Strategy.parse("cp2-dp4"), Strategy.parse("ulysses2-dp4")) == pytest.approx(1 / 8)
+    assert transition_fraction(Strategy.parse("cp4-dp2"), Strategy.parse("cp4-dp2+ckpt")) == 0
+    # cp4 → cp2-dp2: rank j of cp4 (chunks j, 7 − j of 8) needs chunks (j', 3 − j') of 4 of half the samples
+    assert transition_fraction(Strategy.parse("cp4"), Strategy.parse("cp2-dp2")) == pytest.approx(
+        transition_fraction(Strategy.parse("cp2-dp2"), Strategy.parse("cp4")))
+
+
+def test_sequence_pieces_are_megatron_cores_load_balanced_chunks():
+    from gbmw.ranks import data_layout, sequence_pieces
+
+    cp4, ulysses4 = Strategy.parse("tp2-cp4"), Strategy.parse("tp2-ulysses4")
+    assert [sequence_pieces(local, cp4) for local in range(0, 8, 2)] == [((0, 8), (7, 8)), ((1, 8), (6, 8)),
+                                                                        ((2, 8), (5, 8)), ((3, 8), (4, 8))]
+    assert [sequence_pieces(local, ulysses4) for local in range(0, 8, 2)] == [((part, 4),) for part in range(4)]
+    assert data_layout(Strategy.parse("dp2"))[1] == (1, 2, ((0, 1),))
 
 
 def test_each_target_offers_its_own_sequence_axis_with_its_rules():
@@ -102,6 +118,12 @@ def test_each_target_offers_its_own_sequence_axis_with_its_rules():
     standard = job.model.model_copy(update={"layers": tuple(layer.model_copy(
         update={"forward_flash_attention_flops_per_sample": 0.0}) for layer in job.model.layers)})
     assert "fused (flash)" in sequence_split_problem(Strategy.parse("cp2"), standard.layers[1], standard, core)
+    runtime = get_target("runtime")  # ring attention without attention dropout, +sp or +ep
+    assert runtime.allows(Strategy.parse("tp2-cp2-z1dp2"), 1) and not runtime.allows(Strategy.parse("tp2-cp2+sp"), 1)
+    assert sequence_split_problem(Strategy.parse("cp2"), block, job.model, runtime) is None
+    dropout = job.model.model_copy(update={"architecture": job.model.architecture.model_copy(update={"dropout": True})})
+    assert "without attention dropout" in sequence_split_problem(Strategy.parse("cp2"), block, dropout, runtime)
+    assert sequence_split_problem(Strategy.parse("cp2"), block, dropout, core) is None
     with pytest.raises(PlanError, match=r"--uniform tp=2, pp=4, cp=16: devices\(64\) % \(tp \* pp \* cp = 128\) != 0"):
         gbmw.uniform_plan(job, "tp=2,pp=4,cp=16,micro=1,target=megatron-core")
 

@@ -15,6 +15,8 @@ PLANS = [  # model, per-layer strategies (embedding, 4 blocks, head) and the par
     ("llama-tiny", ["single", "single+ckpt", "single", "single", "single", "single"], [3, 3]),
     # mixture of experts: 16-bit token copies dispatched and combined by all-to-all, routed in fp32, with TP experts
     ("llama-moe-tiny", ["dp2+ep2", "tp2", "dp2+ep2+ckpt", "tp2", "dp2+ep2", "dp2"], [6]),
+    # ring context parallelism: 16-bit K and V sent round the ring, blocks computed and merged in fp32
+    ("llama-tiny", ["cp2", "cp2+ckpt", "tp2", "cp2", "ulysses2", "cp2"], [6]),
 ]
 
 

@@ -97,7 +97,7 @@ def test_one_block_recomputes_its_core_with_the_same_masks(model, monkeypatch):
     """In one process: a +sel block's gradients equal the plain block's bit for bit, and a recomputation that does
     not restore the generator state (what this test exists to catch) changes them."""
     from gbmw.adapters.runtime import attention_core_recompute
-    from gbmw.adapters.runtime import model as runtime_model
+    from gbmw.adapters.runtime import ulysses as plain_or_ulysses  # where a block picks its attention core
 
     plain = _block_gradients(model, recompute_core=False)
     assert all(torch.equal(a, b) for a, b in zip(_block_gradients(model, recompute_core=True), plain))
@@ -106,7 +106,7 @@ def test_one_block_recomputes_its_core_with_the_same_masks(model, monkeypatch):
         return torch.utils.checkpoint.checkpoint(attention_core_recompute.attention, query, key, value, causal,
                                                  dropout_p, use_reentrant=False, preserve_rng_state=False)
 
-    monkeypatch.setattr(runtime_model, "recomputed_attention", without_restored_state)
+    monkeypatch.setattr(plain_or_ulysses, "recomputed_attention", without_restored_state)
     broken = _block_gradients(model, recompute_core=True)
     assert not torch.equal(broken[0], plain[0])  # the input's gradient flows through the attention's masks
 
@@ -120,7 +120,7 @@ def test_one_block_on_cuda_recomputes_its_core_with_the_same_masks(model, monkey
     gradients are compared at 1e-4 of each tensor's largest element: ~10³ fp32 roundings, while another mask (the
     state not restored, checked below) changes them by O(1)."""
     from gbmw.adapters.runtime import attention_core_recompute
-    from gbmw.adapters.runtime import model as runtime_model
+    from gbmw.adapters.runtime import ulysses as plain_or_ulysses  # where a block picks its attention core
 
     def close(mine, expected):
         return all(torch.allclose(a, b, rtol=0.0, atol=1e-4 * float(b.abs().max())) for a, b in zip(mine, expected))
@@ -132,7 +132,7 @@ def test_one_block_on_cuda_recomputes_its_core_with_the_same_masks(model, monkey
         return torch.utils.checkpoint.checkpoint(attention_core_recompute.attention, query, key, value, causal,
                                                  dropout_p, use_reentrant=False, preserve_rng_state=False)
 
-    monkeypatch.setattr(runtime_model, "recomputed_attention", without_restored_state)
+    monkeypatch.setattr(plain_or_ulysses, "recomputed_attention", without_restored_state)
     assert not close(_block_gradients(model, recompute_core=True, device="cuda")[:1], plain[:1])
 
 

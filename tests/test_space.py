@@ -65,12 +65,13 @@ def test_non_power_of_two_group_is_refused():
         enumerate_strategies(6)
 
 
+@pytest.mark.parametrize("variant, axis", [("gbmw+ulysses", "ulysses"), ("gbmw+cp", "cp")])
 @pytest.mark.parametrize("devices", [2, 4, 8])
-def test_a_ulysses_strategy_is_offered_only_where_its_gradient_view_is_not_usable(devices):
-    """The dominance rule of SearchSpace.usable: S = (ulysses u, data-parallel degree d) costs no less, per layer, than
-    its gradient_view (data-parallel degree u·d, no ulysses) — compute, gradient synchronisation, activation memory,
-    model states — on a long-sequence GQA job (Llama 3.1 8B at 128k tokens), so the gbmw+ulysses space offers S only at
-    micro-batch sizes u·d does not divide, and there offers it."""
+def test_a_sequence_split_strategy_is_offered_only_where_its_gradient_view_is_not_usable(devices, variant, axis):
+    """The dominance rule of SearchSpace.usable: S = (ulysses or cp u, data-parallel degree d) costs no less, per
+    layer, than its gradient_view (data-parallel degree u·d, no sequence axis) — compute, gradient synchronisation,
+    activation memory, model states — on a long-sequence GQA job (Llama 3.1 8B at 128k tokens), so the gbmw+ulysses
+    and gbmw+cp spaces offer S only at micro-batch sizes u·d does not divide, and there offer it."""
     import numpy as np
 
     from gbmw.cost.comm import CommModel
@@ -82,19 +83,21 @@ def test_a_ulysses_strategy_is_offered_only_where_its_gradient_view_is_not_usabl
 
     job = load_job("llama3.1-8b-128k_h100-80g-x64")
     model = model_as_run(job.model, True)
-    space = search_space("gbmw+ulysses")
+    space = search_space(variant)
     cluster = job.cluster.model_copy(update={"nodes": 1, "devices_per_node": devices})
     candidates = space.strategies(cluster, 1)
-    ulysses = [s for s in candidates if s.sequence_axis == "ulysses"]
-    assert ulysses and all(s.gradient_view in candidates for s in ulysses)
+    split = [s for s in candidates if s.sequence_axis is not None]
+    assert split and all(s.sequence_axis == axis and s.gradient_view in candidates for s in split)
     settings = CostSettings(job.cluster, job.precision, job.optimizer, "gbmw-runtime")
-    tables = strategy_tables(model, ulysses + [s.gradient_view for s in ulysses], 8, settings, CommModel(job.cluster))
-    for name in ("time_s", "time_no_grad_sync_s", "forward_memory_bytes", "backward_memory_bytes", "model_state_bytes"):
+    tables = strategy_tables(model, split + [s.gradient_view for s in split], 8, settings, CommModel(job.cluster))
+    names = ("time_s", "time_no_grad_sync_s", "forward_memory_bytes", "backward_memory_bytes", "model_state_bytes")
+    for name in names:
         table = getattr(tables, name)
-        assert np.all(table[len(ulysses):] <= table[:len(ulysses)] * (1 + 1e-12)), name
-    assert (tables.time_s[len(ulysses):] < tables.time_s[:len(ulysses)]).any()  # the all-to-alls cost something
+        assert np.all(table[len(split):] <= table[:len(split)] * (1 + 1e-12)), name
+    # the all-to-alls, or the ring's sends and key/value buffers, cost something
+    assert any((getattr(tables, name)[len(split):] < getattr(tables, name)[:len(split)]).any() for name in names)
     for micro_batch in (1, 2, 4, 8):
         offered = set(space.usable(candidates, micro_batch))
-        for strategy in ulysses:
+        for strategy in split:
             undominated = micro_batch % strategy.data_parallel == 0 and micro_batch % strategy.gradient_view.data_parallel
             assert (strategy in offered) == bool(undominated)

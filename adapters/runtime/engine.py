@@ -13,18 +13,20 @@ sharding):
 A mixture-of-experts block holds the routed experts of its EP rank (`+epN`, experts: tokens reach them by all-to-all)
 and sums (or shards, with ZeRO) their gradients over its expert-data-parallel group, its other gradients over the
 data-parallel group (expert_data_parallel).
-A layer with a `ulysses` axis runs on its rank's part of each sample's tokens (ulysses: all-to-alls around the
-attention core); its weights see the Ulysses ranks as data-parallel ones (Strategy.gradient_view), so gradients are
-summed and parameters sharded over the data-parallel and Ulysses ranks together.
+A layer with a `ulysses` or `cp` axis runs on its rank's part of each sample's tokens (ulysses: all-to-alls around the
+attention core; context_parallel: ring attention); its weights see those ranks as data-parallel ones
+(Strategy.gradient_view), so gradients are summed and parameters sharded over the data-parallel and sequence ranks
+together.
 Between layers whose strategies slice the micro-batch differently the activation is re-laid
 (redistribute, Slice-Gather); stages run 1F1B (pipeline); gradients are synchronised after the last
 micro-batch (sharding); tied weights are summed across their copies (tied_weights); Adam steps.
 
 Loss arithmetic: the objective is the mean over the global batch of each sample's loss, i.e. the mean
 over the m micro-batches of the mean over each micro-batch. A rank whose head sees 1/k of a micro-batch
-back-propagates (its local mean) / (k · m): its exact share. Under Ulysses a rank's head sees 1/u of the tokens of
-its slice and back-propagates its part's mean / (u · k · m) (the head divides by u: the parts are equal). Every gradient is then a partial sum over
-this rank's samples, and data-parallel groups SUM them (never average), whatever their degree.
+back-propagates (its local mean) / (k · m): its exact share. Split over u sequence ranks (Ulysses or CP) a rank's
+head sees 1/u of the tokens of its slice and back-propagates its part's mean / (u · k · m) (the head divides by u:
+the parts are equal). Every gradient is then a partial sum over this rank's samples, and data-parallel groups SUM
+them (never average), whatever their degree.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from gbmw.errors import PlanError
 from gbmw.plan import Plan
 from gbmw.space.strategy import Strategy
 
+from .context_parallel import ContextParallel
 from .expert_data_parallel import gradient_parts, shard_layer
 from .experts import ExpertParallel, gather_experts, is_expert_parameter
 from .groups import GroupPool
@@ -147,9 +150,10 @@ class HybridEngine:
 
         tp = TensorParallel(self.pool.tensor_group(strategy), strategy.tp,
                             self.layout.digits(self.rank, strategy).get("tp", 0), strategy.sp)
-        ulysses = UlyssesParallel.of(self.pool, strategy)  # refuses in one line what the runtime does not run with it
+        # Ulysses group or CP ring (each refuses in one line what the runtime does not run with it)
+        sequence = ContextParallel.of(self.pool, strategy) or UlyssesParallel.of(self.pool, strategy)
         experts = ExpertParallel.of(self.pool, strategy)
-        module = build_layer(self.architecture, name, tp, experts=experts, ulysses=ulysses)
+        module = build_layer(self.architecture, name, tp, experts=experts, sequence=sequence)
         if any(parameter.device != self.device for parameter in module.parameters()):
             module = module.to(self.device)  # (under fake tensors `to` the same device would swap a tensor with itself)
         split_dims = partition_dims(module)
@@ -161,7 +165,7 @@ class HybridEngine:
             module.recompute_slices = True
         elif strategy.ckpt:
             module = checkpoint_wrapper(module)
-        weights = strategy.gradient_view  # Ulysses ranks hold the same weights: data-parallel ranks for them
+        weights = strategy.gradient_view  # Ulysses / CP ranks hold the same weights: data-parallel ranks for them
         data_parallel = LayerDataParallel(data_parallel_flavour(weights), self.pool.data_group(weights),
                                           weights.data_parallel)
         expert_data_parallel = LayerDataParallel(data_parallel.flavour, self.pool.expert_data_group(weights),
@@ -305,7 +309,7 @@ class HybridEngine:
         return self.autocast_dtype or torch.float32
 
     def _seed_dropout(self, micro_index: int, layer: StageLayer) -> None:
-        """Dropout masks are a function of (seed, step, micro-batch, layer, batch slice, sequence part under Ulysses):
+        """Dropout masks are a function of (seed, step, micro-batch, layer, batch slice, sequence part if split):
         identical on the TP ranks that share a slice, reproduced exactly when a checkpointed layer is recomputed."""
         if not getattr(self.architecture, "dropout", False):
             return

@@ -21,9 +21,11 @@ depend on the TP degree — checkpoints hold full tensors that every plan reads 
 multiple of 128 as Megatron does (`--make-vocab-size-divisible-by`), in every plan alike, so any power-of-two TP
 degree up to 128 divides it. A mixture-of-experts decoder's MoE blocks (`architecture.is_moe_block(i)`) have a `moe`
 MLP in place of `mlp` (gbmw.adapters.runtime.experts: `moe.router`, `moe.experts.<e>.…`, `moe.shared.…`).
-A layer with a `ulysses` axis (gbmw.adapters.runtime.ulysses) runs on its rank's part of each sample's tokens: the
-embedding adds the learned positions of those tokens' global positions, a block exchanges Q, K, V and the attention
-output over its Ulysses group (rotary angles at global positions), a head returns its part's share of the loss.
+A layer with a sequence axis runs on its rank's part of each sample's tokens (`sequence`: a `ulysses` axis,
+gbmw.adapters.runtime.ulysses, or a `cp` axis, gbmw.adapters.runtime.context_parallel): the embedding adds the learned
+positions of those tokens' global positions, a block's attention sees the whole sequence — Ulysses exchanges Q, K, V
+and the output over its group, CP passes K and V round its ring — with rotary angles at global positions, and a head
+returns its part's share of the loss.
 """
 
 from __future__ import annotations
@@ -41,8 +43,7 @@ from gbmw.errors import PlanError
 from gbmw.space.runtime_support import runtime_refusal
 from gbmw.specs.architectures import BERTArchitecture, GPTArchitecture
 
-from .attention import attention
-from .attention_core_recompute import recomputed_attention
+from .context_parallel import RING_ATTENTION_DROPOUT, ContextParallel
 from .experts import ExpertParallel, MixtureOfExpertsMLP
 from .gated_mlp import swiglu
 from .rms_norm import RMSNorm
@@ -74,24 +75,32 @@ def layer_names(architecture: Any) -> list[str]:
     return ["embedding"] + [f"{body}.{index}" for index in range(architecture.num_layers)] + ["head"]
 
 
+SequenceSplit = UlyssesParallel | ContextParallel
+"""A layer's split of each sample's tokens: `size`, `part`, `head_split`, `token_pieces`, `positions`, `attend`."""
+
+
 def build_layer(architecture: Any, name: str, tp: TensorParallel, dtype: torch.dtype = torch.float32,
-                experts: ExpertParallel | None = None, ulysses: UlyssesParallel | None = None) -> nn.Module:
+                experts: ExpertParallel | None = None, sequence: SequenceSplit | None = None) -> nn.Module:
     """The module of one plan layer, its parameters uninitialised (see `initial_value`); a mixture-of-experts block
-    holds the routed experts of its EP rank `experts` (None: all of them); `ulysses`: the layer's Ulysses group, whose
-    part of each sample's tokens it runs on (None: the whole sequence)."""
-    ulysses = ulysses or UlyssesParallel.single()
+    holds the routed experts of its EP rank `experts` (None: all of them); `sequence`: the layer's Ulysses group or CP
+    ring, whose part of each sample's tokens it runs on (None: the whole sequence)."""
+    sequence = sequence or UlyssesParallel.single()
     bert = isinstance(architecture, BERTArchitecture)
     dropout = DROPOUT_PROBABILITY if architecture.dropout else 0.0
     if tp.sequence_parallel and (name in ("embedding", "head") or architecture.seq_length % tp.size):
         raise PlanError(f"layer {name}: sequence parallelism (+sp) runs in Transformer blocks whose sequence "
                         f"({architecture.seq_length} tokens) the TP degree {tp.size} divides")
-    if architecture.seq_length % ulysses.size:
-        raise PlanError(f"layer {name}: ulysses{ulysses.size} splits each sample's {architecture.seq_length} tokens "
-                        f"into {ulysses.size} equal parts; give a sequence length divisible by {ulysses.size}")
+    axis = "cp" if isinstance(sequence, ContextParallel) else "ulysses"
+    if architecture.seq_length % sequence.token_pieces:
+        raise PlanError(f"layer {name}: {axis}{sequence.size} splits each sample's {architecture.seq_length} tokens "
+                        f"into {sequence.token_pieces} equal parts; give a sequence length divisible by "
+                        f"{sequence.token_pieces}")
+    if axis == "cp" and dropout:
+        raise PlanError(f"layer {name}: {RING_ATTENTION_DROPOUT}")
     if name == "embedding":
-        return Embedding(architecture, tp, dtype, dropout, ulysses)
+        return Embedding(architecture, tp, dtype, dropout, sequence)
     if name == "head":
-        return (BERTHead if bert else GPTHead)(architecture, tp, dtype, ulysses)
+        return (BERTHead if bert else GPTHead)(architecture, tp, dtype, sequence)
     moe = architecture.moe if not bert and architecture.is_moe_block(int(name.split(".")[1])) else None
     if moe is not None and tp.sequence_parallel:
         raise PlanError(f"layer {name}: gbmw's runtime runs mixture-of-experts blocks without sequence parallelism "
@@ -113,7 +122,7 @@ def build_layer(architecture: Any, name: str, tp: TensorParallel, dtype: torch.d
         rotary_base=_rotary_base(architecture),
         moe=moe,
         experts=experts or ExpertParallel.single(),
-        ulysses=ulysses,
+        sequence=sequence,
     )
 
 
@@ -155,9 +164,9 @@ class Embedding(nn.Module):
     embeddings."""
 
     def __init__(self, architecture: Any, tp: TensorParallel, dtype: torch.dtype, dropout: float,
-                 ulysses: UlyssesParallel = UlyssesParallel.single()):
+                 sequence: SequenceSplit = UlyssesParallel.single()):
         super().__init__()
-        self.ulysses = ulysses
+        self.sequence = sequence
         hidden = architecture.hidden_size
         self.word = tp.vocab_embedding(padded_vocab_size(architecture.vocab_size), hidden, dtype)
         positions = getattr(architecture, "max_position_embeddings", None) or architecture.seq_length
@@ -170,9 +179,8 @@ class Embedding(nn.Module):
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         hidden = self.word(tokens)
-        if self.position is not None:  # (rotary positions are applied in attention); global positions under Ulysses
-            first = self.ulysses.offset(tokens.size(1))
-            hidden = hidden + self.position(torch.arange(first, first + tokens.size(1), device=tokens.device))
+        if self.position is not None:  # (rotary positions are applied in attention); global ones under a split
+            hidden = hidden + self.position(self.sequence.positions(tokens.size(1), tokens.device))
         if self.token_type is not None:
             hidden = hidden + self.token_type.weight[0]  # every token of the synthetic data is segment A
         if self.norm is not None:
@@ -187,16 +195,16 @@ class TransformerBlock(nn.Module):
                  tp: TensorParallel, dtype: torch.dtype, *, kv_heads: int | None = None, head_dim: int | None = None,
                  norm: str = "layer", gated_mlp: bool = False, rotary_base: float | None = None, moe: Any = None,
                  experts: ExpertParallel = ExpertParallel.single(),
-                 ulysses: UlyssesParallel = UlyssesParallel.single()):
+                 sequence: SequenceSplit = UlyssesParallel.single()):
         super().__init__()
         kv_heads = kv_heads or heads
         if heads % tp.size or kv_heads % tp.size or ffn % tp.size:
             raise PlanError(f"TP degree {tp.size} must divide the heads ({heads}), the key/value heads ({kv_heads}) and "
                             f"the MLP width ({ffn})")
-        if kv_heads % (tp.size * ulysses.size):
-            raise PlanError(f"Ulysses gives each of tp({tp.size}) × ulysses({ulysses.size}) ranks whole key/value "
-                            f"groups, but the layer has {kv_heads} key/value heads")
-        self.ulysses = ulysses
+        if kv_heads % (tp.size * sequence.head_split):
+            raise PlanError(f"Ulysses gives each of tp({tp.size}) × ulysses({sequence.head_split}) ranks whole "
+                            f"key/value groups, but the layer has {kv_heads} key/value heads")
+        self.sequence = sequence
         # head_dim: hidden / heads unless the architecture sets its own (Mistral-Nemo's 128 with hidden 5120, 32 heads)
         self.local_groups, self.group_heads = kv_heads // tp.size, heads // kv_heads
         self.head_dim = head_dim or hidden // heads
@@ -235,16 +243,15 @@ class TransformerBlock(nn.Module):
                                                           self.head_dim)
         key, value = qkv[:, :, :, self.group_heads], qkv[:, :, :, self.group_heads + 1]
         if self.rotary_base is not None:
-            first = self.ulysses.offset(tokens)  # global positions (a Ulysses rank holds a part of the tokens)
-            query, key = rotate(query, self.rotary_base, first), rotate(key, self.rotary_base, first)
+            # global positions where the rank holds a part of the tokens
+            positions = self.sequence.positions(tokens, qkv.device) if self.sequence.size > 1 else None
+            query, key = rotate(query, self.rotary_base, positions), rotate(key, self.rotary_base, positions)
         return query.contiguous(), key.contiguous(), value.contiguous()
 
     def _attend(self, x: torch.Tensor) -> torch.Tensor:
-        # Ulysses: [its tokens, all heads] → [all tokens, 1/u of the heads] and back (gbmw.adapters.runtime.ulysses)
-        query, key, value = (part.transpose(1, 2) for part in self.ulysses.heads_for_attention(*self._heads(x)))
-        core = recomputed_attention if self.recompute_attention_core else attention
-        context = core(query, key, value, self.causal, self.dropout if self.training else 0.0).transpose(1, 2)
-        context = self.ulysses.tokens_after_attention(context)
+        # over the whole sequence: plain, Ulysses' all-to-alls around the core, or CP's ring (`SequenceSplit.attend`)
+        context = self.sequence.attend(*self._heads(x), self.causal, self.dropout if self.training else 0.0,
+                                       self.recompute_attention_core)
         context = context.reshape(*context.shape[:2], self.local_groups * self.group_heads * self.head_dim)
         return dropout(self.attention.proj(context), self.dropout, self.training)
 
@@ -288,9 +295,9 @@ class GPTHead(nn.Module):
     """Final norm, vocabulary-parallel output projection and cross-entropy: the mean loss per token."""
 
     def __init__(self, architecture: GPTArchitecture, tp: TensorParallel, dtype: torch.dtype,
-                 ulysses: UlyssesParallel = UlyssesParallel.single()):
+                 sequence: SequenceSplit = UlyssesParallel.single()):
         super().__init__()
-        self.tp, self.ulysses = tp, ulysses
+        self.tp, self.sequence = tp, sequence
         self.recompute_slices = False
         """+sp+ckpt (set by the engine in place of checkpointing the whole layer): recompute from the sequence slice."""
         self.norm = make_norm(architecture.norm, architecture.hidden_size, dtype)
@@ -299,8 +306,9 @@ class GPTHead(nn.Module):
 
     def forward(self, x: torch.Tensor, labels: dict[str, torch.Tensor]) -> torch.Tensor:
         logits = self.output(self.norm(x))
-        # the mean over this rank's tokens; under Ulysses 1/u of it, its part's share of the samples' mean (equal parts)
-        return self.tp.cross_entropy(logits, labels["tokens"]).mean() / self.ulysses.size
+        # the mean over this rank's tokens; split over s ranks 1/s of it, its part's share of the samples' mean (equal
+        # parts)
+        return self.tp.cross_entropy(logits, labels["tokens"]).mean() / self.sequence.size
 
 
 class BERTHead(nn.Module):
@@ -308,10 +316,10 @@ class BERTHead(nn.Module):
     The loss is the mean masked-LM loss per token plus the mean next-sentence loss."""
 
     def __init__(self, architecture: BERTArchitecture, tp: TensorParallel, dtype: torch.dtype,
-                 ulysses: UlyssesParallel = UlyssesParallel.single()):
+                 sequence: SequenceSplit = UlyssesParallel.single()):
         super().__init__()
         hidden = architecture.hidden_size
-        self.tp, self.ulysses = tp, ulysses
+        self.tp, self.sequence = tp, sequence
         self.recompute_slices = False
         """+sp+ckpt (set by the engine in place of checkpointing the whole layer): recompute from the sequence slice."""
         self.transform = nn.Linear(hidden, hidden, dtype=dtype)
@@ -322,12 +330,12 @@ class BERTHead(nn.Module):
 
     def forward(self, x: torch.Tensor, labels: dict[str, torch.Tensor]) -> torch.Tensor:
         logits = self.output(self.norm(F.gelu(self.transform(x))))
-        masked_lm = self.tp.cross_entropy(logits, labels["tokens"]).mean() / self.ulysses.size
+        masked_lm = self.tp.cross_entropy(logits, labels["tokens"]).mean() / self.sequence.size
         pooled = torch.tanh(self.pooler(x[:, 0]))
         next_sentence = F.cross_entropy(self.next_sentence(pooled).float(), labels["next_sentence"])
-        # under Ulysses only the first part holds each sample's first token; the others weigh theirs by 0, so the
-        # pooler has a (zero) gradient on every rank of the group, as plain DP's all-reduce needs
-        return masked_lm + next_sentence * float(self.ulysses.part == 0)
+        # under a sequence split only part 0 holds each sample's first token (Ulysses' first part, CP's chunk 0); the
+        # others weigh theirs by 0, so the pooler has a (zero) gradient on every rank, as plain DP's all-reduce needs
+        return masked_lm + next_sentence * float(self.sequence.part == 0)
 
 
 def synthetic_batch(architecture: Any, global_batch: int, step: int, seed: int) -> dict[str, torch.Tensor]:

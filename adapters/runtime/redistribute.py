@@ -10,10 +10,12 @@ missing rows: what one rank receives is the transition cost R the planner prices
 .transition_fraction), and no rank ever holds more than its own slices (an all-gather over the stage group
 would hold the group's size in slices at once).
 
-A strategy with a sequence axis (Ulysses, gbmw.adapters.runtime.ulysses) splits each sample's tokens too: a rank
-holds a rectangle of (batch slice × sequence part) (`gbmw.ranks.data_layout`). Between such layouts the same rule
-moves blocks of (rows × tokens): every rank receives the blocks of its new rectangle it does not hold, each from one
-holder — what `transition_fraction` prices. Layouts that split the batch only take the row path unchanged.
+A strategy with a sequence axis splits each sample's tokens too: a rank holds its batch slice × its pieces of the
+tokens (`gbmw.ranks.data_layout`) — one contiguous part under Ulysses (gbmw.adapters.runtime.ulysses), chunks j and
+2c − 1 − j of 2c under ring context parallelism (gbmw.adapters.runtime.context_parallel), held one after another.
+Between such layouts the same rule moves blocks of (rows × tokens): every rank receives the blocks of its new pieces
+it does not hold, each from one holder — what `transition_fraction` prices. Layouts that split the batch only take
+the row path unchanged.
 """
 
 from __future__ import annotations
@@ -28,35 +30,47 @@ from gbmw.ranks import data_layout
 
 @dataclass(frozen=True)
 class BatchLayout:
-    """Which slice of the micro-batch, and which part of each sample's tokens, every rank of a stage holds under one
+    """Which slice of the micro-batch, and which tokens of each sample, every rank of a stage holds under one
     strategy."""
 
     slice_of_rank: tuple[int, ...]
     """Slice index of each local rank of the stage, in rank order."""
     slices: int
-    part_of_rank: tuple[int, ...] | None = None
-    """Sequence part of each local rank (its digit on the strategy's sequence axis); None: the whole sequence."""
-    parts: int = 1
-    """Parts each sample's tokens are split into (1: none)."""
+    pieces_of_rank: tuple[tuple[tuple[int, int], ...], ...] | None = None
+    """The pieces of each sample's tokens every local rank holds, in token order, each (index, count): the index-th of
+    `count` equal parts (gbmw.ranks.sequence_pieces — Ulysses' one part, ring CP's chunks j and 2c − 1 − j);
+    None: the whole sequence."""
 
     @classmethod
     def of(cls, strategy) -> "BatchLayout":
         shards = data_layout(strategy)
-        parts = shards[0][3]
-        return cls(tuple(shard[0] for shard in shards), shards[0][1],
-                   tuple(shard[2] for shard in shards) if parts > 1 else None, parts)
+        pieces = tuple(shard[2] for shard in shards) if strategy.sequence_axis else None
+        return cls(tuple(shard[0] for shard in shards), shards[0][1], pieces)
+
+    @property
+    def parts(self) -> int:
+        """Ways each sample's tokens are split: every rank holds 1/parts of them (1: none)."""
+        if self.pieces_of_rank is None:
+            return 1
+        pieces = self.pieces_of_rank[0]
+        return pieces[0][1] // len(pieces)
 
     def part(self, local_rank: int) -> int:
-        """The sequence part a rank holds (0 without a sequence split)."""
-        return self.part_of_rank[local_rank] if self.part_of_rank else 0
+        """The rank's digit on the sequence axis, the index of its first piece (0 without a sequence split)."""
+        return self.pieces_of_rank[local_rank][0][0] if self.pieces_of_rank else 0
+
+    def token_ranges(self, local_rank: int, tokens: int) -> list[tuple[int, int]]:
+        """[start, stop) of each piece of a sample's `tokens` tokens the rank holds, in the order it holds them."""
+        pieces = self.pieces_of_rank[local_rank] if self.pieces_of_rank else ((0, 1),)
+        return [(index * tokens // count, (index + 1) * tokens // count) for index, count in pieces]
 
     def take(self, full: torch.Tensor, local_rank: int) -> torch.Tensor:
-        """This rank's slice of a full micro-batch tensor (batch dimension first), and its part of the tokens
-        (dimension 1) when the layout splits the sequence and the tensor has one."""
+        """This rank's slice of a full micro-batch tensor (batch dimension first), and its pieces of the tokens
+        (dimension 1, one after another) when the layout splits the sequence and the tensor has one."""
         sliced = full.chunk(self.slices)[self.slice_of_rank[local_rank]]
         if self.parts == 1 or sliced.dim() < 2:
             return sliced
-        return sliced.chunk(self.parts, dim=1)[self.part(local_rank)]
+        return torch.cat([sliced[:, start:stop] for start, stop in self.token_ranges(local_rank, sliced.size(1))], 1)
 
 
 class SliceGather(torch.autograd.Function):
@@ -129,32 +143,45 @@ def exchange_rows(x: torch.Tensor, held: BatchLayout, needed: BatchLayout, local
     return out
 
 
-def _cells(layout: BatchLayout, local_rank: int, rows: int, tokens: int) -> tuple[tuple[int, int], tuple[int, int]]:
-    """([row start, stop), [token start, stop)) a local rank holds of a micro-batch of `rows` × `tokens`."""
-    token_size = -(-tokens // layout.parts)
-    part = layout.part(local_rank)
-    return (_rows(layout, layout.slice_of_rank[local_rank], rows),
-            (min(part * token_size, tokens), min((part + 1) * token_size, tokens)))
+def _cells(layout: BatchLayout, local_rank: int, rows: int, tokens: int
+           ) -> list[tuple[tuple[int, int], tuple[int, int]]]:
+    """([row start, stop), [token start, stop)) of every block a local rank holds of a micro-batch of `rows` ×
+    `tokens`: its rows by each piece of its tokens."""
+    row_range = _rows(layout, layout.slice_of_rank[local_rank], rows)
+    return [(row_range, token_range) for token_range in layout.token_ranges(local_rank, tokens)]
 
 
 def block_transfers(held: BatchLayout, needed: BatchLayout, rows: int, tokens: int
                     ) -> list[tuple[int, int, tuple[int, int], tuple[int, int]]]:
     """(sender, receiver, (row start, stop), (token start, stop)): every block of the micro-batch a local rank needs
     under `needed`, from itself when it holds it under `held`, else from one holder (spread over the holders by
-    receiver) — `transfers` with the sequence split as a second dimension."""
+    receiver) — `transfers` with the sequence split as a second dimension. A block lies inside one held and one needed
+    piece of the tokens."""
     holders: dict[tuple, list[int]] = {}
     for rank in range(len(held.slice_of_rank)):
-        holders.setdefault(_cells(held, rank, rows, tokens), []).append(rank)
+        for cell in _cells(held, rank, rows, tokens):
+            holders.setdefault(cell, []).append(rank)
     result = []
     for receiver in range(len(needed.slice_of_rank)):
-        (low, high), (first, last) = _cells(needed, receiver, rows, tokens)
-        for ((source_low, source_high), (source_first, source_last)), candidates in holders.items():
-            start, stop = max(low, source_low), min(high, source_high)
-            begin, end = max(first, source_first), min(last, source_last)
-            if start < stop and begin < end:
-                sender = receiver if receiver in candidates else candidates[receiver % len(candidates)]
-                result.append((sender, receiver, (start, stop), (begin, end)))
+        for (low, high), (first, last) in _cells(needed, receiver, rows, tokens):
+            for ((source_low, source_high), (source_first, source_last)), candidates in holders.items():
+                start, stop = max(low, source_low), min(high, source_high)
+                begin, end = max(first, source_first), min(last, source_last)
+                if start < stop and begin < end:
+                    sender = receiver if receiver in candidates else candidates[receiver % len(candidates)]
+                    result.append((sender, receiver, (start, stop), (begin, end)))
     return result
+
+
+def _local_tokens(ranges: list[tuple[int, int]], begin: int, end: int) -> slice:
+    """Where the global tokens [begin, end), inside one of `ranges`, sit in a tensor holding `ranges` one after
+    another."""
+    offset = 0
+    for start, stop in ranges:
+        if start <= begin and end <= stop:
+            return slice(offset + begin - start, offset + end - start)
+        offset += stop - start
+    raise ValueError(f"tokens [{begin}, {end}) are not inside one of {ranges}")
 
 
 def exchange_blocks(x: torch.Tensor, held: BatchLayout, needed: BatchLayout, local_rank: int, group) -> torch.Tensor:
@@ -162,13 +189,16 @@ def exchange_blocks(x: torch.Tensor, held: BatchLayout, needed: BatchLayout, loc
     contiguous and received into a buffer of its own where the block is not contiguous in the result."""
     x = x.contiguous()
     rows, tokens = x.size(0) * held.slices, x.size(1) * held.parts
-    (held_low, _), (held_first, _) = _cells(held, local_rank, rows, tokens)
-    (low, high), (first, last) = _cells(needed, local_rank, rows, tokens)
-    out = x.new_empty((high - low, last - first, *x.shape[2:]))
+    held_low = _rows(held, held.slice_of_rank[local_rank], rows)[0]
+    low, high = _rows(needed, needed.slice_of_rank[local_rank], rows)
+    held_ranges, needed_ranges = held.token_ranges(local_rank, tokens), needed.token_ranges(local_rank, tokens)
+    out = x.new_empty((high - low, tokens // needed.parts, *x.shape[2:]))
     operations, copies = [], []
     for sender, receiver, (start, stop), (begin, end) in block_transfers(held, needed, rows, tokens):
-        source = x[start - held_low:stop - held_low, begin - held_first:end - held_first]
-        target = out[start - low:stop - low, begin - first:end - first]
+        if sender == local_rank:
+            source = x[start - held_low:stop - held_low, _local_tokens(held_ranges, begin, end)]
+        if receiver == local_rank:
+            target = out[start - low:stop - low, _local_tokens(needed_ranges, begin, end)]
         if sender == local_rank and receiver == local_rank:
             target.copy_(source)
         elif sender == local_rank:

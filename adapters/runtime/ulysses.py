@@ -36,6 +36,9 @@ from gbmw.errors import PlanError
 from gbmw.space.runtime_support import runtime_strategy_refusal
 from gbmw.space.strategy import Strategy
 
+from .attention import attention
+from .attention_core_recompute import recomputed_attention
+
 
 @dataclass(frozen=True)
 class UlyssesParallel:
@@ -64,9 +67,33 @@ class UlyssesParallel:
         ranks = pool.layout.ulysses_group(pool.rank, strategy)
         return cls(pool.get(ranks), len(ranks), ranks.index(pool.rank))
 
+    @property
+    def head_split(self) -> int:
+        """Ways the attention core splits the heads (u: each rank attends with 1/u of them)."""
+        return self.size
+
+    @property
+    def token_pieces(self) -> int:
+        """Equal pieces each sample's tokens are cut into (u contiguous parts)."""
+        return self.size
+
     def offset(self, local_tokens: int) -> int:
         """The global position of this rank's first token, its part holding `local_tokens` tokens."""
         return self.part * local_tokens
+
+    def positions(self, local_tokens: int, device: torch.device) -> torch.Tensor:
+        """The global positions of this rank's `local_tokens` tokens (one contiguous part)."""
+        first = self.offset(local_tokens)
+        return torch.arange(first, first + local_tokens, device=device)
+
+    def attend(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, causal: bool, dropout_p: float,
+               recompute: bool = False) -> torch.Tensor:
+        """Attention over the whole sequence, each tensor [batch, its tokens, heads, head_dim]: all-to-all to whole
+        sequences of 1/u of the heads, the core (`recompute`, +sel: gbmw.adapters.runtime.attention_core_recompute),
+        all-to-all back. Without Ulysses (u = 1) the plain core."""
+        core = recomputed_attention if recompute else attention
+        query, key, value = (part.transpose(1, 2) for part in self.heads_for_attention(query, key, value))
+        return self.tokens_after_attention(core(query, key, value, causal, dropout_p).transpose(1, 2))
 
     def heads_for_attention(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """[batch, its tokens, heads, head_dim] → [batch, all tokens, heads / u, head_dim], each tensor."""

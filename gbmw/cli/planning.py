@@ -39,7 +39,8 @@ def add_planning_commands(commands) -> None:
     _search_options(plan, memory_size)
     plan.add_argument("--variant", default="gbmw",
                       help="search variant: gbmw (default: BMW with ZeRO-1/2 too), gbmw+ulysses (and Ulysses sequence "
-                           "parallelism, for long sequences; slower), bmw, base, 1f1b+bi-obj, galvatron, dp+pp, dp+tp, "
+                           "parallelism, for long sequences; slower), gbmw+cp (and ring context parallelism, the "
+                           "same way), bmw, base, 1f1b+bi-obj, galvatron, dp+pp, dp+tp, "
                            "or a baseline (ddp, megatron-tp, gpipe, fsdp, deepspeed-3d)")
     plan.add_argument("--target", default="runtime",
                       help="what will run it: runtime (default), deepspeed, megatron-deepspeed, megatron-core")

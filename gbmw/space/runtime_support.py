@@ -11,8 +11,10 @@ scaling). T5's
 encoder-decoder, ViT's and Swin's image models are planned and emitted for DeepSpeed and Megatron, but the
 runtime has no modules for them yet.
 
-Of the sequence axes it runs Ulysses (`ulysses`, gbmw.adapters.runtime.ulysses) with any data-parallel flavour and TP,
-not with +sp or +ep; not ring context parallelism (`cp`): `runtime_strategy_refusal` says so in one line.
+Of the sequence axes it runs Ulysses (`ulysses`, gbmw.adapters.runtime.ulysses) and ring context parallelism (`cp`,
+gbmw.adapters.runtime.context_parallel) with any data-parallel flavour and TP, neither with +sp or +ep
+(`runtime_strategy_refusal` says so in one line), and cp without attention dropout
+(gbmw.space.sequence_split.sequence_split_problem).
 """
 
 from __future__ import annotations
@@ -79,15 +81,13 @@ def runtime_strategy_refusal(strategy) -> str | None:
     """Why gbmw's runtime cannot run a layer's strategy's sequence axis (one sentence), or None when it can: `gbmw
     train` refuses such a plan before starting, and the engine refuses the layer with the same words."""
     axis, name = strategy.sequence_axis, strategy.name
-    if axis == "cp":
-        return (f"strategy {name}: gbmw's runtime does not run context parallelism (cp, ring attention); use "
-                f"ulysses{strategy.sequence_parallel_degree} in its place, or plan for --target megatron-core")
-    if axis == "ulysses" and strategy.sp:
-        return (f"strategy {name}: gbmw's runtime runs Ulysses without +sp (its tokens are already split over the "
-                "Ulysses group); leave +sp out")
-    if axis == "ulysses" and strategy.ep > 1:
-        return (f"strategy {name}: gbmw's runtime does not run expert parallelism (+ep) with Ulysses yet; leave +ep "
-                "or the ulysses axis out")
+    what = {"cp": "context parallelism (cp)", "ulysses": "Ulysses"}.get(axis)
+    if axis is not None and strategy.sp:
+        return (f"strategy {name}: gbmw's runtime runs {what} without +sp (its tokens are already split over the "
+                f"{axis} group); leave +sp out")
+    if axis is not None and strategy.ep > 1:
+        return (f"strategy {name}: gbmw's runtime does not run expert parallelism (+ep) with {what} yet; leave +ep "
+                f"or the {axis} axis out")
     return None
 
 

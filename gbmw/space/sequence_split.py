@@ -11,9 +11,15 @@ def sequence_split_problem(strategy: Strategy, layer: LayerSpec, model: ModelSpe
     """Why `strategy`'s sequence axis cannot split `layer` of `model` (None: it can). Ulysses gives each rank whole
     heads, so TP × u divides the query and key/value heads (Jacobs et al. 2023, Sec. 3); megatron-core's CP cuts the
     sequence into 2·c chunks for its load-balanced causal split (megatron.core.utils.get_batch_on_this_cp_rank) and
-    runs through fused (flash) attention; neither splits a layer that reads a second sequence (T5's cross-attention)."""
+    runs through fused (flash) attention — gbmw's runtime's ring attention is blockwise flash attention
+    (gbmw.adapters.runtime.context_parallel), the same 2·c chunks, without attention dropout; neither splits a layer
+    that reads a second sequence (T5's cross-attention)."""
     axis, degree, tp = strategy.sequence_axis, strategy.sequence_parallel_degree, strategy.tp
     pieces = 2 * degree if axis == "cp" else degree
+    if axis == "cp" and target is not None and not target.context_parallel_dropout and getattr(
+            model.architecture, "dropout", False):
+        return (f"{target.name}'s ring attention (cp) runs without attention dropout, and model "
+                f"{model.architecture.name} has `dropout: true`")
     if model.sequence_length % pieces:
         return (f"{axis}{degree} splits each sample's {model.sequence_length} tokens into {pieces} equal parts; give a "
                 f"sequence length divisible by {pieces}")

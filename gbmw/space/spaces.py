@@ -64,9 +64,9 @@ class SearchSpace:
     """Offer sequence parallelism (+sp) for strategies with TP."""
     expert_parallel: bool = False
     """Offer expert parallelism (+epN) to mixture-of-experts models."""
-    ulysses_where_undominated: bool = False
-    """Offer a strategy with a `ulysses` axis only at micro-batch sizes where its `gradient_view` is not usable
-    (`usable`)."""
+    sequence_split_where_undominated: bool = False
+    """Offer a strategy with a sequence axis (`ulysses`, `cp`) only at micro-batch sizes where its `gradient_view` is
+    not usable (`usable`)."""
 
     @classmethod
     def for_target(cls, target: Target) -> "SearchSpace":
@@ -102,21 +102,23 @@ class SearchSpace:
     def usable(self, strategies: list[Strategy], micro_batch: int) -> list[Strategy]:
         """The candidates a micro-batch of `micro_batch` samples allows: their data-parallel degree divides it.
 
-        Dominance rule (`ulysses_where_undominated`): a strategy S with Ulysses degree u and data-parallel degree d
-        gives each rank 1/(u·d) of the micro-batch's tokens; its `gradient_view` — the ulysses axis merged into the
-        data-parallel one, data-parallel degree u·d — gives each rank the same number of tokens as whole samples, so
-        it costs the same compute (attention included: S's causal parts are costed at 1/u of the work), the same
-        activation memory, the same weights, states and gradient synchronisation (the same group), and none of S's
-        all-to-alls (gbmw.cost.context_parallel): no larger in any per-layer cost (tests/test_space.py checks it for
-        every strategy over 2 to 8 devices). Wherever the micro-batch is divisible by u·d it is usable, so S is left
-        out there; S remains where u·d does not divide the micro-batch (long sequences at micro-batch 1, say). The
-        rule is exact per layer, not across layers: from S's layout a Slice-Gather to a neighbour's can move less
-        than from the view's (ulysses4 → dp2-tp2 receives half an activation, dp4 → dp2-tp2 three quarters), a saving
-        below S's own all-to-alls of Q, K, V and the output in forward and again in backward."""
+        Dominance rule (`sequence_split_where_undominated`): a strategy S with a sequence axis (Ulysses or CP) of
+        degree u and data-parallel degree d gives each rank 1/(u·d) of the micro-batch's tokens; its `gradient_view` —
+        the sequence axis merged into the data-parallel one, data-parallel degree u·d — gives each rank the same number
+        of tokens as whole samples, so it costs the same compute (attention included: S's causal parts are costed at
+        1/u of the work), the same activation memory, the same weights, states and gradient synchronisation (the same
+        group), and none of S's all-to-alls, ring sends or key/value buffers (gbmw.cost.context_parallel): no larger
+        in any per-layer cost (tests/test_space.py checks it for every strategy over 2 to 8 devices). Wherever the
+        micro-batch is divisible by u·d it is usable, so S is left out there; S remains where u·d does not divide the
+        micro-batch (long sequences at micro-batch 1, say). The rule is exact per layer, not across layers: from S's
+        layout a Slice-Gather to a neighbour's can move less than from the view's (ulysses4 → dp2-tp2 receives half
+        an activation, dp4 → dp2-tp2 three quarters) — for Ulysses a saving below its own all-to-alls of Q, K, V and
+        the output in forward and again in backward; CP's ring sends can hide behind attention, so there the rule may
+        leave out a plan whose Slice-Gathers cost less (CP keeps its two key/value buffers either way)."""
         usable = [s for s in strategies if micro_batch % s.data_parallel == 0]
-        if not self.ulysses_where_undominated:
+        if not self.sequence_split_where_undominated:
             return usable
-        return [s for s in usable if s.sequence_axis != "ulysses" or micro_batch % s.gradient_view.data_parallel]
+        return [s for s in usable if s.sequence_axis is None or micro_batch % s.gradient_view.data_parallel]
 
     def groups(self, strategies: list[Strategy], model: ModelSpec) -> list[np.ndarray]:
         """Masks [strategy, layer] of what one search may mix: everything, or for uniform spaces one
@@ -158,7 +160,7 @@ def _single_dp_axis(strategy: Strategy) -> bool:
 
 
 def _runtime_runs(strategy: Strategy) -> bool:
-    """Ulysses without +sp or +ep (gbmw.space.runtime_support.runtime_strategy_refusal)."""
+    """Ulysses and CP without +sp or +ep (gbmw.space.runtime_support.runtime_strategy_refusal)."""
     return runtime_strategy_refusal(strategy) is None
 
 
@@ -173,16 +175,22 @@ VARIANTS: dict[str, SearchSpace] = {
         "gbmw (BMW + ZeRO-1/2)", axes=("dp", "z1dp", "z2dp", "sdp", "tp"), partitioning=("time", "bi-objective"),
         strategy_filter=lambda s, pp: _single_dp_axis(s), sequence_parallel=True, expert_parallel=True,
     ),
-    # The default leaves Ulysses out: offering it made GPT-3 65B's search on 64 H100s about 4x slower (5 s -> 18-20 s,
-    # measured side by side) for a 1.4 % faster plan, and its dominance rule is exact per layer, not across layers.
+    # The default leaves Ulysses (and CP) out: offering Ulysses made GPT-3 65B's search on 64 H100s about 4x slower
+    # (5 s -> 18-20 s, measured side by side) for a 1.4 % faster plan, and the dominance rule is exact per layer, not
+    # across layers.
     "gbmw+ulysses": SearchSpace(
         "gbmw + Ulysses", axes=("dp", "z1dp", "z2dp", "sdp", "tp", "ulysses"), partitioning=("time", "bi-objective"),
         strategy_filter=lambda s, pp: _single_dp_axis(s) and _runtime_runs(s), sequence_parallel=True,
-        expert_parallel=True, ulysses_where_undominated=True,
+        expert_parallel=True, sequence_split_where_undominated=True,
+    ),
+    "gbmw+cp": SearchSpace(
+        "gbmw + ring CP", axes=("dp", "z1dp", "z2dp", "sdp", "tp", "cp"), partitioning=("time", "bi-objective"),
+        strategy_filter=lambda s, pp: _single_dp_axis(s) and _runtime_runs(s), sequence_parallel=True,
+        expert_parallel=True, sequence_split_where_undominated=True,
     ),
 }
 DEFAULT_VARIANT = "gbmw"
-OPT_IN_VARIANTS = ("gbmw+ulysses",)
+OPT_IN_VARIANTS = ("gbmw+ulysses", "gbmw+cp")
 """Variants only `--variant` asks for: `gbmw compare` (the paper's table) leaves them out."""
 
 BASELINES: dict[str, SearchSpace] = {

@@ -2,7 +2,7 @@
 partitions and the emitters' mappings (ZeRO stage ↔ data-parallel axis, partition method names) all derive from these
 definitions (DESIGN.md, "Target"); where a sequence axis can split a layer is gbmw.space.sequence_split.
 
-* `runtime` — gbmw's own hybrid runtime: any strategy per layer, any partition; Ulysses (not with +sp), not CP.
+* `runtime` — gbmw's own hybrid runtime: any strategy per layer, any partition; Ulysses and CP (neither with +sp).
 * `deepspeed` — ZeRO and DeepSpeed's pipeline engine: one layout for the whole model, no TP, one ZeRO stage
   (≤ 1 with a pipeline), the PipelineModule's `uniform` or `parameters` partitions.
 * `megatron-deepspeed` — Megatron TP (innermost, consecutive ranks) inside DeepSpeed ZeRO (≤ 1 with a pipeline);
@@ -92,9 +92,8 @@ class Target:
     """Its search offers +sel where it runs it (gbmw.space.spaces.SearchSpace.for_target); gbmw's runtime runs +sel but its
     search leaves it out: with fused attention it frees only the log-sum-exp (see the module docstring)."""
     sequence_axes: tuple[str, ...] = ()
-    """The sequence axes it runs (gbmw.space.strategy): `cp` — megatron-core's ring context parallelism
-    (--context-parallel-size, through Transformer Engine's fused attention, so flash attention only); `ulysses` —
-    Megatron-DeepSpeed's DeepSpeed-Ulysses (--ds-sequence-parallel-size)."""
+    """The sequence axes it runs (gbmw.space.strategy): `cp` — ring context parallelism (megatron-core's
+    --context-parallel-size, on fused attention only); `ulysses` — DeepSpeed-Ulysses (--ds-sequence-parallel-size)."""
     sequence_split_with_sequence_parallel: bool = True
     """Its sequence axis composes with Megatron's +sp (megatron-core: yes; Megatron-DeepSpeed refuses
     --sequence-parallel with --ds-sequence-parallel-size > 1, megatron/initialize.py)."""
@@ -114,6 +113,8 @@ class Target:
     precisions: tuple[str, ...] = ("fp32", "fp16", "bf16")
     """The training precisions it runs: `fp8` only where its layers are Transformer Engine's (megatron-core); DeepSpeed,
     Megatron-DeepSpeed and gbmw's runtime do not run TE's FP8 linears."""
+    context_parallel_dropout: bool = True
+    """Its ring attention (cp) runs attention dropout (gbmw's runtime's does not: its context_parallel.py)."""
     fused_attention: bool = False
     """Its attention is a fused kernel whatever the model declares (gbmw's runtime calls SDPA, whose flash /
     memory-efficient kernels keep no s×s scores: gbmw.adapters.runtime.attention); a stock framework runs the
@@ -330,11 +331,11 @@ def _describe_runs(plan: PlanLayout) -> str:
 
 
 TARGETS: dict[str, Target] = {
-    "runtime": Target("runtime", "gbmw runtime", "gbmw-runtime", ("dp", "z1dp", "z2dp", "sdp", "tp", "ulysses"),
+    "runtime": Target("runtime", "gbmw runtime", "gbmw-runtime", ("dp", "z1dp", "z2dp", "sdp", "tp", "ulysses", "cp"),
                       per_layer=True, fused_attention=True, sequence_parallel=True, sequence_parallel_blocks_only=True,
-                      selective_recompute="any", search_offers_selective=False, expert_parallel=True,
-                      sequence_parallel_in_expert_blocks=False,
-                      sequence_axes=("ulysses",), sequence_split_with_sequence_parallel=False),
+                      selective_recompute="any", search_offers_selective=False, context_parallel_dropout=False,
+                      expert_parallel=True, sequence_parallel_in_expert_blocks=False,
+                      sequence_axes=("ulysses", "cp"), sequence_split_with_sequence_parallel=False),
     "deepspeed": Target(
         "deepspeed", "DeepSpeed (ZeRO + pipeline engine)", "deepspeed", ("dp", "z1dp", "z2dp", "sdp"),
         pipeline_max_zero_stage=1,
