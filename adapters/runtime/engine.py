@@ -14,9 +14,8 @@ A mixture-of-experts block holds the routed experts of its EP rank (`+epN`, expe
 and sums (or shards, with ZeRO) their gradients over its expert-data-parallel group, its other gradients over the
 data-parallel group (expert_data_parallel).
 A layer with a `ulysses` or `cp` axis runs on its rank's part of each sample's tokens (ulysses: all-to-alls around the
-attention core; context_parallel: ring attention); its weights see those ranks as data-parallel ones
-(Strategy.gradient_view), so gradients are summed and parameters sharded over the data-parallel and sequence ranks
-together.
+attention core; context_parallel: ring attention); its weights see those ranks as data-parallel ones (gradient_view):
+gradients are summed and parameters sharded over the data-parallel and sequence ranks together.
 Between layers whose strategies slice the micro-batch differently the activation is re-laid
 (redistribute, Slice-Gather); stages run 1F1B (pipeline); gradients are synchronised after the last
 micro-batch (sharding); tied weights are summed across their copies (tied_weights); Adam steps.
