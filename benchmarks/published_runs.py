@@ -474,10 +474,13 @@ def why_long_context_run_not_costable(run: dict) -> list[str]:
         reasons.append(f"device {cluster.get('gpu')!r} has no bundled recipe")
     if "current scaling" in precision or "fp8-cs" in precision:
         reasons.append("FP8 current scaling (gbmw costs delayed scaling)")
-    if "megatron-core" not in str(parallelism.get("framework")).lower():
-        reasons.append(f"framework {parallelism.get('framework')!r}: gbmw's CP target is megatron-core")
-    missing = [key for key in ("tensor", "pipeline", "data", "context", "micro_batch", "global_batch", "recompute",
-                               "sequence_parallel", "distributed_optimizer") if parallelism.get(key) is None]
+    target = _long_context_target(run)
+    if target is None:
+        reasons.append(f"framework {parallelism.get('framework')!r}: gbmw costs CP as megatron-core (Megatron, NeMo) or "
+                       "its runtime (NeMo AutoModel's FSDP2) run it")
+    keys = ("tensor", "pipeline", "data", "context", "micro_batch", "global_batch", "recompute", "sequence_parallel")
+    missing = [key for key in keys + (("distributed_optimizer",) if target == "megatron-core" else ())
+               if parallelism.get(key) is None]
     if missing:
         reasons.append(f"configuration not stated: {', '.join(missing)}")
     if not (measured.get("iteration_seconds") or measured.get("tokens_per_second_per_gpu")):
@@ -485,11 +488,23 @@ def why_long_context_run_not_costable(run: dict) -> list[str]:
     return reasons
 
 
+def _long_context_target(run: dict) -> str | None:
+    """The gbmw target that runs a context-parallel run as its framework does: megatron-core for Megatron and NeMo
+    (megatron-core's CP), gbmw's runtime for NeMo AutoModel (PyTorch FSDP2 with CP: every parameter sharded over the
+    data-parallel × CP ranks, as the runtime's `sdp` with a `cp` axis shards them, Strategy.gradient_view)."""
+    framework = str(run["parallelism"].get("framework") or "").lower()
+    if "megatron-core" in framework:
+        return "megatron-core"
+    return "runtime" if framework.startswith("nemo automodel") else None
+
+
 def cost_long_context(run: dict) -> MoECosted:
     """A context-parallel run in its own configuration (TP, PP, DP, CP, interleaving, recomputation, sequence
-    parallelism, distributed optimizer) on megatron-core, in FP8 where the run is."""
+    parallelism, distributed optimizer or FSDP) on the target that runs it (`_long_context_target`), in FP8 where the
+    run is."""
     run, assumptions = with_recipe_fields(run)
     parallelism = run["parallelism"]
+    target = _long_context_target(run)
     cluster = build_cluster(run, assumptions)
     if cluster.nodes > 1 and run["cluster"].get("nics_per_node") is None:
         assumptions.append("8 x 400 Gb/s NDR per DGX-H100 node")
@@ -497,12 +512,15 @@ def cost_long_context(run: dict) -> MoECosted:
     job = JobSpec(name=run["name"], model=build_model(llama_architecture(run), precision), cluster=cluster,
                   precision=precision, global_batch=parallelism["global_batch"],
                   memory_budget_bytes=cluster.usable_memory_bytes)
-    config = UniformConfig(tp=parallelism["tensor"], pp=parallelism["pipeline"],
-                           zero=1 if parallelism["distributed_optimizer"] else 0, ckpt=parallelism["recompute"],
+    zero = 3 if target == "runtime" else 1 if parallelism["distributed_optimizer"] else 0
+    config = UniformConfig(tp=parallelism["tensor"], pp=parallelism["pipeline"], zero=zero, ckpt=parallelism["recompute"],
                            sp=bool(parallelism["sequence_parallel"]) and parallelism["tensor"] > 1,
                            cp=parallelism["context"], micro=parallelism["micro_batch"],
-                           batch=parallelism["global_batch"], target="megatron-core")
+                           batch=parallelism["global_batch"], target=target)
     plan, virtual = _interleaved(config.to_plan(job), parallelism, job)
+    if target == "runtime":
+        get_target("runtime").check(plan, job.model)
+        assumptions.append("costed as gbmw's runtime runs FSDP2 + CP (sdp with a cp axis)")
     estimate = estimate_plan(job, plan)
     measured, measured_from = moe_measured_iteration_s(run)
     described = config.describe() + (f",v={virtual}" if virtual > 1 else "") + f",gpus={run['cluster']['gpus']}"
