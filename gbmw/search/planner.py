@@ -108,7 +108,8 @@ class Planner:
         target.check_precision(self.job.precision)
         fused = target.fused_attention and not self.attention_as_declared
         self.job = self.job.model_copy(update={"model": model_as_run(self.job.model, fused)})
-        self.settings = CostSettings(self.job.cluster, self.job.precision, self.job.optimizer, target.framework)
+        self.settings = CostSettings(self.job.cluster, self.job.precision, self.job.optimizer, target.framework,
+                                     self.job.fp8_recipe)
         self.comm = CommModel(self.job.cluster)
         self.budget = float(self.job.memory_budget_bytes)
         if self.sweep and self.batch is not None:
@@ -350,6 +351,7 @@ class Planner:
             cluster=self.job.cluster.name,
             num_devices=self.job.cluster.num_devices,
             precision=self.job.precision,
+            fp8_recipe=self.job.fp8_recipe,
             global_batch=setting.global_batch,
             micro_batch=setting.micro_batch,
             num_micro_batches=setting.num_micro_batches,
