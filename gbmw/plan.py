@@ -75,8 +75,7 @@ class Plan:
     """Model chunks per pipeline device: > 1 is interleaved 1F1B (Megatron's virtual pipeline stages), each
     stage's Transformer blocks cut into that many equal chunks (gbmw.cost.pipeline_schedules)."""
     fp8_recipe: str = "delayed"
-    """Transformer Engine's FP8 scaling under precision fp8: `delayed` or `current` (megatron-core's
-    `--fp8-recipe delayed` / `tensorwise`; gbmw.cost.fp8); written only when not the default."""
+    """Transformer Engine's FP8 scaling under precision fp8: `delayed` or `current` (gbmw.cost.fp8)."""
     estimate: Estimate | None = None
     provenance: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
     """gbmw version, search settings and seconds, or how a hand-written plan was made."""
@@ -169,8 +168,7 @@ class Plan:
 
     def check_against(self, model: ModelSpec, num_devices: int | None = None, precision: str | None = None,
                       fp8_recipe: str | None = None) -> None:
-        """Raise PlanError if the plan does not fit this model (and device count, and the job's precision and FP8
-        recipe)."""
+        """Raise PlanError if the plan does not fit this model (and device count, the job's precision, FP8 recipe)."""
         if len(self.strategies) != model.num_layers:
             raise PlanError(
                 f"plan has {len(self.strategies)} layer strategies but model {model.name} has {model.num_layers} layers"
@@ -181,8 +179,8 @@ class Plan:
                 f"plan again (gbmw plan) or set the job's precision to {self.precision}"
             )
         if fp8_recipe is not None and self.fp8_recipe != fp8_recipe:
-            raise PlanError(f"plan is for fp8_recipe {self.fp8_recipe} but the job scales FP8 by {fp8_recipe}; plan "
-                            f"again (gbmw plan) or set the job's fp8_recipe to {self.fp8_recipe}")
+            raise PlanError(f"plan is for fp8_recipe {self.fp8_recipe} but the job scales FP8 by {fp8_recipe}; "
+                            f"plan again (gbmw plan) or set the job's fp8_recipe to {self.fp8_recipe}")
         if num_devices is not None and num_devices != self.num_devices:
             raise PlanError(
                 f"plan is for {self.num_devices} devices but {num_devices} are available; "
@@ -224,8 +222,8 @@ class Plan:
                 data["estimate"] = None if value is None else _plain(asdict(value))
             elif item.name == "virtual_stages" and value == 1:
                 continue  # plain 1F1B: the field is written only for interleaved pipelines
-            elif item.name == "fp8_recipe" and value == "delayed":
-                continue  # the default, and the only recipe of plans written before the field
+            elif item.name == "fp8_recipe" and value == "delayed":  # the default: plans before the field read the same
+                continue
             else:
                 data[item.name] = _plain(value)
         return data
