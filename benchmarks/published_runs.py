@@ -14,8 +14,9 @@ Nothing here is calibrated to these runs. The devices come from the bundled clus
 rates and STREAM bandwidths (recipes/clusters/*.yaml, benchmarks/kernel_rates.yaml) — and the inter-node links
 from NCCL's measured bandwidth per NIC (below); the runs are only compared with.
 
-FP8 runs (issue 28) are costed as Transformer Engine's FP8 (delayed scaling) on megatron-core where the device has an
-FP8 rate (gbmw.specs.transformer_layers). A third table costs the context-parallel runs of
+FP8 runs (issue 28) are costed as Transformer Engine's FP8 on megatron-core where the device has an FP8 rate
+(gbmw.specs.transformer_layers), with delayed scaling, or current scaling where the row (FP8-CS) or the recipe
+committed with it says so (gbmw.cost.fp8); blockwise and MXFP8 scaling are refused by name. A third table costs the context-parallel runs of
 benchmarks/published_long_context_runs.yaml (fields their table omits taken from the recipe the data file quotes,
 printed as assumptions). Runs that cannot be costed are listed with the reason: FP8 on a device without a bundled FP8
 rate or with another scaling recipe, an unstated configuration (micro-batch, recomputation, TP/PP split, precision)
@@ -134,11 +135,16 @@ def with_recipe_fields(run: dict) -> tuple[dict, list[str]]:
     filled = dict(run, parallelism=dict(run["parallelism"]), model=dict(run["model"]))
     lines = []
     for field, entry in taken.items():
+        if field == "fp8_recipe":  # the run's own, beside its precision
+            if filled.get(field) is None:
+                filled[field] = entry["value"]
+                lines.append(f"{field}={entry['value']}")
+            continue
         part = "model" if field in filled["model"] else "parallelism"
         if filled[part].get(field) is None:
             filled[part][field] = entry["value"]
             lines.append(f"{field}={entry['value']}" + (f" ({entry['costed_as']})" if entry.get("costed_as") else ""))
-    where = next(iter(taken.values()))["recipe"]
+    where = "; ".join(dict.fromkeys(entry["recipe"] for entry in taken.values()))
     return filled, [f"from the recipe {where}: {', '.join(lines)}"] if lines else []
 
 
@@ -332,14 +338,17 @@ def why_moe_run_not_costable(run: dict) -> list[str]:
         reasons.append("numbers not verified in the primary source (a headline claim without its configuration)")
     if (parallelism.get("context") or 1) > 1:
         reasons.append(f"context parallelism (CP {parallelism['context']}) not modelled (issue 27)")
-    if "fp8" in precision and re.search(r"current scaling|fp8-cs|block|fine-grained", precision):
-        reasons.append("FP8 with current or blockwise scaling (gbmw costs Transformer Engine's delayed scaling)")
-    elif "fp8" in precision and "recipe not stated" in precision:
+    if "fp8" in precision and "parenthesised" in precision:
+        reasons.append("FP8 recipe of the main figure not stated (the parenthesised one is blockwise 1x128/128x128)")
+    elif "fp8" in precision and re.search(r"block|fine-grained|128x128", precision):
+        reasons.append("FP8 with blockwise scaling (gbmw costs Transformer Engine's delayed and current scaling)")
+    elif "fp8" in precision and "recipe not stated" in precision and run.get("fp8_recipe") is None:
         reasons.append("FP8 recipe not stated")
     elif "fp8" not in precision and "bf16" not in precision and "fp16" not in precision:
         reasons.append(f"precision not stated ({run.get('precision')!r})")
     if "mla" in str(model.get("architecture")).lower():
-        reasons.append("multi-head latent attention (DeepSeek MLA) not modelled")
+        reasons.append("multi-head latent attention (DeepSeek MLA): modelled (gbmw.specs.latent_attention), not yet "
+                       "built by this benchmark")
     if not isinstance(moe.get("capacity_factor"), (int, float, type(None))):
         reasons.append(f"capacity factor {moe['capacity_factor']!r}: token dropping at an unstated capacity")
     if _dense_blocks(run) is None:
@@ -400,8 +409,19 @@ def build_moe_job(run: dict, cluster: ClusterSpec, assumptions: list[str]) -> Jo
         attention="flash", moe=experts, **{"bias": False, **gpt_oss})
     precision = "fp8" if "fp8" in str(run.get("precision")).lower() else "bf16"
     spec = build_model(architecture, precision)
-    return JobSpec(name=run["name"], model=spec, cluster=cluster, precision=precision,
+    return JobSpec(name=run["name"], model=spec, cluster=cluster, precision=precision, fp8_recipe=fp8_recipe(run),
                    global_batch=run["parallelism"]["global_batch"], memory_budget_bytes=cluster.usable_memory_bytes)
+
+
+def fp8_recipe(run: dict) -> str:
+    """The run's FP8 scaling: current where the source says current scaling (FP8-CS) or the recipe committed with it
+    does (`fp8_recipe`), else delayed (Transformer Engine's default in megatron-core)."""
+    precision = str(run.get("precision")).lower()
+    if "fp8" not in precision:
+        return "delayed"
+    if run.get("fp8_recipe"):
+        return run["fp8_recipe"]
+    return "current" if re.search(r"current scaling|fp8-cs", precision) else "delayed"
 
 
 def moe_measured_iteration_s(run: dict) -> tuple[float, str]:
@@ -472,8 +492,8 @@ def why_long_context_run_not_costable(run: dict) -> list[str]:
         reasons.append("TP·PP·DP·CP is not the stated GPU count")
     if _device_recipe(cluster) is None:
         reasons.append(f"device {cluster.get('gpu')!r} has no bundled recipe")
-    if "current scaling" in precision or "fp8-cs" in precision:
-        reasons.append("FP8 current scaling (gbmw costs delayed scaling)")
+    if "fp8" in precision and re.search(r"block|mxfp8|fp8-mx", precision):
+        reasons.append("FP8 with blockwise or MXFP8 scaling (gbmw costs delayed and current scaling)")
     target = _long_context_target(run)
     if target is None:
         reasons.append(f"framework {parallelism.get('framework')!r}: gbmw costs CP as megatron-core (Megatron, NeMo) or "
@@ -510,7 +530,7 @@ def cost_long_context(run: dict) -> MoECosted:
         assumptions.append("8 x 400 Gb/s NDR per DGX-H100 node")
     precision = "fp8" if "fp8" in str(run["precision"]).lower() else "bf16"
     job = JobSpec(name=run["name"], model=build_model(llama_architecture(run), precision), cluster=cluster,
-                  precision=precision, global_batch=parallelism["global_batch"],
+                  precision=precision, fp8_recipe=fp8_recipe(run), global_batch=parallelism["global_batch"],
                   memory_budget_bytes=cluster.usable_memory_bytes)
     zero = 3 if target == "runtime" else 1 if parallelism["distributed_optimizer"] else 0
     config = UniformConfig(tp=parallelism["tensor"], pp=parallelism["pipeline"], zero=zero, ckpt=parallelism["recompute"],

@@ -20,7 +20,7 @@ from gbmw.errors import GbmwError, PlanError
 from gbmw.space.strategy import Strategy
 from gbmw.space.targets import TARGETS
 from gbmw.specs.files import load_yaml_text, read_text, shown, write_new_file
-from gbmw.specs.model_spec import PRECISIONS, ModelSpec
+from gbmw.specs.model_spec import FP8_RECIPES, PRECISIONS, ModelSpec
 from gbmw.specs.schema import MAX_DEVICES, MAX_GLOBAL_BATCH, MAX_LAYERS, check_kind
 
 PLAN_FORMAT_VERSION = 1
@@ -74,6 +74,8 @@ class Plan:
     virtual_stages: int = 1
     """Model chunks per pipeline device: > 1 is interleaved 1F1B (Megatron's virtual pipeline stages), each
     stage's Transformer blocks cut into that many equal chunks (gbmw.cost.pipeline_schedules)."""
+    fp8_recipe: str = "delayed"
+    """Transformer Engine's FP8 scaling under precision fp8: `delayed` or `current` (gbmw.cost.fp8)."""
     estimate: Estimate | None = None
     provenance: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
     """gbmw version, search settings and seconds, or how a hand-written plan was made."""
@@ -90,6 +92,11 @@ class Plan:
             raise PlanError("invalid plan: " + "; ".join(problems))
         if self.precision not in PRECISIONS:
             problems.append(f"precision {shown(self.precision)} is not one of {list(PRECISIONS)}")
+        if self.fp8_recipe not in FP8_RECIPES:
+            problems.append(f"fp8_recipe {shown(self.fp8_recipe)} is not one of {list(FP8_RECIPES)} (blockwise and "
+                            "MXFP8 scaling are not costed)")
+        elif self.fp8_recipe != "delayed" and self.precision != "fp8":
+            problems.append(f"fp8_recipe {self.fp8_recipe} needs precision fp8 (the plan's is {self.precision})")
         if len(self.strategies) > MAX_LAYERS + 16:
             problems.append(f"{len(self.strategies)} layers: gbmw plans at most {MAX_LAYERS + 16}")
         if self.target not in TARGETS:
@@ -159,8 +166,9 @@ class Plan:
                 result.append((index, 1, strategy))
         return result
 
-    def check_against(self, model: ModelSpec, num_devices: int | None = None, precision: str | None = None) -> None:
-        """Raise PlanError if the plan does not fit this model (and device count, and the job's precision)."""
+    def check_against(self, model: ModelSpec, num_devices: int | None = None, precision: str | None = None,
+                      fp8_recipe: str | None = None) -> None:
+        """Raise PlanError if the plan does not fit this model (and device count, the job's precision, FP8 recipe)."""
         if len(self.strategies) != model.num_layers:
             raise PlanError(
                 f"plan has {len(self.strategies)} layer strategies but model {model.name} has {model.num_layers} layers"
@@ -170,6 +178,9 @@ class Plan:
                 f"plan is for precision {self.precision} but the job trains {model.name} in {precision}; "
                 f"plan again (gbmw plan) or set the job's precision to {self.precision}"
             )
+        if fp8_recipe is not None and self.fp8_recipe != fp8_recipe:
+            raise PlanError(f"plan is for fp8_recipe {self.fp8_recipe} but the job scales FP8 by {fp8_recipe}; "
+                            f"plan again (gbmw plan) or set the job's fp8_recipe to {self.fp8_recipe}")
         if num_devices is not None and num_devices != self.num_devices:
             raise PlanError(
                 f"plan is for {self.num_devices} devices but {num_devices} are available; "
@@ -211,6 +222,8 @@ class Plan:
                 data["estimate"] = None if value is None else _plain(asdict(value))
             elif item.name == "virtual_stages" and value == 1:
                 continue  # plain 1F1B: the field is written only for interleaved pipelines
+            elif item.name == "fp8_recipe" and value == "delayed":  # the default: plans before the field read the same
+                continue
             else:
                 data[item.name] = _plain(value)
         return data
@@ -269,6 +282,7 @@ class Plan:
                 strategies=tuple(strategies),
                 target=_text(data.get("target", "runtime"), "target", where),
                 schedule=_text(data.get("schedule", "1f1b"), "schedule", where),
+                fp8_recipe=_text(data.get("fp8_recipe", "delayed"), "fp8_recipe", where),
                 estimate=estimate,
                 provenance=dict(provenance),
                 **integers,

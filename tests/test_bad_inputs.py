@@ -180,6 +180,10 @@ CASES = [
     ("job-precision-fp4", ESTIMATE, "field `precision`: value 'fp4'", {"job.yaml": job_with(precision="fp4")}),
     ("job-precision-fp8", ESTIMATE, "precision fp8: device CPU process (one thread) has no FP8 rate",
      {"job.yaml": job_with(precision="fp8")}),
+    ("job-fp8-recipe-without-fp8", ESTIMATE, "fp8_recipe current scales FP8 tensors, but the precision is fp32; set "
+     "precision: fp8 or drop fp8_recipe", {"job.yaml": job_with(fp8_recipe="current")}),
+    ("job-fp8-recipe-blockwise", ESTIMATE, "field `fp8_recipe`: value 'blockwise'",
+     {"job.yaml": job_with(fp8_recipe="blockwise")}),
     ("job-optimizer", ESTIMATE, "field `optimizer`: value 'lamb'", {"job.yaml": job_with(optimizer="lamb")}),
     ("job-memory-0", ESTIMATE, "field `memory_budget`: value 0", {"job.yaml": job_with(memory_budget="0")}),
     ("job-memory-negative", ESTIMATE, "field `memory_budget`: value '-1GiB'",

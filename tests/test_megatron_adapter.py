@@ -325,7 +325,7 @@ def test_fp8_plan_emits_transformer_engine_flags_and_round_trips(fp8_job):
     assert "--bf16" in given and "--fp16" not in given
     assert megatron_args_to_plan(args, fp8_job, "megatron-core") == comparable(plan, "megatron-core")
     with pytest.raises(GbmwError, match="--fp8-format e4m3 --fp8-recipe delayed with bf16: gbmw costs FP8 as --bf16 "
-                                        "--fp8-format hybrid --fp8-recipe delayed only"):
+                                        "--fp8-format hybrid --fp8-recipe delayed or tensorwise only"):
         megatron_args_to_plan(args + ["--fp8-format", "e4m3"], fp8_job, "megatron-core")
     with pytest.raises(GbmwError, match="train in bf16 but job gpt3-15b-fp8_h100-80g-x64 trains in fp8"):
         megatron_args_to_plan([a for a in args if a not in ("--fp8-format", "--fp8-recipe", "hybrid", "delayed")],

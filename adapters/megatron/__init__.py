@@ -35,7 +35,8 @@ What a plan says, and the flag that says it::
                                       (blocks per stage / v)
     precision                         --bf16 / --fp16 (none for fp32)        same
     precision fp8                     --bf16 --fp8-format hybrid              refused (no Transformer Engine FP8)
-                                      --fp8-recipe delayed
+                                      --fp8-recipe delayed (fp8_recipe
+                                      current: tensorwise)
 
 Megatron places the embedding on the first stage and the output layer on the last, and
 ``--num-layers`` counts Transformer blocks only; in a Plan the embedding and head are layers, so

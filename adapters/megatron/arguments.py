@@ -13,6 +13,11 @@ from gbmw.specs.jobs import JobSpec
 from .layout import gpt_architecture, megatron_layout
 
 
+MEGATRON_FP8_RECIPE = {"delayed": "delayed", "current": "tensorwise"}
+"""gbmw's fp8_recipe → megatron-core's `--fp8-recipe` (megatron/core/enums.py Fp8Recipe: `tensorwise` is
+Transformer Engine's Float8CurrentScaling, megatron/core/fp8_utils.py `get_fp8_recipe`)."""
+
+
 def _architecture_values(arch: GPTArchitecture, target: str) -> dict[str, Any]:
     """{argparse dest: value} of the model flags for `arch` under `target` (None: flag absent)."""
     deepspeed = target == "megatron-deepspeed"
@@ -190,7 +195,7 @@ def plan_to_megatron_args(
     if plan.precision in ("bf16", "fp16"):
         args.append(f"--{plan.precision}")
     elif plan.precision == "fp8":  # Transformer Engine's FP8 linears on bf16 parameters (gbmw.specs.transformer_layers)
-        args += ["--bf16", "--fp8-format", "hybrid", "--fp8-recipe", "delayed"]
+        args += ["--bf16", "--fp8-format", "hybrid", "--fp8-recipe", MEGATRON_FP8_RECIPE[plan.fp8_recipe]]
     if layout.sequence_parallel:
         args.append("--sequence-parallel")
     if layout.recompute == "full":

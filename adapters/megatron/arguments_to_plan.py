@@ -14,7 +14,7 @@ from gbmw.space.targets import AXIS_OF_ZERO_STAGE, get_target
 from gbmw.specs.architectures import GPTArchitecture
 from gbmw.specs.jobs import JobSpec
 
-from .arguments import _architecture_values, _flag
+from .arguments import MEGATRON_FP8_RECIPE, _architecture_values, _flag
 from .layout import gpt_architecture, megatron_blocks_per_stage, plan_target
 
 #: Flags that change the parallel layout or memory in ways a gbmw Plan does not describe; reading
@@ -174,13 +174,19 @@ def megatron_args_to_plan(args: Sequence[str], job: JobSpec, target: str = "mega
     precision = "bf16" if namespace.bf16 else "fp16" if namespace.fp16 else "fp32"
     if namespace.bf16 and namespace.fp16:
         raise GbmwError("Megatron arguments give both --bf16 and --fp16")
+    fp8_recipe = "delayed"
     if getattr(namespace, "fp8", None) is not None:
-        if (namespace.fp8, namespace.fp8_recipe, precision) != ("hybrid", "delayed", "bf16"):
+        recipes = {megatron: gbmw for gbmw, megatron in MEGATRON_FP8_RECIPE.items()}
+        if (namespace.fp8, precision) != ("hybrid", "bf16") or namespace.fp8_recipe not in recipes:
             raise GbmwError(f"Megatron arguments: --fp8-format {namespace.fp8} --fp8-recipe {namespace.fp8_recipe} "
-                            f"with {precision}: gbmw costs FP8 as --bf16 --fp8-format hybrid --fp8-recipe delayed only")
-        precision = "fp8"
+                            f"with {precision}: gbmw costs FP8 as --bf16 --fp8-format hybrid --fp8-recipe "
+                            f"{' or '.join(recipes)} only")
+        precision, fp8_recipe = "fp8", recipes[namespace.fp8_recipe]
     if precision != job.precision:
         raise GbmwError(f"Megatron arguments train in {precision} but job {job.name} trains in {job.precision}")
+    if fp8_recipe != job.fp8_recipe:
+        raise GbmwError(f"Megatron arguments scale FP8 by --fp8-recipe {namespace.fp8_recipe} but job {job.name} "
+                        f"has fp8_recipe {job.fp8_recipe}")
 
     devices = job.cluster.num_devices
     tp, pp = namespace.tensor_model_parallel_size, namespace.pipeline_model_parallel_size
@@ -238,6 +244,7 @@ def megatron_args_to_plan(args: Sequence[str], job: JobSpec, target: str = "mega
         cluster=job.cluster.name,
         num_devices=devices,
         precision=precision,
+        fp8_recipe=fp8_recipe,
         global_batch=namespace.global_batch_size,
         micro_batch=micro_batch,
         num_micro_batches=namespace.global_batch_size // micro_batch,

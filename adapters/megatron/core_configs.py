@@ -14,6 +14,7 @@ from gbmw.errors import GbmwError
 from gbmw.plan import Plan
 from gbmw.specs.jobs import JobSpec
 
+from .arguments import MEGATRON_FP8_RECIPE
 from .layout import gpt_architecture, megatron_layout
 
 # ----------------------------------------------------------------------------------------------
@@ -59,7 +60,7 @@ def plan_to_megatron_core_configs(plan: Plan, job: JobSpec) -> tuple[Any, Any]:
 
     Fields (megatron-core 0.16): tensor/pipeline_model_parallel_size, sequence_parallel for +sp layouts,
     params_dtype = pipeline_dtype from the precision with bf16/fp16 (fp8: bf16 parameters with fp8="hybrid",
-    fp8_recipe="delayed"), use_cpu_initialization=True and
+    fp8_recipe "delayed" or "tensorwise" by the plan's), use_cpu_initialization=True and
     gradient_accumulation_fusion=False (no CUDA extension needed), the GPT widths, recompute_granularity
     "full" / recompute_method "uniform" / recompute_num_layers 1 for +ckpt blocks, recompute_granularity
     "selective" for +sel blocks, an MLATransformerConfig with the latent widths and qk_layernorm for multi-head latent
@@ -98,8 +99,8 @@ def plan_to_megatron_core_configs(plan: Plan, job: JobSpec) -> tuple[Any, Any]:
         normalization="RMSNorm" if arch.norm == "rms" else "LayerNorm",
         num_layers_in_first_pipeline_stage=layout.first_stage_blocks,
         num_layers_in_last_pipeline_stage=layout.last_stage_blocks,
-        # precision fp8: Transformer Engine's FP8 linears, E4M3 forward and E5M2 gradients, delayed scaling
-        **(dict(fp8="hybrid", fp8_recipe="delayed") if plan.precision == "fp8" else {}),
+        # precision fp8: Transformer Engine's FP8 linears, E4M3 forward and E5M2 gradients, the plan's scaling
+        **(dict(fp8="hybrid", fp8_recipe=MEGATRON_FP8_RECIPE[plan.fp8_recipe]) if plan.precision == "fp8" else {}),
     )
     latent = arch.latent_attention
     if latent is not None:  # what Megatron-LM's core_transformer_config_from_args builds for --multi-latent-attention

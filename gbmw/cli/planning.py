@@ -146,7 +146,7 @@ def _run_estimate(args: argparse.Namespace) -> int:
     job = load_job_of(args, args.memory)
     if args.plan:
         plan = Plan.load(args.plan)
-        plan.check_against(job.model, job.cluster.num_devices, job.precision)
+        plan.check_against(job.model, job.cluster.num_devices, job.precision, job.fp8_recipe)
         get_target(plan.target).check(plan, job.model)  # a hand-edited `target` must be able to run the plan
         if plan.model != job.model.name:
             print(f"note: the plan was made for model {shown(plan.model)}; costing it for the job's {job.model.name} "

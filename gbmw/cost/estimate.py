@@ -22,7 +22,7 @@ def plan_stage_estimates(job: JobSpec, plan: Plan) -> list[StageEstimate]:
     strategies = list(dict.fromkeys(plan.strategies))
     target = get_target(plan.target)
     target.check_precision(job.precision)
-    settings = CostSettings(job.cluster, job.precision, job.optimizer, target.framework)
+    settings = CostSettings(job.cluster, job.precision, job.optimizer, target.framework, plan.fp8_recipe)
     model = model_as_run(job.model, target.fused_attention)
     tables = strategy_tables(model, strategies, plan.micro_batch, settings, comm)
     costs = StageCosts(model, tables, plan.pp, plan.num_micro_batches, plan.schedule, comm,

@@ -16,7 +16,8 @@ strategy S (data-parallel ways d, TP degree t) processes micro_batch / d samples
   Under precision fp8 (Transformer Engine) the linear layers' GEMMs (`fp8_forward_flops_per_sample`) run at the
   device's measured FP8 GEMM rate and every other FLOP at bf16's; their casts are memory-bound passes at the measured
   bandwidth — the inputs and output gradients per micro-batch, the weights once per iteration, priced on the last
-  micro-batch (gbmw.cost.fp8; what is cast: gbmw.specs.transformer_layers).
+  micro-batch (gbmw.cost.fp8; what is cast: gbmw.specs.transformer_layers); current scaling adds each cast's amax
+  pass and, under `+sp`, the TP all-reduces of the amax (blocking).
 * TP: the layer's all-reduces in forward and as many in backward (and again in the recompute).
 * EP (mixture-of-experts layers under `+epN`): the routed experts split over the EP group, their states synchronised
   and sharded over the expert-data-parallel group, the dispatch and combine all-to-alls, the busiest rank's load
@@ -50,7 +51,7 @@ from gbmw.cost.activation_recompute import (selective_freed_bytes, selective_reb
 from gbmw.cost.comm import CommModel
 from gbmw.cost.context_parallel import context_parallel_costs
 from gbmw.cost.expert_parallel import expert_data_parallel_group, expert_parallel_costs, expert_view
-from gbmw.cost.fp8 import fp8_cast_s, fp8_weight_copy_bytes, rank_fp8_parameters
+from gbmw.cost.fp8 import amax_reductions_s, fp8_cast_s, fp8_weight_copy_bytes, rank_fp8_parameters
 from gbmw.cost.framework_memory import (autocast_weight_copy_bytes, fp32_residual_extra_share,
                                         fp32_tp_input_extra_share, gather_buffer_bytes_per_parameter,
                                         kept_shard_bytes_per_parameter, prices_backward_workspace,
@@ -71,6 +72,8 @@ class CostSettings:
     optimizer: str = "adam"
     framework: str = "gbmw-runtime"
     """What runs the plan (gbmw.space.targets' Target.framework): it decides the bytes kept per parameter."""
+    fp8_recipe: str = "delayed"
+    """Transformer Engine's FP8 scaling under precision fp8: delayed or current (gbmw.cost.fp8)."""
 
     @property
     def states(self) -> StateBytes:
@@ -235,9 +238,10 @@ def layer_costs(
     expert_strategy = expert_view(weights)
     fp8_parameters = rank_fp8_parameters(model, strategy)
     forward_cast, backward_cast, weight_cast = fp8_cast_s(model, settings.precision, settings.cluster, samples, tp,
-                                                         fp8_parameters)
+                                                         fp8_parameters, settings.fp8_recipe)
     forward_compute = forward_compute + forward_cast
     backward_compute = backward_compute + backward_cast
+    forward_amax, backward_amax = amax_reductions_s(model, settings.precision, settings.fp8_recipe, strategy, comm)
 
     # Data-parallel communication of this layer's (TP-local) parameters and gradients.
     every_micro_batch = np.zeros(model.num_layers)  # backward, overlappable
@@ -275,12 +279,12 @@ def layer_costs(
                               settings.cluster.sustained_flops(settings.precision))
     context = context_parallel_costs(model, strategy, samples, comm,
                                      arrays.attention_core_flops_per_sample * samples / tp / attention_rate)
-    forward = forward_compute + blocking + forward_gather + call_overhead + context.forward_s
-    full_recompute = forward_compute + blocking + recompute_overhead + context.forward_s
+    forward = forward_compute + blocking + forward_amax + forward_gather + call_overhead + context.forward_s
+    full_recompute = forward_compute + blocking + forward_amax + recompute_overhead + context.forward_s
     recompute = full_recompute if strategy.ckpt else selective_recompute_s(
         model, samples, strategy, settings.cluster.sustained_flops(settings.precision),
         settings.cluster.attention_flops(settings.precision), settings.cluster.memory_bandwidth_bytes_per_s)
-    backward_common = blocking + recompute + context.backward_s
+    backward_common = blocking + backward_amax + recompute + context.backward_s
     time_no_sync = forward + backward_common + overlapped(backward_compute, every_micro_batch)
     time_sync = (forward + backward_common + overlapped(backward_compute, every_micro_batch + last_micro_batch)
                  + weight_cast)

@@ -138,6 +138,7 @@ class UniformConfig:
             cluster=job.cluster.name,
             num_devices=devices,
             precision=job.precision,
+            fp8_recipe=job.fp8_recipe,
             global_batch=global_batch,
             micro_batch=micro_batch,
             num_micro_batches=global_batch // micro_batch,

@@ -107,10 +107,9 @@ class Planner:
         target = get_target(self.spec.target)
         target.check_precision(self.job.precision)
         fused = target.fused_attention and not self.attention_as_declared
-        self.job = self.job.model_copy(update={"model": model_as_run(self.job.model, fused)})
-        self.settings = CostSettings(self.job.cluster, self.job.precision, self.job.optimizer, target.framework)
-        self.comm = CommModel(self.job.cluster)
-        self.budget = float(self.job.memory_budget_bytes)
+        self.job = job = self.job.model_copy(update={"model": model_as_run(self.job.model, fused)})
+        self.settings = CostSettings(job.cluster, job.precision, job.optimizer, target.framework, job.fp8_recipe)
+        self.comm, self.budget = CommModel(job.cluster), float(job.memory_budget_bytes)
         if self.sweep and self.batch is not None:
             raise GbmwError("give a fixed --batch or --sweep, not both")
         self.fixed_batch = None if self.sweep else (self.batch if self.batch is not None else self.job.global_batch)
@@ -350,6 +349,7 @@ class Planner:
             cluster=self.job.cluster.name,
             num_devices=self.job.cluster.num_devices,
             precision=self.job.precision,
+            fp8_recipe=self.job.fp8_recipe,
             global_batch=setting.global_batch,
             micro_batch=setting.micro_batch,
             num_micro_batches=setting.num_micro_batches,

@@ -15,9 +15,16 @@ from gbmw.errors import SpecError
 from gbmw.specs.bundled import resolve_recipe
 from gbmw.specs.cluster_spec import ClusterSpec, load_cluster
 from gbmw.specs.files import read_yaml
-from gbmw.specs.model_spec import ModelSpec, Precision
+from gbmw.specs.model_spec import Fp8Recipe, ModelSpec, Precision
 from gbmw.specs.models import load_model
 from gbmw.specs.schema import MAX_GLOBAL_BATCH, MAX_SEQUENCE, Frozen, MemorySize, parse_bytes, validate_as
+
+
+def check_fp8_recipe(precision: str, recipe: str, where: str) -> None:
+    """Raise SpecError where an FP8 scaling recipe other than the default is asked of a precision without FP8."""
+    if recipe != "delayed" and precision != "fp8":
+        raise SpecError(f"{where}: fp8_recipe {recipe} scales FP8 tensors, but the precision is {precision}; set "
+                        "precision: fp8 or drop fp8_recipe")
 
 
 class JobSpec(Frozen):
@@ -27,6 +34,8 @@ class JobSpec(Frozen):
     model: ModelSpec
     cluster: ClusterSpec
     precision: Precision
+    fp8_recipe: Fp8Recipe = "delayed"
+    """Transformer Engine's FP8 scaling under precision fp8 (gbmw.specs.model_spec.FP8_RECIPES)."""
     optimizer: Literal["adam", "sgd"] = "adam"
     global_batch: int | None = Field(default=None, ge=1, le=MAX_GLOBAL_BATCH)
     """Fixed global batch (samples per iteration); None lets the planner sweep."""
@@ -39,6 +48,9 @@ class JobSpec(Frozen):
     notes: tuple[str, ...] = ()
     """What loading assumed that the user should hear (an HF config's default sequence length, say)."""
 
+    def model_post_init(self, context: object) -> None:
+        check_fp8_recipe(self.precision, self.fp8_recipe, self.name)
+
 
 class JobFile(Frozen):
     """The YAML of a job: which model and cluster (recipe names or paths relative to the job file)."""
@@ -50,6 +62,9 @@ class JobFile(Frozen):
     cluster: str
     """A cluster recipe name (recipes/clusters/NAME.yaml) or a cluster YAML path."""
     precision: Precision
+    fp8_recipe: Fp8Recipe = "delayed"
+    """Under precision fp8: `delayed` (Transformer Engine's DelayedScaling) or `current` (Float8CurrentScaling,
+    megatron-core's `--fp8-recipe tensorwise`)."""
     optimizer: Literal["adam", "sgd"] = "adam"
     global_batch: int | None = Field(default=None, ge=1, le=MAX_GLOBAL_BATCH)
     max_global_batch: int = Field(default=4096, ge=1, le=MAX_GLOBAL_BATCH)
@@ -69,6 +84,7 @@ def load_job(path: str | Path, memory_budget: str | int | None = None, seq_lengt
     """
     path = resolve_recipe(str(path), "jobs")
     job = validate_as(JobFile, read_yaml(path), str(path))
+    check_fp8_recipe(job.precision, job.fp8_recipe, str(path))
     model_path = resolve_recipe(job.model, "models", path.parent)
     cluster_path = resolve_recipe(job.cluster, "clusters", path.parent)
     cluster = load_cluster(cluster_path)
@@ -90,6 +106,7 @@ def load_job(path: str | Path, memory_budget: str | int | None = None, seq_lengt
         model=model,
         cluster=cluster,
         precision=job.precision,
+        fp8_recipe=job.fp8_recipe,
         optimizer=job.optimizer,
         global_batch=job.global_batch,
         max_global_batch=job.max_global_batch,

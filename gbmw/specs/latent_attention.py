@@ -112,6 +112,7 @@ def latent_attention(shape: BlockShape, d: int, dropout: bool, flash: bool, raw_
         # forward: the inputs of the down-projections (and q_proj) and of o_proj; backward: every output gradient
         fp8_forward_cast=fp8 * cast * s * (2 * h + heads * v),
         fp8_backward_cast=fp8 * cast * s * (q_rank + heads * qk + kv_rank + rope + heads * (nope + v) + h),
+        fp8_norm_cast=fp8 * s * latents,  # the up-projections' inputs, the latents' norms' outputs
         matmuls=query_matmuls + (
             Matmul(rows_per_sample=s, out_features=kv_rank + rope, in_features=h, tp_split="none"),
             Matmul(rows_per_sample=s, out_features=heads * (nope + v), in_features=kv_rank, tp_split="out"),

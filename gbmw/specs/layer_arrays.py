@@ -49,6 +49,7 @@ class LayerArrays:
         self.fp8_tp_replicated_parameter_count = column("fp8_tp_replicated_parameter_count")
         self.fp8_forward_cast_traffic_bytes_per_sample = column("fp8_forward_cast_traffic_bytes_per_sample")
         self.fp8_backward_cast_traffic_bytes_per_sample = column("fp8_backward_cast_traffic_bytes_per_sample")
+        self.fp8_norm_cast_elements_per_sample = column("fp8_norm_cast_elements_per_sample")
         self.forward_memory_traffic_bytes_per_sample = column("forward_memory_traffic_bytes_per_sample")
         self.attention_core_activation_bytes_per_sample = column("attention_core_activation_bytes_per_sample")
         self.attention_core_flops_per_sample = column("attention_core_flops_per_sample")

@@ -26,6 +26,13 @@ PRECISIONS: tuple[str, ...] = ("fp32", "fp16", "bf16", "fp8")
 """`fp8` is Transformer Engine's FP8 training as megatron-core runs it: the linear layers' GEMMs in FP8, everything
 else — attention core, norms, softmax, embeddings, the LM head, the optimizer — in bf16 (`HIGHER_PRECISION`)."""
 
+Fp8Recipe = Literal["delayed", "current"]
+FP8_RECIPES: tuple[str, ...] = ("delayed", "current")
+"""How Transformer Engine scales FP8 tensors under precision fp8 (gbmw.cost.fp8): `delayed` (DelayedScaling: each
+cast uses a scale from the amax history of earlier iterations; megatron-core `--fp8-recipe delayed`) or `current`
+(Float8CurrentScaling: each tensor's amax is computed right before its cast; `--fp8-recipe tensorwise`). Blockwise
+and MXFP8 scaling are not costed."""
+
 HIGHER_PRECISION: dict[str, str] = {"fp8": "bf16"}
 """The precision of everything but the FP8 linear layers' GEMMs, where it differs from the training precision."""
 
@@ -149,6 +156,10 @@ class LayerSpec(Frozen):
     quantises); TP divides it (gbmw.specs.transformer_layers)."""
     fp8_backward_cast_traffic_bytes_per_sample: float = Field(default=0.0, ge=0, le=MAX_QUANTITY)
     """The same for the backward pass's casts of the linears' output gradients; TP divides it."""
+    fp8_norm_cast_elements_per_sample: float = Field(default=0.0, ge=0, le=MAX_QUANTITY)
+    """Elements of the linear inputs a norm kernel quantises itself (a LayerNormLinear's: QKV's and FC1's inputs,
+    latent attention's latents): free under delayed scaling, a cast pass of their own under current scaling
+    (gbmw.cost.fp8); TP divides it."""
     matmuls: Items[Matmul] = Field(default=(), max_length=16)
     """The layer's linear matmuls, whose FLOPs are part of `forward_flops_per_sample`, for their shape-dependent
     rate (gbmw.cost.matmul_waves); empty: every FLOP at the sustained rate."""

@@ -68,6 +68,7 @@ def moe_mlp(shape: BlockShape, d: int, dropout: bool, sub_block_traffic: float) 
         fp8_replicated_params=0,
         fp8_forward_cast=fp8 * fp8_cast_forward,
         fp8_backward_cast=fp8 * fp8_cast_backward,
+        fp8_norm_cast=0,  # the pre-MLP norm writes bf16: the router and the dispatch read it
         matmuls=(Matmul(rows_per_sample=s, out_features=shape.shared_ffn * up, in_features=h, tp_split="out"),
                  Matmul(rows_per_sample=s, out_features=h, in_features=shape.shared_ffn, tp_split="in"))
         if shape.shared_ffn else (),

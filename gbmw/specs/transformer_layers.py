@@ -137,6 +137,7 @@ def block_layer(name: str, kind: str, shape: BlockShape, dtype_bytes: int, dropo
             fp8_forward_cast=fp8 * cast * query_tokens * attention_width,
             fp8_backward_cast=fp8 * cast * (query_tokens * attention_width + kv_input_tokens * 2 * kv_width
                                             + query_tokens * h),
+            fp8_norm_cast=fp8 * query_tokens * h,  # QKV's input, the norm's output (a cross-attention's query only)
             matmuls=(
                 # Q and K, V (one fused QKV matmul where they read the same tokens), then the output projection
                 (Matmul(rows_per_sample=query_tokens, out_features=attention_width + 2 * kv_width, in_features=h,
@@ -173,6 +174,7 @@ def block_layer(name: str, kind: str, shape: BlockShape, dtype_bytes: int, dropo
         fp8_replicated_params=0,
         fp8_forward_cast=fp8 * cast * s * shape.ffn,  # FC2's input (FC1's is the norm's FP8 output)
         fp8_backward_cast=fp8 * cast * s * (shape.ffn * up_outputs + h),
+        fp8_norm_cast=fp8 * s * h,  # FC1's input, the norm's output
         matmuls=(Matmul(rows_per_sample=s, out_features=shape.ffn * up_outputs, in_features=h, tp_split="out"),
                  Matmul(rows_per_sample=s, out_features=h, in_features=shape.ffn, tp_split="in")),
     )
@@ -221,6 +223,7 @@ def _finish_block(name: str, kind: str, shape: BlockShape, d: int, parts: list[d
         fp8_tp_replicated_parameter_count=int(total["fp8_replicated_params"]),
         fp8_forward_cast_traffic_bytes_per_sample=float(total["fp8_forward_cast"]),
         fp8_backward_cast_traffic_bytes_per_sample=float(total["fp8_backward_cast"]),
+        fp8_norm_cast_elements_per_sample=float(total["fp8_norm_cast"]),
         # backward's working set beside the stash: the gradient of the MLP's up-projection output(s), and of its
         # largest weight matrix (an MLP projection, or the fused QKV) in the activation dtype
         backward_workspace_tp_split_bytes_per_sample=float(workspace),
