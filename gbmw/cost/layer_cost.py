@@ -45,7 +45,8 @@ from gbmw.cost.activation_recompute import (selective_freed_bytes, selective_reb
 from gbmw.cost.comm import CommModel
 from gbmw.cost.context_parallel import context_parallel_costs
 from gbmw.cost.expert_parallel import expert_data_parallel_group, expert_parallel_costs, expert_view
-from gbmw.cost.framework_memory import (autocast_weight_copy_bytes, fp32_residual_extra_share,
+from gbmw.cost.framework_memory import (autocast_weight_copy_bytes, cross_entropy_workspace_bytes_per_logit,
+                                        fp32_residual_extra_share, gated_activation_working_bytes_per_element,
                                         fp32_tp_input_extra_share, gather_buffer_bytes_per_parameter,
                                         kept_shard_bytes_per_parameter, prices_backward_workspace,
                                         sequence_parallel_gather_share)
@@ -296,10 +297,11 @@ def layer_costs(
         workspace_priced = prices_backward_workspace(settings.framework)
         backward_memory = selective_rebuilt_bytes(model, samples, strategy, workspace_priced)
     backward_memory = backward_memory + context.transient_bytes
-    sdp = weights.degree("sdp")
-    if sdp > 1:  # the gathered full parameters and unscattered gradients of the running layer
-        backward_memory = backward_memory + (dense_parameters * (1 - 1 / sdp) + rank_experts * (
-            1 - 1 / expert_strategy.degree("sdp"))) * (parameter_bytes + gradient_bytes)
+    # the gathered full parameters and unscattered gradients of the running layer (ZeRO-3)
+    gathered_parameters = (dense_parameters * (1 - 1 / weights.degree("sdp"))
+                           + rank_experts * (1 - 1 / expert_strategy.degree("sdp")))
+    backward_memory = backward_memory + gathered_parameters * (parameter_bytes + gradient_bytes)
+    output_gradient = np.zeros(model.num_layers)
     if prices_backward_workspace(settings.framework):  # backward's working set beside the stash
         kinds = np.array([layer.kind for layer in model.layers])
         residual = arrays.boundary_activation_bytes_per_sample
@@ -307,16 +309,25 @@ def layer_costs(
         gradient_in_out = (np.where(kinds == "embedding", 0.0, residual)
                            + np.where(kinds == "head", 0.0, np.where(kinds == "embedding",
                                                                       arrays.tp_allreduce_bytes_per_sample, residual)))
+        output_gradient = np.where(kinds == "embedding", 0.0, residual) * (1 + residual_share) * samples
         backward_memory = backward_memory + (gradient_in_out * (1 + residual_share) * samples
                                              + (arrays.backward_workspace_tp_split_bytes_per_sample * samples
                                                 + arrays.largest_weight_gradient_tp_split_bytes) / tp)
+        # a head's cross-entropy: what it holds beside the kept softmax (torch's on one device, megatron-core's in place)
+        backward_memory = backward_memory + arrays.loss_logits_per_sample * samples / tp * (
+            cross_entropy_workspace_bytes_per_logit(settings.framework, settings.precision, tp))
         # +sp: the column-parallel linears' input all-gathered again for their weight gradients
         backward_memory = backward_memory + np.where(kinds == "embedding", 0.0, residual) * samples * (
             sequence_parallel_gather_share(settings.framework, strategy))
     # the framework's all-gather buffer while the layer gathers (a forward transient, bounded by the backward term)
-    backward_memory = backward_memory + (
-        dense_parameters * gather_buffer_bytes_per_parameter(settings.framework, weights, parameter_bytes)
-        + rank_experts * gather_buffer_bytes_per_parameter(settings.framework, expert_strategy, parameter_bytes))
+    gather_buffer = (dense_parameters * gather_buffer_bytes_per_parameter(settings.framework, weights, parameter_bytes)
+                     + rank_experts * gather_buffer_bytes_per_parameter(settings.framework, expert_strategy,
+                                                                         parameter_bytes))
+    backward_memory = backward_memory + gather_buffer
+    # the gated activation's working set, in forward or in a checkpointed layer's recomputation, where it holds more
+    backward_memory = np.maximum(backward_memory, gated_activation_peak_bytes(
+        model, strategy, settings, samples, d, gathered_parameters * parameter_bytes + gather_buffer
+        + (intermediate + weight_copy + output_gradient if strategy.ckpt else 0.0)))
     held_states = (dense_parameters * model_state_bytes_per_parameter(weights, settings)
                    + rank_experts * model_state_bytes_per_parameter(expert_strategy, settings))
     return LayerCosts(
@@ -329,6 +340,25 @@ def layer_costs(
         optimizer_parameters=dense_parameters / _optimizer_shards(weights) + rank_experts / _optimizer_shards(
             expert_strategy),
     )
+
+
+def gated_activation_peak_bytes(model: ModelSpec, strategy: Strategy, settings: CostSettings, samples: float,
+                                activation_bytes: int, held_bytes: np.ndarray) -> np.ndarray:
+    """[layer] what a layer holds beyond its forward stash (O_f) while its gated activation runs
+    (gbmw.cost.framework_memory.gated_activation_working_bytes_per_element): the working set on the largest call —
+    the dense MLP or the shared experts on the rank's tokens, or one routed expert on its copies (under EP e, each of
+    a rank's experts receives the copies of e ranks, the busiest rank `expert_load_factor` times the mean) — less the
+    activation's own output, which is part of O_f but not made yet, plus `held_bytes`: what else exists then (the
+    gathered weights and the gather buffer; in a checkpointed layer's recomputation, its rebuilt stash and its
+    output's gradient). 0 for layers without a gated MLP, and where the framework's working set is not priced."""
+    per_element = gated_activation_working_bytes_per_element(settings.framework, settings.precision)
+    arrays = model.arrays
+    if not per_element:
+        return np.zeros(model.num_layers)
+    expert_rows = strategy.ep * arrays.expert_load_factor if strategy.ep > 1 else 1.0
+    elements = np.maximum(arrays.gated_activation_elements_per_sample,
+                          arrays.expert_gated_activation_elements_per_sample * expert_rows) * samples / strategy.tp
+    return np.where(elements > 0, elements * (per_element - activation_bytes) + held_bytes, 0.0)
 
 
 def _optimizer_shards(strategy: Strategy) -> int:

@@ -120,7 +120,20 @@ class LayerSpec(Frozen):
     """The same inside the TP-split regions (attention core, MLP activation, the vocabulary's logits): TP divides it."""
     backward_workspace_tp_split_bytes_per_sample: float = Field(default=0.0, ge=0, le=MAX_QUANTITY)
     """The widest activation gradient the layer's backward holds beside its stash, per sample (the MLP's
-    up-projection gradient, a head's logits gradient); TP divides it. 0: not modelled."""
+    up-projection gradient; a head's cross-entropy is `loss_logits_per_sample`); TP divides it. 0: not modelled."""
+    gated_activation_elements_per_sample: float = Field(default=0.0, ge=0, le=MAX_QUANTITY)
+    """Elements of the gated activation (SwiGLU: SiLU(gate) ∘ up) the layer's dense MLP — or a mixture of experts'
+    shared experts — computes in one call per sample (tokens × width); TP divides it. The framework may hold a
+    working set of several tensors of that size while it runs (gbmw.cost.framework_memory
+    .gated_activation_working_bytes_per_element). 0: no gated MLP."""
+    expert_gated_activation_elements_per_sample: float = Field(default=0.0, ge=0, le=MAX_QUANTITY)
+    """The same for one routed expert, whose call computes its share of the routed copies (tokens × top-k / experts,
+    × the capacity factor; × the expert width) — per sample of the rank's own tokens, before expert parallelism
+    brings it the copies of the other ranks of its EP group. 0: no gated routed experts."""
+    loss_logits_per_sample: float = Field(default=0.0, ge=0, le=MAX_QUANTITY)
+    """Logits a head's cross-entropy reads per sample (tokens × vocabulary; TP divides them): its working set beside
+    the kept softmax is so many times what the framework holds per logit (gbmw.cost.framework_memory
+    .cross_entropy_workspace_bytes_per_logit). 0: no loss over a vocabulary."""
     largest_weight_gradient_tp_split_bytes: float = Field(default=0.0, ge=0, le=MAX_QUANTITY)
     """The gradient of the layer's largest weight matrix in the dtype backward computes it in, whole before it is
     added to the parameter's gradient (bytes; TP divides it). 0: not modelled."""
@@ -360,6 +373,9 @@ class LayerArrays:
         self.expert_load_factor = column("expert_load_factor")
         self.backward_workspace_tp_split_bytes_per_sample = column("backward_workspace_tp_split_bytes_per_sample")
         self.largest_weight_gradient_tp_split_bytes = column("largest_weight_gradient_tp_split_bytes")
+        self.loss_logits_per_sample = column("loss_logits_per_sample")
+        self.gated_activation_elements_per_sample = column("gated_activation_elements_per_sample")
+        self.expert_gated_activation_elements_per_sample = column("expert_gated_activation_elements_per_sample")
         self.forward_flash_attention_flops_per_sample = column("forward_flash_attention_flops_per_sample")
         self.forward_memory_traffic_bytes_per_sample = column("forward_memory_traffic_bytes_per_sample")
         self.attention_core_activation_bytes_per_sample = column("attention_core_activation_bytes_per_sample")

@@ -170,6 +170,7 @@ def block_layer(name: str, kind: str, shape: BlockShape, dtype_bytes: int, dropo
         core_traffic=0,
         matmuls=(Matmul(rows_per_sample=s, out_features=shape.ffn * up_outputs, in_features=h, tp_split="out"),
                  Matmul(rows_per_sample=s, out_features=h, in_features=shape.ffn, tp_split="in")),
+        gated_elements=s * shape.ffn if shape.gated_mlp else 0,
     )
     parts = [self_attention, mlp]
     if shape.cross_attention_tokens:
@@ -227,13 +228,16 @@ def moe_mlp(shape: BlockShape, d: int, dropout: bool, sub_block_traffic: float) 
                  Matmul(rows_per_sample=s, out_features=h, in_features=shape.shared_ffn, tp_split="in"))
         if shape.shared_ffn else (),
         workspace=copies * shape.expert_ffn * up * d,
+        gated_elements=s * shape.shared_ffn if shape.gated_mlp else 0,
         largest_weight=h * shape.expert_ffn * d,
         experts=dict(num_experts=shape.experts, experts_per_token=shape.top_k, expert_parameter_count=expert_parameters,
                      expert_forward_flops_per_sample=float(expert_flops),
                      expert_dispatch_bytes_per_sample=float(copies * h * d),
                      expert_activation_bytes_per_sample=float(expert_whole),
                      expert_tp_split_activation_bytes_per_sample=float(expert_split),
-                     expert_load_factor=1.0 if shape.capacity_factor is not None else shape.load_imbalance),
+                     expert_load_factor=1.0 if shape.capacity_factor is not None else shape.load_imbalance,
+                     expert_gated_activation_elements_per_sample=float(
+                         copies / shape.experts * shape.expert_ffn if shape.gated_mlp else 0)),
     )
 
 
@@ -272,6 +276,7 @@ def _finish_block(name: str, kind: str, shape: BlockShape, d: int, parts: list[d
         # largest weight matrix (an MLP projection, or the fused QKV) in the activation dtype
         backward_workspace_tp_split_bytes_per_sample=float(workspace),
         largest_weight_gradient_tp_split_bytes=float(max(largest_mlp, h * (attention_width + 2 * kv_width)) * d),
+        gated_activation_elements_per_sample=float(parts[1].get("gated_elements", 0)),
         attention_heads=shape.heads,
         kv_heads=shape.kv_heads,
         attention_query_bytes_per_sample=float(s * attention_width * d),
@@ -341,9 +346,9 @@ def lm_head_layer(
         # fp32 softmax and reads it for the loss
         forward_memory_traffic_bytes_per_sample=float(tokens * hidden * d * (2 + (4 if transform else 0))),
         forward_tp_split_memory_traffic_bytes_per_sample=float(tokens * vocab * (d + 8)),
-        # the cross-entropy's backward turns the kept fp32 softmax into the logits' gradient beside it: two fp32
-        # logit-sized tensors at once (as torch's MemTracker sees the runtime's head); the projection's weight gradient
-        backward_workspace_tp_split_bytes_per_sample=float(2 * tokens * vocab * 4),
+        # the cross-entropy's working set beside the kept softmax depends on its implementation (per logit:
+        # gbmw.cost.framework_memory.cross_entropy_workspace_bytes_per_logit); the projection's weight gradient
+        loss_logits_per_sample=float(tokens * vocab),
         largest_weight_gradient_tp_split_bytes=float(vocab * hidden * d),
         tied_to=tied_to,
         tied_parameter_count=vocab * hidden if tied_to else 0,
