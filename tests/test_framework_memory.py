@@ -66,6 +66,10 @@ def test_block_workspace_is_the_mlp_up_projection_and_the_largest_matrix():
     layer = block_layer("b", "decoder", shape, 2, dropout=False, flash=True)
     assert layer.backward_workspace_tp_split_bytes_per_sample == 16 * 32 * 2  # gradient of the 4h-wide output
     assert layer.largest_weight_gradient_tp_split_bytes == 8 * 32 * 2  # an MLP matrix (h × ffn) beats QKV (h × 3h)
+    assert layer.gated_activation_elements_per_sample == 0  # a GELU MLP
+    gated = block_layer("b", "decoder", BlockShape(tokens=16, hidden=8, heads=2, head_dim=4, kv_heads=2, ffn=32,
+                                                   attended_tokens=16, gated_mlp=True), 2, dropout=False, flash=True)
+    assert gated.gated_activation_elements_per_sample == 16 * 32
 
 
 def test_zero_1_and_2_layers_keep_their_shard_beside_the_gathered_weights():
@@ -163,3 +167,30 @@ def test_one_routed_expert_runs_its_gated_activation_on_the_copies_of_its_ep_gro
     assert _backward(moe, "dp8+ep8", "bf16") == pytest.approx(8 * 1000 * 14)
     loaded = moe.model_copy(update={"expert_load_factor": 1.5})  # the busiest rank of the group: 1.5 × the mean
     assert _backward(loaded, "dp8+ep4", "bf16") == pytest.approx(max(3000, 4 * 1.5 * 1000) * 14)
+
+
+def test_a_mixture_of_experts_keeps_one_fp32_residual_input_per_sub_block():
+    from gbmw.specs.transformer_layers import BlockShape, block_layer
+
+    # top-2 of 4 experts: the experts' TP all-reduces 2 copies per token, but only the attention's and the MoE MLP's
+    # inputs are residual-stream tensors: 2 × s·h in 16 bits, which the runtime keeps in fp32 (and, at TP 2, the fp32
+    # normalised input of each sub-block's TP linears too). The all-reduce standing for them charged a third.
+    shape = BlockShape(tokens=16, hidden=8, heads=2, head_dim=4, kv_heads=2, ffn=32, attended_tokens=16, gated_mlp=True,
+                       experts=4, top_k=2, expert_ffn=32)
+    layer = block_layer("b", "decoder", shape, 2, dropout=False, flash=True)
+    assert layer.residual_input_bytes_per_sample == 2 * 16 * 8 * 2
+    # one expert's SwiGLU runs on its share of the copies: 16 tokens × top-2 / 4 experts, × its width
+    assert layer.expert_gated_activation_elements_per_sample == 16 * 2 / 4 * 32
+    assert layer.gated_activation_elements_per_sample == 0  # no shared experts
+    assert layer.tp_allreduce_bytes_per_sample == (16 + 2 * 16) * 8 * 2
+    cluster = make_cluster()
+
+    def stash(spec, name):
+        return layer_costs(make_model([spec], "bf16"), Strategy.parse(name), 8,
+                           CostSettings(cluster, "bf16", framework="gbmw-runtime"), CommModel(cluster)
+                           ).forward_memory_bytes[0]
+
+    fallback = layer.model_copy(update={"residual_input_bytes_per_sample": 0.0})  # the all-reduce stands for them
+    one_copy = 16 * 8 * 2  # the copies beyond the first, per sample (one sample per rank at dp8, two at tp2-dp4)
+    assert stash(fallback, "dp8") - stash(layer, "dp8") == pytest.approx(one_copy)
+    assert stash(fallback, "tp2-dp4") - stash(layer, "tp2-dp4") == pytest.approx(2 * 2 * one_copy)

@@ -278,7 +278,8 @@ def layer_costs(
     residual_share = fp32_residual_extra_share(settings.framework, settings.precision, d)
     fp32_share = residual_share * not_embedding
     tp_input_share = fp32_tp_input_extra_share(settings.framework, settings.precision, d, strategy.tp) * not_embedding
-    residual_inputs = np.maximum(arrays.tp_allreduce_bytes_per_sample, arrays.boundary_activation_bytes_per_sample)
+    residual_inputs = np.where(arrays.residual_input_bytes_per_sample > 0, arrays.residual_input_bytes_per_sample,
+                               np.maximum(arrays.tp_allreduce_bytes_per_sample, arrays.boundary_activation_bytes_per_sample))
     boundary = boundary * (1 + fp32_share)
     intermediate = intermediate + (fp32_share * (residual_inputs - arrays.boundary_activation_bytes_per_sample)
                                    + tp_input_share * residual_inputs) * samples

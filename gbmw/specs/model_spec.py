@@ -121,6 +121,11 @@ class LayerSpec(Frozen):
     backward_workspace_tp_split_bytes_per_sample: float = Field(default=0.0, ge=0, le=MAX_QUANTITY)
     """The widest activation gradient the layer's backward holds beside its stash, per sample (the MLP's
     up-projection gradient; a head's cross-entropy is `loss_logits_per_sample`); TP divides it. 0: not modelled."""
+    residual_input_bytes_per_sample: float = Field(default=0.0, ge=0, le=MAX_QUANTITY)
+    """The inputs of the layer's sub-blocks from the residual stream, per sample in the activation dtype (a block:
+    one tokens × hidden tensor per sub-block, its boundary the first): what a framework keeping the residual stream in
+    fp32 keeps wider (gbmw.cost.framework_memory.fp32_residual_extra_share). 0: the TP all-reduce's bytes stand for
+    them (one per sub-block in a dense block; not in a mixture of experts, whose experts all-reduce their copies)."""
     gated_activation_elements_per_sample: float = Field(default=0.0, ge=0, le=MAX_QUANTITY)
     """Elements of the gated activation (SwiGLU: SiLU(gate) ∘ up) the layer's dense MLP — or a mixture of experts'
     shared experts — computes in one call per sample (tokens × width); TP divides it. The framework may hold a
@@ -375,6 +380,7 @@ class LayerArrays:
         self.largest_weight_gradient_tp_split_bytes = column("largest_weight_gradient_tp_split_bytes")
         self.loss_logits_per_sample = column("loss_logits_per_sample")
         self.gated_activation_elements_per_sample = column("gated_activation_elements_per_sample")
+        self.residual_input_bytes_per_sample = column("residual_input_bytes_per_sample")
         self.expert_gated_activation_elements_per_sample = column("expert_gated_activation_elements_per_sample")
         self.forward_flash_attention_flops_per_sample = column("forward_flash_attention_flops_per_sample")
         self.forward_memory_traffic_bytes_per_sample = column("forward_memory_traffic_bytes_per_sample")

@@ -277,6 +277,7 @@ def _finish_block(name: str, kind: str, shape: BlockShape, d: int, parts: list[d
         backward_workspace_tp_split_bytes_per_sample=float(workspace),
         largest_weight_gradient_tp_split_bytes=float(max(largest_mlp, h * (attention_width + 2 * kv_width)) * d),
         gated_activation_elements_per_sample=float(parts[1].get("gated_elements", 0)),
+        residual_input_bytes_per_sample=float(len(parts) * boundary),  # each sub-block reads the residual stream
         attention_heads=shape.heads,
         kv_heads=shape.kv_heads,
         attention_query_bytes_per_sample=float(s * attention_width * d),
