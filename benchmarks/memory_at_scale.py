@@ -91,6 +91,15 @@ def mixtral_sharded_plan(job):
     return plan_from_strategy_names(job.model, 64, names, [5, 4, 4, 4, 4, 4, 4, 5], 256, 32, cluster=job.cluster.name)
 
 
+def llama31_ulysses_mixed_plan(job):
+    """Llama 3.1 8B on 64 devices in two stages of 32, each layer's strategy chosen by hand to mix Ulysses degrees
+    (2, 4, 8) with TP (tp × ulysses divides the 8 key/value heads), ZeRO-1/2/3 and checkpointing."""
+    names = (["tp2-ulysses2-z1dp8"] + ["ulysses8-z1dp4"] * 8 + ["tp2-ulysses4-sdp4+ckpt"] * 8
+             + ["tp4-ulysses2-z2dp4"] * 8 + ["ulysses4-sdp8+ckpt"] * 8 + ["tp2-ulysses4-z1dp4"])
+    return plan_from_strategy_names(job.model, 64, names, [17, 17], job.global_batch, job.global_batch // 8,
+                                    cluster=job.cluster.name)
+
+
 def dense_cases():
     gpt15, gpt65 = load_job("gpt3-15b_a100-80g-x32"), load_job("gpt3-65b_h100-80g-x64")
     llama = load_job("llama-7b_a100-80g-x8")
@@ -110,12 +119,22 @@ def moe_cases():
             ("the same with ZeRO-1/2/3 beside EP, Mixtral-8x7B", mixtral, mixtral_sharded_plan(mixtral))]
 
 
-CASES = {"dense": dense_cases, "moe": moe_cases}
+def long_cases():
+    long32k, long128k = load_job("llama3.1-8b-32k_h100-80g-x64"), load_job("llama3.1-8b-128k_h100-80g-x64")
+    return [("gbmw+ulysses plan, Llama 3.1 8B 32k, 64 × H100", long32k, Planner(long32k, variant="gbmw+ulysses").run()),
+            ("mixed per-layer Ulysses plan, Llama 3.1 8B 32k", long32k, llama31_ulysses_mixed_plan(long32k)),
+            ("gbmw+ulysses plan, Llama 3.1 8B 128k, 64 × H100", long128k,
+             Planner(long128k, variant="gbmw+ulysses").run()),
+            ("gbmw+cp plan (ring context parallelism), Llama 3.1 8B 128k", long128k,
+             Planner(long128k, variant="gbmw+cp").run())]
+
+
+CASES = {"dense": dense_cases, "moe": moe_cases, "long": long_cases}
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", choices=sorted(CASES), help="trace only the dense or only the mixture-of-experts plans")
+    parser.add_argument("--only", choices=sorted(CASES), help="trace only the dense, the mixture-of-experts or the long-sequence plans")
     args = parser.parse_args()
     cases = [case for kind, make in CASES.items() if args.only in (None, kind) for case in make()]
     console = Console(highlight=False, width=140)

@@ -66,6 +66,10 @@ def test_block_workspace_is_the_mlp_up_projection_and_the_largest_matrix():
     layer = block_layer("b", "decoder", shape, 2, dropout=False, flash=True)
     assert layer.backward_workspace_tp_split_bytes_per_sample == 16 * 32 * 2  # gradient of the 4h-wide output
     assert layer.largest_weight_gradient_tp_split_bytes == 8 * 32 * 2  # an MLP matrix (h × ffn) beats QKV (h × 3h)
+    assert layer.gated_activation_elements_per_sample == 0  # a GELU MLP
+    gated = block_layer("b", "decoder", BlockShape(tokens=16, hidden=8, heads=2, head_dim=4, kv_heads=2, ffn=32,
+                                                   attended_tokens=16, gated_mlp=True), 2, dropout=False, flash=True)
+    assert gated.gated_activation_elements_per_sample == 16 * 32
 
 
 def test_zero_1_and_2_layers_keep_their_shard_beside_the_gathered_weights():
@@ -113,3 +117,80 @@ def test_sharded_layers_hold_a_tied_weight_twice_and_every_stage_keeps_the_step_
     assert sharded.peak_memory_bytes == pytest.approx(sharded.forward_backward_peak_bytes + 4 * 3000 / 8)
     from gbmw.cost.framework_memory import step_reserve_bytes
     assert step_reserve_bytes(4, 10**9) == 4 * 2**24
+
+
+def _backward(layer, name: str, precision: str, framework: str = "gbmw-runtime") -> float:
+    cluster = make_cluster()
+    return layer_costs(make_model([layer], precision), Strategy.parse(name), 8,
+                       CostSettings(cluster, precision, framework=framework), CommModel(cluster)).backward_memory_bytes[0]
+
+
+def test_cross_entropy_workspace_depends_on_who_computes_it():
+    # a head of 1000 logits per sample; the same head without a loss gives everything else of its backward
+    def extra(name, precision, framework="gbmw-runtime"):
+        head = dict(kind="head", tp_split_parameter_count=800)
+        return (_backward(make_layer("head", loss_logits_per_sample=1000.0, **head), name, precision, framework)
+                - _backward(make_layer("head", **head), name, precision, framework))
+
+    # one device: torch's cross-entropy holds nll_loss's and log_softmax's fp32 gradients, 8 bytes per logit (1 sample)
+    assert extra("dp8", "bf16") == pytest.approx(8 * 1000)
+    # TP 2 (megatron-core's, in place): one 16-bit logit tensor beside the kept fp32 one, per TP-local logit (2 samples
+    # per rank, half the vocabulary); two fp32 tensors here were the 128k-token plan's 12 GiB over-estimate
+    assert extra("tp2-dp4", "bf16") == pytest.approx(2 * 2 * 1000 / 2)
+    assert extra("tp2-dp4", "fp32") == 0  # in fp32 the copy is the logits themselves
+    assert extra("dp8", "bf16", "megatron") == 0  # the stock targets' workspaces are not modelled
+
+
+def test_gated_activation_working_set_is_the_peak_where_it_exceeds_the_backward():
+    # 10 000 activation elements per sample; one sample per rank (dp8), 2 per rank at TP 2 (1 per TP-local sample)
+    gated = make_layer("block", kind="decoder", gated_activation_elements_per_sample=10_000.0)
+    # 16-bit: four fp32 tensors while it runs, less its 16-bit output (part of the stash, not made yet): 14 bytes each;
+    # this dwarfs the backward's 2 × 200 bytes of fp32 residual gradients, so it is the layer's extra
+    assert _backward(gated, "dp8", "bf16") == pytest.approx(10_000 * (16 - 2))
+    assert _backward(gated, "tp2-dp4", "bf16") == pytest.approx(2 * 10_000 / 2 * (16 - 2))
+    # fp32: σ(gate) and gate·σ(gate) (8 bytes), less the 4-byte output
+    assert _backward(gated, "dp8", "fp32") == pytest.approx(10_000 * (8 - 4))
+    # recomputed in a checkpointed layer's backward, beside its rebuilt stash (the 250-byte intermediates and a 16-bit
+    # copy of its 1000 weights) and its output's gradient (100 bytes in fp32: 200)
+    assert _backward(gated, "dp8+ckpt", "bf16") == pytest.approx(10_000 * 14 + 250 + 2 * 1000 + 200)
+    assert _backward(gated, "dp8", "bf16", "megatron") == 0  # Megatron's fused SwiGLU keeps no fp32 tensors
+
+
+def test_one_routed_expert_runs_its_gated_activation_on_the_copies_of_its_ep_group():
+    # 1000 elements per sample for one expert's share of a rank's own copies; the shared experts' 3000 per sample
+    moe = make_layer("block", kind="decoder", num_experts=8, experts_per_token=2, expert_parameter_count=400,
+                     expert_gated_activation_elements_per_sample=1000.0, gated_activation_elements_per_sample=3000.0)
+    # EP 1: each expert on the rank's own copies; the shared experts' larger call is the peak
+    assert _backward(moe, "dp8", "bf16") == pytest.approx(3000 * 14)
+    # EP 8: each of the rank's experts receives the copies of 8 ranks — 8000 elements in one call (not the sum over
+    # experts, which run one after another)
+    assert _backward(moe, "dp8+ep8", "bf16") == pytest.approx(8 * 1000 * 14)
+    loaded = moe.model_copy(update={"expert_load_factor": 1.5})  # the busiest rank of the group: 1.5 × the mean
+    assert _backward(loaded, "dp8+ep4", "bf16") == pytest.approx(max(3000, 4 * 1.5 * 1000) * 14)
+
+
+def test_a_mixture_of_experts_keeps_one_fp32_residual_input_per_sub_block():
+    from gbmw.specs.transformer_layers import BlockShape, block_layer
+
+    # top-2 of 4 experts: the experts' TP all-reduces 2 copies per token, but only the attention's and the MoE MLP's
+    # inputs are residual-stream tensors: 2 × s·h in 16 bits, which the runtime keeps in fp32 (and, at TP 2, the fp32
+    # normalised input of each sub-block's TP linears too). The all-reduce standing for them charged a third.
+    shape = BlockShape(tokens=16, hidden=8, heads=2, head_dim=4, kv_heads=2, ffn=32, attended_tokens=16, gated_mlp=True,
+                       experts=4, top_k=2, expert_ffn=32)
+    layer = block_layer("b", "decoder", shape, 2, dropout=False, flash=True)
+    assert layer.residual_input_bytes_per_sample == 2 * 16 * 8 * 2
+    # one expert's SwiGLU runs on its share of the copies: 16 tokens × top-2 / 4 experts, × its width
+    assert layer.expert_gated_activation_elements_per_sample == 16 * 2 / 4 * 32
+    assert layer.gated_activation_elements_per_sample == 0  # no shared experts
+    assert layer.tp_allreduce_bytes_per_sample == (16 + 2 * 16) * 8 * 2
+    cluster = make_cluster()
+
+    def stash(spec, name):
+        return layer_costs(make_model([spec], "bf16"), Strategy.parse(name), 8,
+                           CostSettings(cluster, "bf16", framework="gbmw-runtime"), CommModel(cluster)
+                           ).forward_memory_bytes[0]
+
+    fallback = layer.model_copy(update={"residual_input_bytes_per_sample": 0.0})  # the all-reduce stands for them
+    one_copy = 16 * 8 * 2  # the copies beyond the first, per sample (one sample per rank at dp8, two at tp2-dp4)
+    assert stash(fallback, "dp8") - stash(layer, "dp8") == pytest.approx(one_copy)
+    assert stash(fallback, "tp2-dp4") - stash(layer, "tp2-dp4") == pytest.approx(2 * 2 * one_copy)

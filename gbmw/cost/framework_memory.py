@@ -30,6 +30,21 @@ gbmw.adapters.profile.fake_memory):
   parameter's gradient (gbmw.specs.transformer_layers' backward workspace;
   `prices_backward_workspace`). Megatron accumulates weight gradients straight into its fp32 main gradients; the
   stock targets' workspaces are not modelled.
+* The gated activation (gbmw.adapters.runtime.gated_mlp.swiglu) forms SiLU(gate) ∘ up in fp32 at least: with 16-bit
+  inputs it holds four fp32 tensors of the activation's size at once — gate and up cast to fp32, gate·σ(gate), the
+  product — beside the 16-bit gate and up it keeps, before its 16-bit output exists (16 bytes per element); with
+  fp32 inputs σ(gate) and gate·σ(gate), then gate·σ(gate) and the product (8; `gated_activation_working_bytes_per
+  _element`). It runs in forward, and again in a checkpointed layer's recomputation, where the layer's output
+  gradient waits beside it; a mixture of experts runs it once per expert on that expert's copies. Where that
+  moment holds more than the layer's backward (`gated_activation_peak_bytes`), it is the
+  layer's peak.
+* A head's cross-entropy holds, beside the fp32 softmax of the logits it keeps for backward, a working set that
+  depends on who computes it (`cross_entropy_workspace_bytes_per_logit`, per TP-local logit): on one device torch's
+  `F.cross_entropy` on the fp32 logits, whose backward holds nll_loss's fp32 gradient and log_softmax's fp32
+  gradient at once (8 bytes); under TP megatron-core's vocabulary-parallel cross-entropy, which works in place on
+  one fp32 copy of the logits — the softmax it keeps and, in backward, the gradient — so beyond it only a 16-bit
+  logit tensor exists: the layer's output beside the copy in forward, autograd's cast of the gradient to that dtype
+  in backward (2 bytes under autocast; none in fp32 training, where the copy is the logits).
 * A sequence-parallel layer (+sp; Korthikanti et al. 2022, Sec. 4.2.2) stashes its column-parallel linears' inputs
   as sequence slices and all-gathers them again (16-bit) for the weight gradients in backward: beside its backward
   workspace it holds one whole-sequence 16-bit input (`sequence_parallel_gather_share`; Megatron keeps the same
@@ -47,7 +62,10 @@ Megatron's and DeepSpeed's fused Adam update in place, and their 16-bit weights 
 
 from __future__ import annotations
 
+import numpy as np
+
 from gbmw.space.strategy import Strategy
+from gbmw.specs.model_spec import ModelSpec
 
 AUTOCAST_COPY_BYTES = 2
 ADAM_SQRT_TEMPORARY_BYTES = 4
@@ -120,7 +138,47 @@ def step_reserve_bytes(bytes_per_parameter: float, stepped_parameters: float) ->
     return bytes_per_parameter * min(stepped_parameters, ADAM_CHUNK_ELEMENTS)
 
 
+def gated_activation_working_bytes_per_element(framework: str, precision: str) -> float:
+    """Bytes per element of the gated activation that gbmw's runtime holds while it computes it, beside its inputs
+    (the module docstring): four fp32 tensors for 16-bit inputs, two for fp32 ones. 0 where the backward workspace
+    is not priced (Megatron's fused bias-SwiGLU keeps no fp32 tensors; the stock targets' workspaces are not
+    modelled)."""
+    if not prices_backward_workspace(framework):
+        return 0.0
+    return (4 if runs_autocast(framework, precision) else 2) * FP32_BYTES
+
+
+def cross_entropy_workspace_bytes_per_logit(framework: str, precision: str, tp: int) -> float:
+    """Bytes per (TP-local) logit a head's cross-entropy holds beside the fp32 softmax it keeps (the module
+    docstring): torch's on one device, megatron-core's vocabulary-parallel one, in place, under TP. 0 where the
+    backward workspace is not priced."""
+    if not prices_backward_workspace(framework):
+        return 0.0
+    if tp == 1:
+        return 2 * FP32_BYTES  # nll_loss's gradient and log_softmax's backward output
+    return AUTOCAST_COPY_BYTES if runs_autocast(framework, precision) else 0.0
+
+
 def sequence_parallel_gather_share(framework: str, strategy: Strategy) -> float:
     """Bytes per byte of a layer's 16-bit input (per sample) that its backward holds as the all-gathered input of
     its column-parallel linears under +sp: gbmw's runtime's (gbmw.adapters.runtime.sequence_parallel)."""
     return 1.0 if framework == "gbmw-runtime" and strategy.sp else 0.0
+
+
+def gated_activation_peak_bytes(framework: str, precision: str, model: ModelSpec, strategy: Strategy, samples: float,
+                                activation_bytes: int, held_bytes: np.ndarray) -> np.ndarray:
+    """[layer] what a layer holds beyond its forward stash (O_f) while its gated activation runs
+    (`gated_activation_working_bytes_per_element`): the working set on the largest call —
+    the dense MLP or the shared experts on the rank's tokens, or one routed expert on its copies (under EP e, each of
+    a rank's experts receives the copies of e ranks, the busiest rank `expert_load_factor` times the mean) — less the
+    activation's own output, which is part of O_f but not made yet, plus `held_bytes`: what else exists then (the
+    gathered weights and the gather buffer; in a checkpointed layer's recomputation, its rebuilt stash and its
+    output's gradient). 0 for layers without a gated MLP, and where the framework's working set is not priced."""
+    per_element = gated_activation_working_bytes_per_element(framework, precision)
+    arrays = model.arrays
+    if not per_element:
+        return np.zeros(model.num_layers)
+    expert_rows = strategy.ep * arrays.expert_load_factor if strategy.ep > 1 else 1.0
+    elements = np.maximum(arrays.gated_activation_elements_per_sample,
+                          arrays.expert_gated_activation_elements_per_sample * expert_rows) * samples / strategy.tp
+    return np.where(elements > 0, elements * (per_element - activation_bytes) + held_bytes, 0.0)

@@ -52,11 +52,12 @@ from gbmw.cost.comm import CommModel
 from gbmw.cost.context_parallel import context_parallel_costs
 from gbmw.cost.expert_parallel import expert_data_parallel_group, expert_parallel_costs, expert_view
 from gbmw.cost.fp8 import amax_reductions_s, fp8_cast_s, fp8_weight_copy_bytes, rank_fp8_parameters
-from gbmw.cost.framework_memory import (autocast_weight_copy_bytes, fp32_residual_extra_share,
+from gbmw.cost.framework_memory import (autocast_weight_copy_bytes, cross_entropy_workspace_bytes_per_logit,
+                                        fp32_residual_extra_share, gated_activation_peak_bytes,
                                         fp32_tp_input_extra_share, gather_buffer_bytes_per_parameter,
                                         kept_shard_bytes_per_parameter, prices_backward_workspace,
                                         sequence_parallel_gather_share)
-from gbmw.cost.matmul_waves import linear_wave_loss_s
+from gbmw.cost.matmul_waves import layer_wave_loss_s
 from gbmw.cost.model_states import StateBytes, sharded_bytes_per_parameter, state_bytes
 from gbmw.space.strategy import DATA_PARALLEL_AXES, Strategy
 from gbmw.specs.cluster_spec import ClusterSpec
@@ -138,28 +139,6 @@ def forward_compute_s(model: ModelSpec, settings: CostSettings, samples: float, 
     return np.where(arrays.has_measured_time, measured, analytic)
 
 
-def matmul_wave_loss_s(model: ModelSpec, settings: CostSettings, samples: float, tp: int,
-                       sequence_parallel: bool = False) -> tuple[np.ndarray, np.ndarray]:
-    """(forward, backward) per layer: what the linear matmuls of `samples` samples at TP degree `tp` lose to their
-    tile waves beyond their FLOPs at the sustained rate (gbmw.cost.matmul_waves); 0 for profiled layers and on devices
-    without a multiprocessor count. A linear whole on every TP rank runs the rank's share of the rows under
-    `sequence_parallel`."""
-    multiprocessors = settings.cluster.device.multiprocessors
-    arrays = model.arrays
-    if multiprocessors is None:
-        return np.zeros(model.num_layers), np.zeros(model.num_layers)
-    whole = arrays.matmul_replicated
-    out_features = np.where(arrays.matmul_splits_out, arrays.matmul_out_features / tp, arrays.matmul_out_features)
-    in_features = np.where(arrays.matmul_splits_out | whole, arrays.matmul_in_features, arrays.matmul_in_features / tp)
-    # [layer, 1]: a layer with FP8 linears runs its matmuls at the FP8 rate (a head's at bf16's)
-    rate = np.where(arrays.fp8_forward_flops_per_sample > 0, settings.cluster.linear_flops(settings.precision),
-                    settings.cluster.sustained_flops(settings.precision))[:, None]
-    rows = arrays.matmul_rows_per_sample * samples / np.where(whole & sequence_parallel, tp, 1)
-    forward, backward = linear_wave_loss_s(rows, out_features, in_features, rate, multiprocessors)
-    analytic = ~arrays.has_measured_time
-    return forward * analytic, backward * analytic
-
-
 def _framework_overheads_s(model: ModelSpec, strategy: Strategy, settings: CostSettings, comm: CommModel,
                            parameter_bytes: float, gradient_bytes: float) -> tuple[np.ndarray, np.ndarray]:
     """Per call: what profiled TP-2 / SDP-2 / checkpointed timings show beyond compute and the modelled
@@ -219,7 +198,7 @@ def layer_costs(
     backward_compute = np.where(arrays.has_measured_backward,
                                 arrays.backward_time_per_sample_s * samples / tp + arrays.backward_overhead_s,
                                 2.0 * forward_compute)
-    forward_wave_loss, backward_wave_loss = matmul_wave_loss_s(model, settings, samples, tp, strategy.sp)
+    forward_wave_loss, backward_wave_loss = layer_wave_loss_s(model, settings.cluster, settings.precision, samples, tp, strategy.sp)
     forward_compute = forward_compute + forward_wave_loss
     backward_compute = backward_compute + backward_wave_loss  # 0 for profiled layers
 
@@ -303,7 +282,8 @@ def layer_costs(
     residual_share = fp32_residual_extra_share(settings.framework, settings.precision, d)
     fp32_share = residual_share * not_embedding
     tp_input_share = fp32_tp_input_extra_share(settings.framework, settings.precision, d, strategy.tp) * not_embedding
-    residual_inputs = np.maximum(arrays.tp_allreduce_bytes_per_sample, arrays.boundary_activation_bytes_per_sample)
+    residual_inputs = np.where(arrays.residual_input_bytes_per_sample > 0, arrays.residual_input_bytes_per_sample,
+                               np.maximum(arrays.tp_allreduce_bytes_per_sample, arrays.boundary_activation_bytes_per_sample))
     boundary = boundary * (1 + fp32_share)
     intermediate = intermediate + (fp32_share * (residual_inputs - arrays.boundary_activation_bytes_per_sample)
                                    + tp_input_share * residual_inputs) * samples
@@ -322,10 +302,11 @@ def layer_costs(
         workspace_priced = prices_backward_workspace(settings.framework)
         backward_memory = selective_rebuilt_bytes(model, samples, strategy, workspace_priced)
     backward_memory = backward_memory + context.transient_bytes
-    sdp = weights.degree("sdp")
-    if sdp > 1:  # the gathered full parameters and unscattered gradients of the running layer
-        backward_memory = backward_memory + (dense_parameters * (1 - 1 / sdp) + rank_experts * (
-            1 - 1 / expert_strategy.degree("sdp"))) * (parameter_bytes + gradient_bytes)
+    # the gathered full parameters and unscattered gradients of the running layer (ZeRO-3)
+    gathered_parameters = (dense_parameters * (1 - 1 / weights.degree("sdp"))
+                           + rank_experts * (1 - 1 / expert_strategy.degree("sdp")))
+    backward_memory = backward_memory + gathered_parameters * (parameter_bytes + gradient_bytes)
+    output_gradient = np.zeros(model.num_layers)
     if prices_backward_workspace(settings.framework):  # backward's working set beside the stash
         kinds = np.array([layer.kind for layer in model.layers])
         residual = arrays.boundary_activation_bytes_per_sample
@@ -333,16 +314,26 @@ def layer_costs(
         gradient_in_out = (np.where(kinds == "embedding", 0.0, residual)
                            + np.where(kinds == "head", 0.0, np.where(kinds == "embedding",
                                                                       arrays.tp_allreduce_bytes_per_sample, residual)))
+        output_gradient = np.where(kinds == "embedding", 0.0, residual) * (1 + residual_share) * samples
         backward_memory = backward_memory + (gradient_in_out * (1 + residual_share) * samples
                                              + (arrays.backward_workspace_tp_split_bytes_per_sample * samples
                                                 + arrays.largest_weight_gradient_tp_split_bytes) / tp)
+        # a head's cross-entropy: what it holds beside the kept softmax (torch's on one device, megatron-core's in place)
+        backward_memory = backward_memory + arrays.loss_logits_per_sample * samples / tp * (
+            cross_entropy_workspace_bytes_per_logit(settings.framework, settings.precision, tp))
         # +sp: the column-parallel linears' input all-gathered again for their weight gradients
         backward_memory = backward_memory + np.where(kinds == "embedding", 0.0, residual) * samples * (
             sequence_parallel_gather_share(settings.framework, strategy))
     # the framework's all-gather buffer while the layer gathers (a forward transient, bounded by the backward term)
-    backward_memory = backward_memory + (
-        dense_parameters * gather_buffer_bytes_per_parameter(settings.framework, weights, parameter_bytes)
-        + rank_experts * gather_buffer_bytes_per_parameter(settings.framework, expert_strategy, parameter_bytes))
+    gather_buffer = (dense_parameters * gather_buffer_bytes_per_parameter(settings.framework, weights, parameter_bytes)
+                     + rank_experts * gather_buffer_bytes_per_parameter(settings.framework, expert_strategy,
+                                                                         parameter_bytes))
+    backward_memory = backward_memory + gather_buffer
+    # the gated activation's working set, in forward or in a checkpointed layer's recomputation, where it holds more
+    backward_memory = np.maximum(backward_memory, gated_activation_peak_bytes(
+        settings.framework, settings.precision, model, strategy, samples, d,
+        gathered_parameters * parameter_bytes + gather_buffer
+        + (intermediate + weight_copy + output_gradient if strategy.ckpt else 0.0)))
     held_states = (dense_parameters * model_state_bytes_per_parameter(weights, settings)
                    + rank_experts * model_state_bytes_per_parameter(expert_strategy, settings)
                    + fp8_parameters * fp8_weight_copy_bytes(settings.precision))

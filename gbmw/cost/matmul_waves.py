@@ -24,6 +24,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from gbmw.specs.cluster_spec import ClusterSpec
+from gbmw.specs.model_spec import ModelSpec
+
 TILE_ROWS = 128
 TILE_COLUMNS = 128
 
@@ -55,3 +58,25 @@ def linear_wave_loss_s(rows: np.ndarray, out_features: np.ndarray, in_features: 
     input_gradient = matmul_time_s(rows, in_features, out_features, flops_per_s, multiprocessors)
     weight_gradient = matmul_time_s(in_features, out_features, rows, flops_per_s, multiprocessors)
     return ((forward - full_rate).sum(axis=-1), (input_gradient + weight_gradient - 2 * full_rate).sum(axis=-1))
+
+
+def layer_wave_loss_s(model: ModelSpec, cluster: ClusterSpec, precision: str, samples: float, tp: int,
+                      sequence_parallel: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """(forward, backward) per layer: what the linear matmuls of `samples` samples at TP degree `tp` lose to their
+    tile waves beyond their FLOPs at the sustained rate (`linear_wave_loss_s`); 0 for profiled layers and on devices
+    without a multiprocessor count. A linear whole on every TP rank runs the rank's share of the rows under
+    `sequence_parallel`."""
+    multiprocessors = cluster.device.multiprocessors
+    arrays = model.arrays
+    if multiprocessors is None:
+        return np.zeros(model.num_layers), np.zeros(model.num_layers)
+    whole = arrays.matmul_replicated
+    out_features = np.where(arrays.matmul_splits_out, arrays.matmul_out_features / tp, arrays.matmul_out_features)
+    in_features = np.where(arrays.matmul_splits_out | whole, arrays.matmul_in_features, arrays.matmul_in_features / tp)
+    # [layer, 1]: a layer with FP8 linears runs its matmuls at the FP8 rate (a head's at bf16's)
+    rate = np.where(arrays.fp8_forward_flops_per_sample > 0, cluster.linear_flops(precision),
+                    cluster.sustained_flops(precision))[:, None]
+    rows = arrays.matmul_rows_per_sample * samples / np.where(whole & sequence_parallel, tp, 1)
+    forward, backward = linear_wave_loss_s(rows, out_features, in_features, rate, multiprocessors)
+    analytic = ~arrays.has_measured_time
+    return forward * analytic, backward * analytic

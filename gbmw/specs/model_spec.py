@@ -139,7 +139,25 @@ class LayerSpec(Frozen):
     """The same inside the TP-split regions (attention core, MLP activation, the vocabulary's logits): TP divides it."""
     backward_workspace_tp_split_bytes_per_sample: float = Field(default=0.0, ge=0, le=MAX_QUANTITY)
     """The widest activation gradient the layer's backward holds beside its stash, per sample (the MLP's
-    up-projection gradient, a head's logits gradient); TP divides it. 0: not modelled."""
+    up-projection gradient; a head's cross-entropy is `loss_logits_per_sample`); TP divides it. 0: not modelled."""
+    residual_input_bytes_per_sample: float = Field(default=0.0, ge=0, le=MAX_QUANTITY)
+    """The inputs of the layer's sub-blocks from the residual stream, per sample in the activation dtype (a block:
+    one tokens × hidden tensor per sub-block, its boundary the first): what a framework keeping the residual stream in
+    fp32 keeps wider (gbmw.cost.framework_memory.fp32_residual_extra_share). 0: the TP all-reduce's bytes stand for
+    them (one per sub-block in a dense block; not in a mixture of experts, whose experts all-reduce their copies)."""
+    gated_activation_elements_per_sample: float = Field(default=0.0, ge=0, le=MAX_QUANTITY)
+    """Elements of the gated activation (SwiGLU: SiLU(gate) ∘ up) the layer's dense MLP — or a mixture of experts'
+    shared experts — computes in one call per sample (tokens × width); TP divides it. The framework may hold a
+    working set of several tensors of that size while it runs (gbmw.cost.framework_memory
+    .gated_activation_working_bytes_per_element). 0: no gated MLP."""
+    expert_gated_activation_elements_per_sample: float = Field(default=0.0, ge=0, le=MAX_QUANTITY)
+    """The same for one routed expert, whose call computes its share of the routed copies (tokens × top-k / experts,
+    × the capacity factor; × the expert width) — per sample of the rank's own tokens, before expert parallelism
+    brings it the copies of the other ranks of its EP group. 0: no gated routed experts."""
+    loss_logits_per_sample: float = Field(default=0.0, ge=0, le=MAX_QUANTITY)
+    """Logits a head's cross-entropy reads per sample (tokens × vocabulary; TP divides them): its working set beside
+    the kept softmax is so many times what the framework holds per logit (gbmw.cost.framework_memory
+    .cross_entropy_workspace_bytes_per_logit). 0: no loss over a vocabulary."""
     largest_weight_gradient_tp_split_bytes: float = Field(default=0.0, ge=0, le=MAX_QUANTITY)
     """The gradient of the layer's largest weight matrix in the dtype backward computes it in, whole before it is
     added to the parameter's gradient (bytes; TP divides it). 0: not modelled."""

@@ -73,11 +73,14 @@ def moe_mlp(shape: BlockShape, d: int, dropout: bool, sub_block_traffic: float) 
                  Matmul(rows_per_sample=s, out_features=h, in_features=shape.shared_ffn, tp_split="in"))
         if shape.shared_ffn else (),
         workspace=copies * shape.expert_ffn * up * d,
+        gated_elements=s * shape.shared_ffn if shape.gated_mlp else 0,
         largest_weight=h * shape.expert_ffn * d,
         experts=dict(num_experts=shape.experts, experts_per_token=shape.top_k, expert_parameter_count=expert_parameters,
                      expert_forward_flops_per_sample=float(expert_flops),
                      expert_dispatch_bytes_per_sample=float(copies * h * d),
                      expert_activation_bytes_per_sample=float(expert_whole),
                      expert_tp_split_activation_bytes_per_sample=float(expert_split),
-                     expert_load_factor=1.0 if shape.capacity_factor is not None else shape.load_imbalance),
+                     expert_load_factor=1.0 if shape.capacity_factor is not None else shape.load_imbalance,
+                     expert_gated_activation_elements_per_sample=float(
+                         copies / shape.experts * shape.expert_ffn if shape.gated_mlp else 0)),
     )

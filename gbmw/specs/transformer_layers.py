@@ -177,6 +177,7 @@ def block_layer(name: str, kind: str, shape: BlockShape, dtype_bytes: int, dropo
         fp8_norm_cast=fp8 * s * h,  # FC1's input, the norm's output
         matmuls=(Matmul(rows_per_sample=s, out_features=shape.ffn * up_outputs, in_features=h, tp_split="out"),
                  Matmul(rows_per_sample=s, out_features=h, in_features=shape.ffn, tp_split="in")),
+        gated_elements=s * shape.ffn if shape.gated_mlp else 0,
     )
     parts = [self_attention, mlp]
     if shape.cross_attention_tokens:
@@ -228,6 +229,8 @@ def _finish_block(name: str, kind: str, shape: BlockShape, d: int, parts: list[d
         # largest weight matrix (an MLP projection, or the fused QKV) in the activation dtype
         backward_workspace_tp_split_bytes_per_sample=float(workspace),
         largest_weight_gradient_tp_split_bytes=float(max(largest_mlp, largest_attention) * d),
+        gated_activation_elements_per_sample=float(parts[1].get("gated_elements", 0)),
+        residual_input_bytes_per_sample=float(len(parts) * boundary),  # each sub-block reads the residual stream
         attention_heads=shape.heads,
         kv_heads=shape.kv_heads,
         attention_query_bytes_per_sample=float(s * query_width * d),
@@ -297,9 +300,9 @@ def lm_head_layer(
         # fp32 softmax and reads it for the loss
         forward_memory_traffic_bytes_per_sample=float(tokens * hidden * d * (2 + (4 if transform else 0))),
         forward_tp_split_memory_traffic_bytes_per_sample=float(tokens * vocab * (d + 8)),
-        # the cross-entropy's backward turns the kept fp32 softmax into the logits' gradient beside it: two fp32
-        # logit-sized tensors at once (as torch's MemTracker sees the runtime's head); the projection's weight gradient
-        backward_workspace_tp_split_bytes_per_sample=float(2 * tokens * vocab * 4),
+        # the cross-entropy's working set beside the kept softmax depends on its implementation (per logit:
+        # gbmw.cost.framework_memory.cross_entropy_workspace_bytes_per_logit); the projection's weight gradient
+        loss_logits_per_sample=float(tokens * vocab),
         largest_weight_gradient_tp_split_bytes=float(vocab * hidden * d),
         tied_to=tied_to,
         tied_parameter_count=vocab * hidden if tied_to else 0,
