@@ -9,6 +9,7 @@ from gbmw.handwritten.uniform_config import UniformConfig
 from gbmw.plan import Plan, plan_from_strategy_names
 from gbmw.space.stock_partitions import megatron_partition
 from gbmw.space.strategy import Strategy
+from gbmw.space.technique_support import technique_problems
 from gbmw.specs.jobs import load_job
 
 
@@ -145,7 +146,7 @@ def test_megatron_targets_refuse_sequence_parallelism_tp_does_not_divide():
     target = get_target("megatron-core")
     assert not target.layers_allowed(odd, strategies).any()
     assert target.layers_allowed(model, strategies).all()
-    problems = target._technique_problems(type("P", (), {"strategies": strategies})(), odd)
+    problems = technique_problems(target, type("P", (), {"strategies": strategies})(), odd)
     assert problems == [f"sequence parallelism (+sp) with TP 4: the sequence of {model.sequence_length + 2} tokens is "
                         "sliced over the TP group, so TP must divide it — use a sequence length TP divides, or no +sp "
                         "there"]
