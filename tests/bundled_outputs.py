@@ -69,10 +69,13 @@ EXACT_JOBS = {"bert-huge-32_rtx-titan-x8", "bert-huge-48_rtx-titan-x8", "gpt-tin
 longer (bert-xhuge on 64 A100s: about 3 minutes)."""
 
 
-def job_outputs(job: str, exact: bool = True) -> dict:
+def job_outputs(job: str, exact: bool = True, compare: bool = True) -> dict:
+    """Every recorded output of `job`; `compare=False` leaves out `gbmw compare` and the hand-tuned compares."""
     record = {f"plan --target {target}": run_cli("plan", job, "--target", target, "--json") for target in TARGETS}
     if exact and job in EXACT_JOBS:
         record["plan --exact"] = run_cli("plan", job, "--exact", "--json")
+    if not compare:
+        return record
     record["compare"] = run_cli("compare", job, "--json")
     for name in handtuned_for(job):
         record[f"compare --handtuned {name}"] = run_cli("compare", job, "--handtuned", name, "--json")
