@@ -4,7 +4,6 @@ biases counted by exact arithmetic, and the keys and targets that refuse what gb
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -12,6 +11,7 @@ import pytest
 from gbmw.errors import GbmwError, SpecError
 from gbmw.specs.hf_import import import_hf_config
 from gbmw.specs.models import build_model, load_model
+from test_hf_import import _refusal as refusal_of
 
 CONFIGS = Path(__file__).parent / "hf_configs"
 
@@ -77,14 +77,8 @@ def test_sinks_and_router_bias_are_one_parameter_per_head_and_per_expert():
 
 
 def _refusal(tmp_path: Path, changes: dict) -> str:
-    config = {**json.loads((CONFIGS / "gpt-oss-20b.json").read_text()), **changes}
-    path = tmp_path / "config.json"
-    path.write_text(json.dumps({key: value for key, value in config.items() if value is not None}))
-    with pytest.raises(SpecError) as raised:
-        import_hf_config(path, 4096)
-    message = str(raised.value)
-    assert "\n" not in message and message.startswith(f"{path}: ")
-    return message
+    """The one-line refusal of gpt-oss-20b's config with `changes` (test_hf_import's check)."""
+    return refusal_of(tmp_path, "gpt-oss-20b", changes)
 
 
 @pytest.mark.parametrize("changes, expected", [
