@@ -59,6 +59,7 @@ from gbmw.cost.framework_memory import (autocast_weight_copy_bytes, cross_entrop
                                         sequence_parallel_gather_share)
 from gbmw.cost.matmul_waves import layer_wave_loss_s
 from gbmw.cost.model_states import StateBytes, sharded_bytes_per_parameter, state_bytes
+from gbmw.cost.runtime_passes import autocast_pass_times_s
 from gbmw.space.strategy import DATA_PARALLEL_AXES, Strategy
 from gbmw.specs.cluster_spec import ClusterSpec
 from gbmw.specs.model_spec import ACTIVATION_DTYPE_BYTES, ModelSpec
@@ -131,7 +132,7 @@ def forward_compute_s(model: ModelSpec, settings: CostSettings, samples: float, 
         fp8 > 0, settings.cluster.linear_flops(settings.precision), settings.cluster.sustained_flops(settings.precision))
     split = ((arrays.forward_flops_per_sample - flash - fp8) / settings.cluster.sustained_flops(settings.precision)
              + fp8 / settings.cluster.linear_flops(settings.precision)
-             + flash / settings.cluster.attention_flops(settings.precision)
+             + arrays.flash_kernel_flops_per_sample / settings.cluster.attention_flops(settings.precision)
              + arrays.forward_tp_split_memory_traffic_bytes_per_sample / bandwidth) - replicated
     whole = arrays.forward_memory_traffic_bytes_per_sample / bandwidth + replicated
     analytic = split * samples / tp + whole * samples / (tp if sequence_parallel else 1)
@@ -201,6 +202,13 @@ def layer_costs(
     forward_wave_loss, backward_wave_loss = layer_wave_loss_s(model, settings.cluster, settings.precision, samples, tp, strategy.sp)
     forward_compute = forward_compute + forward_wave_loss
     backward_compute = backward_compute + backward_wave_loss  # 0 for profiled layers
+    # a flash kernel's backward runs 2.5× its forward FLOPs, not 2× (it recomputes the scores: FlashAttention-2,
+    # Sec. 3.1.2; its benchmark counts fwd + bwd as 3.5× fwd, the convention of the measured attention rate)
+    attention_rate = np.where(arrays.forward_flash_attention_flops_per_sample > 0,
+                              settings.cluster.attention_flops(settings.precision),
+                              settings.cluster.sustained_flops(settings.precision))
+    backward_compute = backward_compute + np.where(
+        arrays.has_measured_backward, 0.0, 0.5 * arrays.flash_kernel_flops_per_sample * samples / tp / attention_rate)
 
     # Tensor-parallel all-reduces (blocking, not overlapped).
     tp_stride = strategy.stride("tp") if tp > 1 else 1
@@ -220,6 +228,17 @@ def layer_costs(
                                                          fp8_parameters, settings.fp8_recipe)
     forward_compute = forward_compute + forward_cast
     backward_compute = backward_compute + backward_cast
+    # gbmw's runtime under autocast: weight casts, gradient upcasts and accumulation (gbmw.cost.runtime_passes)
+    kinds = np.array([layer.kind for layer in model.layers])
+    kept_gradients = (dense_parameters / (weights.degree("sdp") * weights.degree("z2dp"))
+                      + rank_experts / (expert_strategy.degree("sdp") * expert_strategy.degree("z2dp")))
+    weight_cast_pass, gradient_upcast_pass, accumulation_pass = autocast_pass_times_s(
+        settings.framework, settings.precision, kinds, device_parameters, kept_gradients,
+        settings.cluster.memory_bandwidth_bytes_per_s)
+    forward_compute = forward_compute + weight_cast_pass  # a checkpointed layer's recomputation casts again
+    # the accumulation on every micro-batch: one pass per iteration more than runs (the first gradient is assigned),
+    # so a micro-batch with the gradient sync is never cheaper than one without
+    backward_compute = backward_compute + gradient_upcast_pass + accumulation_pass
     forward_amax, backward_amax = amax_reductions_s(model, settings.precision, settings.fp8_recipe, strategy, comm)
 
     # Data-parallel communication of this layer's (TP-local) parameters and gradients.
@@ -253,11 +272,9 @@ def layer_costs(
     # TP's collectives and EP's all-to-alls block compute; backward runs as many, a full recomputation again
     blocking = tp_forward + experts.alltoall_forward_s
     # Context parallelism's ring and Ulysses' all-to-alls (gbmw.cost.context_parallel)
-    attention_rate = np.where(arrays.forward_flash_attention_flops_per_sample > 0,
-                              settings.cluster.attention_flops(settings.precision),
-                              settings.cluster.sustained_flops(settings.precision))
-    context = context_parallel_costs(model, strategy, samples, comm,
-                                     arrays.attention_core_flops_per_sample * samples / tp / attention_rate)
+    context = context_parallel_costs(model, strategy, samples, comm, (
+        arrays.attention_core_flops_per_sample - arrays.flash_attention_skipped_flops_per_sample) * samples / tp
+        / attention_rate)
     forward = forward_compute + blocking + forward_amax + forward_gather + call_overhead + context.forward_s
     full_recompute = forward_compute + blocking + forward_amax + recompute_overhead + context.forward_s
     recompute = full_recompute if strategy.ckpt else selective_recompute_s(
@@ -308,7 +325,6 @@ def layer_costs(
     backward_memory = backward_memory + gathered_parameters * (parameter_bytes + gradient_bytes)
     output_gradient = np.zeros(model.num_layers)
     if prices_backward_workspace(settings.framework):  # backward's working set beside the stash
-        kinds = np.array([layer.kind for layer in model.layers])
         residual = arrays.boundary_activation_bytes_per_sample
         # the gradients of the layer's output (received) and input (sent on), in the residual stream's dtype
         gradient_in_out = (np.where(kinds == "embedding", 0.0, residual)

@@ -28,6 +28,7 @@ from gbmw.cost.framework_memory import (keeps_received_input, shares_tied_weight
 from gbmw.cost.layer_cost import CostSettings, layer_costs, model_state_bytes_per_parameter
 from gbmw.cost.model_states import step_traffic_bytes
 from gbmw.cost.pipeline_schedules import in_flight_micro_batches
+from gbmw.cost.runtime_passes import runtime_step_traffic_bytes
 from gbmw.ranks import data_layout, transition_fraction
 from gbmw.space.strategy import Strategy
 from gbmw.specs.model_spec import ModelSpec
@@ -100,7 +101,9 @@ def strategy_tables(
         model_state_bytes=np.stack([c.model_state_bytes for c in costs]),
         optimizer_parameters=np.stack([c.optimizer_parameters for c in costs]),
         optimizer_step_s_per_parameter=(model.measured("optimizer_step_s_per_parameter")
-                                        or step_traffic_bytes(settings.states) / settings.cluster.memory_bandwidth_bytes_per_s),
+                                        or (runtime_step_traffic_bytes(settings.framework, settings.optimizer)
+                                            or step_traffic_bytes(settings.states))
+                                        / settings.cluster.memory_bandwidth_bytes_per_s),
         step_temporary_bytes_per_parameter=step_temporary_bytes(settings.framework, settings.optimizer),
         keeps_received_input=keeps_received_input(settings.framework, settings.precision),
         shares_tied_weights=np.array([shares_tied_weights(settings.framework, s) for s in strategies]),

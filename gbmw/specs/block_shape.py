@@ -57,6 +57,9 @@ class BlockShape:
     """Latent attention: the width of each value head."""
     fp8_linears: bool = False
     """The linear layers run as Transformer Engine's FP8 linears (precision fp8; the module docstring)."""
+    causal: bool = False
+    """Self-attention under a causal mask (decoders): a flash kernel skips the scores above the diagonal
+    (gbmw.specs.causal_attention)."""
 
 
 def norm_parameter_count(shape: BlockShape, width: int) -> int:

@@ -37,6 +37,7 @@ and q_proj read and o_proj's are cast (the latents' norms write FP8), and every 
 from __future__ import annotations
 
 from gbmw.specs.block_shape import BlockShape, norm_parameter_count
+from gbmw.specs.causal_attention import causal_computed_share
 from gbmw.specs.model_spec import Matmul
 
 
@@ -103,6 +104,7 @@ def latent_attention(shape: BlockShape, d: int, dropout: bool, flash: bool, raw_
         traffic=sub_block_traffic + 2 * s * latents * d,
         split_traffic=core_traffic,
         flash_flops=core_flops if flash else 0,
+        flash_skipped_flops=(core_flops * (1 - causal_computed_share(s, keys)) if flash and shape.causal else 0),
         core_bytes=score_bytes,
         core_flops=core_flops,
         core_traffic=score_traffic,

@@ -48,6 +48,10 @@ class LayerArrays:
         self.residual_input_bytes_per_sample = column("residual_input_bytes_per_sample")
         self.expert_gated_activation_elements_per_sample = column("expert_gated_activation_elements_per_sample")
         self.forward_flash_attention_flops_per_sample = column("forward_flash_attention_flops_per_sample")
+        self.flash_attention_skipped_flops_per_sample = column("flash_attention_skipped_flops_per_sample")
+        # what a flash kernel runs: the core's FLOPs less the tiles a causal mask skips
+        self.flash_kernel_flops_per_sample = (self.forward_flash_attention_flops_per_sample
+                                              - self.flash_attention_skipped_flops_per_sample)
         self.fp8_forward_flops_per_sample = column("fp8_forward_flops_per_sample")
         self.fp8_parameter_count = column("fp8_parameter_count")
         self.fp8_tp_replicated_parameter_count = column("fp8_tp_replicated_parameter_count")

@@ -123,6 +123,9 @@ class LayerSpec(Frozen):
     forward_flash_attention_flops_per_sample: float = Field(default=0.0, ge=0, le=MAX_QUANTITY)
     """The part of `forward_flops_per_sample` a fused (flash) attention kernel runs — scores QKᵀ and scores × V —
     at the device's attention rate rather than its matmul rate; 0 without flash attention."""
+    flash_attention_skipped_flops_per_sample: float = Field(default=0.0, ge=0, le=MAX_QUANTITY)
+    """The part of `forward_flash_attention_flops_per_sample` a causal flash kernel skips (the score tiles above the
+    diagonal: gbmw.specs.causal_attention); counted in the model's FLOPs, not in its time."""
     attention_core_activation_bytes_per_sample: float = Field(default=0.0, ge=0, le=MAX_QUANTITY)
     """The part of `intermediate_tp_split_activation_bytes_per_sample` the attention core stashes — softmax output,
     dropout mask and dropout output, a·s² per sample each (a flash kernel: its fp32 log-sum-exp) — which selective

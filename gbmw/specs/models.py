@@ -71,7 +71,7 @@ def _build_gpt(arch: GPTArchitecture, d: int, fp8: bool = False) -> tuple[list[L
                kv_heads=arch.num_kv_heads or arch.num_heads, ffn=arch.ffn_hidden_size or 4 * h,
                attended_tokens=s, gated_mlp=arch.gated_mlp, bias=arch.bias, qkv_bias=arch.qkv_bias,
                norm=arch.norm, norm_bias=arch.norm_bias, qk_norm=arch.qk_norm, attention_sinks=arch.attention_sinks,
-               fp8_linears=fp8),
+               fp8_linears=fp8, causal=True),
         **latent_fields})
     flash, raw_scores = arch.attention == "flash", arch.attention == "standard-with-raw-scores"
     positions = (arch.max_position_embeddings or s) if arch.position_embedding == "learned" else 0
@@ -130,7 +130,7 @@ def _build_t5(arch: T5Architecture, d: int) -> tuple[list[LayerSpec], int, int]:
     common = dict(hidden=h, heads=arch.num_heads, head_dim=head_dim, kv_heads=arch.num_heads,
                   ffn=arch.ffn_hidden_size, gated_mlp=arch.gated_mlp, bias=False, norm="rms")
     encoder = BlockShape(tokens=s_enc, attended_tokens=s_enc, **common)
-    decoder = BlockShape(tokens=s_dec, attended_tokens=s_dec, cross_attention_tokens=s_enc, **common)
+    decoder = BlockShape(tokens=s_dec, attended_tokens=s_dec, cross_attention_tokens=s_enc, causal=True, **common)
     layers = [embedding_layer("encoder_embedding", s_enc, h, arch.vocab_size, 0, 0, d, arch.dropout, norm=False)]
     for i in range(arch.num_encoder_layers):
         shape = encoder if i else BlockShape(**{**encoder.__dict__, "extra_params": relative_bias})

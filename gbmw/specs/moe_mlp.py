@@ -62,7 +62,7 @@ def moe_mlp(shape: BlockShape, d: int, dropout: bool, sub_block_traffic: float) 
         # token copies); the router's fp32 softmax
         traffic=sub_block_traffic + 4 * copies * h * d + s * shape.experts * 8,
         split_traffic=copies * shape.expert_ffn * (up + 1) * d + s * shape.shared_ffn * (up + 1) * d,
-        flash_flops=0, core_bytes=0, core_flops=0, core_traffic=0,
+        flash_flops=0, flash_skipped_flops=0, core_bytes=0, core_flops=0, core_traffic=0,
         fp8_flops=fp8 * (expert_flops + 2 * s * shared_weights),
         fp8_params=fp8 * (shape.experts * expert_weights + shared_weights),
         fp8_replicated_params=0,

@@ -30,6 +30,7 @@ all-gathers of sequence-parallel inputs (the TP collectives are priced in bf16).
 from __future__ import annotations
 
 from gbmw.specs.block_shape import BlockShape, norm_parameter_count
+from gbmw.specs.causal_attention import causal_computed_share
 from gbmw.specs.latent_attention import latent_attention, latent_attention_widths
 from gbmw.specs.model_spec import LayerSpec, Matmul
 from gbmw.specs.moe_mlp import moe_mlp
@@ -83,7 +84,7 @@ def block_layer(name: str, kind: str, shape: BlockShape, dtype_bytes: int, dropo
         return dict(params=params, tp_split=params, split=qk_elements * d,
                     replicated=(query_tokens + kv_input_tokens) * norm_statistics, split_traffic=2 * qk_elements * d)
 
-    def attention(query_tokens: int, key_tokens: int, kv_input_tokens: int) -> dict[str, float]:
+    def attention(query_tokens: int, key_tokens: int, kv_input_tokens: int, causal: bool = False) -> dict[str, float]:
         weights = h * attention_width + 2 * h * kv_width + attention_width * h
         qkv_bias = shape.bias if shape.qkv_bias is None else shape.qkv_bias
         column_biases = (attention_width + 2 * kv_width) if qkv_bias else 0
@@ -126,6 +127,9 @@ def block_layer(name: str, kind: str, shape: BlockShape, dtype_bytes: int, dropo
             traffic=sub_block_traffic(query_tokens),
             split_traffic=core_traffic + qk["split_traffic"],
             flash_flops=4 * query_tokens * key_tokens * attention_width if flash else 0,
+            flash_skipped_flops=(4 * query_tokens * key_tokens * attention_width
+                                 * (1 - causal_computed_share(query_tokens, key_tokens))
+                                 if flash and causal else 0),
             core_bytes=score_bytes,
             core_flops=4 * query_tokens * key_tokens * attention_width,
             core_traffic=score_traffic,
@@ -149,7 +153,7 @@ def block_layer(name: str, kind: str, shape: BlockShape, dtype_bytes: int, dropo
         )
 
     self_attention = latent_attention(shape, d, dropout, flash, raw_scores, sub_block_traffic(s)) \
-        if shape.kv_lora_rank else attention(s, shape.attended_tokens, s)
+        if shape.kv_lora_rank else attention(s, shape.attended_tokens, s, shape.causal)
     if shape.experts:
         return _finish_block(name, kind, shape, d, [self_attention, moe_mlp(shape, d, dropout, sub_block_traffic(s))],
                              expert_mlp=True)
@@ -166,6 +170,7 @@ def block_layer(name: str, kind: str, shape: BlockShape, dtype_bytes: int, dropo
         traffic=sub_block_traffic(s),
         split_traffic=s * shape.ffn * (up_outputs + 1) * d,  # the activation reads its input(s), writes its output
         flash_flops=0,
+        flash_skipped_flops=0,
         core_bytes=0,
         core_flops=0,
         core_traffic=0,
@@ -214,6 +219,7 @@ def _finish_block(name: str, kind: str, shape: BlockShape, d: int, parts: list[d
         side_input_bytes_per_sample=float(shape.cross_attention_tokens * h * d),
         tp_allreduce_bytes_per_sample=float(total["allreduce"]),
         forward_flash_attention_flops_per_sample=float(total["flash_flops"]),
+        flash_attention_skipped_flops_per_sample=float(total["flash_skipped_flops"]),
         attention_core_activation_bytes_per_sample=float(total["core_bytes"]),
         attention_core_flops_per_sample=float(total["core_flops"]),
         attention_core_memory_traffic_bytes_per_sample=float(total["core_traffic"]),

@@ -1,0 +1,89 @@
+"""Where one training step of gbmw's runtime spends its GPU time, beside gbmw's estimate of the same plan (issue
+28: the estimate of one-device plans is 21–47 % faster than the step measured by benchmarks/gpu_check.py).
+
+One case of benchmarks/gpu_check.py (GPT blocks, seq 2048, bf16 autocast, Adam, flash attention) is built, run
+3 steps, then 2 steps under torch.profiler; every CUDA kernel is put in one class by its name (matmul, attention,
+optimizer, collective, other) and the classes' summed times are printed per step beside the step's wall time
+(what the kernels leave idle is launch and Python time). The 25 longest kernels are listed.
+
+Usage, on a machine with a CUDA GPU and gbmw installed: python benchmarks/gpu_step_profile.py recipes OUT_DIR [CASE]
+"""
+import collections
+import json
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+import yaml
+
+import gbmw
+from gbmw.adapters.runtime.engine import AdamSettings, HybridEngine
+from gbmw.adapters.runtime.groups import GroupPool
+from gbmw.adapters.runtime.launch import init_distributed
+from gbmw.adapters.runtime.model import synthetic_batch
+from gbmw.specs.models import load_architecture
+
+CASES = {  # name: hidden, heads, blocks, global batch, micro-batches, ckpt (benchmarks/gpu_check.py)
+    "h4096-L4-b4-m4": (4096, 32, 4, 4, 4, False),
+    "h4096-L4-b8-m2": (4096, 32, 4, 8, 2, False),
+    "h8192-L2-b8-m2-ckpt": (8192, 64, 2, 8, 2, True),
+}
+CLASSES = [("attention", ("flash", "fmha", "attention", "cudnn")),
+           ("matmul", ("gemm", "cutlass", "xmma", "nvjet", "sm90", "sm80", "cublas", "matmul")),
+           ("optimizer", ("adam", "multi_tensor", "foreach", "l2norm", "norm_kernel")),
+           ("collective", ("nccl",))]
+
+
+def kernel_class(name: str) -> str:
+    lowered = name.lower()
+    for label, keys in CLASSES:
+        if any(key in lowered for key in keys):
+            return label
+    return "other"
+
+
+recipes, out = Path(sys.argv[1]), Path(sys.argv[2])
+out.mkdir(parents=True, exist_ok=True)
+case = sys.argv[3] if len(sys.argv) > 3 else "h4096-L4-b4-m4"
+hidden, heads, blocks, batch, micro_batches, ckpt = CASES[case]
+cluster = yaml.safe_load((recipes / "clusters" / "h100-80g-x64.yaml").read_text())
+cluster.update(name="h100-x1", nodes=1, devices_per_node=1)
+cluster["links"] = [dict(cluster["links"][0], devices=1)]
+(out / "h100-x1.yaml").write_text(yaml.safe_dump(cluster))
+model = dict(name=case, family="gpt", num_layers=blocks, hidden_size=hidden, num_heads=heads, seq_length=2048,
+             vocab_size=50257, dropout=False, attention="flash", tie_embeddings=True)
+(out / "model.yaml").write_text(yaml.safe_dump(model))
+(out / "job.yaml").write_text(yaml.safe_dump(dict(model=str(out / "model.yaml"), cluster=str(out / "h100-x1.yaml"),
+                                                  precision="bf16", optimizer="adam", global_batch=batch)))
+spec = gbmw.load_job(str(out / "job.yaml"))
+names = ["single"] + (["single+ckpt"] if ckpt else ["single"]) * blocks + ["single"]
+plan = replace(gbmw.plan_from_strategy_names(spec.model, 1, names, [blocks + 2], batch, micro_batches,
+                                             cluster="h100-x1"), precision="bf16")
+estimate = gbmw.estimate(spec, plan)
+context = init_distributed()
+architecture = load_architecture(out / "model.yaml")
+engine = HybridEngine(plan, architecture, GroupPool(plan), context.device,
+                      adam=AdamSettings(learning_rate=1e-4, max_grad_norm=1.0))
+for step in range(3):
+    engine.train_step(synthetic_batch(architecture, batch, step, 0))
+torch.cuda.synchronize()
+walls = []
+with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profiler:
+    for step in range(3, 5):
+        started = time.perf_counter()
+        engine.train_step(synthetic_batch(architecture, batch, step, 0))
+        torch.cuda.synchronize()
+        walls.append(time.perf_counter() - started)
+totals, per_kernel = collections.Counter(), collections.Counter()
+for event in profiler.events():
+    if event.device_type == torch.autograd.DeviceType.CUDA:
+        seconds = event.device_time / 1e6 / len(walls)
+        totals[kernel_class(event.name)] += seconds
+        per_kernel[event.name[:110]] += seconds
+summary = dict(case=case, estimated_s=estimate.iteration_time_s, wall_s_per_step=walls,
+               kernel_s_per_step=dict(totals), kernels_total_s=sum(totals.values()),
+               top_kernels=per_kernel.most_common(25))
+print(json.dumps(summary, indent=1))
+(out / f"profile-{case}.json").write_text(json.dumps(summary, indent=1))

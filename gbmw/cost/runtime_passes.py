@@ -1,0 +1,69 @@
+"""The memory-bound passes gbmw's runtime makes over its fp32 weights and gradients, beyond the layers' own
+compute (issue 28, point 6: the estimate of gbmw's own one-device plans was 21–47 % faster than an H100 ran them;
+the kernels the step spent its time on are in docs/gpu-measurements.md).
+
+gbmw's runtime keeps fp32 weights and runs the layers under autocast without its weight cache
+(adapters/runtime/engine.py), so in 16-bit precision every micro-batch
+
+* casts each fp32 weight a matmul uses to 16 bits — read 4 + write 2 = 6 bytes per parameter, once per forward
+  and once more in a checkpointed layer's recomputation (an embedding's lookup casts nothing);
+* turns the 16-bit weight gradient the matmul's backward gives into fp32 (the cast's backward) — read 2 + write 4
+  = 6 bytes per parameter;
+* adds its fp32 gradient to the one kept from the micro-batches before it — read 4 + 4, write 4 = 12 bytes per
+  gradient element the rank keeps (every micro-batch but the first of an iteration; charged on every one, so a
+  micro-batch with the gradient sync never costs less than one without: one pass per iteration too many).
+
+Once per iteration the optimizer step replaces the minimal traffic of gbmw.cost.model_states.step_traffic_bytes
+with what torch's code does, pass by pass:
+
+* torch's foreach Adam (torch/optim/adam.py, `_multi_tensor_adam`, not capturable): lerp_ of the first moment
+  (read m, g; write m: 12), mul_ and addcmul_ of the second (8 + 12), its sqrt into a new tensor (8), div_ and
+  add_ of ε on that tensor (8 + 8), addcdiv_ into the weights (read w, m, tmp; write w: 16) — 72 bytes per
+  parameter;
+* the gradient norm in float64, a chunk at a time (engine's `_sum_of_squares_float64`): .double() (read 4,
+  write 8), square (16), sum (8) — 36 bytes; then the clip's scale, mul_ in place (8).
+
+Each pass runs at the device's measured copy bandwidth (the cluster's `memory_bandwidth_gb_per_s`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from gbmw.cost.framework_memory import runs_autocast
+
+WEIGHT_CAST_BYTES = 6
+"""fp32 weight read, 16-bit copy written: per parameter, per forward (and per recomputation)."""
+GRADIENT_UPCAST_BYTES = 6
+"""16-bit weight gradient read, fp32 gradient written: per parameter, per backward."""
+GRADIENT_ACCUMULATION_BYTES = 12
+"""Kept and new fp32 gradient read, their sum written: per kept gradient element, per micro-batch after the first."""
+FOREACH_ADAM_STEP_BYTES = 72
+"""torch's foreach Adam, its seven passes over the weights, the moments, the gradient and one temporary."""
+FLOAT64_NORM_BYTES = 36
+"""The runtime's gradient norm: each fp32 gradient element converted to float64, squared, summed."""
+CLIP_SCALE_BYTES = 8
+"""The clip's in-place scale of each fp32 gradient element."""
+
+
+def runtime_step_traffic_bytes(framework: str, optimizer: str) -> int | None:
+    """Bytes gbmw's runtime moves per parameter it steps once per iteration (Adam, the float64 gradient norm and
+    the clip's scale; module docstring); None for any other framework or optimizer (model_states' accounting)."""
+    if framework != "gbmw-runtime" or optimizer != "adam":
+        return None
+    return FOREACH_ADAM_STEP_BYTES + FLOAT64_NORM_BYTES + CLIP_SCALE_BYTES
+
+
+def autocast_pass_times_s(framework: str, precision: str, layer_kinds: np.ndarray, device_parameters: np.ndarray,
+                          kept_gradient_parameters: np.ndarray, bandwidth_bytes_per_s: float
+                          ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(forward cast, backward upcast, gradient accumulation) seconds of one micro-batch, per layer, of gbmw's
+    runtime under autocast (zeros otherwise): `device_parameters` are the weights this rank's matmuls use (TP-,
+    EP-local, gathered), `kept_gradient_parameters` the gradient elements it keeps (its ZeRO-2/3 shard)."""
+    zeros = np.zeros(len(device_parameters))
+    if not runs_autocast(framework, precision):
+        return zeros, zeros, zeros
+    casts = np.where(layer_kinds == "embedding", 0.0, device_parameters)
+    return (casts * WEIGHT_CAST_BYTES / bandwidth_bytes_per_s,
+            casts * GRADIENT_UPCAST_BYTES / bandwidth_bytes_per_s,
+            kept_gradient_parameters * GRADIENT_ACCUMULATION_BYTES / bandwidth_bytes_per_s)
