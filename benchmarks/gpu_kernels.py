@@ -7,12 +7,14 @@ experts run one by one, as torch's grouped matmul, and as one matmul of all thei
 (torch._scaled_mm, per-tensor scales) and the bf16 → FP8 cast; the device-to-device copy bandwidth.
 
 Usage, on a machine with a CUDA GPU: python benchmarks/gpu_kernels.py OUT_DIR [SECTION,...]
-Sections: copy, matmul, experts, attention, fp8 (all by default). Each time is the median of CUDA-event timings
-after warm-up; each row prints as it is measured and all rows are written to OUT_DIR/gpu_kernels.json.
+Sections: copy, matmul, experts, attention, fp8 (all by default), expert_matmul (matmul's expert shapes alone). Each time is the median of CUDA-event timings
+after warm-up (GBMW_CUDA_GRAPHS=1: of CUDA-graph replays, for calls shorter than their launch); each row prints
+as it is measured and all rows are written to OUT_DIR/gpu_kernels.json.
 """
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import sys
 from pathlib import Path
@@ -26,6 +28,29 @@ BF16_MATMUL_FLOPS_PER_S = 797.5e12  # recipes/clusters/h100-80g-x64.yaml sustain
 
 
 def median_time_s(run, repeats: int = 20, warmup: int = 5) -> float:
+    """Median seconds of one call of `run`: each call between two CUDA events, or, with GBMW_CUDA_GRAPHS=1, 20
+    calls captured in one CUDA graph and replayed (the GPU's time alone: a call shorter than Python's launch of
+    it is otherwise timed at the launch rate)."""
+    if os.environ.get("GBMW_CUDA_GRAPHS") == "1":
+        return _graph_time_s(run, repeats)
+    return _event_time_s(run, repeats, warmup)
+
+
+def _graph_time_s(run, repeats: int, calls: int = 20) -> float:
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            run()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            run()
+    return _event_time_s(graph.replay, repeats, 2) / calls
+
+
+def _event_time_s(run, repeats: int, warmup: int) -> float:
     for _ in range(warmup):
         run()
     torch.cuda.synchronize()
@@ -53,9 +78,9 @@ def copy_bandwidth(rows: list) -> None:
     report(rows, "copy", bytes=2**30, time_s=seconds, read_plus_write_gb_per_s=2 * 2**30 / seconds / 1e9)
 
 
-def matmul_rates(rows: list) -> None:
+def matmul_rates(rows: list, layer_shapes: bool = True) -> None:
     shapes = [("square", 8192, 8192, 8192)]
-    for tokens in (2048, 4096, 8192):  # micro-batch tokens: GPT-3 13B/175B widths at TP 1, 2, 4, 8
+    for tokens in (2048, 4096, 8192) if layer_shapes else ():  # micro-batch tokens: GPT-3 13B/175B widths at TP 1, 2, 4, 8
         for hidden in (5120, 12288):
             for tp in (1, 2, 4, 8):
                 shapes += [(f"h{hidden}-tp{tp}-qkv", tokens, 3 * hidden // tp, hidden),
@@ -177,7 +202,7 @@ def fp8_rates(rows: list) -> None:
 
 
 SECTIONS = dict(copy=copy_bandwidth, matmul=matmul_rates, experts=expert_layers, attention=attention_rates,
-                fp8=fp8_rates)
+                fp8=fp8_rates, expert_matmul=lambda rows: matmul_rates(rows, layer_shapes=False))
 
 if __name__ == "__main__":
     out = Path(sys.argv[1])

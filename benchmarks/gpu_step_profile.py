@@ -1,12 +1,14 @@
 """Where one training step of gbmw's runtime spends its GPU time, beside gbmw's estimate of the same plan (issue
 28: the estimate of one-device plans is 21–47 % faster than the step measured by benchmarks/gpu_check.py).
 
-One case of benchmarks/gpu_check.py (GPT blocks, seq 2048, bf16 autocast, Adam, flash attention) is built, run
+One case (GPT blocks as benchmarks/gpu_check.py's, or LLaMA-style dense and MoE blocks; seq 2048, bf16 autocast,
+Adam, flash attention) is built, run
 3 steps, then 2 steps under torch.profiler; every CUDA kernel is put in one class by its name (matmul, attention,
 optimizer, collective, other) and the classes' summed times are printed per step beside the step's wall time
 (what the kernels leave idle is launch and Python time). The 25 longest kernels are listed.
 
 Usage, on a machine with a CUDA GPU and gbmw installed: python benchmarks/gpu_step_profile.py recipes OUT_DIR [CASE]
+(--estimate-only: the estimate alone, on any machine)
 """
 import collections
 import json
@@ -25,10 +27,20 @@ from gbmw.adapters.runtime.launch import init_distributed
 from gbmw.adapters.runtime.model import synthetic_batch
 from gbmw.specs.models import load_architecture
 
-CASES = {  # name: hidden, heads, blocks, global batch, micro-batches, ckpt (benchmarks/gpu_check.py)
-    "h4096-L4-b4-m4": (4096, 32, 4, 4, 4, False),
-    "h4096-L4-b8-m2": (4096, 32, 4, 8, 2, False),
-    "h8192-L2-b8-m2-ckpt": (8192, 64, 2, 8, 2, True),
+GPT = dict(family="gpt", seq_length=2048, vocab_size=50257, dropout=False, attention="flash", tie_embeddings=True)
+LLAMA = dict(family="gpt", seq_length=2048, vocab_size=32000, dropout=False, attention="flash", tie_embeddings=False,
+             gated_mlp=True, bias=False, norm="rms", position_embedding="rotary")
+CASES = {  # name: model fields, blocks, global batch, micro-batches, ckpt (the GPT ones: benchmarks/gpu_check.py's)
+    "h4096-L4-b4-m4": (dict(GPT, hidden_size=4096, num_heads=32), 4, 4, 4, False),
+    "h4096-L4-b8-m2": (dict(GPT, hidden_size=4096, num_heads=32), 4, 8, 2, False),
+    "h8192-L2-b8-m2-ckpt": (dict(GPT, hidden_size=8192, num_heads=64), 2, 8, 2, True),
+    # LLaMA-style blocks, dense and as mixtures of experts (Mixtral-like 8 × top-2, Qwen3-MoE-like 64 × top-8)
+    "llama-h4096-L2-b4-m2": (dict(LLAMA, hidden_size=4096, num_heads=32, num_kv_heads=8, ffn_hidden_size=14336),
+                             2, 4, 2, False),
+    "moe8-h4096-L2-b4-m2": (dict(LLAMA, hidden_size=4096, num_heads=32, num_kv_heads=8, ffn_hidden_size=7168,
+                                 moe=dict(num_experts=8, top_k=2, expert_ffn_hidden_size=7168)), 2, 4, 2, False),
+    "moe64-h2048-L2-b8-m2": (dict(LLAMA, hidden_size=2048, num_heads=16, num_kv_heads=4, ffn_hidden_size=768,
+                                  moe=dict(num_experts=64, top_k=8, expert_ffn_hidden_size=768)), 2, 8, 2, False),
 }
 CLASSES = [("attention", ("flash", "fmha", "attention", "cudnn")),
            ("matmul", ("gemm", "cutlass", "xmma", "nvjet", "sm90", "sm80", "cublas", "matmul")),
@@ -47,14 +59,12 @@ def kernel_class(name: str) -> str:
 recipes, out = Path(sys.argv[1]), Path(sys.argv[2])
 out.mkdir(parents=True, exist_ok=True)
 case = sys.argv[3] if len(sys.argv) > 3 else "h4096-L4-b4-m4"
-hidden, heads, blocks, batch, micro_batches, ckpt = CASES[case]
+fields, blocks, batch, micro_batches, ckpt = CASES[case]
 cluster = yaml.safe_load((recipes / "clusters" / "h100-80g-x64.yaml").read_text())
 cluster.update(name="h100-x1", nodes=1, devices_per_node=1)
 cluster["links"] = [dict(cluster["links"][0], devices=1)]
 (out / "h100-x1.yaml").write_text(yaml.safe_dump(cluster))
-model = dict(name=case, family="gpt", num_layers=blocks, hidden_size=hidden, num_heads=heads, seq_length=2048,
-             vocab_size=50257, dropout=False, attention="flash", tie_embeddings=True)
-(out / "model.yaml").write_text(yaml.safe_dump(model))
+(out / "model.yaml").write_text(yaml.safe_dump(dict(fields, name=case, num_layers=blocks)))
 (out / "job.yaml").write_text(yaml.safe_dump(dict(model=str(out / "model.yaml"), cluster=str(out / "h100-x1.yaml"),
                                                   precision="bf16", optimizer="adam", global_batch=batch)))
 spec = gbmw.load_job(str(out / "job.yaml"))
@@ -62,6 +72,10 @@ names = ["single"] + (["single+ckpt"] if ckpt else ["single"]) * blocks + ["sing
 plan = replace(gbmw.plan_from_strategy_names(spec.model, 1, names, [blocks + 2], batch, micro_batches,
                                              cluster="h100-x1"), precision="bf16")
 estimate = gbmw.estimate(spec, plan)
+print(case, "estimate", estimate.iteration_time_s, "s, peak", estimate.stage_peak_memory_bytes[0] / 2**30, "GiB",
+      flush=True)
+if "--estimate-only" in sys.argv:
+    sys.exit(0)
 context = init_distributed()
 architecture = load_architecture(out / "model.yaml")
 engine = HybridEngine(plan, architecture, GroupPool(plan), context.device,
@@ -83,6 +97,8 @@ for event in profiler.events():
         totals[kernel_class(event.name)] += seconds
         per_kernel[event.name[:110]] += seconds
 summary = dict(case=case, estimated_s=estimate.iteration_time_s, wall_s_per_step=walls,
+               estimated_peak_gib=estimate.stage_peak_memory_bytes[0] / 2**30,
+               measured_peak_gib=torch.cuda.max_memory_allocated() / 2**30,
                kernel_s_per_step=dict(totals), kernels_total_s=sum(totals.values()),
                top_kernels=per_kernel.most_common(25))
 print(json.dumps(summary, indent=1))

@@ -47,6 +47,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from gbmw.cli.trust import FEATURES, plan_regime
 from gbmw.cost.estimate import estimate_plan
 from gbmw.handwritten.uniform_config import UniformConfig
 from gbmw.plan import Plan
@@ -74,6 +75,10 @@ DEVICE_RECIPES = {"A100 80GB": "a100-80g-x32", "A100 40GB": "a100-40g-x64", "H10
 TARGET_OF_FRAMEWORK = {"megatron-lm": "megatron-core", "megatron-deepspeed": "megatron-deepspeed",
                        "composer/llm-foundry": "runtime", "nemo": "megatron-core"}
 """FSDP (llm-foundry) keeps fp32 parameters sharded and computes in bf16 under autocast, as gbmw's runtime does."""
+
+
+REGIMES: dict[str, dict[str, str]] = {}
+"""Each costed run's regime (gbmw.cli.trust.plan_regime), by run name."""
 
 
 @dataclass(frozen=True)
@@ -281,6 +286,7 @@ def cost(run: dict) -> Costed:
     else:
         plan = config.to_plan(job)
     plan, virtual = _interleaved(plan, parallelism, job)
+    REGIMES[run["name"]] = plan_regime(plan, job)
     predicted = estimate_plan(job, plan).iteration_time_s
     measured, measured_from = measured_iteration_s(run)
     described = config.describe() + (f",v={virtual}" if virtual > 1 else "") + f",gpus={run['cluster']['gpus']}"
@@ -467,6 +473,7 @@ def cost_moe(run: dict) -> MoECosted:
     else:
         plan = config.to_plan(job)
     plan, virtual = _interleaved(plan, parallelism, job)
+    REGIMES[run["name"]] = plan_regime(plan, job)
     estimate = estimate_plan(job, plan)
     measured, measured_from = moe_measured_iteration_s(run)
     described = config.describe() + (f",v={virtual}" if virtual > 1 else "") + f",gpus={run['cluster']['gpus']}"
@@ -541,6 +548,7 @@ def cost_long_context(run: dict) -> MoECosted:
     if target == "runtime":
         get_target("runtime").check(plan, job.model)
         assumptions.append("costed as gbmw's runtime runs FSDP2 + CP (sdp with a cp axis)")
+    REGIMES[run["name"]] = plan_regime(plan, job)
     estimate = estimate_plan(job, plan)
     measured, measured_from = moe_measured_iteration_s(run)
     described = config.describe() + (f",v={virtual}" if virtual > 1 else "") + f",gpus={run['cluster']['gpus']}"
@@ -616,9 +624,36 @@ def print_moe_table(console: Console) -> tuple[list[MoECosted], bool]:
     return costed, met and enough
 
 
+def print_regime_table(console: Console, rows: list[Costed]) -> None:
+    """The error per regime (issue 28): for each feature of gbmw.cli.trust.plan_regime and each of its values, the
+    costed runs (dense, MoE and long-context together) that have it."""
+    table = Table(title="error per regime: all costed runs with each feature value (gbmw.cli.trust.plan_regime)")
+    for column in ("feature", "value", "runs", "mean |error|", "signed mean", "worst"):
+        table.add_column(column, justify="left" if column in ("feature", "value") else "right")
+    for feature in FEATURES:
+        values = sorted({REGIMES[row.name][feature] for row in rows})
+        for value in values:
+            errors = [row.error for row in rows if REGIMES[row.name][feature] == value]
+            table.add_row(feature, value, str(len(errors)), f"{statistics.mean(map(abs, errors)):.1%}",
+                          f"{statistics.mean(errors):+.1%}", f"{max(errors, key=abs):+.1%}")
+        table.add_section()
+    console.print(table)
+
+
+def regimes_yaml(rows: list[Costed]) -> str:
+    """Every costed run's name, source, error and regime, as recipes/published_errors.yaml holds them."""
+    header = ("# Written by `python benchmarks/published_runs.py --regimes FILE` (do not edit by hand): each published\n"
+              "# run gbmw costs, its error (estimate / measured - 1) and its regime (gbmw.cli.trust.plan_regime).\n")
+    return header + yaml.safe_dump({"runs": [
+        dict(name=row.name, source=row.source, error=round(row.error, 4), regime=REGIMES[row.name])
+        for row in rows]}, sort_keys=False, allow_unicode=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=Path, help="also write the rows as JSON to this new file")
+    parser.add_argument("--regimes", type=Path, help="also write each costed run's error and regime to this new "
+                        "file (what recipes/published_errors.yaml holds for `plan`, `estimate` and `compare`)")
     args = parser.parse_args()
     runs = yaml.safe_load(DATA.read_text())["runs"]
     console = Console(highlight=False, width=180)
@@ -651,6 +686,11 @@ def main() -> int:
     fp8 = [row for row in costed + moe_costed + long_context_costed if "fp8" in row.name]
     console.print(f"FP8 runs (issue 28, target |error| ≤ 10 %): {_summary(fp8, 'FP8 ')[0]}" if fp8 else
                   "no FP8 run costed")
+    print_regime_table(console, costed + moe_costed + long_context_costed)
+    if args.regimes:
+        from gbmw.specs.files import write_new_file
+
+        write_new_file(args.regimes, regimes_yaml(costed + moe_costed + long_context_costed))
     if args.json:
         from gbmw.specs.files import write_new_file
 

@@ -138,3 +138,45 @@ def test_written_files_get_the_users_usual_permissions(tmp_path, umask, mode):
     finally:
         os.umask(previous)
     assert stat.S_IMODE((tmp_path / "plan.yaml").stat().st_mode) == mode
+
+
+def test_a_fitting_plan_near_the_budget_says_so(capsys):
+    """Above 95 % of the budget the estimate prints one line naming the stage and its share; at or below, nothing.
+    Catches: the note missing, printed for plans with room, or printed for plans that do not fit."""
+    from dataclasses import replace as replaced
+    from gbmw.cli.report import near_budget_note
+    assert main(["estimate", "bert-huge-32_rtx-titan-x8", "--uniform", "zero=3,micro=2,batch=16", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    from gbmw.plan import Estimate
+    estimate = Estimate(**{key: tuple(value) if isinstance(value, list) else value
+                           for key, value in data.items() if key in Estimate.__dataclass_fields__})
+    budget = max(estimate.stage_peak_memory_bytes)
+    assert near_budget_note(replaced(estimate, memory_budget_bytes=budget / 0.95)) is None
+    note = near_budget_note(replaced(estimate, memory_budget_bytes=budget / 0.97))
+    assert note is not None and "97.0% of the budget" in note and "stage" in note
+    assert near_budget_note(replaced(estimate, memory_budget_bytes=budget / 1.2, fits=False)) is None
+    assert main(["estimate", "bert-huge-32_rtx-titan-x8", "--uniform", "zero=3,micro=2,batch=16", "--memory",
+                 f"{int(budget / 0.97)}B"]) == 0
+    assert "of the budget" in capsys.readouterr().out
+
+
+def test_the_trust_line_names_the_nearest_published_runs_and_says_when_none_is_of_the_regime(capsys):
+    """A regime equal to a bundled published run's finds it among all 9 features; one sharing fewer than 8 is
+    reported as of no published regime; `estimate` prints the line. Catches: a wrong count of shared features, the
+    nearest runs missed, the out-of-regime case worded as in-regime."""
+    from gbmw.cli.trust import FEATURES, MIN_SHARED_FEATURES, nearest_runs, published_errors
+    runs = published_errors()
+    assert len(runs) >= 25
+    first = runs[0]
+    shared, nearest = nearest_runs(first["regime"])
+    assert shared == len(FEATURES) and first in nearest
+    assert all(run["regime"] == first["regime"] for run in nearest)
+    alien = {feature: "none of these" for feature in FEATURES}
+    shared, nearest = nearest_runs(alien)
+    assert shared == 0 and len(nearest) == len(runs)
+    assert MIN_SHARED_FEATURES == 8
+    assert main(["estimate", "gpt3-39b_a100-80g-x32", "--uniform", "tp=8,pp=2,zero=0,ckpt=full,micro=1"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "trust: on published runs of this regime, 1 run (sc21-table1-gpt-39B) sharing 8 of 9 features" in out
+    assert main(["estimate", "gpt3-39b_a100-80g-x32", "--uniform", "tp=8,pp=2,zero=1,ckpt=full,micro=1"]) == 0
+    assert "trust: no published run of this regime" in " ".join(capsys.readouterr().out.split())

@@ -36,10 +36,13 @@ def test_an_installed_wheel_plans_its_bundled_jobs(tmp_path):
     zipfile.ZipFile(wheel).extractall(site)
     code = ("import gbmw, gbmw.specs.bundled\n"
             "print(gbmw.__file__, gbmw.specs.bundled.RECIPES_DIR, sep='\\n')\n"
-            "print(gbmw.plan_job(gbmw.load_job('gpt-tiny_cpu-x4')).estimate.fits)\n")
+            "print(gbmw.plan_job(gbmw.load_job('gpt-tiny_cpu-x4')).estimate.fits)\n"
+            "from gbmw.cli.trust import published_errors\n"
+            "print(len(published_errors()))\n")
     environment = dict(os.environ, PYTHONPATH=str(site))  # before the editable install's path finder
     ran = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=environment, capture_output=True, text=True,
                          timeout=120)
-    module, recipes, fits = ran.stdout.split()
+    module, recipes, fits, published = ran.stdout.split()
     assert module.startswith(str(site)) and recipes.startswith(str(site)), ran.stdout
     assert fits == "True", ran.stderr[-2000:]
+    assert int(published) >= 25  # recipes/published_errors.yaml, the trust line's data, travels in the wheel

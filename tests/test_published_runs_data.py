@@ -59,3 +59,20 @@ def test_every_costable_moe_run_is_costed_and_every_other_says_why(benchmark):
         row = benchmark.cost(run)
         assert math.isfinite(row.predicted_s) and row.predicted_s > 0 and row.measured_s > 0, run["name"]
         assert math.isfinite(row.peak_memory_gib) and row.peak_memory_gib > 0, run["name"]
+
+
+def test_the_bundled_regime_errors_are_what_the_benchmark_computes_now(benchmark, tmp_path, monkeypatch, capsys):
+    """recipes/published_errors.yaml (what `plan`, `estimate` and `compare` print as their trust line) equals
+    `published_runs.py --regimes` run now: same runs, same regimes, errors equal to their 4 printed decimals (the
+    file rounds them; 1e-4 catches any change of the estimator that moves a run by 0.01 %). Regenerate with
+    `python benchmarks/published_runs.py --regimes NEW_FILE` and move it over the bundled one."""
+    written = tmp_path / "regimes.yaml"
+    monkeypatch.setattr(sys, "argv", ["published_runs.py", "--regimes", str(written)])
+    benchmark.main()
+    capsys.readouterr()
+    fresh = yaml.safe_load(written.read_text())["runs"]
+    bundled = yaml.safe_load((BENCHMARK.parent.parent / "recipes" / "published_errors.yaml").read_text())["runs"]
+    assert [run["name"] for run in bundled] == [run["name"] for run in fresh]
+    for old, new in zip(bundled, fresh):
+        assert old["regime"] == new["regime"], old["name"]
+        assert old["error"] == pytest.approx(new["error"], abs=1.5e-4), old["name"]

@@ -237,5 +237,5 @@ def _run_compare(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(comparison_to_json(rows), indent=2))
     else:
-        print_comparison(rows)
+        print_comparison(rows, jobs[0])
     return 0

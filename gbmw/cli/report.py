@@ -8,6 +8,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from gbmw.cli.trust import trust_line
 from gbmw.plan import Estimate, Plan
 from gbmw.space.strategy import Strategy
 from gbmw.specs.jobs import JobSpec
@@ -80,10 +81,30 @@ def print_estimate(job: JobSpec, plan: Plan, estimate: Estimate) -> None:
     console.print(table)
     verdict = "[green]fits[/green]" if estimate.fits else "[red]does NOT fit[/red]"
     console.print(f"memory: {verdict} in {format_bytes(estimate.memory_budget_bytes)} per device")
+    near = near_budget_note(estimate)
+    if near:
+        console.print(near)
     console.print(
         f"iteration {estimate.iteration_time_s:.3f} s · {estimate.samples_per_s:.2f} samples/s · "
         f"{estimate.model_tflops_per_device:.1f} model TFLOP/s per device (MFU {estimate.mfu:.1%})"
     )
+    console.print(trust_line(plan, job), highlight=False)
+
+
+NEAR_BUDGET_SHARE = 0.95
+"""A fitting stage above this share of the budget is flagged: the estimator's peak memory has been up to 3.7 % under
+what the runtime allocates (docs/cost-model.md, benchmarks/memory_at_scale.py; one H100, docs/gpu-measurements.md:
+0.9 to 2.4 % over)."""
+
+
+def near_budget_note(estimate: Estimate) -> str | None:
+    """One line when a plan that fits has a stage above NEAR_BUDGET_SHARE of the memory budget, else None."""
+    shares = [peak / estimate.memory_budget_bytes for peak in estimate.stage_peak_memory_bytes]
+    fullest = max(range(len(shares)), key=shares.__getitem__)
+    if not estimate.fits or shares[fullest] <= NEAR_BUDGET_SHARE:
+        return None
+    return (f"[yellow]memory: stage {fullest} is at {shares[fullest]:.1%} of the budget — peak-memory estimates have "
+            f"been up to 3.7 % under what runs, so it may not fit; --memory below the device's leaves a margin[/yellow]")
 
 
 def _experts_line(job: JobSpec, plan: Plan) -> str | None:
@@ -132,7 +153,7 @@ def plan_to_json(job: JobSpec, plan: Plan) -> dict[str, Any]:
     return data
 
 
-def print_comparison(rows) -> None:
+def print_comparison(rows, job: JobSpec) -> None:
     table = Table(title="samples/s (global batch); OOM: no plan fits")
     table.add_column("strategy")
     for cell in rows[0].cells:
@@ -149,7 +170,12 @@ def print_comparison(rows) -> None:
             else:
                 values.append(f"{cell.plan.estimate.samples_per_s:.2f} ({cell.plan.global_batch})")
         table.add_row(row.label, *values)
-    _console().print(table)
+    console = _console()
+    console.print(table)
+    for row in rows:  # how far the best plan of each target can be trusted, at the first budget
+        plan = row.cells[0].plan
+        if row.kind == "target" and plan is not None:
+            console.print(f"{row.name}: {trust_line(plan, job)}", highlight=False)
 
 
 def comparison_to_json(rows) -> list[dict[str, Any]]:
