@@ -7,6 +7,10 @@ from __future__ import annotations
 import os
 import pickle
 import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -16,6 +20,7 @@ torch = pytest.importorskip("torch")
 from runtime_reference import make_plan  # noqa: E402
 from test_bad_inputs import assert_one_line  # noqa: E402
 
+from gbmw.adapters.runtime.partial_saves import MARKER, marker_text  # noqa: E402
 from gbmw.cli.main import main  # noqa: E402
 
 pytestmark = pytest.mark.torch
@@ -115,17 +120,40 @@ def test_load_of_a_file_is_one_line(saved, tmp_path, capsys):
     assert_one_line(status, capsys.readouterr().err, "no checkpoint there")
 
 
+def _leftover(folder: Path, marker: str | None) -> Path:
+    (folder / "layers").mkdir(parents=True)
+    (folder / "layers" / "embedding.pt").write_bytes(b"half")
+    if marker is not None:
+        (folder / MARKER).write_text(marker)
+    return folder
+
+
 def test_an_interrupted_save_is_reported_and_removed(saved, tmp_path, capsys):
-    """A save killed midway leaves `.NAME.partial-*`; the next save into that name says so and removes it."""
-    leftover = tmp_path / ".checkpoint.partial-x1y2"
-    (leftover / "layers").mkdir(parents=True)
-    (leftover / "layers" / "embedding.pt").write_bytes(b"half")
+    """A save killed midway leaves `.NAME.partial-*` marked by gbmw with its host and (dead) process; the next save
+    into that name says so and removes it — and only it: a folder of the same pattern without gbmw's marker (a
+    user's notes), one whose marker names another checkpoint, a live process or another host, stays, named in a
+    note. Catches: removing by name alone (issue 31's lost folder), or leaving gbmw's own leftovers behind."""
+    finished = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                              text=True, check=True)
+    dead_pid = int(finished.stdout)  # a process that has exited
+    ours = _leftover(tmp_path / ".checkpoint.partial-x1y2", marker_text("checkpoint").replace(
+        f"pid: {os.getpid()}", f"pid: {dead_pid}"))
+    users = _leftover(tmp_path / ".checkpoint.partial-notes", None)
+    other_name = _leftover(tmp_path / ".checkpoint.partial-other", marker_text("elsewhere").replace(
+        f"pid: {os.getpid()}", f"pid: {dead_pid}"))
+    running = _leftover(tmp_path / ".checkpoint.partial-live", marker_text("checkpoint"))  # this very process
+    remote = _leftover(tmp_path / ".checkpoint.partial-remote", marker_text("checkpoint").replace(
+        f"host: {socket.gethostname()}", "host: some-other-node"))
     status = main(["train", JOB, "--plan", str(saved / "plan.yaml"), "--steps", "1", "--save",
                    str(tmp_path / "checkpoint")])
     err = capsys.readouterr().err
-    assert status == 0 and f"removed {leftover}" in err and "interrupted save" in err
-    assert not leftover.exists() and (tmp_path / "checkpoint" / "checkpoint.yaml").is_file()
-    assert sorted(path.name for path in tmp_path.iterdir()) == ["checkpoint"]
+    assert status == 0 and f"removed {ours}" in err and "interrupted save" in err
+    assert not ours.exists() and (tmp_path / "checkpoint" / "checkpoint.yaml").is_file()
+    assert not (tmp_path / "checkpoint" / MARKER).exists()  # a completed checkpoint carries no marker
+    for kept, why in ((users, "no marker"), (other_name, "no marker"), (running, "still running"),
+                      (remote, "some-other-node")):
+        assert (kept / "layers" / "embedding.pt").read_bytes() == b"half", kept
+        assert f"left {kept} in place" in err and why in err, (kept, err)
 
 
 def test_a_failed_save_removes_its_partial_folder(saved, tmp_path, capsys, monkeypatch):
@@ -140,3 +168,16 @@ def test_a_failed_save_removes_its_partial_folder(saved, tmp_path, capsys, monke
                    str(tmp_path / "checkpoint")])
     assert_one_line(status, capsys.readouterr().err, "cannot complete the checkpoint")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_loading_never_removes_a_users_folder_that_looks_like_an_interrupted_save(saved, tmp_path, capsys):
+    """issue 31: `train --load ck` removed a user's `.ck.partial-*` folder of notes. It stays, named in a note, and
+    the run loads and trains. Catches: the load path removing by name alone."""
+    shutil.copytree(saved / "checkpoint", tmp_path / "ck")
+    notes = tmp_path / ".ck.partial-my-notes"
+    notes.mkdir()
+    (notes / "todo.txt").write_text("mine")
+    status = main(["train", JOB, "--plan", str(saved / "plan.yaml"), "--steps", "1", "--load", str(tmp_path / "ck")])
+    err = capsys.readouterr().err
+    assert status == 0 and (notes / "todo.txt").read_text() == "mine"
+    assert f"left {notes} in place" in err and "no marker" in err

@@ -17,10 +17,8 @@ instead of some waiting forever in a collective.
 
 from __future__ import annotations
 
-import glob
 import os
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 from typing import Annotated
@@ -36,6 +34,7 @@ from gbmw.specs.schema import MAX_DEVICES, MAX_LAYERS, Frozen, Items, validate_a
 
 from .engine import HybridEngine
 from .launch import agree
+from .partial_saves import PARTIAL_PREFIX, mark_as_ours, remove_interrupted_saves, unmark
 from .model import layer_names
 
 CHECKPOINT_FORMAT = 1
@@ -44,8 +43,9 @@ MANIFEST = "checkpoint.yaml"
 
 def save_checkpoint(engine: HybridEngine, path: str | Path) -> Path:
     """Write a new checkpoint folder at `path` (collective: every rank calls it). It is written under a temporary
-    name (`.NAME.partial-*`) and renamed when complete; a save that fails removes it, and one killed midway leaves
-    it for the next save or load into the same folder to report and remove (`remove_interrupted_saves`)."""
+    name (`.NAME.partial-*`, marked as gbmw's) and renamed when complete; a save that fails removes it, and one killed
+    midway leaves it for the next save or load into the same folder to report and remove
+    (adapters/runtime/partial_saves.py: only what its marker proves gbmw wrote)."""
     path = Path(path)
     _agree(None if not path.exists() else
            f"{path} exists; gbmw never replaces a checkpoint — choose a new folder for --save")
@@ -56,6 +56,7 @@ def save_checkpoint(engine: HybridEngine, path: str | Path) -> Path:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             temporary[0] = tempfile.mkdtemp(prefix=f"{PARTIAL_PREFIX.format(name=path.name)}", dir=path.parent)
+            mark_as_ours(Path(temporary[0]), path.name)  # what proves a leftover is gbmw's (partial_saves)
             os.chmod(temporary[0], permissions_as_created(0o777))  # mkdtemp's 0700 would hide it from the group
         except OSError as error:
             temporary[0] = ""
@@ -77,6 +78,7 @@ def save_checkpoint(engine: HybridEngine, path: str | Path) -> Path:
         if engine.rank == 0:
             try:
                 (folder / MANIFEST).write_text(yaml.safe_dump(_manifest(engine), sort_keys=False))
+                unmark(folder)
                 os.rename(folder, path)  # atomic; fails rather than replace a folder that appeared meanwhile
             except OSError as error:
                 problem = f"cannot complete the checkpoint at {path}: {error.strerror}"
@@ -86,21 +88,6 @@ def save_checkpoint(engine: HybridEngine, path: str | Path) -> Path:
         if not completed and engine.rank == 0:
             shutil.rmtree(folder, ignore_errors=True)
     return path
-
-
-PARTIAL_PREFIX = ".{name}.partial-"
-"""The temporary name of a checkpoint being written next to its final name."""
-
-
-def remove_interrupted_saves(path: Path) -> list[Path]:
-    """Remove the `.NAME.partial-*` folders a save of `path` killed midway left behind, saying so on stderr (a save
-    removes its own folder when it fails; only a killed process leaves one)."""
-    found = sorted(path.parent.glob(PARTIAL_PREFIX.format(name=glob.escape(path.name)) + "*"))
-    for folder in found:
-        shutil.rmtree(folder, ignore_errors=True)
-        print(f"gbmw: note: removed {folder}, an incomplete checkpoint left by an interrupted save of {path}",
-              file=sys.stderr, flush=True)
-    return found
 
 
 def _manifest(engine: HybridEngine) -> dict:
