@@ -28,6 +28,10 @@ class DataError(GbmwError):
     outside the model's vocabulary)."""
 
 
+class TrainingError(GbmwError):
+    """A run that cannot go on: a step's loss or gradient norm is not finite."""
+
+
 class DistributedError(GbmwError):
     """A process of a distributed job died or could not be reached; the survivors stop with this."""
 

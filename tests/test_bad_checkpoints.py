@@ -181,3 +181,23 @@ def test_loading_never_removes_a_users_folder_that_looks_like_an_interrupted_sav
     err = capsys.readouterr().err
     assert status == 0 and (notes / "todo.txt").read_text() == "mine"
     assert f"left {notes} in place" in err and "no marker" in err
+
+
+def test_a_non_finite_loss_stops_the_run_in_one_line_and_saves_nothing(saved, tmp_path, capsys):
+    """issue 31: a checkpoint with NaN weights trained on with exit 0. The first step whose loss or gradient norm is
+    not finite stops the run: status 2, one line naming the step, and the --save folder not written. Catches: a
+    run that goes on (or saves) after a NaN step."""
+    poisoned = tmp_path / "poisoned"
+    shutil.copytree(saved / "checkpoint", poisoned)
+    layer_file = poisoned / "layers" / "embedding.pt"
+    tensors = torch.load(layer_file, weights_only=True)
+    first = next(key for key in tensors if "#" not in key)
+    tensors[first] = torch.full_like(tensors[first], float("nan"))
+    torch.save(tensors, layer_file)
+    status = main(["train", JOB, "--plan", str(saved / "plan.yaml"), "--steps", "3", "--load", str(poisoned),
+                   "--save", str(tmp_path / "after")])
+    captured = capsys.readouterr()
+    assert_one_line(status, captured.err, "loss nan")
+    assert "step 2: loss nan" in captured.err and "--save" in captured.err and "was not written" in captured.err
+    assert not (tmp_path / "after").exists()
+    assert "step     2" not in captured.out  # no step after the first NaN is reported as taken

@@ -14,11 +14,12 @@ message instead of waiting forever.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from gbmw.errors import DistributedError, GbmwError, PlanError
+from gbmw.errors import DistributedError, GbmwError, PlanError, TrainingError
 
 
 @dataclass(frozen=True)
@@ -141,6 +142,18 @@ def _run(plan, architecture, data, settings: TrainSettings, context) -> list[flo
         raise lost_contact(error, "outside a training step (building the stages, loading or saving)") from None
 
 
+def non_finite_step(engine, loss: float, settings: TrainSettings) -> str | None:
+    """Why the step just taken cannot go on — a loss or gradient norm that is not finite (its update already spoilt
+    the weights) — or None."""
+    norm = float(engine.last_grad_norm) if engine.last_grad_norm is not None else 0.0
+    if math.isfinite(loss) and math.isfinite(norm):
+        return None
+    shown_norm = f", gradient norm {norm}" if engine.last_grad_norm is not None else ""
+    saved = f"--save {settings.save} was not written" if settings.save else "nothing was saved"
+    return (f"step {engine.step}: loss {loss}{shown_norm} — training stopped ({saved}); a checkpoint or data "
+            "with non-finite values, or a learning rate too high, are the usual causes")
+
+
 def _steps(plan, architecture, data, settings: TrainSettings, context, say) -> list[float]:
     from .checkpoint_files import load_checkpoint, save_checkpoint
     from .engine import AdamSettings, HybridEngine
@@ -188,6 +201,7 @@ def _steps(plan, architecture, data, settings: TrainSettings, context, say) -> l
                 f"Nothing after step {engine.step} was saved."
             ) from None
         seconds = time.perf_counter() - started
+        agree(non_finite_step(engine, loss, settings), TrainingError)  # the same loss and norm on every rank
         losses.append(loss)
         norm = f"  grad-norm {float(engine.last_grad_norm):.3f}" if engine.last_grad_norm is not None else ""
         say(f"step {engine.step:>5}/{settings.steps + (engine.step - len(losses))}  loss {loss:.6f}{norm}  "
