@@ -26,11 +26,11 @@ from typing import Annotated
 import torch
 import torch.distributed as dist
 import yaml
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from gbmw.errors import CheckpointError, GbmwError
 from gbmw.specs.files import permissions_as_created, read_yaml, shown
-from gbmw.specs.schema import MAX_DEVICES, MAX_LAYERS, Frozen, Items, validate_as
+from gbmw.specs.schema import MAX_DEVICES, MAX_GLOBAL_BATCH, MAX_LAYERS, Frozen, Items, validate_as
 
 from .engine import HybridEngine
 from .launch import agree
@@ -133,6 +133,16 @@ class Manifest(Frozen):
     layers: Items[Annotated[str, Field(max_length=200)]] = Field(min_length=1, max_length=MAX_LAYERS + 16)
     adam: _Adam
     saved_under: _SavedUnder
+
+    @model_validator(mode="after")
+    def _counters_agree(self) -> "Manifest":
+        """Each step trains at least one sample and at most the largest global batch a job can have."""
+        if self.consumed_samples is not None and not (
+                self.step <= self.consumed_samples <= self.step * MAX_GLOBAL_BATCH):
+            raise ValueError(f"field `consumed_samples`: value {self.consumed_samples} after {self.step} steps — a "
+                             f"step trains 1 to {MAX_GLOBAL_BATCH} samples, so it lies in [{self.step}, "
+                             f"{self.step * MAX_GLOBAL_BATCH}]")
+        return self
 
 
 def read_manifest(path: str | Path) -> dict:
