@@ -92,6 +92,11 @@ def _damaged(folder: Path, damage: str) -> str:
         index.write_bytes(index.read_bytes()[:-20])
     elif damage == "short data":
         data.write_bytes(data.read_bytes()[:-10])
+    elif damage == "negative length":  # the first sequence's int32 length, right after the index's preamble
+        from gbmw.adapters.runtime.token_data import INDEX_PREAMBLE_BYTES
+        raw = bytearray(index.read_bytes())
+        raw[INDEX_PREAMBLE_BYTES:INDEX_PREAMBLE_BYTES + 4] = (-5).to_bytes(4, "little", signed=True)
+        index.write_bytes(bytes(raw))
     elif damage == "float array":
         np.save(folder / "floats.npy", np.ones(1000, dtype=np.float32))
         return str(folder / "floats.npy")
@@ -112,6 +117,7 @@ BAD_DATA = [
     ("header", "not a Megatron index"),
     ("truncated index", "the index is corrupt or cut short"),
     ("short data", "the files do not belong together"),
+    ("negative length", "sequence 0 has length -5"),
     ("float array", "holds float32 values, not integer token ids"),
     ("not npy", "not a readable .npy array"),
     ("too short", "fewer than one sample of seq_length + 1 = 33 tokens"),

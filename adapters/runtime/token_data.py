@@ -140,6 +140,10 @@ def _indexed_stream(path: str) -> _Stream:
                         "corrupt") from None
     lengths = np.asarray(dataset.index.sequence_lengths, dtype=np.int64)
     pointers = np.asarray(dataset.index.sequence_pointers, dtype=np.int64)
+    negative = np.flatnonzero(lengths < 0)
+    if negative.size:
+        raise DataError(f"--data {index_path}: sequence {int(negative[0])} has length {int(lengths[negative[0]])} "
+                        f"({negative.size} negative in all): the index is corrupt; rebuild it from the token files")
     item_bytes = np.dtype(dtype).itemsize
     expected_bytes = int(lengths.sum()) * item_bytes
     if data_path.stat().st_size != expected_bytes or (len(lengths) and (
