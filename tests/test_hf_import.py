@@ -488,3 +488,32 @@ def test_an_error_names_the_key_the_config_json_has(tmp_path, changes, expected)
     with pytest.raises(SpecError) as raised:
         import_hf_config(tmp_path / "config.json", seq_length=1024)
     assert str(raised.value).endswith(expected), str(raised.value)
+
+
+@pytest.mark.parametrize("base, changes, expected", [
+    ("Meta-Llama-3-8B", {"rope_scaling": "junk"}, "field `rope_scaling`: value 'junk' — a mapping whose `rope_type`"),
+    ("Meta-Llama-3-8B", {"rope_scaling": {"factor": 8.0}}, "field `rope_scaling`: value {…} — a mapping whose `rope_type`"),
+    ("Mistral-7B-v0.1", {"sliding_window": "4096"}, "field `sliding_window`: value '4096' — a positive number"),
+    ("Mistral-7B-v0.1", {"sliding_window": -1}, "field `sliding_window`: value -1"),
+    ("Mistral-7B-v0.1", {"sliding_window": True}, "field `sliding_window`: value True"),
+])
+def test_rotary_scaling_and_windows_that_are_not_what_they_claim_are_refused_by_name(tmp_path, base, changes,
+                                                                                   expected):
+    """issue 31: junk rope_scaling and a string or negative sliding_window were planned without a word."""
+    assert expected in _refusal(tmp_path, base, changes)
+
+
+def test_a_real_rope_scaling_is_costed_as_plain_rotary_and_refused_by_the_runtime(tmp_path):
+    """Llama 3.1's `rope_scaling` (rope_type llama3) changes no cost: the import keeps its type, costs the blocks as
+    plain rotary (parameters equal Llama 3's), and gbmw's runtime refuses to train it rather than train another
+    model. Catches: the scaling dropped silently, or costed differently."""
+    from gbmw.space.runtime_support import runtime_refusal
+    config = json.loads((CONFIGS / "Meta-Llama-3-8B.json").read_text())
+    config["rope_scaling"] = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                              "original_max_position_embeddings": 8192, "rope_type": "llama3"}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    scaled, plain = import_hf_config(path, 4096), import_hf_config(CONFIGS / "Meta-Llama-3-8B.json", 4096)
+    assert scaled.rope_scaling == "llama3" and plain.rope_scaling is None
+    assert scaled.model_copy(update={"rope_scaling": None, "source": plain.source, "name": plain.name}) == plain
+    assert "`rope_scaling: llama3`" in runtime_refusal(scaled, "bf16") and runtime_refusal(plain, "bf16") is None

@@ -74,6 +74,10 @@ def runtime_refusal(architecture: Any, precision: str | None = None) -> str | No
     if precision is not None and precision not in RUNTIME_PRECISIONS:
         return (f"{where}: precision {precision}: gbmw's runtime trains in {' or '.join(RUNTIME_PRECISIONS)} "
                 "(fp16 would need loss scaling); plan the job with precision bf16 or fp32")
+    if getattr(architecture, "rope_scaling", None) is not None:
+        return (f"{where}: `rope_scaling: {architecture.rope_scaling}`: gbmw's runtime trains plain rotary embeddings, "
+                "so it would train another model; drop rope_scaling to train with plain rotary (the plan's costs are "
+                "the same), or run the plan with a framework that scales rotary frequencies")
     return None
 
 

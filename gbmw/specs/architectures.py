@@ -158,6 +158,9 @@ class GPTArchitecture(_Architecture):
     position_embedding: Literal["learned", "rotary"] = "learned"
     rope_theta: float = Field(default=10000.0, gt=0, le=1e12)
     """Rotary base frequency; no effect on costs (the model's runtime reads it)."""
+    rope_scaling: str | None = Field(default=None, min_length=1, max_length=40, pattern=r"^[A-Za-z0-9_]+$")
+    """The rotary embedding's frequency scaling (a Hugging Face `rope_scaling.rope_type`: linear, dynamic, yarn,
+    llama3, longrope…): the same cost as plain rotary; gbmw's runtime trains plain rotary only."""
     sliding_window: int | None = Field(default=None, ge=1, le=MAX_SEQUENCE)
     """Each query attends to at most this many keys (Mistral-7B v0.1: 4096); None: the whole causal prefix.
     Only flash attention skips the keys outside the window; standard attention computes the whole score matrix

@@ -169,6 +169,12 @@ def import_hf_config(path: str | Path, seq_length: int | None = None, flash_atte
             "write a model recipe YAML "
             "(see recipes/models/)"
         )
+    if data.get("family") == "gpt" and model_type != "gpt2":
+        data["rope_scaling"] = _rope_scaling(config, where)
+        if data["rope_scaling"] is not None:
+            notes.append(f"{where}: rope_scaling {data['rope_scaling']}: costed as plain rotary (it changes no FLOPs or "
+                         "memory); the emitted Megatron and DeepSpeed arguments leave it to you, and gbmw's runtime "
+                         "does not train it")
     if isinstance(data.get("rope_theta"), int) and not isinstance(data["rope_theta"], bool):
         data["rope_theta"] = float(data["rope_theta"])
     if isinstance(data.get("moe"), dict):
@@ -207,6 +213,19 @@ def import_hf_config(path: str | Path, seq_length: int | None = None, flash_atte
     return architecture
 
 
+def _rope_scaling(config: dict[str, Any], where: str) -> str | None:
+    """The rotary scaling's type of a config's `rope_scaling` (None without one); anything but a mapping naming
+    its type is refused — a silent plain-rotary reading would train another model."""
+    scaling = config.get("rope_scaling")
+    if scaling is None:
+        return None
+    kind = scaling.get("rope_type", scaling.get("type")) if isinstance(scaling, dict) else None
+    if not isinstance(kind, str) or not kind.replace("_", "").isalnum() or len(kind) > 40:
+        raise SpecError(f"{where}: field `rope_scaling`: value {shown(scaling)} — a mapping whose `rope_type` (or "
+                        "`type`) names the scaling (linear, dynamic, yarn, llama3, longrope), or null")
+    return kind
+
+
 def _llama_biases(config: dict[str, Any], model_type: str, where: str) -> dict[str, bool]:
     """`bias` (every linear layer) and `qkv_bias` of a LLaMA-style model, as its modeling code builds them."""
     if model_type in ("qwen2", "qwen2_moe"):
@@ -241,8 +260,11 @@ def _windows(config: dict[str, Any], model_type: str, where: str) -> dict[str, A
     beside it. Qwen2 windows only with `use_sliding_window`, and then only the blocks from `max_window_layers` on; a
     config's `layer_types` names each block's attention (GPT-OSS: `sliding_attention`, `full_attention`)."""
     window = config.get("sliding_window")
-    if not isinstance(window, int) or isinstance(window, bool) or window <= 0:
+    if window is None:
         return {}
+    if not isinstance(window, int) or isinstance(window, bool) or window <= 0:
+        raise SpecError(f"{where}: field `sliding_window`: value {shown(window)} — a positive number of tokens each "
+                        "query attends to, or null for attention over the whole prefix")
     if model_type in _QWEN and not config.get("use_sliding_window", False):
         return {}
     layers = config.get("num_hidden_layers")
