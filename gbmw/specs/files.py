@@ -137,7 +137,7 @@ def load_yaml_text(text: str, where: str, error: type[GbmwError] = SpecError) ->
         reason = getattr(problem, "problem", None) or str(problem).splitlines()[0]
         raise error(f"{where}: not valid YAML{at}: {shown(reason, 120).strip(chr(39))}") from None
     except (ValueError, TypeError, OverflowError) as problem:  # a constructor refusing a scalar (a bad timestamp)
-        raise error(f"{where}: not valid YAML: {shown(str(problem), 120)}") from None
+        raise error(f"{where}: not valid YAML: {shown(str(problem).split(';')[0], 120)}") from None
     finally:
         if loader is not None:
             loader.dispose()
@@ -159,6 +159,8 @@ def load_json_text(text: str, where: str, error: type[GbmwError] = SpecError) ->
         raise error(f"{where}: not valid JSON at line {problem.lineno}, column {problem.colno}: {problem.msg}") from None
     except _InputLimit as problem:
         raise error(f"{where}: {problem}") from None
+    except ValueError as problem:  # an integer of more digits than Python converts (sys.get_int_max_str_digits)
+        raise error(f"{where}: not readable as JSON: {str(problem).split(';')[0]}") from None
     except RecursionError:
         raise error(f"{where}: nested deeper than {MAX_NESTING} levels") from None
     check_bounds(data, where, error)
