@@ -100,6 +100,18 @@ def _damaged(folder: Path, damage: str) -> str:
     elif damage == "float array":
         np.save(folder / "floats.npy", np.ones(1000, dtype=np.float32))
         return str(folder / "floats.npy")
+    elif damage == "random bytes":  # numpy would advise loading it unsafely (allow_pickle): never passed on
+        (folder / "noise.npy").write_bytes(bytes(range(256)) * 4)
+        return str(folder / "noise.npy")
+    elif damage == "folder":
+        (folder / "tokens.npy").mkdir()
+        return str(folder / "tokens.npy")
+    elif damage == "fifo":
+        os.mkfifo(folder / "tokens.npy")
+        return str(folder / "tokens.npy")
+    elif damage == "uint64 ids":  # 2**63 + 5 must be reported as itself, not as the negative int64 it wraps to
+        np.save(folder / "u64.npy", np.array([1, 2, 2**63 + 5] * 400, dtype=np.uint64))
+        return str(folder / "u64.npy")
     elif damage == "not npy":
         (folder / "text.npy").write_text("hello")
         return str(folder / "text.npy")
@@ -119,7 +131,11 @@ BAD_DATA = [
     ("short data", "the files do not belong together"),
     ("negative length", "sequence 0 has length -5"),
     ("float array", "holds float32 values, not integer token ids"),
-    ("not npy", "not a readable .npy array"),
+    ("not npy", "not a .npy array (it does not start with NumPy's header)"),
+    ("random bytes", "not a .npy array (it does not start with NumPy's header)"),
+    ("folder", "is a folder, not a data file"),
+    ("fifo", "is not a regular file (a pipe, device or socket)"),
+    ("uint64 ids", "token id 9223372036854775813 in samples 0–15 is outside the model's vocabulary"),
     ("too short", "fewer than one sample of seq_length + 1 = 33 tokens"),
     ("vocabulary", "token id 300 in samples 0–15 is outside the model's vocabulary [0, 128)"),
 ]
@@ -206,3 +222,15 @@ def test_a_bad_token_found_mid_run_stops_every_rank_with_one_line(tmp_path):
     assert errors == ["gbmw: error: --data tokens.npy: token id 300 in samples 16–31 is outside the model's vocabulary "
                       "[0, 128): the data was tokenised for another model"], output[-3000:]
     assert output.count("exitcode  : 2") == 2, output[-3000:]
+
+
+def test_a_bad_indexed_dataset_is_one_line_on_stderr_from_the_command_line(tmp_path):
+    """issue 31: megatron-core's import-time UserWarnings (Transformer Engine and Apex not installed) came before
+    every --data error on an indexed dataset. From the installed command, stderr is the one error line. Catches: any
+    library's import noise before the line (pytest's own tests cannot see warnings: they capture them)."""
+    data = _damaged(tmp_path, "header")
+    done = subprocess.run([str(BIN / "gbmw"), "train", JOB, "--plan", _one_device_plan(tmp_path), "--data", data,
+                           "--steps", "1"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [f"gbmw: error: --data {data}.idx: not a Megatron index (its first bytes are not "
+                                        "b'MMIDIDX\\x00\\x00')"], done.stderr

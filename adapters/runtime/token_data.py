@@ -70,6 +70,9 @@ class TokenData:
 
     def sample(self, global_sample: int) -> np.ndarray:
         """The s + 1 token ids (int64) of the job's `global_sample`-th sample."""
+        return self._raw_sample(global_sample).astype(np.int64)
+
+    def _raw_sample(self, global_sample: int) -> np.ndarray:
         start = self.sample_index(global_sample) * self.seq_length
         return self._pieces.read(start, self.seq_length + 1)
 
@@ -78,14 +81,15 @@ class TokenData:
         − 1 (labels are the inputs shifted by one token); a token id outside the vocabulary is a DataError."""
         import torch
 
-        rows = np.stack([self.sample(consumed_samples + offset) for offset in range(global_batch)])
+        # checked in the file's own dtype: a uint64 id above 2**63 - 1 is that id, not a negative int64
+        rows = np.stack([self._raw_sample(consumed_samples + offset) for offset in range(global_batch)])
         low, high = int(rows.min()), int(rows.max())
         if low < 0 or high >= self.vocab_size:
             bad = low if low < 0 else high
             raise DataError(f"--data {self.path}: token id {bad} in samples {consumed_samples}–"
                             f"{consumed_samples + global_batch - 1} is outside the model's vocabulary "
                             f"[0, {self.vocab_size}): the data was tokenised for another model")
-        sequence = torch.from_numpy(rows)
+        sequence = torch.from_numpy(rows.astype(np.int64))
         return {"inputs": sequence[:, :-1].contiguous(), "tokens": sequence[:, 1:].contiguous()}
 
 
@@ -108,15 +112,32 @@ class _Stream:
                 parts.append(np.asarray(self._read_piece(piece, offset, length)))
             position += max(length, 0)
             piece += 1
-        return np.concatenate(parts).astype(np.int64)
+        return np.concatenate(parts)
+
+
+def _not_a_file(path: Path) -> str | None:
+    """Why `path` cannot be read as a data file, or None for a regular file."""
+    if path.is_file():
+        return None
+    if path.is_dir():
+        return "is a folder, not a data file"
+    return "is not a regular file (a pipe, device or socket)" if path.exists() else "no such file"
 
 
 def _npy_stream(path: str) -> _Stream:
-    if not Path(path).is_file():
-        raise DataError(f"--data {path}: no such file")
+    problem = _not_a_file(Path(path))
+    if problem:
+        raise DataError(f"--data {path}: {problem}")
+    with open(path, "rb") as stream:
+        if stream.read(6) != b"\x93NUMPY":
+            raise DataError(f"--data {path}: not a .npy array (it does not start with NumPy's header); give token ids "
+                            "saved by numpy.save, or a Megatron indexed dataset")
     try:
         array = np.load(path, mmap_mode="r", allow_pickle=False)
     except (ValueError, OSError, EOFError) as error:
+        if "allow_pickle" in str(error):  # never pass numpy's advice to load it unsafely on
+            raise DataError(f"--data {path}: holds Python objects, which gbmw never unpickles; give an array of "
+                            "integer token ids") from None
         raise DataError(f"--data {path}: not a readable .npy array ({_first_line(error)})") from None
     flat = array.reshape(-1) if array.flags.c_contiguous else np.ascontiguousarray(array).reshape(-1)
     return _Stream(array.dtype, np.array([flat.size], dtype=np.int64),
@@ -126,6 +147,10 @@ def _npy_stream(path: str) -> _Stream:
 def _indexed_stream(path: str) -> _Stream:
     prefix = path[:-4] if path.endswith((".bin", ".idx")) else path
     index_path, data_path = Path(prefix + ".idx"), Path(prefix + ".bin")
+    for file in (index_path, data_path):
+        problem = _not_a_file(file)
+        if problem and problem != "no such file":
+            raise DataError(f"--data {path}: {file} {problem}")
     missing = [str(file) for file in (index_path, data_path) if not file.is_file()]
     if missing:
         raise DataError(f"--data {path}: no {' and no '.join(missing)} (a Megatron indexed dataset is PREFIX.bin + "

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import warnings
 from typing import Sequence
 
 from gbmw.cli.argument_types import OneLineParser, integer
@@ -31,7 +32,14 @@ from gbmw.cli.running import add_running_commands
 from gbmw.errors import GbmwError, error_line
 
 
+FRAMEWORK_IMPORT_WARNINGS = ("Transformer Engine and Apex are not installed",)
+"""megatron-core's import-time UserWarnings about fused kernels gbmw's runtime does not use: printed before a
+command's one line of output (issue 31: 8 lines before every --data error), they say nothing about the job."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    for message in FRAMEWORK_IMPORT_WARNINGS:
+        warnings.filterwarnings("ignore", message=message, category=UserWarning)
     parser = _parser()
     try:
         args = parser.parse_args(argv)
