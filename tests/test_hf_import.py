@@ -517,3 +517,9 @@ def test_a_real_rope_scaling_is_costed_as_plain_rotary_and_refused_by_the_runtim
     assert scaled.rope_scaling == "llama3" and plain.rope_scaling is None
     assert scaled.model_copy(update={"rope_scaling": None, "source": plain.source, "name": plain.name}) == plain
     assert "`rope_scaling: llama3`" in runtime_refusal(scaled, "bf16") and runtime_refusal(plain, "bf16") is None
+
+
+def test_an_error_in_tie_word_embeddings_names_the_config_key(tmp_path):
+    """issue 31: `tie_word_embeddings: "no"` was reported under gbmw's own field name (`tie_embeddings`)."""
+    message = _refusal(tmp_path, "Meta-Llama-3-8B", {"tie_word_embeddings": "no"})
+    assert "field `tie_word_embeddings`: value 'no'" in message and "`tie_embeddings`" not in message

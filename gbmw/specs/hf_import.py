@@ -60,6 +60,8 @@ _HF_KEYS["dbrx"] = {"num_layers": "n_layers", "hidden_size": "d_model", "num_hea
                     "moe.top_k": "ffn_config.moe_top_k", "moe.expert_ffn_hidden_size": "ffn_config.ffn_hidden_size"}
 """gbmw's architecture field → the config.json key it is read from, where the names differ: an error about a field
 names the key the user wrote."""
+for _keys in _HF_KEYS.values():
+    _keys.setdefault("tie_embeddings", "tie_word_embeddings")
 
 
 def import_hf_config(path: str | Path, seq_length: int | None = None, flash_attention: bool | None = None,
