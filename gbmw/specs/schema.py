@@ -121,8 +121,21 @@ _BYTE_SIZE = TypeAdapter(ByteSize)
 
 MAX_MEMORY_BYTES = 2**50
 """The largest memory size read (1 PiB)."""
-MemorySize = Annotated[ByteSize, Field(gt=0, le=MAX_MEMORY_BYTES)]
-"""A positive memory size, e.g. `80GiB` (pydantic's ByteSize)."""
+MIN_PLAIN_MEMORY_BYTES = 2**20
+"""A memory size written as a bare number below this (1 MiB) is taken for a unit left out (`memory_budget: 80`)."""
+
+
+def _unit_given(value: Any) -> Any:
+    plain = isinstance(value, int) and not isinstance(value, bool) or isinstance(value, str) and value.strip().isdigit()
+    if plain and 0 < int(value) < MIN_PLAIN_MEMORY_BYTES:
+        raise ValueError(f"a number without a unit is bytes, and {int(value)} bytes holds no model; give the unit: "
+                         f"{int(value)}GiB or {int(value)}GB")
+    return value
+
+
+MemorySize = Annotated[ByteSize, BeforeValidator(_unit_given), Field(gt=0, le=MAX_MEMORY_BYTES)]
+"""A positive memory size, e.g. `80GiB` (pydantic's ByteSize); a bare number below 1 MiB is refused as a unit left
+out."""
 
 
 def parse_bytes(text: str | int, where: str) -> int:
@@ -135,4 +148,7 @@ def parse_bytes(text: str | int, where: str) -> int:
     if not 0 < size <= MAX_MEMORY_BYTES:
         raise SpecError(f"{where}: value {shown(text)} — a memory size must be positive and at most 1PiB; write e.g. "
                         "16GiB")
+    if size < MIN_PLAIN_MEMORY_BYTES and str(text).strip().isdigit():
+        raise SpecError(f"{where}: value {shown(text)} — a number without a unit is bytes, and {size} bytes holds no "
+                        f"model; give the unit: {str(text).strip()}GiB or {str(text).strip()}GB")
     return size
