@@ -76,6 +76,8 @@ CHECKPOINT_CASES = [
     ("negative-step", _edit_manifest(lambda data: data.update(step=-5)), "field `step`: value -5"),
     ("text-step", _edit_manifest(lambda data: data.update(step="ten")), "field `step`: value 'ten'"),
     ("format-2", _edit_manifest(lambda data: data.update(format=2)), "field `format`: value 2"),
+    ("layer-path-traversal", _edit_manifest(lambda data: data["layers"].__setitem__(0, "../../etc/passwd")),
+     "field `layers[0]`: value '../../etc/passwd' — not a layer name"),
     ("consumed-samples-2**62", _edit_manifest(lambda data: data.update(consumed_samples=2**62)),
      "field `consumed_samples`: value 4611686018427387904 after 1 steps"),
     ("consumed-samples-fewer-than-steps", _edit_manifest(lambda data: data.update(step=5, consumed_samples=3)),

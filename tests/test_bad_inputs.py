@@ -189,6 +189,8 @@ CASES = [
     ("job-memory-no-unit", ESTIMATE, "field `memory_budget`: value 80 — a number without a unit is bytes",
      {"job.yaml": job_with(memory_budget="80")}),
     ("memory-flag-no-unit", ["plan", "gpt-tiny_cpu-x4", "--memory", "80"], "give the unit: 80GiB or 80GB", {}),
+    ("plan-and-figure-one-file", ["plan", "gpt-tiny_cpu-x4", "-o", "{d}/out.png", "--figure", "{d}/out.png"],
+     "name the same file; give the figure another name", {}),
     ("job-memory-negative", ESTIMATE, "field `memory_budget`: value '-1GiB'",
      {"job.yaml": job_with(memory_budget="-1GiB")}),
     ("job-memory-words", ESTIMATE, "field `memory_budget`: value 'lots'", {"job.yaml": job_with(memory_budget="lots")}),

@@ -18,6 +18,7 @@ instead of some waiting forever in a collective.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -26,7 +27,7 @@ from typing import Annotated
 import torch
 import torch.distributed as dist
 import yaml
-from pydantic import Field, model_validator
+from pydantic import AfterValidator, Field, model_validator
 
 from gbmw.errors import CheckpointError, GbmwError
 from gbmw.specs.files import permissions_as_created, read_yaml, shown
@@ -119,6 +120,17 @@ class _SavedUnder(Frozen):
     strategies: Items[Annotated[str, Field(max_length=200)]] = Field(max_length=MAX_LAYERS + 16)
 
 
+LAYER_NAME = re.compile(r"[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*")
+"""A layer's name as gbmw's runtime gives it (`embedding`, `decoder.3`, `head`): no path separators, no `..`."""
+
+
+def _layer_name(name: str) -> str:
+    if not LAYER_NAME.fullmatch(name):
+        raise ValueError("not a layer name (letters, digits and _ joined by single dots, e.g. decoder.3): a layer "
+                         "file is read by its name")
+    return name
+
+
 class Manifest(Frozen):
     """checkpoint.yaml: what `save_checkpoint` writes, every field checked on load."""
 
@@ -130,7 +142,8 @@ class Manifest(Frozen):
     """Training samples of those steps (the data position, gbmw.adapters.runtime.token_data); None in checkpoints
     written before it was recorded: the steps × the resuming plan's global batch."""
     seed: int = Field(ge=0, le=2**32 - 1)
-    layers: Items[Annotated[str, Field(max_length=200)]] = Field(min_length=1, max_length=MAX_LAYERS + 16)
+    layers: Items[Annotated[str, Field(max_length=200), AfterValidator(_layer_name)]] = Field(
+        min_length=1, max_length=MAX_LAYERS + 16)
     adam: _Adam
     saved_under: _SavedUnder
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from gbmw.cli.argument_types import integer, memory_size, memory_sizes, new_path, power_of_two
 from gbmw.errors import GbmwError
@@ -173,6 +174,9 @@ def _run_plan(args: argparse.Namespace) -> int:
     from gbmw.space.runtime_support import runtime_warning
     from gbmw.specs.schema import parse_bytes
 
+    if args.output and args.figure and Path(args.output).resolve() == Path(args.figure).resolve():
+        raise GbmwError(f"-o {args.output} and --figure {args.figure} name the same file; give the figure another "
+                        "name (e.g. plan.png)")
     job = load_job_of(args, args.memory)
     granularity = parse_bytes(args.granularity, "--granularity") if args.granularity else None
     progress, update = _progress("searching")
