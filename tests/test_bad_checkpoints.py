@@ -91,6 +91,10 @@ CHECKPOINT_CASES = [
     ("list", _write_manifest(b"- 1\n"), "expected a mapping"),
     ("moment-shape", _edit_layer(_moment_of_wrong_shape), "has shape (3, 5), the model needs"),
     ("integer-weights", _edit_layer(_integer_weights), "not floating point"),
+    ("extra-tensor", _edit_layer(lambda tensors: tensors.update(surprise=torch.zeros(3))),
+     "tensor 'surprise' is no parameter (or Adam moment) of layer decoder.0"),
+    ("unknown-moment", _edit_layer(lambda tensors: tensors.update({
+        next(key for key in tensors if "#" not in key) + "#momentum": torch.zeros(3)})), "is no parameter (or Adam"),
     ("pickle-runs-code", _pickle_that_runs_code, "cannot be read"),
     ("missing-layer", lambda folder: (folder / "layers" / "decoder.0.pt").unlink(), "missing; the checkpoint is incomplete"),
 ]

@@ -34,6 +34,7 @@ from gbmw.specs.files import permissions_as_created, read_yaml, shown
 from gbmw.specs.schema import MAX_DEVICES, MAX_GLOBAL_BATCH, MAX_LAYERS, Frozen, Items, validate_as
 
 from .engine import HybridEngine
+from .experts import is_expert_parameter
 from .launch import agree
 from .partial_saves import PARTIAL_PREFIX, mark_as_ours, remove_interrupted_saves, unmark
 from .model import layer_names
@@ -192,6 +193,7 @@ def load_checkpoint(engine: HybridEngine, path: str | Path) -> dict:
         for layer in engine.layers:
             for name in engine.tied.layers_read_by(layer.name):
                 layers[name] = _read_layer(path / "layers" / f"{name}.pt")
+        problem = _unexpected_tensor(engine, layers, path)
     except GbmwError as error:
         problem = str(error)
     _agree(problem)
@@ -201,6 +203,21 @@ def load_checkpoint(engine: HybridEngine, path: str | Path) -> dict:
         problem = str(error)
     _agree(problem)
     return manifest
+
+
+def _unexpected_tensor(engine: HybridEngine, layers: dict[str, dict[str, torch.Tensor]], path: Path) -> str | None:
+    """A tensor in the file of a layer this rank holds that no parameter of it (or its Adam moments) is saved as —
+    the checkpoint is another model's or was edited — or None. Routed experts' tensors are left to the experts'
+    own lookup (every EP rank's experts are in the file)."""
+    for layer in engine.layers:
+        saved = {key for key in layer.parameters if not engine.tied.is_copy(f"{layer.name}.{key}")}
+        for name in layers.get(layer.name, {}):
+            key, _, moment = name.partition("#")
+            if is_expert_parameter(key) or key in saved and moment in ("", "exp_avg", "exp_avg_sq"):
+                continue
+            return (f"{path / 'layers' / f'{layer.name}.pt'}: tensor {name!r} is no parameter (or Adam moment) of layer "
+                    f"{layer.name}: the checkpoint is of another model or was edited")
+    return None
 
 
 def _read_layer(file: Path) -> dict[str, torch.Tensor]:
