@@ -355,6 +355,8 @@ CASES = [
     ("plan-strategy-number", PLAN_FILE, "field `strategies[0].strategy`: value 4",
      {"plan.yaml": plan_with(strategies=[{"strategy": 4, "layers": 6}])}),
     ("plan-model-list", PLAN_FILE, "field `model`: value [1, 2]", {"plan.yaml": plan_with(model=[1, 2])}),
+    ("plan-other-model", PLAN_FILE, "field `model`: value 'llama-tiny' — the job trains gpt-tiny; plan it with",
+     {"plan.yaml": plan_with(model="llama-tiny")}),
     ("plan-target", PLAN_FILE, "target 'nope' is not one of", {"plan.yaml": plan_with(target="nope")}),
     ("plan-estimate-garbage", PLAN_FILE, "field `estimate`: value 'fast'", {"plan.yaml": plan_with(estimate="fast")}),
     ("plan-unknown-field", PLAN_FILE, "unknown field(s) ['speed']", {"plan.yaml": plan_with(speed=1)}),

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from gbmw.cli.argument_types import integer, memory_size, memory_sizes, new_path, power_of_two
-from gbmw.errors import GbmwError
+from gbmw.errors import GbmwError, PlanError
 from gbmw.specs.files import shown
 from gbmw.specs.schema import MAX_DEVICES, MAX_GLOBAL_BATCH, MAX_SEQUENCE
 
@@ -147,11 +147,12 @@ def _run_estimate(args: argparse.Namespace) -> int:
     job = load_job_of(args, args.memory)
     if args.plan:
         plan = Plan.load(args.plan)
+        if plan.model != job.model.name:  # as `train` refuses it: a plan is made for one model
+            raise PlanError(f"{args.plan}: field `model`: value {shown(plan.model)} — the job trains "
+                            f"{job.model.name}; plan it with `gbmw plan {args.job} -o plan.yaml`, or cost a layout "
+                            "for this model with --uniform")
         plan.check_against(job.model, job.cluster.num_devices, job.precision, job.fp8_recipe)
         get_target(plan.target).check(plan, job.model)  # a hand-edited `target` must be able to run the plan
-        if plan.model != job.model.name:
-            print(f"note: the plan was made for model {shown(plan.model)}; costing it for the job's {job.model.name} "
-                  f"(both have {job.model.num_layers} layers)", file=sys.stderr)
         if job.global_batch is not None and plan.global_batch != job.global_batch:
             print(
                 f"note: the plan's global batch ({plan.global_batch}) differs from the job's ({job.global_batch}); "
