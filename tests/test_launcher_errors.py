@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -148,3 +149,75 @@ def test_nproc_per_node_must_match_the_launcher(tmp_path):
     errors = [line for line in (done.stdout + done.stderr).splitlines() if "gbmw: error:" in line]
     assert errors == ["gbmw: error: --nproc-per-node 4: a launcher already started 2 process(es) on this node; drop "
                       "--nproc-per-node under torchrun or deepspeed, or run gbmw alone with it"], done.stderr[-3000:]
+
+
+def _descendants(pid: int) -> set[int]:
+    """Live (not zombie) processes below `pid`, from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if fields[0] != "Z":
+                children.setdefault(int(fields[1]), []).append(int(entry.name))
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
+    return found
+
+
+def _alive(pids: set[int]) -> set[int]:
+    alive = set()
+    for pid in pids:
+        try:
+            if (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+                alive.add(pid)
+        except OSError:
+            pass
+    return alive
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="workers die with their launcher through prctl")
+@pytest.mark.parametrize("signal_number", [signal.SIGKILL, signal.SIGTERM])
+def test_gbmws_own_launcher_takes_its_workers_with_it(tmp_path, signal_number):
+    """issue 31: SIGKILL of `gbmw train --nproc-per-node N` left its workers training to the end (and saving);
+    SIGTERM stopped them behind a traceback. Killed either way mid-run, every worker is gone within 5 s, nothing is
+    saved, and a SIGTERM ends in one line with status 128 + 15. Catches: orphaned workers, a half-written
+    checkpoint under the final name, a traceback."""
+    (tmp_path / "plan.yaml").write_text(make_plan("gpt-tiny", 2, ["dp2"] * 6, [6], 16, 2).to_yaml())
+    environment = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}", OMP_NUM_THREADS="1",
+                       PYTHONUNBUFFERED="1")
+    launcher = subprocess.Popen([str(BIN / "gbmw"), "train", JOB, "--plan", "plan.yaml", "--steps", "100000",
+                                 "--save", "ck", "--nproc-per-node", "2"], cwd=tmp_path, env=environment,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        for line in launcher.stdout:  # rank 0 reports steps once both workers train
+            if line.startswith("step "):
+                break
+        workers = _descendants(launcher.pid)
+        assert len(workers) >= 2, workers
+        launcher.send_signal(signal_number)
+        status = launcher.wait(timeout=60)
+        for _ in range(50):
+            if not _alive(workers):
+                break
+            time.sleep(0.1)
+        assert not _alive(workers), f"workers {sorted(_alive(workers))} outlived their launcher"
+        assert not (tmp_path / "ck").exists()
+        if signal_number == signal.SIGTERM:
+            err = launcher.stderr.read()
+            assert status == 128 + 15 and "Traceback" not in err, err[-3000:]
+            assert [line for line in err.splitlines() if line.startswith("gbmw: error:")] == [
+                "gbmw: error: stopped by signal 15; the 2 local processes were stopped (a checkpoint is written only "
+                "when complete)"], err[-3000:]
+    finally:
+        for pid in _alive(_descendants(launcher.pid)) | {launcher.pid}:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        launcher.wait(timeout=30)

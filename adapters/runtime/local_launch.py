@@ -8,6 +8,10 @@ free local port, no restarts) from inside gbmw, so it can catch that exception: 
 output and gbmw exits with the first failed worker's status. A worker that died without gbmw's line (a signal, an
 uncaught exception whose traceback the worker printed itself) gets one more line naming its rank and status.
 
+The workers die with this launcher (issue 31: killed with SIGKILL, it left them training to the end): each asks
+Linux to send it SIGTERM when its parent exits (`prctl(PR_SET_PDEATHSIG)`, `die_with_launcher`), and a SIGTERM or
+SIGINT of the launcher stops the workers (torch's agent) and ends gbmw with one line, not the agent's traceback.
+
 One node only: a multi-node job still uses torchrun or the deepspeed launcher on every node.
 """
 
@@ -21,6 +25,11 @@ import uuid
 from typing import Sequence
 
 from gbmw.errors import GbmwError
+
+LAUNCHER_PID = "GBMW_LAUNCHER_PID"
+"""Set for the workers of `launch_locally`: the process they must not outlive."""
+PR_SET_PDEATHSIG = 1
+"""prctl(2): the signal a process gets when its parent exits."""
 
 RANK_ZERO_FIRST_S = 2.0
 """How long the other ranks wait before leaving with an error only rank 0 prints (it needs well under a second)."""
@@ -40,8 +49,11 @@ def launch_locally(num_processes: int, argv: Sequence[str]) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
     if "OMP_NUM_THREADS" not in os.environ:
         os.environ["OMP_NUM_THREADS"] = str(threads_per_process(num_processes))
+    os.environ[LAUNCHER_PID] = str(os.getpid())
     config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=num_processes, run_id=str(uuid.uuid4()),
                           rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.1)
     elastic_logger = logging.getLogger("torch.distributed.elastic")
@@ -49,6 +61,10 @@ def launch_locally(num_processes: int, argv: Sequence[str]) -> int:
     elastic_logger.setLevel(logging.CRITICAL)  # its "failed (exitcode: 2)" line repeats what the worker said
     try:
         elastic_launch(config, sys.executable)("-m", "gbmw", *argv)
+    except SignalException as stopped:  # torch's agent stopped the workers before re-raising it
+        print(f"gbmw: error: stopped by signal {int(stopped.sigval)}; the {num_processes} local processes were "
+              "stopped (a checkpoint is written only when complete)", file=sys.stderr, flush=True)
+        return 128 + int(stopped.sigval)
     except ChildFailedError as failed:
         rank, failure = failed.get_first_failure()
         if failure.exitcode == 2:  # gbmw's own error: rank 0 printed its one line
@@ -60,6 +76,23 @@ def launch_locally(num_processes: int, argv: Sequence[str]) -> int:
     finally:
         elastic_logger.setLevel(level)
     return 0
+
+
+def die_with_launcher() -> None:
+    """In a worker of `launch_locally`: receive SIGTERM when the launcher exits, however it ends (Linux; elsewhere
+    nothing), and stop at once if it is already gone."""
+    launcher = os.environ.get(LAUNCHER_PID)
+    if launcher is None or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import signal
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+    except (OSError, AttributeError):  # no prctl: the launcher's own shutdown still stops the workers
+        return
+    if str(os.getppid()) != launcher:  # it died before prctl took effect
+        os._exit(128 + int(signal.SIGTERM))
 
 
 def check_under_launcher(num_processes: int) -> None:

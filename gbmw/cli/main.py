@@ -47,10 +47,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return stop.code if isinstance(stop.code, int) else 2
     try:
         if getattr(args, "nproc_per_node", None) is not None:
-            from gbmw.adapters.runtime.local_launch import check_under_launcher, launch_locally
+            from gbmw.adapters.runtime.local_launch import check_under_launcher, die_with_launcher, launch_locally
 
             if "RANK" not in os.environ:  # gbmw is the launcher: the workers run this same command line
                 return launch_locally(args.nproc_per_node, list(sys.argv[1:] if argv is None else argv))
+            die_with_launcher()
             check_under_launcher(args.nproc_per_node)
         status = args.run(args)
     except GbmwError as error:
