@@ -154,6 +154,8 @@ CASES = [
      {"ds.json": ds_with(), **EXISTING}),
     ("tune-output-not-empty", TUNE + ["-o", "{d}"], "the folder exists and is not empty", {"ds.json": ds_with()}),
     ("tune-memory-0", TUNE + ["--memory", "0"], "--memory: value '0'", {"ds.json": ds_with()}),
+    ("tune-misspelt-zero-key", TUNE, "key `zero_optimisation` is not DeepSpeed's — did you mean `zero_optimization`?",
+     {"ds.json": ds_with(zero_optimisation={"stage": 3})}),
     ("profile-precision", ["profile", "model", "gpt-tiny", "-o", "{d}/p.yaml", "--precision", "fp8"],
      "--precision: invalid choice: 'fp8' (choose from 'fp32', 'bf16')", {}),
     ("profile-repeats-0", ["profile", "model", "gpt-tiny", "-o", "{d}/p.yaml", "--repeats", "0"], "--repeats: value 0",

@@ -9,6 +9,7 @@ and review the diff under tests/golden/deepspeed/.
 from __future__ import annotations
 
 import copy
+import os
 import json
 import subprocess
 import sys
@@ -444,3 +445,16 @@ def test_config_files_with_comments_load_as_deepspeed_reads_them(deepspeed_confi
     path = tmp_path / "ds_config.json"
     path.write_text('{\n  // DeepSpeed reads configs with hjson\n  "train_micro_batch_size_per_gpu": 2,\n}\n')
     assert ds.load_user_config(path) == {"train_micro_batch_size_per_gpu": 2}
+
+
+@pytest.mark.torch
+def test_deepspeeds_accelerator_line_does_not_precede_gbmws_one_line():
+    """issue 31: DeepSpeed's "Setting accelerator to CPU" log line came before tune's error. gbmw's command line
+    drops it (and only it) from DeepSpeed's logger. Catches: the line back on a CPU machine, checked in a fresh
+    interpreter as a command would run."""
+    code = ("from gbmw.cli.main import _quiet_framework_noise\n_quiet_framework_noise()\n"
+            "from deepspeed.accelerator import get_accelerator\nget_accelerator()\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          env={key: value for key, value in os.environ.items() if key != "DS_ACCELERATOR"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "Setting accelerator" not in done.stdout + done.stderr

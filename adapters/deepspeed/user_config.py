@@ -4,6 +4,7 @@ and consistency, the drop-in merge with one line per change, and writing."""
 from __future__ import annotations
 
 import copy
+import difflib
 import json
 import math
 from pathlib import Path
@@ -96,6 +97,23 @@ def _refuse_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a number DeepSpeed accepts; write a finite number")
 
 
+DEEPSPEED_KEYS_NEAR_OWNED = ("bfloat16", "amp", "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer",
+                             "min_batch_size", "max_train_batch_size", "min_train_batch_size",
+                             "max_train_micro_batch_size_per_gpu", "min_train_micro_batch_size_per_gpu")
+"""Keys DeepSpeed reads that resemble a key gbmw owns (`bfloat16` is `bf16`'s other spelling; the batch bounds are
+elasticity's and autotuning's): never taken for a misspelling."""
+
+
+def misspelt_owned_key(key: str) -> str | None:
+    """The top-level key gbmw owns that `key` is a near miss of (difflib ratio ≥ 0.85: `zero_optimisation`,
+    `train_batch_sizes`), or None; DeepSpeed's own keys are never near misses."""
+    owned = sorted({path.split(".")[0] for path in OWNED_KEYS})
+    if key in owned or key in DEEPSPEED_KEYS_NEAR_OWNED:
+        return None
+    close = difflib.get_close_matches(key, owned, n=1, cutoff=0.85)
+    return close[0] if close else None
+
+
 def check_user_config(config: dict[str, Any], where: str = "ds_config") -> None:
     """Refuse, with one GbmwError naming the key, the value and what DeepSpeed accepts, every key gbmw reads whose
     value DeepSpeed would refuse or that would be read wrongly (DeepSpeed's own DeepSpeedConfig runs on the merged
@@ -103,6 +121,12 @@ def check_user_config(config: dict[str, Any], where: str = "ds_config") -> None:
 
     def refuse(key: str, value: Any, allowed: str) -> None:
         raise GbmwError(f"{where}: key `{key}`: value {shown(value)} — {allowed}")
+
+    for key in config:
+        meant = misspelt_owned_key(key)
+        if meant:
+            raise GbmwError(f"{where}: key `{key}` is not DeepSpeed's — did you mean `{meant}`? DeepSpeed ignores "
+                            f"keys it does not know, so this setting would silently not apply")
 
     for key in BATCH_KEYS:
         value = config.get(key)

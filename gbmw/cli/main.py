@@ -21,6 +21,7 @@ line naming the file, field and value (exit status 2), never a traceback.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 import warnings
@@ -35,11 +36,29 @@ from gbmw.errors import GbmwError, error_line
 FRAMEWORK_IMPORT_WARNINGS = ("Transformer Engine and Apex are not installed",)
 """megatron-core's import-time UserWarnings about fused kernels gbmw's runtime does not use: printed before a
 command's one line of output (issue 31: 8 lines before every --data error), they say nothing about the job."""
+FRAMEWORK_LOG_LINES = ("Setting accelerator to CPU",)
+"""DeepSpeed's log line on a machine without a GPU (its logger "DeepSpeed"), printed before tune's one line."""
+
+
+def _quiet_framework_noise() -> None:
+    for message in FRAMEWORK_IMPORT_WARNINGS:
+        warnings.filterwarnings("ignore", message=message, category=UserWarning)
+    deepspeed_logger = logging.getLogger("DeepSpeed")  # the same object DeepSpeed configures when it is imported
+    if not any(isinstance(existing, _DropLines) for existing in deepspeed_logger.filters):
+        deepspeed_logger.addFilter(_DropLines(FRAMEWORK_LOG_LINES))
+
+
+class _DropLines(logging.Filter):
+    def __init__(self, prefixes: tuple[str, ...]):
+        super().__init__()
+        self.prefixes = prefixes
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(self.prefixes)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    for message in FRAMEWORK_IMPORT_WARNINGS:
-        warnings.filterwarnings("ignore", message=message, category=UserWarning)
+    _quiet_framework_noise()
     parser = _parser()
     try:
         args = parser.parse_args(argv)
