@@ -523,3 +523,16 @@ def test_an_error_in_tie_word_embeddings_names_the_config_key(tmp_path):
     """issue 31: `tie_word_embeddings: "no"` was reported under gbmw's own field name (`tie_embeddings`)."""
     message = _refusal(tmp_path, "Meta-Llama-3-8B", {"tie_word_embeddings": "no"})
     assert "field `tie_word_embeddings`: value 'no'" in message and "`tie_embeddings`" not in message
+
+
+def test_a_repeated_key_with_one_value_is_read_once_and_a_config_file_names_its_model(tmp_path):
+    """issue 30: the real Meta-Llama-3-8B-Instruct config.json has `_name_or_path` twice (transformers reads it);
+    the same value twice is read once, two values are still refused. A config file not named config.json names
+    the model by its own name, not its folder's. Catches: refusing a real config, or costing "hf_configs"."""
+    text = (CONFIGS / "Meta-Llama-3-8B.json").read_text().rstrip().rstrip("}")
+    (tmp_path / "config.json").write_text(text + ', "vocab_size": 128256}')
+    assert import_hf_config(tmp_path / "config.json", 4096).vocab_size == 128256
+    (tmp_path / "twice.json").write_text(text + ', "vocab_size": 32000}')
+    with pytest.raises(SpecError, match="appears twice in one object with different values"):
+        import_hf_config(tmp_path / "twice.json", 4096)
+    assert import_hf_config(CONFIGS / "Meta-Llama-3-8B.json", 4096).name == "Meta-Llama-3-8B"

@@ -190,10 +190,13 @@ def check_bounds(data: Any, where: str, error: type[GbmwError] = SpecError) -> N
 
 
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """One object's keys: a key repeated with the same value is read once (real configs have them:
+    Meta-Llama-3-8B-Instruct's `_name_or_path`; transformers reads them), with different values refused."""
     result: dict[str, Any] = {}
     for key, value in pairs:
-        if key in result:
-            raise _InputLimit(f"key {shown(key)} appears twice in one object; keep one")
+        if key in result and result[key] != value:
+            raise _InputLimit(f"key {shown(key)} appears twice in one object with different values ({shown(result[key])}"
+                              f", {shown(value)}); keep one")
         result[key] = value
     return result
 

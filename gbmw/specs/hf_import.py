@@ -76,7 +76,8 @@ def import_hf_config(path: str | Path, seq_length: int | None = None, flash_atte
     if not isinstance(config, dict):
         raise SpecError(f"{path}: expected a JSON object, got {type(config).__name__}")
     model_type = config.get("model_type")
-    name = config.get("_name_or_path") or path.parent.name or path.stem
+    # a model's folder names it when the file is its config.json; any other file is named by itself
+    name = config.get("_name_or_path") or (path.parent.name if path.name == "config.json" else "") or path.stem
     where = str(path)
     refuse_experts_gbmw_cannot_read(config, where)
     if model_type == "gpt_oss":
