@@ -143,3 +143,16 @@ def test_megatron_core_needs_sequence_parallelism_with_ep_and_tp():
     assert not target.allows(Strategy.parse("tp2-dp4+ep2"), 1)
     assert target.allows(Strategy.parse("tp2-dp4+ep2+sp"), 1)
     assert not get_target("deepspeed").allows(Strategy.parse("dp8+ep2"), 1)
+
+
+def test_the_router_runs_whole_on_every_tensor_parallel_rank():
+    """megatron-core's router (hidden → experts) is not split by TP: every TP rank routes its tokens whole, so its
+    FLOPs are TP-replicated ones (issue 26: they were divided by TP). llama-moe-tiny: 32 tokens, hidden 64, 4
+    experts, no shared-expert gate: 2 · 32 · 64 · 4 FLOPs per sample. Catches: the router's FLOPs split by TP."""
+    from gbmw.specs.bundled import RECIPES_DIR
+    from gbmw.specs.models import load_architecture
+    model = build_model(load_architecture(RECIPES_DIR / "models" / "llama-moe-tiny.yaml"), "fp32")
+    moe_blocks = [layer for layer in model.layers if layer.num_experts]
+    assert moe_blocks and all(layer.tp_replicated_forward_flops_per_sample == 2 * 32 * 64 * 4 for layer in moe_blocks)
+    dense_blocks = [layer for layer in model.layers if layer.kind == "decoder" and not layer.num_experts]
+    assert dense_blocks and all(layer.tp_replicated_forward_flops_per_sample == 0 for layer in dense_blocks)

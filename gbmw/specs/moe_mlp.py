@@ -53,7 +53,7 @@ def moe_mlp(shape: BlockShape, d: int, dropout: bool, sub_block_traffic: float) 
                 + norm_params),
         tp_split=expert_parameters + shared_weights + (shared_biases - (h if shared_biases else 0)),
         flops=expert_flops + 2 * s * shared_weights + 2 * s * router_weights,
-        replicated_flops=0,
+        replicated_flops=2 * s * router_weights,  # every TP rank routes its tokens whole (the router is not split)
         split=expert_split + shared_split,
         replicated=(s * h * (d + d) + s * norm_statistics + s * h * mask + s * shape.experts * 4 + expert_whole
                     + shared_input),
