@@ -56,9 +56,15 @@ class TuneResult:
         return self.plan.estimate.samples_per_s / self.current.estimate.samples_per_s
 
 
+DEFAULT_SCRIPT = "pretrain_gpt.py"
+"""The training script of the launch line when none is given: Megatron(-DeepSpeed)'s."""
+HF_TRAINER_SCRIPT = "train.py"
+"""… and for an HF Trainer config, a stand-in name for the user's own script."""
+
+
 def tune(ds_config_path: str, model: str, cluster: str, target: str = "deepspeed", output: str | None = None,
          memory: str | None = None, current_tp: int = 1, current_pp: int = 1, current_ckpt: str | None = None,
-         script: str = "pretrain_gpt.py", *, batch: int | None = None, seq_length: int | None = None,
+         script: str = DEFAULT_SCRIPT, *, batch: int | None = None, seq_length: int | None = None,
          flash_attention: bool | None = None, precision: str | None = None, current: str | None = None) -> TuneResult:
     """Tune the job of `ds_config_path` for `target` (see the module docstring).
 
@@ -103,7 +109,14 @@ def tune(ds_config_path: str, model: str, cluster: str, target: str = "deepspeed
     except GbmwError as error:
         problem = str(error)
 
-    plan = Planner(job, batch=global_batch, target=target).run()
+    hf_trainer = target == "deepspeed" and bool(hf_auto.auto_paths(user))  # an HF Trainer / Accelerate job
+    if hf_trainer:
+        notes.append(f"{ds_config_path}: an HF Trainer config (\"auto\" values): planned without a pipeline, which "
+                     "HF Trainer cannot run (DeepSpeed's pipeline engine needs its own training loop)")
+        if script == DEFAULT_SCRIPT:
+            script = HF_TRAINER_SCRIPT
+            notes.append(f"the launch line runs {HF_TRAINER_SCRIPT}: give your HF Trainer script with --script")
+    plan = Planner(job, batch=global_batch, target=target, max_pp=1 if hf_trainer else None).run()
     result = TuneResult(job, current_plan, problem, plan, None, [], notes=notes)
     config_path = "ds_config.json"
     if target in ds.DEEPSPEED_TARGETS:
@@ -115,7 +128,7 @@ def tune(ds_config_path: str, model: str, cluster: str, target: str = "deepspeed
         tp, pp, _ = ds.plan_layout(plan, job.model)
         ds.validate_with_deepspeed(merged, world, tp, pp)
         result.ds_config, result.changes = merged, changes
-        if target == "deepspeed" and hf_auto.auto_paths(user):  # an HF Trainer script; Megatron's take flags
+        if hf_trainer:  # an HF Trainer script; Megatron's take flags
             result.trainer_arguments = hf_auto.trainer_arguments(merged, precision)
     if target in ("megatron-deepspeed", "megatron-core"):
         result.megatron_args = megatron.plan_to_megatron_args(plan, job, target)

@@ -130,6 +130,12 @@ def test_tune_resolves_hf_trainer_auto_values_from_the_plan(tmp_path, capsys):
     assert arguments in " ".join(captured.out.split())
     assert arguments in (out / "launch.sh").read_text()
     assert 'planned for bf16' in captured.err and "global batch 256" in captured.out
+    # issue 30: HF Trainer cannot run DeepSpeed's pipeline engine — no pipeline, so the TrainingArguments give the
+    # config's batch on all 32 devices; the launch line runs a stand-in for the user's script, not Megatron's
+    from gbmw.plan import Plan
+    assert Plan.load(out / "plan.yaml").pp == 1
+    assert " train.py --deepspeed" in (out / "launch.sh").read_text() and "pretrain_gpt.py" not in captured.out
+    assert "planned without a pipeline" in captured.err and "give your HF Trainer script with --script" in captured.err
 
 
 def test_tune_hf_trainer_config_needs_the_batch(tmp_path):
