@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 import yaml
 
 torch = pytest.importorskip("torch")
@@ -211,3 +213,30 @@ def test_a_non_finite_loss_stops_the_run_in_one_line_and_saves_nothing(saved, tm
     assert "step 2: loss nan" in captured.err and "--save" in captured.err and "was not written" in captured.err
     assert not (tmp_path / "after").exists()
     assert "step     2" not in captured.out  # no step after the first NaN is reported as taken
+
+
+_yaml_values = st.recursive(st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats() | st.text(max_size=12),
+                            lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner,
+                                                                                       max_size=4), max_leaves=16)
+_MANIFEST_FIELDS = ("format", "model", "step", "consumed_samples", "seed", "layers", "adam", "saved_under")
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.dictionaries(st.sampled_from(_MANIFEST_FIELDS) | st.text(max_size=8), _yaml_values, max_size=9),
+       keep_format=st.booleans())
+def test_any_manifest_is_read_or_refused_in_one_checkpoint_error(tmp_path, data, keep_format):
+    """issue 31: Hypothesis-generated manifests (any YAML mapping of the manifest's fields and others, any values):
+    `read_manifest` returns the manifest or raises CheckpointError — never another exception."""
+    from gbmw.adapters.runtime.checkpoint_files import read_manifest
+    from gbmw.errors import CheckpointError
+    if keep_format:
+        data = {**data, "format": 1}
+    folder = tmp_path / "ck"
+    folder.mkdir(exist_ok=True)
+    (folder / "checkpoint.yaml").write_text(yaml.safe_dump(data))
+    try:
+        manifest = read_manifest(folder)
+    except CheckpointError as error:
+        assert "\n" not in str(error)
+    else:
+        assert manifest["format"] == 1 and set(_MANIFEST_FIELDS) <= set(manifest)  # read only when complete
