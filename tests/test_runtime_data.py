@@ -12,6 +12,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 
@@ -234,3 +236,24 @@ def test_a_bad_indexed_dataset_is_one_line_on_stderr_from_the_command_line(tmp_p
     assert done.returncode == 2
     assert done.stderr.splitlines() == [f"gbmw: error: --data {data}.idx: not a Megatron index (its first bytes are not "
                                         "b'MMIDIDX\\x00\\x00')"], done.stderr
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(tail=st.binary(max_size=200), header=st.booleans(), data=st.binary(max_size=64),
+       dtype_code=st.integers(0, 12), counts=st.tuples(st.integers(0, 2**40), st.integers(0, 2**40)))
+def test_any_index_file_is_read_or_refused_in_one_data_error(tmp_path, tail, header, data, dtype_code, counts):
+    """issue 31: Hypothesis-generated .idx files (Megatron's header or not, any dtype code and counts, any bytes
+    after) beside any .bin: TokenData opens them or raises DataError in one line — never another exception."""
+    import struct
+
+    from gbmw.adapters.runtime.token_data import INDEX_HEADER, TokenData
+    from gbmw.errors import DataError
+    folder = tmp_path / "idx"
+    folder.mkdir(exist_ok=True)
+    preamble = INDEX_HEADER + struct.pack("<QBQQ", 1, dtype_code, *counts) if header else b""
+    (folder / "d.idx").write_bytes(preamble + tail)
+    (folder / "d.bin").write_bytes(data)
+    try:
+        TokenData(str(folder / "d"), 8, 128)
+    except DataError as error:
+        assert "\n" not in str(error)
