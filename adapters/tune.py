@@ -102,7 +102,8 @@ def tune(ds_config_path: str, model: str, cluster: str, target: str = "deepspeed
     current_plan, problem = None, ""
     try:
         if micro_per_gpu is None:
-            raise GbmwError("train_micro_batch_size_per_gpu is \"auto\" (HF Trainer's per_device_train_batch_size)")
+            raise GbmwError("the config does not fix train_micro_batch_size_per_gpu (\"auto\" for HF Trainer's "
+                            "per_device_train_batch_size, or absent)")
         uniform = replace(layout, micro=micro_per_gpu, target=target, batch=global_batch)
         current_plan = uniform.to_plan(job)
         current_plan = replace_estimate(current_plan, estimate_plan(job, current_plan))
@@ -204,6 +205,13 @@ def _batch_of(user: dict, world: int, tp: int, pp: int, batch: int | None, where
     on this cluster was written for another cluster size: re-planned at its `train_batch_size`, with a note."""
     micro = user.get("train_micro_batch_size_per_gpu")
     micro = None if micro == "auto" else micro
+    if user.get("train_batch_size") is None and user.get("train_micro_batch_size_per_gpu") is None:
+        if batch is None:  # DeepSpeed needs one of them; the job's script sets it some other way, or not at all
+            raise GbmwError(f"{where}: sets no batch (neither train_batch_size nor train_micro_batch_size_per_gpu), so "
+                            "it does not say the global batch; give it with --batch")
+        notes.append(f"{where}: sets no batch; planned at --batch {batch}, and the written config gets all three "
+                     "batch keys from the plan")
+        return batch, None
     if hf_auto.has_auto_batch(user):
         if batch is None:
             auto = [key for key in ds.BATCH_KEYS if user.get(key) == "auto"]

@@ -69,6 +69,9 @@ def run(*args):
         (json.dumps(USER_CONFIG), ["--model", "no-such-model"], "model 'no-such-model': no such file"),
         (json.dumps({**USER_CONFIG, "zero_optimization": {"stage": 1, "offload_optimizer": "cpu"}}), [],
          "ds_config.json: DeepSpeed refuses the config: zero_optimization.offload_optimizer"),
+        (json.dumps({"zero_optimization": {"stage": 2}}), [], "sets no batch (neither train_batch_size nor "
+                                                              "train_micro_batch_size_per_gpu), so it does not say the "
+                                                              "global batch; give it with --batch"),
     ],
 )
 def test_tune_bad_input_is_one_clear_error(tmp_path, config_text, extra, message):
@@ -249,3 +252,22 @@ def test_tune_current_layout_bad_input_is_one_line(tmp_path, current, extra, mes
     code, err = run("tune", "--ds-config", str(user), "--model", "llama-moe-tiny", "--cluster", "cpu-x4",
                     "--current", current, *extra)
     assert code == 2 and "Traceback" not in err and err.count("\n") == 1 and message in err, err
+
+
+def test_tune_a_config_without_batch_keys_at_the_given_batch(tmp_path, capsys):
+    """issue 30: a ds_config that sets no batch key was refused, with --batch too. With --batch it is planned at
+    that batch and the written config gets all three batch keys, consistent on the cluster."""
+    user = write_user_config(tmp_path, {"zero_optimization": {"stage": 2}})
+    out = tmp_path / "tuned"
+    assert main(["tune", "--ds-config", str(user), "--model", "gpt-tiny", "--cluster", "cpu-x4", "--batch", "16",
+                 "-o", str(out)]) == 0
+    tuned = json.loads((out / "ds_config.json").read_text())
+    assert tuned["train_batch_size"] == 16
+    assert tuned["train_batch_size"] == tuned["train_micro_batch_size_per_gpu"] * tuned["gradient_accumulation_steps"] * (
+        4 // _pipeline_degree(out))
+    assert "sets no batch; planned at --batch 16" in capsys.readouterr().err
+
+
+def _pipeline_degree(folder) -> int:
+    from gbmw.plan import Plan
+    return Plan.load(folder / "plan.yaml").pp
