@@ -245,6 +245,8 @@ def _data_parallel_written_for(user: dict) -> int | None:
     """The data-parallel size a config's three batch keys add up for (train = micro × accumulation × DP), or None
     when they add up for none (a config inconsistent on every cluster) or do not fix it."""
     train, micro, accumulation = (user.get(key) for key in ds.BATCH_KEYS)
+    if accumulation is None:  # DeepSpeed derives it: the config adds up wherever micro × DP divides the batch
+        accumulation = 1
     if not all(isinstance(value, int) and not isinstance(value, bool) and value > 0
                for value in (train, micro, accumulation)):
         return None

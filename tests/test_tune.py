@@ -271,3 +271,15 @@ def test_tune_a_config_without_batch_keys_at_the_given_batch(tmp_path, capsys):
 def _pipeline_degree(folder) -> int:
     from gbmw.plan import Plan
     return Plan.load(folder / "plan.yaml").pp
+
+
+def test_tune_a_config_without_gradient_accumulation_steps(tmp_path, capsys):
+    """issue 30: DeepSpeed derives gradient_accumulation_steps; a config without it that adds up on another
+    cluster size (here 1 GPU: 16 = 16 × 1) was refused with "16 * 0 * 4 = 0". It is re-planned at its global
+    batch, as a config written for another cluster size is."""
+    user = write_user_config(tmp_path, {"train_batch_size": 16, "train_micro_batch_size_per_gpu": 16,
+                                        "zero_optimization": {"stage": 1}})
+    out = tmp_path / "tuned"
+    assert main(["tune", "--ds-config", str(user), "--model", "gpt-tiny", "--cluster", "cpu-x4", "-o", str(out)]) == 0
+    assert json.loads((out / "ds_config.json").read_text())["train_batch_size"] == 16
+    assert "add up for a data-parallel size of 1" in " ".join(capsys.readouterr().err.split())
