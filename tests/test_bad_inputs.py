@@ -408,7 +408,8 @@ CASES = [
     ("ds-list", TUNE, "a DeepSpeed config is a JSON object", {"ds.json": "[1]"}),
     ("ds-not-utf8", TUNE, "not UTF-8 text", {"ds.json": b'{"train_batch_size": 16, "x": "\xff"}'}),
     ("ds-missing", TUNE, "ds.json: no such DeepSpeed config file", {}),
-    ("ds-no-batch", TUNE, "sets neither train_batch_size nor train_micro_batch_size_per_gpu", {"ds.json": "{}"}),
+    ("ds-no-batch", TUNE, "sets no batch (neither train_batch_size nor train_micro_batch_size_per_gpu), so it does "
+                          "not say the global batch; give it with --batch", {"ds.json": "{}"}),
     ("ds-deep", TUNE, "nested", {"ds.json": '{"a": ' + "[" * 5000 + "]" * 5000 + "}"}),
     # ---- a file of one kind given where another kind goes
     ("plan-as-job", ["estimate", "{d}/plan.yaml", "--uniform", "micro=1"], "this is a plan (it has strategies, "
