@@ -207,8 +207,8 @@ def layer_costs(
     attention_rate = np.where(arrays.forward_flash_attention_flops_per_sample > 0,
                               settings.cluster.attention_flops(settings.precision),
                               settings.cluster.sustained_flops(settings.precision))
-    backward_compute = backward_compute + np.where(
-        arrays.has_measured_backward, 0.0, 0.5 * arrays.flash_kernel_flops_per_sample * samples / tp / attention_rate)
+    backward_compute = backward_compute + np.where(  # a profiled forward holds the kernel's real time already
+        arrays.has_measured_time, 0.0, 0.5 * arrays.flash_kernel_flops_per_sample * samples / tp / attention_rate)
 
     # Tensor-parallel all-reduces (blocking, not overlapped).
     tp_stride = strategy.stride("tp") if tp > 1 else 1
