@@ -254,6 +254,7 @@ def test_tune_current_layout_bad_input_is_one_line(tmp_path, current, extra, mes
     assert code == 2 and "Traceback" not in err and err.count("\n") == 1 and message in err, err
 
 
+@pytest.mark.torch
 def test_tune_a_config_without_batch_keys_at_the_given_batch(tmp_path, capsys):
     """issue 30: a ds_config that sets no batch key was refused, with --batch too. With --batch it is planned at
     that batch and the written config gets all three batch keys, consistent on the cluster."""
@@ -273,6 +274,7 @@ def _pipeline_degree(folder) -> int:
     return Plan.load(folder / "plan.yaml").pp
 
 
+@pytest.mark.torch
 def test_tune_a_config_without_gradient_accumulation_steps(tmp_path, capsys):
     """issue 30: DeepSpeed derives gradient_accumulation_steps; a config without it that adds up on another
     cluster size (here 1 GPU: 16 = 16 × 1) was refused with "16 * 0 * 4 = 0". It is re-planned at its global
