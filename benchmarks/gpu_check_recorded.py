@@ -6,12 +6,10 @@ Usage: python benchmarks/gpu_check_recorded.py
 """
 import json
 import tempfile
-from dataclasses import replace
 from pathlib import Path
 
-import yaml
-
 import gbmw
+from one_device_plans import GPT, one_device_job_and_plan
 
 ROOT = Path(__file__).resolve().parent.parent
 CASES = {  # name: hidden, heads, blocks, global batch, micro-batches, ckpt (benchmarks/gpu_check.py's CASES)
@@ -26,24 +24,12 @@ CASES = {  # name: hidden, heads, blocks, global batch, micro-batches, ckpt (ben
 
 recorded = {row["case"]: row for row in json.loads((ROOT / "docs/measurements/h100-gpu-check.json").read_text())}
 with tempfile.TemporaryDirectory() as folder:
-    out = Path(folder)
-    cluster = yaml.safe_load((ROOT / "recipes/clusters/h100-80g-x64.yaml").read_text())
-    cluster.update(name="h100-x1", nodes=1, devices_per_node=1)
-    cluster["links"] = [dict(cluster["links"][0], devices=1)]
-    (out / "h100-x1.yaml").write_text(yaml.safe_dump(cluster))
     print(f"{'case':22} {'estimate s':>10} {'measured s':>10} {'error':>7} {'estimate GiB':>12} {'measured GiB':>12}")
     errors = []
     for name, (hidden, heads, blocks, batch, micro_batches, ckpt) in CASES.items():
-        model = dict(name=name, family="gpt", num_layers=blocks, hidden_size=hidden, num_heads=heads,
-                     seq_length=2048, vocab_size=50257, dropout=False, attention="flash", tie_embeddings=True)
-        (out / f"{name}.yaml").write_text(yaml.safe_dump(model))
-        (out / f"job-{name}.yaml").write_text(yaml.safe_dump(dict(
-            model=str(out / f"{name}.yaml"), cluster=str(out / "h100-x1.yaml"), precision="bf16", optimizer="adam",
-            global_batch=batch)))
-        job = gbmw.load_job(str(out / f"job-{name}.yaml"))
-        names = ["single"] + (["single+ckpt"] if ckpt else ["single"]) * blocks + ["single"]
-        plan = replace(gbmw.plan_from_strategy_names(job.model, 1, names, [blocks + 2], batch, micro_batches,
-                                                     cluster="h100-x1"), precision="bf16")
+        job, plan = one_device_job_and_plan(ROOT / "recipes", Path(folder), name,
+                                            dict(GPT, hidden_size=hidden, num_heads=heads), blocks, batch,
+                                            micro_batches, ckpt)
         estimate = gbmw.estimate(job, plan)
         measured = recorded[name]
         error = estimate.iteration_time_s / measured["measured_s"] - 1

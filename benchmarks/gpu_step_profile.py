@@ -14,11 +14,9 @@ import collections
 import json
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import torch
-import yaml
 
 import gbmw
 from gbmw.adapters.runtime.engine import AdamSettings, HybridEngine
@@ -26,8 +24,8 @@ from gbmw.adapters.runtime.groups import GroupPool
 from gbmw.adapters.runtime.launch import init_distributed
 from gbmw.adapters.runtime.model import synthetic_batch
 from gbmw.specs.models import load_architecture
+from one_device_plans import GPT, one_device_job_and_plan
 
-GPT = dict(family="gpt", seq_length=2048, vocab_size=50257, dropout=False, attention="flash", tie_embeddings=True)
 LLAMA = dict(family="gpt", seq_length=2048, vocab_size=32000, dropout=False, attention="flash", tie_embeddings=False,
              gated_mlp=True, bias=False, norm="rms", position_embedding="rotary")
 CASES = {  # name: model fields, blocks, global batch, micro-batches, ckpt (the GPT ones: benchmarks/gpu_check.py's)
@@ -60,24 +58,14 @@ recipes, out = Path(sys.argv[1]), Path(sys.argv[2])
 out.mkdir(parents=True, exist_ok=True)
 case = sys.argv[3] if len(sys.argv) > 3 else "h4096-L4-b4-m4"
 fields, blocks, batch, micro_batches, ckpt = CASES[case]
-cluster = yaml.safe_load((recipes / "clusters" / "h100-80g-x64.yaml").read_text())
-cluster.update(name="h100-x1", nodes=1, devices_per_node=1)
-cluster["links"] = [dict(cluster["links"][0], devices=1)]
-(out / "h100-x1.yaml").write_text(yaml.safe_dump(cluster))
-(out / "model.yaml").write_text(yaml.safe_dump(dict(fields, name=case, num_layers=blocks)))
-(out / "job.yaml").write_text(yaml.safe_dump(dict(model=str(out / "model.yaml"), cluster=str(out / "h100-x1.yaml"),
-                                                  precision="bf16", optimizer="adam", global_batch=batch)))
-spec = gbmw.load_job(str(out / "job.yaml"))
-names = ["single"] + (["single+ckpt"] if ckpt else ["single"]) * blocks + ["single"]
-plan = replace(gbmw.plan_from_strategy_names(spec.model, 1, names, [blocks + 2], batch, micro_batches,
-                                             cluster="h100-x1"), precision="bf16")
+spec, plan = one_device_job_and_plan(recipes, out, case, fields, blocks, batch, micro_batches, ckpt)
 estimate = gbmw.estimate(spec, plan)
 print(case, "estimate", estimate.iteration_time_s, "s, peak", estimate.stage_peak_memory_bytes[0] / 2**30, "GiB",
       flush=True)
 if "--estimate-only" in sys.argv:
     sys.exit(0)
 context = init_distributed()
-architecture = load_architecture(out / "model.yaml")
+architecture = load_architecture(out / f"{case}.yaml")
 engine = HybridEngine(plan, architecture, GroupPool(plan), context.device,
                       adam=AdamSettings(learning_rate=1e-4, max_grad_norm=1.0))
 for step in range(3):
