@@ -91,6 +91,8 @@ def print_estimate(job: JobSpec, plan: Plan, estimate: Estimate) -> None:
     console.print(trust_line(plan, job), highlight=False)
 
 
+LARGEST_PEAK_UNDER_ESTIMATE = 0.037
+"""The most the estimator's peak memory has been under what the runtime allocates (below)."""
 NEAR_BUDGET_SHARE = 0.95
 """A fitting stage above this share of the budget is flagged: the estimator's peak memory has been up to 3.7 % under
 what the runtime allocates (docs/cost-model.md, benchmarks/memory_at_scale.py; one H100, docs/gpu-measurements.md:
@@ -104,7 +106,8 @@ def near_budget_note(estimate: Estimate) -> str | None:
     if not estimate.fits or shares[fullest] <= NEAR_BUDGET_SHARE:
         return None
     return (f"[yellow]memory: stage {fullest} is at {shares[fullest]:.1%} of the budget — peak-memory estimates have "
-            f"been up to 3.7 % under what runs, so it may not fit; --memory below the device's leaves a margin[/yellow]")
+            f"been up to {LARGEST_PEAK_UNDER_ESTIMATE:.1%} under what runs, so it may not fit; --memory below the "
+            "device's leaves a margin[/yellow]")
 
 
 def _experts_line(job: JobSpec, plan: Plan) -> str | None:
