@@ -18,14 +18,14 @@ The pipeline's time from its stages, and the stash per schedule, are gbmw.cost.p
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
 from gbmw.cost.comm import CommModel
 from gbmw.cost.framework_memory import (keeps_received_input, shares_tied_weights, step_reserve_bytes,
                                         step_temporary_bytes)
-from gbmw.cost.layer_cost import CostSettings, layer_costs, model_state_bytes_per_parameter
+from gbmw.cost.layer_cost import CostSettings, LayerCosts, layer_costs, model_state_bytes_per_parameter
 from gbmw.cost.model_states import step_traffic_bytes
 from gbmw.cost.pipeline_schedules import in_flight_micro_batches
 from gbmw.cost.runtime_passes import runtime_step_traffic_bytes
@@ -76,10 +76,15 @@ class StrategyTables:
 
 
 def strategy_tables(
-    model: ModelSpec, strategies: list[Strategy], micro_batch: int, settings: CostSettings, comm: CommModel
+    model: ModelSpec, strategies: list[Strategy], micro_batch: int, settings: CostSettings, comm: CommModel,
+    costs_of: Callable[[Strategy], LayerCosts] | None = None,
 ) -> StrategyTables:
-    """`layer_costs` of every strategy, stacked, with layout ids and the layout transition matrix."""
-    costs = [layer_costs(model, strategy, micro_batch, settings, comm) for strategy in strategies]
+    """`layer_costs` of every strategy, stacked, with layout ids and the layout transition matrix; `costs_of(strategy)`
+    gives them instead where the caller keeps them (gbmw.search.layer_cost_cache)."""
+    if costs_of is None:
+        costs = [layer_costs(model, strategy, micro_batch, settings, comm) for strategy in strategies]
+    else:
+        costs = [costs_of(strategy) for strategy in strategies]
     layouts: dict[tuple, int] = {}
     layout_ids = np.array([layouts.setdefault(data_layout(s), len(layouts)) for s in strategies])
     representative = {}

@@ -48,7 +48,7 @@ from gbmw.cost.comm import CommModel
 from gbmw.cost.estimate import estimate_plan
 from gbmw.cost.layer_cost import CostSettings
 from gbmw.cost.pipeline_schedules import pipeline_time_s
-from gbmw.cost.stage_cost import StageCosts, StrategyTables, stage_estimate, strategy_tables
+from gbmw.cost.stage_cost import StageCosts, StrategyTables, stage_estimate
 from gbmw.errors import GbmwError
 from gbmw.plan import Plan
 from gbmw.search.balance import (StageOutcome, bi_objective_adjustment, memory_balanced_partition,
@@ -56,6 +56,7 @@ from gbmw.search.balance import (StageOutcome, bi_objective_adjustment, memory_b
 from gbmw.search.bounds.setting_bounds import cannot_fit, throughput_upper_bound
 from gbmw.search.bounds.stage_knapsack_bound import memory_aware_throughput_bound
 from gbmw.search.exact.whole_plan_search import WholePlanSearch
+from gbmw.search.layer_cost_cache import cached_strategy_tables, cost_key
 from gbmw.search.nothing_fits import NothingFitsError, nothing_fits_message
 from gbmw.search.stage_dp.grid_frontier import default_granularity_bytes
 from gbmw.search.stage_dp.step_reserve_search import StepReserveSearch
@@ -110,6 +111,7 @@ class Planner:
         self.job = job = self.job.model_copy(update={"model": model_as_run(self.job.model, fused)})
         self.settings = CostSettings(job.cluster, job.precision, job.optimizer, target.framework, job.fp8_recipe)
         self.comm, self.budget = CommModel(job.cluster), float(job.memory_budget_bytes)
+        self._cost_key = cost_key(job.model, self.settings)
         if self.sweep and self.batch is not None:
             raise GbmwError("give a fixed --batch or --sweep, not both")
         self.fixed_batch = None if self.sweep else (self.batch if self.batch is not None else self.job.global_batch)
@@ -146,7 +148,7 @@ class Planner:
                 usable = self.spec.usable(strategies, micro_batch)  # (drops dominated Ulysses strategies)
                 if not usable:
                     continue
-                tables = strategy_tables(model, usable, micro_batch, self.settings, self.comm)
+                tables = self._tables(usable, micro_batch)
                 allowed = tp_allowed(model, usable) & target.layers_allowed(model, usable)
                 if not allowed.any(axis=0).all():
                     continue
@@ -156,8 +158,7 @@ class Planner:
                     # this one does not (more data-parallel ways dividing it): the sweep ends only if nothing fits
                     # even with every strategy of the degree.
                     if len(usable) == len(strategies) or cannot_fit(
-                            self._costs(strategy_tables(model, strategies, micro_batch, self.settings, self.comm), pp,
-                                        1), heads_ok, self.budget):
+                            self._costs(self._tables(strategies, micro_batch), pp, 1), heads_ok, self.budget):
                         break
                     continue
                 for count, interleaved_only in self._micro_batch_counts(micro_batch, pp):
@@ -166,6 +167,11 @@ class Planner:
                         bound = self._throughput_bound(tables, allowed, pp, micro_batch, count, chunks)
                         result.append(Setting(pp, micro_batch, count, tables, allowed, bound, chunks))
         return result
+
+    def _tables(self, strategies: list[Strategy], micro_batch: int) -> StrategyTables:
+        """The strategies' cost tables at this micro-batch size (gbmw.search.layer_cost_cache: shared by the searches
+        of this job under other budgets, variants and targets)."""
+        return cached_strategy_tables(self._cost_key, self.job.model, strategies, micro_batch, self.settings, self.comm)
 
     @property
     def _interleaves(self) -> bool:
