@@ -1,4 +1,4 @@
-"""The exact stage DP's dominance rules (gbmw.search.exact.whole_plan_search `_option_columns`, `_plan_columns`):
+"""The exact stage DP's dominance rules (gbmw.search.exact.whole_plan_frontier `option_columns`, `plan_columns`):
 an option or partial plan dropped because another matches or beats it in those columns must never be the better
 one once both are completed the same way.
 
@@ -13,8 +13,7 @@ import numpy as np
 import pytest
 
 from gbmw.cost.framework_memory import ADAM_CHUNK_ELEMENTS
-from gbmw.search.exact.whole_plan_frontier import time_columns
-from gbmw.search.exact.whole_plan_search import _option_columns
+from gbmw.search.exact.whole_plan_frontier import option_columns, plan_columns
 
 pytestmark = pytest.mark.unit
 
@@ -55,15 +54,14 @@ def _random_plan(rng):
 
 
 def _plan_columns(plan, step_s):
-    s, x, n, y, p = plan
-    return np.concatenate([[s, s + x, min(p, CHUNK)], time_columns(np.array([n]), np.array([y]),
-                                                                     np.array([p * step_s]))[0]])
+    """`plan_columns` of one partial plan (s, x, N, S, p) of a stage among several."""
+    return plan_columns(*(np.array([value]) for value in plan), step_s, None)[0]
 
 
 def _columns_of(a, b, step_s):
-    """`_option_columns` of options a and b, given as (stash, forward, backward, no-sync, sync, parameters)."""
+    """`option_columns` of options a and b, given as (stash, forward, backward, no-sync, sync, parameters)."""
     stash, forward, backward, no_sync, sync, params = (np.array(pair) for pair in zip(a, b))
-    return _option_columns(no_sync, sync, stash, forward, backward, params, step_s)
+    return option_columns(no_sync, sync, stash, forward, backward, params, step_s)
 
 
 def test_a_dominated_option_never_completes_better():

@@ -5,36 +5,32 @@ stage DP (gbmw.search.stage_dp.stage_search) for every stage; Galvatron-BMW (Alg
 adjustment (gbmw.search.balance). The result is the fitting plan with the highest samples/s; its estimate comes from
 the stage cost model (gbmw.cost.stage_cost) the search priced it with.
 
-Two modes:
+Two modes (docs/search.md):
 
-* The default is APPROXIMATE: the paper's partitions only (time-balanced, and the bi-objective adjustment), each
-  stage solved on a memory grid for its own (m − 1)·N + C, which is Eq. (9) only for the slowest stage. Its plan
-  is in the space, fits the budget (stage_estimate checks every stage) and is never faster than the brute force's
-  (tests/test_search_exact.py); it can be slower, or find nothing where a plan fits (benchmarks/search_vs_brute_force.py).
-* `exact=True` (`--exact`) returns the estimator's optimum over the space for the per-layer variants whose
-  partitioning is free (gbmw.search.exact.whole_plan_search: every partition, memory compared exactly, Eq. (9) exactly), with
-  the default mode's plan as the incumbent; tests/test_search_exact.py checks it against a brute force over whole
-  plans. It can be much slower on large models (benchmarks/search_speed.py). Uniform spaces (stock targets, fixed
-  baselines) keep their partition rules; one strategy per layer and layout leaves no stage DP, memory is compared in
-  bytes, and `exact` adds interleaved m = P to batch sweeps (tests/test_search_exact_uniform.py: vs brute force).
+* EXACT, the default (gbmw.search.exact.whole_plan_search): the estimator's optimum over every partition and
+  per-layer strategy, starting from the approximate plan; equal to a brute force over whole plans
+  (tests/test_search_exact.py, benchmarks/search_vs_brute_force.py). Uniform spaces (stock targets, baselines) keep
+  their partition rules and compare memory in bytes; `exact` adds interleaved m = P to batch sweeps
+  (tests/test_search_exact_uniform.py). "Nothing fits" is proved, the smallest budget bisected the same way.
+* `exact=False` (`--approximate`): the paper's partitions only, each stage solved on a memory grid for its own
+  (m − 1)·N + C (Eq. (9) only for the slowest stage): a plan of the space that fits and is never faster than the
+  optimum, but can be slower, or nothing where a plan fits.
 
 Settings are visited best-first with a bound, in both modes:
 
 * A setting is (pp, micro-batch size b, micro-batch count m); the global batch is B = b · m.
   Its throughput cannot exceed B / T_lower, where T_lower is Eq. (9) with every layer at its
   fastest strategy and no transitions, under a relaxed memory limit, and the stages perfectly balanced
-  (gbmw.search.bounds.setting_bounds, a tied weight counted once). Settings are searched in decreasing order of that bound, and the
-  search stops when the bound falls to the best plan found.
+  (gbmw.search.bounds.setting_bounds, a tied weight counted once). Settings are searched in decreasing order of that
+  bound, until it falls to the best plan found.
 * Before a setting is searched, a second, memory-aware bound (gbmw.search.bounds.stage_knapsack_bound: each stage's time under
   its own budget and 1F1B stash, over every partition) skips it if no plan of it can beat the best found.
 * With 1F1B, once m ≥ P the memory no longer grows with m while B / T grows (Eq. (9):
   d/dm [m·b / ((m-1)·a + c)] > 0 as c = Σ C_i ≥ a = max C_no_sync), so a batch sweep only needs m < P and the
   largest m the batch limit allows (`--exact` with interleaving: also m = P, gbmw.search.units.interleaved_only_counts).
   GPipe keeps all m micro-batches, so its sweep tries every power of two (and the largest m with `exact`).
-* A micro-batch size whose lightest possible stage exceeds the budget is skipped, and ends the sweep for that
-  PP degree only if that holds with every strategy of the degree, usable at this size or not: memory only grows
-  with the micro-batch size, but a larger size can allow strategies with more data-parallel ways, which can be
-  lighter.
+* A micro-batch size whose lightest possible stage exceeds the budget is skipped; it ends the sweep for that PP
+  degree only if that holds with every strategy of the degree (a larger size can allow lighter strategies).
 """
 
 from __future__ import annotations
@@ -75,7 +71,7 @@ __all__ = ["NothingFitsError", "Planner", "plan_job"]
 
 @dataclass
 class Planner:
-    """Finds the best plan for one job; `progress(done, total)` is called as settings are searched."""
+    """Finds the best plan for one job; `progress(done, total, best samples/s so far or None)` as it goes."""
 
     job: JobSpec
     variant: str = DEFAULT_VARIANT
@@ -86,9 +82,8 @@ class Planner:
     """Sweep the global batch up to the job's `max_global_batch` even if the job fixes one."""
     granularity_bytes: int | None = None
     """Memory grid of the stage DP; None: the budget in search.GRID_CELLS cells."""
-    exact: bool = False
-    """The estimator's optimum over whole plans (gbmw.search.exact.whole_plan_search) instead of the approximate default (the
-    paper's partitions, stage DPs on a memory grid); see the module docstring."""
+    exact: bool = True
+    """The estimator's optimum over whole plans; False: the approximate search alone (`--approximate`; module docstring)."""
     max_pp: int | None = None
     accumulate: bool = True
     """Run several micro-batches without a pipeline (gradient accumulation). The paper's Table 3 does not: its
@@ -169,8 +164,7 @@ class Planner:
         return result
 
     def _tables(self, strategies: list[Strategy], micro_batch: int) -> StrategyTables:
-        """The strategies' cost tables at this micro-batch size (gbmw.search.layer_cost_cache: shared by the searches
-        of this job under other budgets, variants and targets)."""
+        """The strategies' cost tables at this micro-batch size (cached: gbmw.search.layer_cost_cache)."""
         return cached_strategy_tables(self._cost_key, self.job.model, strategies, micro_batch, self.settings, self.comm)
 
     @property
@@ -290,7 +284,7 @@ class Planner:
             self.stats = SearchStats(settings_total=len(settings))
             best = self._best_of(settings, self._search_whole_plans, best)
         if self.progress is not None:
-            self.progress(len(settings), len(settings))
+            self.progress(len(settings), len(settings), best.samples_per_s if best else None)
         self.stats.search_s = clock.perf_counter() - started
         if best is None:
             raise NothingFitsError(self._nothing_fits_message(bool(settings)) if self.explain_failure else "nothing fits")
@@ -308,7 +302,7 @@ class Planner:
         throughput bound falls to the best found (or to `best`, an incumbent)."""
         for done, setting in enumerate(settings):
             if self.progress is not None:
-                self.progress(done, len(settings))
+                self.progress(done, len(settings), best.samples_per_s if best else None)
             if best is not None and setting.throughput_bound <= best.samples_per_s:
                 break
             if best is not None and self._memory_bound(setting) <= best.samples_per_s:

@@ -74,10 +74,12 @@ def trade_rates(time_s: np.ndarray, memory_bytes: np.ndarray) -> tuple[float, fl
 
 
 def lambda_grid(low: float, high: float, points: int = LAMBDA_POINTS) -> np.ndarray:
-    """0 and `points` λ values spread geometrically over [low, high] (only 0 when high is 0)."""
+    """0 and `points` λ values spread geometrically over [low, high] (only 0 when high is 0; from `high` alone when
+    low is 0: one stash that trades nothing beside another that does). Every λ ≥ 0 gives a valid bound (weak duality):
+    the grid only decides how tight it is."""
     if high <= 0:
         return np.zeros(1)
-    return np.concatenate(([0.0], np.geomspace(low, high, points)))
+    return np.concatenate(([0.0], np.geomspace(low if low > 0 else high, high, points)))
 
 
 def stage_time_lower_bounds(time_s: np.ndarray, memory_bytes: np.ndarray, budget_bytes: float,

@@ -8,6 +8,8 @@ import math
 import numpy as np
 from numba import njit
 
+from gbmw.cost.framework_memory import ADAM_CHUNK_ELEMENTS
+
 # ---------------------------------------------------------------------------------------------------- memory
 
 
@@ -150,3 +152,35 @@ def time_columns(no_sync: np.ndarray, sync: np.ndarray, optimizer: np.ndarray) -
     as max is monotone and 1-Lipschitz: so A is never slower when it is no worse in all four columns. That keeps
     fewer alternatives than (N, S, U), where A must also have no more S and U."""
     return np.stack([no_sync, no_sync + sync, no_sync + optimizer, no_sync + sync + optimizer], axis=1)
+
+
+def option_columns(no_sync, sync, stash, forward, backward, params, step_s: float) -> np.ndarray:
+    """Columns under which one option of a layer that no other of its layout matches or beats is kept.
+
+    Appended to a partial plan (s, x, N, S, p) — stash, backward excess, no-sync time, synchronisation extra,
+    parameters — an option gives s + stash, x' = max(x − forward, backward), N + no_sync, S + sync, p + params,
+    and the stage DP keeps the partial plans no other matches or beats in `plan_columns`. Option A leaves a
+    partial plan no worse than option B does, whatever the plan, when it is no worse in
+
+        stash, stash + backward, stash − forward, min(params, chunk), and `time_columns` of (no_sync, sync, params · step)
+
+    as s + x' = s + max(x + stash − forward, stash + backward) grows with both terms (x ≥ 0), and min(p + params,
+    chunk) with min(params, chunk). This keeps fewer options than comparing each term on its own: ZeRO-2's larger
+    backward buffer, for one, no longer keeps plain data parallelism whose stash is larger by more."""
+    memory = np.stack([stash, stash + backward, stash - forward, np.minimum(params, float(ADAM_CHUNK_ELEMENTS))], axis=1)
+    return np.concatenate([memory, time_columns(no_sync, sync, params * step_s)], axis=1)
+
+
+def plan_columns(stash, excess, no_sync, sync, params, step_s: float, single_stage_m: float | None) -> np.ndarray:
+    """Columns under which a partial plan of a stage that no other (of its last layout) matches or beats is kept:
+    the stash, the peak so far (stash + excess: later layers' peaks grow with it, at most one for one), the
+    optimizer step's reserve parameters min(p, chunk) (gbmw.cost.framework_memory), and the times — one stage alone
+    (`single_stage_m` = m): m · N + S + U, its Eq. (9) time; else `time_columns` of (N, S, U), U = p · step time.
+    Completing two partial plans the same way adds the same N, S and p to both, so the argument of `time_columns`
+    holds for the stage they complete; p is compared only through U and the reserve, so a plan whose few more
+    replicated parameters (a norm, a bias) cost less step time than its lower N saves is not kept beside it."""
+    memory = np.stack([stash, stash + excess, np.minimum(params, float(ADAM_CHUNK_ELEMENTS))], axis=1)
+    optimizer = params * step_s
+    if single_stage_m is not None:
+        return np.concatenate([memory, (single_stage_m * no_sync + sync + optimizer)[:, None]], axis=1)
+    return np.concatenate([memory, time_columns(no_sync, sync, optimizer)], axis=1)

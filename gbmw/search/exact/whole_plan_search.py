@@ -63,7 +63,8 @@ from gbmw.search.bounds.stage_boundary_floor import boundary_floors_s
 from gbmw.search.bounds.stage_knapsack_bound import fill_s, partition_tables, stage_bound_tables
 from gbmw.search.bounds.stage_segment_bound import StageCompletionBound
 from gbmw.search.bounds.stage_suffix_bound import SuffixTimeBound
-from gbmw.search.exact.whole_plan_frontier import MemoryGrid, extend_candidates, nondominated, time_columns
+from gbmw.search.exact.whole_plan_frontier import (MemoryGrid, extend_candidates, nondominated, option_columns,
+                                                   plan_columns, time_columns)
 from gbmw.search.stage_dp.pareto import backtrack
 from gbmw.search.stage_dp.stage_search import cost_classes
 
@@ -96,23 +97,6 @@ class _Node:
 
     def backtrack(self, index: int) -> list[int]:
         return backtrack(self, index)
-
-
-def _option_columns(no_sync, sync, stash, forward, backward, params, step_s: float) -> np.ndarray:
-    """Columns under which one option of a layer that no other of its layout matches or beats is kept.
-
-    Appended to a partial plan (s, x, N, S, p) — stash, backward excess, no-sync time, synchronisation extra,
-    parameters — an option gives s + stash, x' = max(x − forward, backward), N + no_sync, S + sync, p + params,
-    and the stage DP keeps the partial plans no other matches or beats in `_plan_columns`. Option A leaves a
-    partial plan no worse than option B does, whatever the plan, when it is no worse in
-
-        stash, stash + backward, stash − forward, min(params, chunk), and `time_columns` of (no_sync, sync, params · step)
-
-    as s + x' = s + max(x + stash − forward, stash + backward) grows with both terms (x ≥ 0), and min(p + params,
-    chunk) with min(params, chunk). This keeps fewer options than comparing each term on its own: ZeRO-2's larger
-    backward buffer, for one, no longer keeps plain data parallelism whose stash is larger by more."""
-    memory = np.stack([stash, stash + backward, stash - forward, np.minimum(params, float(ADAM_CHUNK_ELEMENTS))], axis=1)
-    return np.concatenate([memory, time_columns(no_sync, sync, params * step_s)], axis=1)
 
 
 @dataclass
@@ -237,8 +221,8 @@ class WholePlanSearch:
         stash = states + in_flight * forward
         backward = self.backward[chosen, layer]
         layout = tables.layout[chosen]
-        # drop options another of the same layout matches or beats after any partial plan (`_option_columns`)
-        keep = nondominated(_option_columns(no_sync, sync, stash, forward, backward, params, self.step_s), layout)
+        # drop options another of the same layout matches or beats after any partial plan (`option_columns`)
+        keep = nondominated(option_columns(no_sync, sync, stash, forward, backward, params, self.step_s), layout)
         result = (chosen[keep], no_sync[keep], sync[keep], stash[keep], forward[keep], backward[keep], params[keep],
                   layout[keep])
         self._options[key] = result
@@ -272,27 +256,12 @@ class WholePlanSearch:
             self.reserve_per_parameter, float(ADAM_CHUNK_ELEMENTS), float(self.m), self.step_s, rest_s,
             self.limit_s * (1 + INCUMBENT_SLACK), *rest)
         n_stash, n_excess, n_no_sync, n_sync, n_params, n_layout, n_option, n_parent = columns
-        keep = nondominated(self._plan_columns(n_stash, n_excess, n_no_sync, n_sync, n_params), n_layout)
+        keep = nondominated(plan_columns(n_stash, n_excess, n_no_sync, n_sync, n_params, self.step_s,
+                                         self.m if self.pp == 1 else None), n_layout)
         if lower_bound is not None:  # whether any completion may beat the incumbent (the next two methods)
             keep = keep[lower_bound(n_no_sync[keep], n_sync[keep], n_params[keep], n_stash[keep])]
         return _Node(n_stash[keep], n_excess[keep], n_no_sync[keep], n_sync[keep], n_params[keep], n_layout[keep],
                      strategy[n_option[keep]], n_parent[keep], node, node.depth + 1)
-
-    def _plan_columns(self, stash, excess, no_sync, sync, params) -> np.ndarray:
-        """Columns under which a partial plan of a stage that no other (of its last layout) matches or beats is kept:
-        the stash, the peak so far (stash + excess: later layers' peaks grow with it, at most one for one), the
-        optimizer step's reserve parameters min(p, chunk) (gbmw.cost.framework_memory), and the times — one stage
-        alone: m · N + S + U, its Eq. (9) time; else `time_columns` of (N, S, U), U = p · step time. Completing two
-        partial plans the same way adds the same N, S and p to both, so the argument of `time_columns` holds for
-        the stage they complete; p is compared only through U and the reserve, so a plan whose few more replicated
-        parameters (a norm, a bias) cost less step time than its lower N saves is no longer kept beside it."""
-        memory = np.stack([stash, stash + excess, np.minimum(params, float(ADAM_CHUNK_ELEMENTS))], axis=1)
-        optimizer = params * self.step_s
-        if self.pp == 1:
-            times = (self.m * no_sync + sync + optimizer)[:, None]
-        else:
-            times = time_columns(no_sync, sync, optimizer)
-        return np.concatenate([memory, times], axis=1)
 
     def stage_options(self, stage_index: int, first: int) -> list[StageOptions | None]:
         """[count − 1]: the options of stage `stage_index` holding layers [first, first + count)."""
