@@ -52,8 +52,9 @@ def add_planning_commands(commands) -> None:
                       help="the default: the estimator's optimum over every partition and per-layer strategy (equal to "
                            "a brute force over whole plans); the flag is kept for scripts")
     mode.add_argument("--approximate", action="store_true",
-                      help="the paper's search alone (its partitions, stage DPs on a memory grid): about half the time, "
-                           "but the plan may be slower than the optimum, and it may say nothing fits where a plan does")
+                      help="the paper's search alone (its partitions, stage DPs on a memory grid): a quarter to a half of "
+                           "the time on the bundled jobs, but the plan may be slower than the optimum, and it may say "
+                           "nothing fits where a plan does")
     plan.add_argument("-o", "--output", type=new_path, help="write the plan to this new YAML file")
     plan.add_argument("--figure", type=new_path, help="draw stage memory/time bars and the strategy of every layer to this PNG")
     plan.add_argument("--json", action="store_true", help="print the plan with its estimate as JSON")
