@@ -116,7 +116,10 @@ def test_compare_prints_every_baseline_and_variant(capsys):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["plan", "gpt3-65b_a100-80g-x32", "--memory", "4GiB", "--variant", "bmw"],
+        (["plan", "gpt-tiny_cpu-x4", "--memory", "1MiB"],
+         "nothing fits: no plan for gpt-tiny on 4 × CPU process (one thread) with global batch 16 fits 1.00 MiB per "
+         "device (gbmw (BMW + ZeRO-1/2)); the smallest per-device memory that fits is 1,"),
+        (["plan", "gpt3-65b_a100-80g-x32", "--memory", "4GiB", "--variant", "bmw", "--approximate"],
          "nothing fits: gpt3-65b on 32 × NVIDIA A100-SXM4-80GB with global batch 1792"),
         (["plan", "bert-huge-32_rtx-titan-x8", "--variant", "nope"], "variant 'nope' is unknown"),
         (["plan", "bert-huge-32_rtx-titan-x8", "--target", "horovod"], "--target 'horovod' is unknown"),

@@ -171,15 +171,31 @@ def test_without_accumulation_a_pipeline_free_plan_runs_its_batch_as_one_micro_b
 
 
 def test_nothing_fits_names_the_smallest_memory_that_would():
+    """The approximate search's hint is a budget that search fits (to 1 %: its answers are not monotone)."""
     job = load_job("gpt3-65b_a100-80g-x32", memory_budget="4GiB")
     with pytest.raises(NothingFitsError) as error:
-        Planner(job, "bmw").run()
+        Planner(job, "bmw", exact=False).run()
     message = str(error.value)
     assert "4.00 GiB" in message and "the smallest per-device memory that fits is about" in message
     smallest = float(message.split("--memory ")[1].split("GiB")[0])
     assert smallest > 4
     fits = load_job("gpt3-65b_a100-80g-x32", memory_budget=f"{smallest}GiB")
-    assert Planner(fits, "bmw").run().estimate.fits
+    assert Planner(fits, "bmw", exact=False).run().estimate.fits
+
+
+def test_nothing_fits_names_the_smallest_memory_to_the_byte():
+    """The exact search proves "nothing fits", so its hint is exact: the budget it names fits, one byte less does
+    not (issue 29)."""
+    job = load_job("gpt-tiny_cpu-x4", memory_budget="1MiB")
+    with pytest.raises(NothingFitsError) as error:
+        Planner(job).run()
+    message = str(error.value)
+    smallest = int(message.split("the smallest per-device memory that fits is ")[1].split(" bytes")[0].replace(",", ""))
+    assert smallest > 2**20 and "--memory " in message
+    exactly = Planner(job.model_copy(update={"memory_budget_bytes": smallest}), explain_failure=False).run()
+    assert max(exactly.estimate.stage_peak_memory_bytes) <= smallest
+    with pytest.raises(NothingFitsError):
+        Planner(job.model_copy(update={"memory_budget_bytes": smallest - 1}), explain_failure=False).run()
 
 
 def test_nothing_fits_hint_comes_from_the_search_that_failed(monkeypatch):
@@ -195,7 +211,7 @@ def test_nothing_fits_hint_comes_from_the_search_that_failed(monkeypatch):
         return original(self)
 
     monkeypatch.setattr(Planner, "run", recording_run)
-    with pytest.raises(NothingFitsError, match="the smallest per-device memory that fits is about"):
+    with pytest.raises(NothingFitsError, match="the smallest per-device memory that fits is"):
         Planner(job, exact=True, accumulate=False, granularity_bytes=2**18).run()
     assert probes and set(probes) == {(True, False, 2**18)}
 

@@ -3,6 +3,7 @@ found by bisecting the budget with the same search."""
 
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 import numpy as np
@@ -10,6 +11,7 @@ import numpy as np
 from gbmw.errors import GbmwError
 
 GIB = 2**30
+MIB = 2**20
 
 
 class NothingFitsError(GbmwError):
@@ -17,9 +19,10 @@ class NothingFitsError(GbmwError):
 
 
 def nothing_fits_message(where: str, batch: str, label: str, budget_bytes: float, exclusions: dict[str, None],
-                         settings_found: bool, fits_with: Callable[[float], bool]) -> str:
+                         settings_found: bool, peak_with: Callable[[float], float | None], exact: bool) -> str:
     """Why no plan of the space `label` fits: the constraints that excluded every setting (`exclusions`), or,
-    when settings were searched and none fit, the smallest budget for which `fits_with(budget)` finds a plan."""
+    when settings were searched and none fit, the smallest budget with which `peak_with(budget)` finds a plan (it
+    returns that plan's peak bytes, or None); `exact`: the search proves "nothing fits" (see `smallest_budget_hint`)."""
     if not settings_found:
         memory = [key.split(":")[1:] for key in exclusions if key.startswith("memory:")]
         reasons = [key for key in exclusions if not key.startswith("memory:")]
@@ -27,33 +30,71 @@ def nothing_fits_message(where: str, batch: str, label: str, budget_bytes: float
             degrees = ", ".join(pp for pp, _ in memory)
             smallest = min(int(micro) for _, micro in memory)
             reasons.append(
-                f"even a micro-batch of {smallest} needs more than {budget_bytes / GIB:.2f} GiB per device "
+                f"even a micro-batch of {smallest} needs more than {_readable(budget_bytes)} per device "
                 f"at every pipeline degree tried ({degrees})"
             )
         reasons = "; ".join(reasons) or "no micro-batch size divides the batch evenly for any strategy"
         if not memory:
             return f"nothing fits: {where} ({label}): {reasons}"
-        return f"nothing fits: {where} with {batch} ({label}): {reasons}; {smallest_budget_hint(budget_bytes, fits_with)}"
+        hint = smallest_budget_hint(budget_bytes, peak_with, exact)
+        return f"nothing fits: {where} with {batch} ({label}): {reasons}; {hint}"
     return (
-        f"nothing fits: no plan for {where} with {batch} fits {budget_bytes / GIB:.2f} GiB per device "
-        f"({label}); {smallest_budget_hint(budget_bytes, fits_with)}"
+        f"nothing fits: no plan for {where} with {batch} fits {_readable(budget_bytes)} per device "
+        f"({label}); {smallest_budget_hint(budget_bytes, peak_with, exact)}"
     )
 
 
-def smallest_budget_hint(budget_bytes: float, fits_with: Callable[[float], bool]) -> str:
-    """Bisect the budget (to 1%) for the smallest one where `fits_with` finds a plan."""
-    low, high = budget_bytes, max(budget_bytes * 2, GIB)
+EXACT_CHECKS = 4
+"""Searches one byte under the best upper end tried before the hint settles for "about"."""
+
+
+def smallest_budget_hint(budget_bytes: float, peak_with: Callable[[float], float | None], exact: bool) -> str:
+    """The smallest budget with which the search finds a plan, bisected from `budget_bytes` (where it found none).
+
+    Each plan found lowers the upper end to its own peak (a budget of that peak fits it), so the bracket closes on
+    the least peak of any plan (an approximate search's upper end stays the budget it found a plan with: it may not
+    find that plan again under less). With an exact search — one whose "nothing fits" is a proof — the bracket is then
+    closed exactly: when a budget one byte under the upper end (rounded up to whole bytes) finds nothing, that
+    upper end is the smallest budget that fits, to the byte. An approximate search's answers are not monotone in
+    the budget, so its hint stays "about" (1 %)."""
+    def upper_end(budget: float, peak: float) -> float:  # where the search surely finds a plan again
+        return math.ceil(peak) if exact else budget
+
+    low, probe = budget_bytes, max(budget_bytes * 2, GIB)
     for _ in range(12):
-        if fits_with(high):
+        peak = peak_with(probe)
+        if peak is not None:
+            high = upper_end(probe, peak)
             break
-        low, high = high, high * 2
+        low, probe = probe, probe * 2
     else:
         return "even 4096× the budget does not fit; check the batch settings and the model"
     while high - low > 0.01 * high:
         middle = (low + high) / 2
-        if fits_with(middle):
-            high = middle
-        else:
+        peak = peak_with(middle)
+        if peak is None:
             low = middle
-    return (f"the smallest per-device memory that fits is about {high / GIB:.2f} GiB "
-            f"(--memory {np.ceil(high / GIB * 100) / 100:.2f}GiB)")
+        else:
+            high = upper_end(middle, peak)
+    for _ in range(EXACT_CHECKS if exact else 0):
+        peak = peak_with(high - 1)
+        if peak is None:
+            return (f"the smallest per-device memory that fits is {high:,} bytes, {_readable(high)} "
+                    f"(--memory {_flag(high)})")
+        high = math.ceil(peak)
+    return f"the smallest per-device memory that fits is about {_readable(high)} (--memory {_flag(high)})"
+
+
+def _unit(size_bytes: float) -> tuple[float, str]:
+    return (GIB, "GiB") if size_bytes >= GIB else (MIB, "MiB")
+
+
+def _readable(size_bytes: float) -> str:
+    scale, unit = _unit(size_bytes)
+    return f"{size_bytes / scale:.2f} {unit}"
+
+
+def _flag(size_bytes: float) -> str:
+    """A --memory value, rounded up to a hundredth of its unit, so the budget it names is never below `size_bytes`."""
+    scale, unit = _unit(size_bytes)
+    return f"{np.ceil(size_bytes / scale * 100) / 100:.2f}{unit}"

@@ -380,19 +380,19 @@ class Planner:
         where = f"{job.model.name} on {job.cluster.num_devices} × {job.cluster.device.name}"
         batch = f"global batch {self.fixed_batch}" if self.fixed_batch is not None else "any batch size"
         return nothing_fits_message(where, batch, self.spec.label, self.budget, self.exclusions, settings_found,
-                                    self._fits_with)
+                                    self._peak_with, self.exact)
 
-    def _fits_with(self, budget_bytes: float) -> bool:
+    def _peak_with(self, budget_bytes: float) -> float | None:
+        """The peak bytes of the plan this search finds with `budget_bytes` (whole bytes, rounded down), or None."""
         job = self.job.model_copy(update={"memory_budget_bytes": int(budget_bytes)})
         planner = Planner(job, variant=self.variant, batch=self.batch, sweep=self.sweep,
                           granularity_bytes=self.granularity_bytes, exact=self.exact, max_pp=self.max_pp,
                           accumulate=self.accumulate, target=self.target, explain_failure=False,
                           attention_as_declared=self.attention_as_declared)
         try:
-            planner.run()
-            return True
+            return max(planner.run().estimate.stage_peak_memory_bytes)
         except NothingFitsError:
-            return False
+            return None
 
 
 def plan_job(job: JobSpec, variant: str = DEFAULT_VARIANT, batch: int | None = None, **options) -> Plan:
