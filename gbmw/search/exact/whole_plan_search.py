@@ -19,10 +19,11 @@ T never falls when one stage's N, S or U falls, so the search has two exact leve
 
        stash  Σ (O_ms + k · O_f)          k in-flight micro-batches (1F1B: min(P − i, m))
        E      stash + backward excess     the peak of Eq. (2) so far (gbmw.search.stage_dp.pareto explains the excess)
-       N, N + S  no-sync time, and with the synchronisation extra, so far (`time_columns`; one stage alone:
-              m · N + S, its Eq. (9) time less the optimizer step)
-       p      parameters the stage's optimizer steps (U = p · step time; the step reserve of
-              gbmw.cost.framework_memory is 4 bytes × min(p, one chunk): both grow with p)
+       min(p, chunk)  parameters the stage's optimizer steps, as the step reserve of gbmw.cost.framework_memory
+              counts them (4 bytes × min(p, one chunk))
+       N, N + S, N + U, N + S + U  no-sync time, synchronisation extra and optimizer step U = p · step time so
+              far (`time_columns`; one stage alone: m · N + S + U, its Eq. (9) time) — `plan_columns`; a layer's
+              options are compared likewise, with stash + backward and stash − forward (`option_columns`)
 
    and drops a partial plan whose E plus its step reserve exceeds W (neither ever falls as layers are added).
    Every prefix is kept in a trie keyed by what determines a layer's options (its cost class, k, whether a
