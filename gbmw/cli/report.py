@@ -12,16 +12,12 @@ from gbmw.cli.trust import trust_line
 from gbmw.plan import Estimate, Plan
 from gbmw.space.strategy import Strategy
 from gbmw.specs.jobs import JobSpec
+from gbmw.specs.schema import format_bytes
 
 GIB = 2**30
 
 
 
-def format_bytes(count: float) -> str:
-    """GiB with two decimals, or MiB below 1 GiB (tiny test jobs would read 0.00 GiB)."""
-    if count >= GIB or count == 0:
-        return f"{count / GIB:.2f} GiB"
-    return f"{count / 2**20:.2f} MiB"
 
 def _console() -> Console:
     """A console that keeps tables readable when the output is a pipe or a file (120 columns)."""

@@ -81,10 +81,8 @@ def strategy_tables(
 ) -> StrategyTables:
     """`layer_costs` of every strategy, stacked, with layout ids and the layout transition matrix; `costs_of(strategy)`
     gives them instead where the caller keeps them (gbmw.search.layer_cost_cache)."""
-    if costs_of is None:
-        costs = [layer_costs(model, strategy, micro_batch, settings, comm) for strategy in strategies]
-    else:
-        costs = [costs_of(strategy) for strategy in strategies]
+    costs_of = costs_of or (lambda strategy: layer_costs(model, strategy, micro_batch, settings, comm))
+    costs = [costs_of(strategy) for strategy in strategies]
     layouts: dict[tuple, int] = {}
     layout_ids = np.array([layouts.setdefault(data_layout(s), len(layouts)) for s in strategies])
     representative = {}

@@ -9,6 +9,7 @@ from typing import Callable
 import numpy as np
 
 from gbmw.errors import GbmwError
+from gbmw.specs.schema import format_bytes
 
 GIB = 2**30
 MIB = 2**20
@@ -30,7 +31,7 @@ def nothing_fits_message(where: str, batch: str, label: str, budget_bytes: float
             degrees = ", ".join(pp for pp, _ in memory)
             smallest = min(int(micro) for _, micro in memory)
             reasons.append(
-                f"even a micro-batch of {smallest} needs more than {_readable(budget_bytes)} per device "
+                f"even a micro-batch of {smallest} needs more than {format_bytes(budget_bytes)} per device "
                 f"at every pipeline degree tried ({degrees})"
             )
         reasons = "; ".join(reasons) or "no micro-batch size divides the batch evenly for any strategy"
@@ -39,7 +40,7 @@ def nothing_fits_message(where: str, batch: str, label: str, budget_bytes: float
         hint = smallest_budget_hint(budget_bytes, peak_with, exact)
         return f"nothing fits: {where} with {batch} ({label}): {reasons}; {hint}"
     return (
-        f"nothing fits: no plan for {where} with {batch} fits {_readable(budget_bytes)} per device "
+        f"nothing fits: no plan for {where} with {batch} fits {format_bytes(budget_bytes)} per device "
         f"({label}); {smallest_budget_hint(budget_bytes, peak_with, exact)}"
     )
 
@@ -79,22 +80,14 @@ def smallest_budget_hint(budget_bytes: float, peak_with: Callable[[float], float
     for _ in range(EXACT_CHECKS if exact else 0):
         peak = peak_with(high - 1)
         if peak is None:
-            return (f"the smallest per-device memory that fits is {high:,} bytes, {_readable(high)} "
+            return (f"the smallest per-device memory that fits is {high:,} bytes, {format_bytes(high)} "
                     f"(--memory {_flag(high)})")
         high = math.ceil(peak)
-    return f"the smallest per-device memory that fits is about {_readable(high)} (--memory {_flag(high)})"
-
-
-def _unit(size_bytes: float) -> tuple[float, str]:
-    return (GIB, "GiB") if size_bytes >= GIB else (MIB, "MiB")
-
-
-def _readable(size_bytes: float) -> str:
-    scale, unit = _unit(size_bytes)
-    return f"{size_bytes / scale:.2f} {unit}"
+    return f"the smallest per-device memory that fits is about {format_bytes(high)} (--memory {_flag(high)})"
 
 
 def _flag(size_bytes: float) -> str:
-    """A --memory value, rounded up to a hundredth of its unit, so the budget it names is never below `size_bytes`."""
-    scale, unit = _unit(size_bytes)
+    """A --memory value in `format_bytes`' unit, rounded up to a hundredth of it, so the budget it names is never
+    below `size_bytes`."""
+    scale, unit = (GIB, "GiB") if size_bytes >= GIB else (MIB, "MiB")
     return f"{np.ceil(size_bytes / scale * 100) / 100:.2f}{unit}"

@@ -138,6 +138,13 @@ MemorySize = Annotated[ByteSize, BeforeValidator(_unit_given), Field(gt=0, le=MA
 out."""
 
 
+def format_bytes(count: float) -> str:
+    """GiB with two decimals, or MiB below 1 GiB (tiny test jobs would read 0.00 GiB)."""
+    if count >= 2**30 or count == 0:
+        return f"{count / 2**30:.2f} GiB"
+    return f"{count / 2**20:.2f} MiB"
+
+
 def parse_bytes(text: str | int, where: str) -> int:
     """Parse a positive memory size such as `16GiB`, `1.5 GB` or a plain byte count (pydantic's ByteSize)."""
     try:
