@@ -36,6 +36,11 @@ class DistributedError(GbmwError):
     """A process of a distributed job died or could not be reached; the survivors stop with this."""
 
 
+class LostContactError(DistributedError):
+    """A surviving rank's report that a peer died mid-collective: under gbmw's own launcher every survivor hands it
+    to the launcher, which prints one line for all of them (gbmw.adapters.runtime.local_launch)."""
+
+
 def error_line(error: BaseException) -> str:
     """The one line a user sees for a GbmwError (gbmw.cli.main prints it on stderr)."""
     return f"gbmw: error: {error}"

@@ -240,3 +240,28 @@ def test_any_manifest_is_read_or_refused_in_one_checkpoint_error(tmp_path, data,
         assert "\n" not in str(error)
     else:
         assert manifest["format"] == 1 and set(_MANIFEST_FIELDS) <= set(manifest)  # read only when complete
+
+
+def test_a_save_every_folder_resumes_from_its_latest_complete_step(saved, tmp_path, capsys):
+    """`--load DIR` of a `--save-every` folder takes the highest step folder holding a manifest; a user's folder of
+    that name without one, or a leftover save of a later step without gbmw's marker, is never taken, and the
+    unmarked leftover is left in place and named. Catches: resuming from an incomplete or foreign folder, or
+    removing a user's folder by its name."""
+    series = tmp_path / "ck"
+    series.mkdir()
+    shutil.copytree(saved / "checkpoint", series / "step-00000001")
+    (series / "step-00000007").mkdir()  # a user's folder: no manifest
+    users = _leftover(series / ".step-00000009.partial-notes", None)
+    status = main(["train", JOB, "--plan", str(saved / "plan.yaml"), "--steps", "1", "--load", str(series)])
+    captured = capsys.readouterr()
+    assert status == 0, captured.err
+    assert f"resumed from {series / 'step-00000001'} at step 1" in captured.out
+    assert users.exists() and f"left {users} in place" in captured.err
+
+
+def test_save_every_needs_save_and_an_empty_folder_has_no_checkpoint(saved, tmp_path, capsys):
+    status = main(["train", JOB, "--plan", str(saved / "plan.yaml"), "--steps", "1", "--save-every", "2"])
+    assert_one_line(status, capsys.readouterr().err, "--save-every 2: give --save DIR too")
+    (tmp_path / "ck" / "step-00000003").mkdir(parents=True)  # killed before its first save completed
+    status = main(["train", JOB, "--plan", str(saved / "plan.yaml"), "--steps", "1", "--load", str(tmp_path / "ck")])
+    assert_one_line(status, capsys.readouterr().err, "no checkpoint there")

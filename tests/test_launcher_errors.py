@@ -108,7 +108,7 @@ def test_a_rank_dying_during_agreement_is_one_line(tmp_path):
     # ("terminate called without an active exception") once its peer's connection is reset, even when the rank
     # leaves through os._exit at once. The line the user reads is there either way.
     assert processes[0].returncode in (2, -signal.SIGABRT), out + err
-    assert out.startswith("DistributedError rank 0: lost contact with another process"), out + err
+    assert out.startswith("LostContactError rank 0: lost contact with another process"), out + err
     assert "Traceback" not in err
 
 

@@ -14,7 +14,7 @@ import sys
 from dataclasses import dataclass
 from typing import Callable, TypeVar
 
-from gbmw.errors import DistributedError, GbmwError, error_line
+from gbmw.errors import GbmwError, LostContactError, error_line
 
 
 @dataclass(frozen=True)
@@ -146,14 +146,15 @@ def _stop_with_user_error_status() -> None:
         pass
 
 
-def lost_contact(failure: BaseException, when: str) -> DistributedError:
-    """The one message of a rank whose peer died (torch.distributed reports it as a RuntimeError)."""
+def lost_contact(failure: BaseException, when: str, then: str = "") -> LostContactError:
+    """The one message of a rank whose peer died (torch.distributed reports it as a RuntimeError); `then` says what
+    was saved."""
     import torch.distributed as dist
 
     rank = dist.get_rank() if dist.is_initialized() else 0
-    return DistributedError(f"rank {rank}: lost contact with another process {when} "
+    return LostContactError(f"rank {rank}: lost contact with another process {when} "
                             f"({str(failure).splitlines()[0][:160] if str(failure) else type(failure).__name__}); "
-                            "a process died or was killed — stopping")
+                            f"a process died or was killed — stopping{then}")
 
 
 def is_communication_failure(error: BaseException) -> bool:

@@ -12,6 +12,11 @@ The workers die with this launcher (issue 31: killed with SIGKILL, it left them 
 Linux to send it SIGTERM when its parent exits (`prctl(PR_SET_PDEATHSIG)`, `die_with_launcher`), and a SIGTERM or
 SIGINT of the launcher stops the workers (torch's agent) and ends gbmw with one line, not the agent's traceback.
 
+A worker killed alone (any rank, any signal) leaves its peers to find it gone in their next collective: each survivor
+would print its own "lost contact" line. Under this launcher a survivor instead leaves that line in a folder the
+launcher made for the run (`FAILURE_REPORTS`, `report_to_launcher`), and the launcher prints one line — the lowest
+surviving rank's, which says at which step and what was saved, plus the rank that ended by a signal.
+
 One node only: a multi-node job still uses torchrun or the deepspeed launcher on every node.
 """
 
@@ -19,17 +24,24 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
+import signal
 import sys
+import tempfile
 import time
 import uuid
+from pathlib import Path
 from typing import Sequence
 
-from gbmw.errors import GbmwError
+from gbmw.errors import GbmwError, LostContactError, error_line
 
 LAUNCHER_PID = "GBMW_LAUNCHER_PID"
 """Set for the workers of `launch_locally`: the process they must not outlive."""
 PR_SET_PDEATHSIG = 1
 """prctl(2): the signal a process gets when its parent exits."""
+
+FAILURE_REPORTS = "GBMW_FAILURE_REPORTS"
+"""Set for the workers of `launch_locally`: the folder where a survivor of a dead peer leaves its line."""
 
 RANK_ZERO_FIRST_S = 2.0
 """How long the other ranks wait before leaving with an error only rank 0 prints (it needs well under a second)."""
@@ -54,6 +66,8 @@ def launch_locally(num_processes: int, argv: Sequence[str]) -> int:
     if "OMP_NUM_THREADS" not in os.environ:
         os.environ["OMP_NUM_THREADS"] = str(threads_per_process(num_processes))
     os.environ[LAUNCHER_PID] = str(os.getpid())
+    reports = Path(tempfile.mkdtemp(prefix="gbmw-launch-"))  # this run's own folder, removed at the end
+    os.environ[FAILURE_REPORTS] = str(reports)
     config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=num_processes, run_id=str(uuid.uuid4()),
                           rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.1)
     elastic_logger = logging.getLogger("torch.distributed.elastic")
@@ -66,16 +80,54 @@ def launch_locally(num_processes: int, argv: Sequence[str]) -> int:
               "stopped (a checkpoint is written only when complete)", file=sys.stderr, flush=True)
         return 128 + int(stopped.sigval)
     except ChildFailedError as failed:
-        rank, failure = failed.get_first_failure()
-        if failure.exitcode == 2:  # gbmw's own error: rank 0 printed its one line
-            return 2
-        how = f"signal {-failure.exitcode}" if failure.exitcode < 0 else f"status {failure.exitcode}"
-        print(f"gbmw: error: rank {rank} of {num_processes} local processes ended with {how}", file=sys.stderr,
-              flush=True)
-        return failure.exitcode if failure.exitcode > 0 else 1
+        return _report_failure(failed.failures, _read_reports(reports), num_processes)
     finally:
         elastic_logger.setLevel(level)
+        shutil.rmtree(reports, ignore_errors=True)
+        os.environ.pop(FAILURE_REPORTS, None)
     return 0
+
+
+def _report_failure(failures: dict, survivor_lines: dict[int, str], num_processes: int) -> int:
+    """One line for workers that failed, and gbmw's exit status: nothing more after gbmw's own error (status 2, rank 0
+    printed it); a survivor's "lost contact" line with the rank a signal ended; else the first failed rank's status."""
+    ended = {rank: failure.exitcode for rank, failure in failures.items() if rank not in survivor_lines}
+    if survivor_lines:
+        killed = sorted((rank for rank, code in ended.items() if code < 0), key=lambda rank: ended[rank] == -15)
+        cause = (f" (rank {killed[0]} of {num_processes} ended with signal {-ended[killed[0]]}, "
+                 f"{signal.Signals(-ended[killed[0]]).name})" if killed else "")
+        print(f"{survivor_lines[min(survivor_lines)]}{cause}", file=sys.stderr, flush=True)
+        return 1
+    if 2 in ended.values():  # gbmw's own error: rank 0 printed its one line
+        return 2
+    rank = min(ended, key=lambda rank: (failures[rank].timestamp, rank))
+    code = ended[rank]
+    how = f"signal {-code} ({signal.Signals(-code).name})" if code < 0 else f"status {code}"
+    print(f"gbmw: error: rank {rank} of {num_processes} local processes ended with {how}", file=sys.stderr, flush=True)
+    return code if code > 0 else 1
+
+
+def _read_reports(folder: Path) -> dict[int, str]:
+    lines = {}
+    for file in folder.glob("rank-*.txt"):
+        try:
+            lines[int(file.stem.removeprefix("rank-"))] = file.read_text(encoding="utf-8").strip()
+        except (OSError, ValueError, UnicodeDecodeError):
+            continue
+    return lines
+
+
+def report_to_launcher(error: GbmwError) -> bool:
+    """In a worker of `launch_locally`: leave a lost-contact line for the launcher to print once (module docstring)
+    instead of printing it; False (print it yourself) for any other error or launcher."""
+    folder = os.environ.get(FAILURE_REPORTS)
+    if not isinstance(error, LostContactError) or folder is None or str(os.getppid()) != os.environ.get(LAUNCHER_PID):
+        return False
+    try:
+        (Path(folder) / f"rank-{int(os.environ.get('RANK', '0'))}.txt").write_text(error_line(error), encoding="utf-8")
+    except OSError:
+        return False
+    return True
 
 
 def die_with_launcher() -> None:

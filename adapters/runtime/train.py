@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from gbmw.errors import DistributedError, GbmwError, PlanError, TrainingError
+from gbmw.errors import GbmwError, PlanError, TrainingError
 
 
 @dataclass(frozen=True)
@@ -29,6 +29,8 @@ class TrainSettings:
     max_grad_norm: float | None = 1.0
     seed: int = 0
     save: str | None = None
+    save_every: int | None = None
+    """Also save every this many steps, into the --save folder (adapters/runtime/checkpoint_series.py)."""
     load: str | None = None
     timeout_s: float = 300.0
     local_rank: int | None = None
@@ -112,6 +114,9 @@ def _read_inputs(job_reference: str, plan_path: str, settings: TrainSettings):
     architecture = job.model.require_architecture("gbmw train")
     if settings.save and Path(settings.save).exists():
         raise GbmwError(f"--save {settings.save}: exists; gbmw never replaces a checkpoint — choose a new folder")
+    from .checkpoint_series import check_save_every
+
+    check_save_every(settings.save, settings.save_every)
     return plan, architecture, _open_data(settings, architecture)
 
 
@@ -142,23 +147,26 @@ def _run(plan, architecture, data, settings: TrainSettings, context) -> list[flo
         raise lost_contact(error, "outside a training step (building the stages, loading or saving)") from None
 
 
-def non_finite_step(engine, loss: float, settings: TrainSettings) -> str | None:
+def non_finite_step(engine, loss: float, settings: TrainSettings, last_saved: Path | None = None) -> str | None:
     """Why the step just taken cannot go on — a loss or gradient norm that is not finite (its update already spoilt
-    the weights) — or None."""
+    the weights) — or None. `last_saved`: the latest checkpoint --save-every wrote, which stays the one to resume."""
     norm = float(engine.last_grad_norm) if engine.last_grad_norm is not None else 0.0
     if math.isfinite(loss) and math.isfinite(norm):
         return None
     shown_norm = f", gradient norm {norm}" if engine.last_grad_norm is not None else ""
     saved = f"--save {settings.save} was not written" if settings.save else "nothing was saved"
+    if last_saved is not None:
+        saved = f"nothing after it was saved; the last checkpoint is {last_saved}"
     return (f"step {engine.step}: loss {loss}{shown_norm} — training stopped ({saved}); a checkpoint or data "
             "with non-finite values, or a learning rate too high, are the usual causes")
 
 
 def _steps(plan, architecture, data, settings: TrainSettings, context, say) -> list[float]:
     from .checkpoint_files import load_checkpoint, save_checkpoint
+    from .checkpoint_series import checkpoint_to_load, remove_interrupted_step_saves, step_checkpoint
     from .engine import AdamSettings, HybridEngine
     from .groups import GroupPool
-    from .launch import agree, is_communication_failure
+    from .launch import agree, is_communication_failure, lost_contact
     from .model import synthetic_batch
     from .token_data import DataError
 
@@ -171,8 +179,13 @@ def _steps(plan, architecture, data, settings: TrainSettings, context, say) -> l
         f"{plan.micro_batch}, strategies {_summary(plan)}")
     manifest = None
     if settings.load:
-        manifest = load_checkpoint(engine, settings.load)
-        say(f"resumed from {settings.load} at step {manifest['step']} (saved under {manifest['saved_under']['num_devices']} "
+        load_path, note = checkpoint_to_load(settings.load)
+        if note is not None:
+            if context.rank == 0:
+                remove_interrupted_step_saves(Path(settings.load))
+            say(note)
+        manifest = load_checkpoint(engine, load_path)
+        say(f"resumed from {load_path} at step {manifest['step']} (saved under {manifest['saved_under']['num_devices']} "
             f"devices, pp={manifest['saved_under']['pp']})")
     if data is not None and settings.load and manifest["seed"] != data.seed:
         data = data.with_seed(manifest["seed"])  # the order the job's earlier steps read, whatever --seed says now
@@ -180,7 +193,7 @@ def _steps(plan, architecture, data, settings: TrainSettings, context, say) -> l
     if data is not None:
         say(f"data: {data.path} ({data.tokens} {data.dtype} tokens, {data.samples_per_epoch} samples of "
             f"{architecture.seq_length + 1} tokens per epoch), from sample {engine.consumed_samples}")
-    losses = []
+    losses, last_saved = [], None
     for _ in range(settings.steps):
         if data is None:
             batch = synthetic_batch(architecture, plan.global_batch, engine.step, settings.seed)
@@ -195,20 +208,21 @@ def _steps(plan, architecture, data, settings: TrainSettings, context, say) -> l
         except RuntimeError as error:  # torch.distributed reports a dead peer as a RuntimeError subclass
             if not is_communication_failure(error):
                 raise
-            raise DistributedError(
-                f"rank {context.rank}: lost contact with another process during step {engine.step + 1} "
-                f"({str(error).splitlines()[0][:160]}); a process died or was killed — stopping. "
-                f"Nothing after step {engine.step} was saved."
-            ) from None
+            raise lost_contact(error, f"during step {engine.step + 1}",
+                               f". Nothing after step {engine.step} was saved.") from None
         seconds = time.perf_counter() - started
-        agree(non_finite_step(engine, loss, settings), TrainingError)  # the same loss and norm on every rank
+        agree(non_finite_step(engine, loss, settings, last_saved), TrainingError)  # the same on every rank
         losses.append(loss)
         norm = f"  grad-norm {float(engine.last_grad_norm):.3f}" if engine.last_grad_norm is not None else ""
         say(f"step {engine.step:>5}/{settings.steps + (engine.step - len(losses))}  loss {loss:.6f}{norm}  "
             f"{seconds:.3f} s  {plan.global_batch / seconds:.1f} samples/s")
-    if settings.save:
-        save_checkpoint(engine, settings.save)
-        say(f"saved {settings.save} (step {engine.step}; loads under any plan)")
+        if settings.save_every and (engine.step % settings.save_every == 0 or len(losses) == settings.steps):
+            last_saved = save_checkpoint(engine, step_checkpoint(settings.save, engine.step))
+            say(f"saved {last_saved} (step {engine.step}; --load {settings.save} resumes from the latest)")
+    if settings.save and (not settings.save_every or not losses):  # --steps 0 saves the state it loaded
+        saved = save_checkpoint(engine, step_checkpoint(settings.save, engine.step) if settings.save_every
+                                else settings.save)
+        say(f"saved {saved} (step {engine.step}; loads under any plan)")
     return losses
 
 

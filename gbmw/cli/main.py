@@ -76,7 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except GbmwError as error:
         # Under a launcher an error every rank raised together (gbmw.adapters.runtime.launch.agree) was printed by
         # rank 0 alone, before the ranks parted; every rank exits with status 2.
-        if not getattr(error, "all_ranks", False):
+        if not getattr(error, "all_ranks", False) and not _left_for_the_launcher(error):
             print(error_line(error), file=sys.stderr, flush=True)
         status = 2
     except KeyboardInterrupt:
@@ -92,6 +92,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.flush()
         os._exit(status)
     return status
+
+
+def _left_for_the_launcher(error: GbmwError) -> bool:
+    """Under gbmw's own launcher, a rank that lost a peer leaves its line for the launcher to print once."""
+    if "GBMW_FAILURE_REPORTS" not in os.environ:
+        return False
+    from gbmw.adapters.runtime.local_launch import report_to_launcher
+
+    return report_to_launcher(error)
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -143,7 +143,11 @@ def _train_parser(commands) -> None:
                             "either) or a .npy array of token ids; samples of seq_length + 1 tokens, the same in the same "
                             "order under any plan (default: reproducible synthetic tokens)")
     train.add_argument("--save", type=new_path, help="write a plan-independent checkpoint to this new folder at the end")
-    train.add_argument("--load", help="resume from a checkpoint folder (saved under any plan or device count)")
+    train.add_argument("--save-every", type=integer(1, 1_000_000), metavar="STEPS",
+                       help="also save every STEPS steps: --save becomes a folder of checkpoints DIR/step-NNNNNNNN, each "
+                            "complete or absent whenever the run is killed; --load DIR resumes from the latest")
+    train.add_argument("--load", help="resume from a checkpoint folder (saved under any plan or device count), or from "
+                                      "the latest checkpoint in a --save-every folder")
     train.add_argument("--timeout", type=number(1, 7 * 86_400), default=300.0,
                        help="seconds a collective may wait for a peer before the job stops (default 300)")
     add_local_launch(train)
@@ -153,7 +157,8 @@ def _train_parser(commands) -> None:
 def _run_train(args: argparse.Namespace) -> int:
     from gbmw.adapters.runtime.train import TrainSettings, train
 
-    settings = TrainSettings(steps=args.steps, learning_rate=args.lr, max_grad_norm=args.clip_grad or None, seed=args.seed, save=args.save, load=args.load,
+    settings = TrainSettings(steps=args.steps, learning_rate=args.lr, max_grad_norm=args.clip_grad or None,
+                             seed=args.seed, save=args.save, save_every=args.save_every, load=args.load,
                              timeout_s=args.timeout, local_rank=args.local_rank, data=args.data)
     train(args.job, args.plan, settings)
     return 0
