@@ -88,10 +88,11 @@ def test_a_rank_killed_mid_step_ends_the_run_in_one_line(tmp_path, victim, signa
                              f"{signal.Signals(signal_number).name})"), err
 
 
-@pytest.mark.parametrize("victim", [0, 1])
-def test_a_rank_killed_mid_save_leaves_complete_checkpoints_that_resume_exactly(tmp_path, victim):
-    """Two pipeline stages, each writing its own layers, save every step; a worker is SIGKILLed the moment a save's
-    temporary folder appears. The step folders are whole checkpoints (a kill never leaves one under its final name),
+@pytest.mark.parametrize(("victim", "signal_number"), [(0, signal.SIGKILL), (1, signal.SIGKILL),
+                                                     ("launcher", signal.SIGTERM)])
+def test_a_kill_mid_save_leaves_complete_checkpoints_that_resume_exactly(tmp_path, victim, signal_number):
+    """Two pipeline stages, each writing its own layers, save every step; a worker is SIGKILLed (or the launcher
+    SIGTERMed) the moment a save's temporary folder appears. The step folders are whole checkpoints (a kill never leaves one under its final name),
     the next `--load` of the folder reports and removes the interrupted save and resumes from the latest step, and the
     losses after it equal, to the printed digit, those of one uninterrupted run (same plan, same processes: the same
     arithmetic). Catches: a step folder renamed before every stage wrote its layers, a load that misreads the
@@ -109,11 +110,13 @@ def test_a_rank_killed_mid_save_leaves_complete_checkpoints_that_resume_exactly(
             time.sleep(0.001)
         else:
             pytest.fail("no save in progress was seen")
-        status, err = _kill_and_wait(launcher, _worker_ranks(launcher)[victim], signal.SIGKILL)
+        pid = launcher.pid if victim == "launcher" else _worker_ranks(launcher)[victim]
+        status, err = _kill_and_wait(launcher, pid, signal_number)
     finally:
         if launcher.poll() is None:
             launcher.kill()
-    assert status == 1 and len(err.splitlines()) == 1 and "signal 9" in err, err[-3000:]
+    assert len(err.splitlines()) == 1 and f"signal {int(signal_number)}" in err, err[-3000:]
+    assert status == (128 + signal_number if victim == "launcher" else 1), err
     steps = sorted(int(entry.name[5:]) for entry in series.iterdir() if entry.name.startswith("step-"))
     assert steps == list(range(1, steps[-1] + 1)) and all((series / f"step-{step:08d}" / "checkpoint.yaml").is_file()
                                                           for step in steps)

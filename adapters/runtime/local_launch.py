@@ -70,9 +70,13 @@ def launch_locally(num_processes: int, argv: Sequence[str]) -> int:
     os.environ[FAILURE_REPORTS] = str(reports)
     config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=num_processes, run_id=str(uuid.uuid4()),
                           rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.1)
-    elastic_logger = logging.getLogger("torch.distributed.elastic")
-    level = elastic_logger.level
-    elastic_logger.setLevel(logging.CRITICAL)  # its "failed (exitcode: 2)" line repeats what the worker said
+    # The agent's log lines ("failed (exitcode: 2)", "Received 15 death signal, shutting down workers") repeat what gbmw
+    # says in its one line; torch gives each of its modules a logger with its own level, so each is quietened.
+    elastic_loggers = [logging.getLogger(name) for name in list(logging.root.manager.loggerDict)
+                       if name.startswith("torch.distributed.elastic")]
+    levels = [elastic_logger.level for elastic_logger in elastic_loggers]
+    for elastic_logger in elastic_loggers:
+        elastic_logger.setLevel(logging.CRITICAL)
     try:
         elastic_launch(config, sys.executable)("-m", "gbmw", *argv)
     except SignalException as stopped:  # torch's agent stopped the workers before re-raising it
@@ -82,7 +86,8 @@ def launch_locally(num_processes: int, argv: Sequence[str]) -> int:
     except ChildFailedError as failed:
         return _report_failure(failed.failures, _read_reports(reports), num_processes)
     finally:
-        elastic_logger.setLevel(level)
+        for elastic_logger, level in zip(elastic_loggers, levels):
+            elastic_logger.setLevel(level)
         shutil.rmtree(reports, ignore_errors=True)
         os.environ.pop(FAILURE_REPORTS, None)
     return 0
