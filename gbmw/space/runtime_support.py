@@ -70,8 +70,9 @@ def runtime_refusal(architecture: Any, precision: str | None = None) -> str | No
                 "plan it for --target megatron-core (--moe-expert-capacity-factor)")
     layout = dense_layout_refusal(architecture)
     if layout is not None:
-        return (f"{where}: {layout}: gbmw's runtime builds pre-norm blocks with learned or rotary positions and GELU "
-                "MLPs; plan it for --target deepspeed and run the model's own code there")
+        return (f"{where}: {layout}: gbmw's runtime builds attention then MLP, each after its own norm, on learned or "
+                "rotary positions, with GELU MLPs and no norm on the embeddings; plan it for --target deepspeed and run "
+                "the model's own code there")
     if precision == "fp8":
         return (f"{where}: precision fp8: gbmw's runtime trains in {' or '.join(RUNTIME_PRECISIONS)}, not with "
                 "Transformer Engine's FP8 linears; plan it for --target megatron-core, or with precision bf16")
