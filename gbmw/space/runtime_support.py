@@ -6,7 +6,8 @@ GELU MLP, biases) and LLaMA-style (RMSNorm, SwiGLU, rotary positions, grouped-qu
 tied or untied head), mixture-of-experts ones among them (dropless top-k routing, shared experts, expert parallelism
 +epN with any data-parallel flavour — dp, z1dp, z2dp, sdp, the experts sharded over their expert-data-parallel group;
 not a capacity factor; in an MoE block not +sp — the engine refuses that strategy), not with multi-head latent
-attention, attention sinks or a router bias — and BERT encoders. It trains in fp32 or bf16 (fp16 would need loss
+attention, attention sinks or a router bias, nor BLOOM's, OPT's or Falcon's layouts (`dense_layout_refusal`) — and
+BERT encoders. It trains in fp32 or bf16 (fp16 would need loss
 scaling). T5's
 encoder-decoder, ViT's and Swin's image models are planned and emitted for DeepSpeed and Megatron, but the
 runtime has no modules for them yet.
