@@ -213,3 +213,36 @@ def test_megatron_arguments_refuse_bloom(tmp_path):
     for target in ("megatron-core", "megatron-deepspeed"):
         with pytest.raises(GbmwError, match=r"cannot express `position_embedding: alibi` \(BLOOM, OPT and Falcon"):
             plan_to_megatron_args(plan, job, target)
+
+
+def test_the_first_falcon_40b_format_reads_as_the_new_one(tmp_path):
+    """Falcon-40B's first config (model_type RefinedWeb: `n_layer`, `n_head`, `n_head_kv`, the new decoder
+    architecture implied) — here falcon-40b-instruct.json renamed so, no verbatim copy having been found — builds the
+    same blocks as the model_type falcon file; without `n_head_kv` it is refused."""
+    config = json.loads((CONFIGS / "falcon-40b-instruct.json").read_text())
+    for key in ("new_decoder_architecture", "multi_query", "num_kv_heads"):
+        config.pop(key)
+    config.update(model_type="RefinedWeb", n_layer=config.pop("num_hidden_layers"),
+                  n_head=config.pop("num_attention_heads"), n_head_kv=8)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert load_model(tmp_path / "config.json", "bf16", 2048).layers == \
+        load_model(CONFIGS / "falcon-40b-instruct.json", "bf16", 2048).layers
+    assert "field `n_head_kv` is required for model_type 'RefinedWeb'" in _refusal(tmp_path, "falcon-40b-instruct", {
+        "model_type": "RefinedWeb", "n_layer": 60, "n_head": 128})
+
+
+@pytest.mark.parametrize("changes, expected", [
+    ({"mlp_activation": "relu", "gated_mlp": True}, "mlp_activation 'relu' with gated_mlp"),
+    ({"position_offset": 2, "position_embedding": "alibi"}, "position_offset 2 without a learned position table"),
+    ({"parallel_attention_norms": 1, "moe": {"num_experts": 4, "top_k": 1, "expert_ffn_hidden_size": 32}},
+     "parallel_attention_norms 1 with moe or latent_attention"),
+    ({"parallel_attention_norms": 3}, "field `parallel_attention_norms`: value 3"),
+])
+def test_a_model_recipe_with_a_layout_gbmw_cannot_cost_is_one_line(changes, expected):
+    from gbmw.specs.architectures import parse_architecture
+
+    recipe = dict(family="gpt", name="tiny", num_layers=2, hidden_size=64, num_heads=4, seq_length=16,
+                  vocab_size=100, **changes)
+    with pytest.raises(SpecError) as raised:
+        parse_architecture(recipe, "tiny.yaml")
+    assert expected in str(raised.value) and "\n" not in str(raised.value)

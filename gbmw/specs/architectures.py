@@ -211,10 +211,15 @@ class GPTArchitecture(_Architecture):
             raise ValueError(f"seq_length {self.seq_length} exceeds max_position_embeddings "
                              f"{self.max_position_embeddings}: the model takes at most "
                              f"{self.max_position_embeddings} tokens per sample")
+        special = self.moe is not None or self.latent_attention is not None
         for field, bad, why in (("mlp_activation", self.gated_mlp and self.mlp_activation == "relu",
                                  "with gated_mlp (its activation is SiLU's gate); drop one"),
                                 ("position_offset", self.position_offset and self.position_embedding != "learned",
-                                 "without a learned position table; give 0")):
+                                 "without a learned position table; give 0"),
+                                *((field, special and getattr(self, field) not in (default, None),
+                                   "with moe or latent_attention: gbmw costs those blocks' own layout; drop it")
+                                  for field, default in (("mlp_activation", "gelu"), ("parallel_attention_norms", 0),
+                                                         ("attention_dropout", None)))):
             if bad:
                 raise ValueError(f"{field} {getattr(self, field)!r} {why}")
         return self

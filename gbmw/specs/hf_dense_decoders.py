@@ -180,7 +180,8 @@ def _falcon(config: dict[str, Any], where: str, model_type: str) -> DenseDecoder
                                                                                     "parallel_attn")
     multi_query = _flag(config, where, "multi_query", True) if model_type != "RefinedWebModel" else required(
         config, where, model_type, "multi_query")
-    kv_heads = config.get(keys["num_kv_heads"])
+    kv_heads = required(config, where, model_type, "n_head_kv") if model_type == "RefinedWeb" else config.get(
+        keys["num_kv_heads"])
     norms = config.get("num_ln_in_parallel_attn")
     if new_architecture:
         if not parallel:
