@@ -1,6 +1,6 @@
-"""A Hugging Face config.json (GPT-2, LLaMA/Mistral/Qwen2, BLOOM, OPT, Falcon, BERT/RoBERTa, T5/mT5, ViT; the mixtures of experts
-Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, GPT-OSS, DBRX, DeepSeek-V2/V3) read into gbmw's architecture types, from the file alone
-(no transformers import, nothing downloaded or executed).
+"""A Hugging Face config.json (GPT-2, LLaMA/Mistral/Qwen2, BLOOM, OPT, Falcon, BERT/RoBERTa, T5/mT5, ViT; the
+mixtures of experts Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, GPT-OSS, DBRX, DeepSeek-V2/V3) read into gbmw's architecture
+types, from the file alone (no transformers import, nothing downloaded or executed).
 
 What the file does not say is asked of the user: the training sequence length (a config states only the longest
 the model takes, `max_position_embeddings`; used, with a note, when none is given) and whether attention is fused
