@@ -7,6 +7,7 @@ from typing import Any
 
 from gbmw.errors import GbmwError, PlanError
 from gbmw.plan import Plan
+from gbmw.space.runtime_support import dense_layout_refusal
 from gbmw.specs.architectures import GPTArchitecture
 from gbmw.specs.jobs import JobSpec
 
@@ -50,6 +51,9 @@ def _architecture_values(arch: GPTArchitecture, target: str) -> dict[str, Any]:
         ("multi-head latent attention (latent_attention; Megatron-DeepSpeed has no MLA, megatron-core's "
          "--multi-latent-attention runs it)", deepspeed and arch.latent_attention is not None),
     ) if bad]
+    layout = dense_layout_refusal(arch)
+    if layout is not None:
+        unexpressed.append(f"{layout} (BLOOM, OPT and Falcon's layouts have no Megatron flags)")
     if unexpressed:
         raise GbmwError(f"model {arch.name}: {target}'s arguments cannot express {'; '.join(unexpressed)} — plan it "
                         "for --target deepspeed or runtime, or write a model recipe YAML for the nearest layout")

@@ -6,7 +6,8 @@ GELU MLP, biases) and LLaMA-style (RMSNorm, SwiGLU, rotary positions, grouped-qu
 tied or untied head), mixture-of-experts ones among them (dropless top-k routing, shared experts, expert parallelism
 +epN with any data-parallel flavour — dp, z1dp, z2dp, sdp, the experts sharded over their expert-data-parallel group;
 not a capacity factor; in an MoE block not +sp — the engine refuses that strategy), not with multi-head latent
-attention, attention sinks or a router bias — and BERT encoders. It trains in fp32 or bf16 (fp16 would need loss
+attention, attention sinks or a router bias, nor BLOOM's, OPT's or Falcon's layouts (`dense_layout_refusal`) — and
+BERT encoders. It trains in fp32 or bf16 (fp16 would need loss
 scaling). T5's
 encoder-decoder, ViT's and Swin's image models are planned and emitted for DeepSpeed and Megatron, but the
 runtime has no modules for them yet.
@@ -68,6 +69,11 @@ def runtime_refusal(architecture: Any, precision: str | None = None) -> str | No
         return (f"{where}: `moe.capacity_factor: {moe.capacity_factor}`: gbmw's runtime routes dropless (every token "
                 "copy reaches its experts) and drops no tokens; leave capacity_factor out (null) to train it here, or "
                 "plan it for --target megatron-core (--moe-expert-capacity-factor)")
+    layout = dense_layout_refusal(architecture)
+    if layout is not None:
+        return (f"{where}: {layout}: gbmw's runtime builds attention then MLP, each after its own norm, on learned or "
+                "rotary positions, with GELU MLPs and no norm on the embeddings; plan it for --target deepspeed and run "
+                "the model's own code there")
     if precision == "fp8":
         return (f"{where}: precision fp8: gbmw's runtime trains in {' or '.join(RUNTIME_PRECISIONS)}, not with "
                 "Transformer Engine's FP8 linears; plan it for --target megatron-core, or with precision bf16")
@@ -78,6 +84,21 @@ def runtime_refusal(architecture: Any, precision: str | None = None) -> str | No
         return (f"{where}: `rope_scaling: {architecture.rope_scaling}`: gbmw's runtime trains plain rotary embeddings, "
                 "so it would train another model; drop rope_scaling to train with plain rotary (the plan's costs are "
                 "the same), or run the plan with a framework that scales rotary frequencies")
+    return None
+
+
+def dense_layout_refusal(architecture: Any) -> str | None:
+    """The first dense-decoder option of BLOOM, OPT or Falcon (gbmw.specs.architectures.GPTArchitecture) that neither
+    gbmw's runtime nor Megatron builds, named as the recipe field says it (None: none)."""
+    for field, value, unlike in (("position_embedding", "alibi", None), ("embedding_norm", True, False),
+                                 ("position_offset", None, 0), ("mlp_activation", "relu", None),
+                                 ("parallel_attention_norms", None, 0)):
+        given = getattr(architecture, field, unlike)
+        if (value is not None and given == value) or (unlike is not None and given != unlike):
+            return f"`{field}: {str(given).lower() if isinstance(given, bool) else given}`"
+    attention_dropout = getattr(architecture, "attention_dropout", None)
+    if attention_dropout is not None and attention_dropout != getattr(architecture, "dropout", True):
+        return f"`attention_dropout: {str(attention_dropout).lower()}` beside `dropout: {str(architecture.dropout).lower()}`"
     return None
 
 

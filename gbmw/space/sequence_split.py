@@ -16,8 +16,10 @@ def sequence_split_problem(strategy: Strategy, layer: LayerSpec, model: ModelSpe
     that reads a second sequence (T5's cross-attention)."""
     axis, degree, tp = strategy.sequence_axis, strategy.sequence_parallel_degree, strategy.tp
     pieces = 2 * degree if axis == "cp" else degree
-    if axis == "cp" and target is not None and not target.context_parallel_dropout and getattr(
-            model.architecture, "dropout", False):
+    architecture = model.architecture
+    attention_dropout = getattr(architecture, "attention_dropout", None)
+    if axis == "cp" and target is not None and not target.context_parallel_dropout and (
+            getattr(architecture, "dropout", False) if attention_dropout is None else attention_dropout):
         return (f"{target.name}'s ring attention (cp) runs without attention dropout, and model "
                 f"{model.architecture.name} has `dropout: true`")
     if model.sequence_length % pieces:

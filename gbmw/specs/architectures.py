@@ -16,6 +16,7 @@ from pydantic import Field, TypeAdapter, ValidationError, model_validator
 
 from gbmw.errors import SpecError
 from gbmw.specs.files import shown
+from gbmw.specs.latent_attention_spec import MultiLatentAttention
 from gbmw.specs.schema import MAX_LAYERS, MAX_SEQUENCE, MAX_WIDTH, Frozen, Items, check_kind, describe_validation_error
 
 
@@ -92,35 +93,6 @@ class MixtureOfExperts(Frozen):
         return self
 
 
-class MultiLatentAttention(Frozen):
-    """Multi-head latent attention (DeepSeek-V2, arXiv 2405.04434 Sec. 2.1; transformers' modeling_deepseek_v2/v3,
-    megatron-core's MLASelfAttention): keys and values are compressed into a `kv_lora_rank` latent per token
-    (kv_a_proj_with_mqa, hidden → kv_lora_rank + qk_rope_head_dim, then an RMSNorm kv_a_layernorm) and expanded per
-    head (kv_b_proj, kv_lora_rank → heads·(qk_nope_head_dim + v_head_dim)); queries likewise through a
-    `q_lora_rank` latent (q_a_proj, q_a_layernorm, q_b_proj, rank → heads·(qk_nope_head_dim + qk_rope_head_dim)), or
-    directly (q_proj, hidden → the same) when q_lora_rank is null. Each query and key head is qk_nope_head_dim wide
-    without positions plus qk_rope_head_dim with rotary positions (the rotary key part is one, shared by every head:
-    the "decoupled RoPE" of Sec. 2.1.3); values are v_head_dim wide; o_proj maps heads·v_head_dim → hidden. Every
-    head has its own keys and values: no grouped-query groups."""
-
-    q_lora_rank: int | None = Field(default=None, ge=1, le=MAX_WIDTH)
-    """Rank of the query latent (DeepSeek-V3: 1536); None: queries projected straight from the hidden state
-    (DeepSeek-V2-Lite)."""
-    kv_lora_rank: int = Field(ge=1, le=MAX_WIDTH)
-    """Rank of the key/value latent (DeepSeek-V2/V3: 512)."""
-    qk_nope_head_dim: int = Field(ge=1, le=MAX_WIDTH)
-    """Width of each query/key head's part without positions (128)."""
-    qk_rope_head_dim: int = Field(ge=1, le=MAX_WIDTH)
-    """Width of each query/key head's rotary part (64); the key's is shared by the heads."""
-    v_head_dim: int = Field(ge=1, le=MAX_WIDTH)
-    """Width of each value head (128)."""
-
-    @property
-    def qk_head_dim(self) -> int:
-        """The width of a query or key head: its part without positions and its rotary part."""
-        return self.qk_nope_head_dim + self.qk_rope_head_dim
-
-
 class GPTArchitecture(_Architecture):
     """Decoder-only language model (GPT-2/3; LLaMA with `gated_mlp`, `norm: rms`, `bias: false`)."""
 
@@ -155,7 +127,9 @@ class GPTArchitecture(_Architecture):
     whole on every TP rank; `full`: one norm over the whole Q projection (heads × head_dim) and one over K
     (kv_heads × head_dim) (OLMoE), weights split with the heads under TP (the norm's statistic then needs a
     per-token sum over the TP group, a few bytes, not costed)."""
-    position_embedding: Literal["learned", "rotary"] = "learned"
+    position_embedding: Literal["learned", "rotary", "alibi"] = "learned"
+    """`alibi` (BLOOM, Falcon-RW): a fixed bias per head and key distance added to the scores — no parameters, and
+    one add per score (not counted, as the softmax's own ops are not)."""
     rope_theta: float = Field(default=10000.0, gt=0, le=1e12)
     """Rotary base frequency; no effect on costs (the model's runtime reads it)."""
     rope_scaling: str | None = Field(default=None, min_length=1, max_length=40, pattern=r"^[A-Za-z0-9_]+$")
@@ -179,6 +153,18 @@ class GPTArchitecture(_Architecture):
     latent_attention: MultiLatentAttention | None = None
     """Multi-head latent attention in every block (DeepSeek-V2/V3) in place of Q, K, V projections of `head_dim`;
     None: standard (or grouped-query) attention."""
+    attention_dropout: bool | None = None
+    """Dropout on the attention probabilities; None: as `dropout` (OPT drops the hidden states only)."""
+    mlp_activation: Literal["gelu", "relu"] = "gelu"
+    """A dense MLP's activation (not `gated_mlp`): GELU keeps its input for the backward, ReLU its output — the
+    tensor FC2 keeps anyway (OPT), so one FFN-wide tensor fewer per block."""
+    embedding_norm: bool = False
+    """A LayerNorm on the token embeddings before the first block (BLOOM's word_embeddings_layernorm)."""
+    position_offset: int = Field(default=0, ge=0, le=MAX_WIDTH)
+    """Rows of a learned position table before the first position (OPT: 2, `max_position_embeddings + 2` rows)."""
+    parallel_attention_norms: Literal[0, 1, 2] = 0
+    """0: attention, then the MLP on the updated residual; 1 or 2: both read the block's input through one shared
+    norm or their own norm and their outputs are added to it together, with one dropout (GPT-J, Falcon)."""
 
     def _head_pairs(self) -> list[tuple[int, int]]:
         if self.head_dim is not None or self.latent_attention is not None:
@@ -225,6 +211,17 @@ class GPTArchitecture(_Architecture):
             raise ValueError(f"seq_length {self.seq_length} exceeds max_position_embeddings "
                              f"{self.max_position_embeddings}: the model takes at most "
                              f"{self.max_position_embeddings} tokens per sample")
+        special = self.moe is not None or self.latent_attention is not None
+        for field, bad, why in (("mlp_activation", self.gated_mlp and self.mlp_activation == "relu",
+                                 "with gated_mlp (its activation is SiLU's gate); drop one"),
+                                ("position_offset", self.position_offset and self.position_embedding != "learned",
+                                 "without a learned position table; give 0"),
+                                *((field, special and getattr(self, field) not in (default, None),
+                                   "with moe or latent_attention: gbmw costs those blocks' own layout; drop it")
+                                  for field, default in (("mlp_activation", "gelu"), ("parallel_attention_norms", 0),
+                                                         ("attention_dropout", None)))):
+            if bad:
+                raise ValueError(f"{field} {getattr(self, field)!r} {why}")
         return self
 
     def _check_latent_attention(self) -> None:

@@ -57,6 +57,14 @@ class BlockShape:
     """Latent attention: the width of each value head."""
     fp8_linears: bool = False
     """The linear layers run as Transformer Engine's FP8 linears (precision fp8; the module docstring)."""
+    mlp_activation: str = "gelu"
+    """A dense MLP's activation: `relu` keeps only its output, which FC2 keeps anyway
+    (gbmw.specs.architectures.GPTArchitecture.mlp_activation)."""
+    parallel_norms: int = 0
+    """0: the MLP follows the attention; 1 or 2: attention and MLP read the block input through one shared norm or
+    two (gbmw.specs.architectures.GPTArchitecture.parallel_attention_norms)."""
+    score_dropout: bool | None = None
+    """Dropout on the attention probabilities; None: as the block's dropout."""
     causal: bool = False
     """Self-attention under a causal mask (decoders): a flash kernel skips the scores above the diagonal
     (gbmw.specs.causal_attention)."""

@@ -16,7 +16,7 @@ dense when its config says experts), as are the other mixture-of-experts types.
 
 DeepSeek-V2 and V3 (transformers' modeling_deepseek_v2/v3, the checkpoints' modeling_deepseek.py) attend through
 multi-head latent attention (`q_lora_rank` — null: no query latent —, `kv_lora_rank`, `qk_nope_head_dim`,
-`qk_rope_head_dim`, `v_head_dim`; gbmw.specs.architectures.MultiLatentAttention); `num_key_value_heads` builds
+`qk_rope_head_dim`, `v_head_dim`; gbmw.specs.latent_attention_spec.MultiLatentAttention); `num_key_value_heads` builds
 nothing there and is not read. Blocks below `first_k_dense_replace` keep a dense SwiGLU MLP of `intermediate_size`;
 the others route to `num_experts_per_tok` of `n_routed_experts` experts of `moe_intermediate_size` beside one shared
 MLP of `n_shared_experts` × that width (`moe_layer_freq` other than 1 — every k-th block, in the checkpoints' own

@@ -1,6 +1,6 @@
-"""A Hugging Face config.json (GPT-2, LLaMA/Mistral/Qwen2, BERT/RoBERTa, T5/mT5, ViT; the mixtures of experts
-Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, GPT-OSS, DBRX, DeepSeek-V2/V3) read into gbmw's architecture types, from the file alone
-(no transformers import, nothing downloaded or executed).
+"""A Hugging Face config.json (GPT-2, LLaMA/Mistral/Qwen2, BLOOM, OPT, Falcon, BERT/RoBERTa, T5/mT5, ViT; the
+mixtures of experts Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, GPT-OSS, DBRX, DeepSeek-V2/V3) read into gbmw's architecture
+types, from the file alone (no transformers import, nothing downloaded or executed).
 
 What the file does not say is asked of the user: the training sequence length (a config states only the longest
 the model takes, `max_position_embeddings`; used, with a note, when none is given) and whether attention is fused
@@ -15,7 +15,8 @@ GPT-OSS (transformers' modeling_gpt_oss.py) has biases on q/k/v/o (`attention_bi
 `head_dim` 64 whatever the hidden size, a learned sink logit per head in every softmax, and alternates windowed and
 full attention by `layer_types` (each block costed with its own keys per query).
 
-Mixtures of experts and DeepSeek's latent attention are read by gbmw.specs.hf_experts.
+Mixtures of experts and DeepSeek's latent attention are read by gbmw.specs.hf_experts; BLOOM, OPT and Falcon by
+gbmw.specs.hf_dense_decoders.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Any
 from gbmw.errors import SpecError
 from gbmw.specs.architectures import apply_training_settings, parse_architecture
 from gbmw.specs.files import read_json, shown
+from gbmw.specs.hf_dense_decoders import DENSE_DECODERS, dense_decoder
 from gbmw.specs.hf_experts import (DEEPSEEK, MOE_KEYS_READ, check_gpt_oss_keys, check_top_k, dbrx_section,
                                    deepseek_experts, deepseek_latent_attention, llama_style_experts,
                                    refuse_experts_gbmw_cannot_read, required)
@@ -86,6 +88,9 @@ def import_hf_config(path: str | Path, seq_length: int | None = None, flash_atte
     def need(*keys: str) -> Any:
         return required(config, where, model_type, *keys)
 
+    keys_read = _HF_KEYS.get(model_type, {})
+    default_seq_length = None
+
     if model_type == "gpt2":
         positions_field = "n_positions" if "n_positions" in config else "n_ctx"
         data = dict(
@@ -138,6 +143,14 @@ def import_hf_config(path: str | Path, seq_length: int | None = None, flash_atte
                      top_k=required(ffn, where, model_type, "moe_top_k", prefix="ffn_config."),
                      expert_ffn_hidden_size=ffn["ffn_hidden_size"]),
         )
+    elif model_type in DENSE_DECODERS:
+        decoder = dense_decoder(config, where)
+        data, keys_read = decoder.data, {**decoder.keys, "tie_embeddings": "tie_word_embeddings"}
+        positions_field = "max_position_embeddings" if "max_position_embeddings" in config else ""
+        if seq_length is None:
+            seq_length = default_seq_length = decoder.trained_tokens
+            notes.append(f"{where}: trained at {seq_length} tokens per sample, {decoder.trained_tokens_note} (no "
+                         "sequence length given); set yours with --seq-length or the job's `seq_length`")
     elif model_type in ("bert", "roberta"):
         positions_field = "max_position_embeddings"
         data = dict(
@@ -167,8 +180,8 @@ def import_hf_config(path: str | Path, seq_length: int | None = None, flash_atte
         )
     else:
         raise SpecError(
-            f"{where}: field `model_type`: value {shown(model_type)} — supported: gpt2, llama, mistral, qwen2, "
-            "mixtral, qwen2_moe, qwen3_moe, olmoe, gpt_oss, dbrx, deepseek_v2, deepseek_v3, bert, roberta, t5, mt5, vit; or "
+            f"{where}: field `model_type`: value {shown(model_type)} — supported: gpt2, llama, mistral, qwen2, bloom, "
+            "opt, falcon (and its first RefinedWeb, RefinedWebModel), mixtral, qwen2_moe, qwen3_moe, olmoe, gpt_oss, dbrx, deepseek_v2, deepseek_v3, bert, roberta, t5, mt5, vit; or "
             "write a model recipe YAML "
             "(see recipes/models/)"
         )
@@ -183,7 +196,9 @@ def import_hf_config(path: str | Path, seq_length: int | None = None, flash_atte
     if isinstance(data.get("moe"), dict):
         check_top_k(data["moe"], _HF_KEYS[model_type], where)
     data = {key: value for key, value in data.items() if value is not None}
-    if seq_length is None and positions_field:
+    if default_seq_length is not None:
+        pass  # said above, with where the length comes from
+    elif seq_length is None and positions_field:
         # T5's relative positions have no maximum; its configs' n_positions (512) is the length it was trained at.
         seq_length = config.get(positions_field, 512) if model_type in ("t5", "mt5") else data.get(
             "max_position_embeddings")
@@ -204,7 +219,7 @@ def import_hf_config(path: str | Path, seq_length: int | None = None, flash_atte
                                                seq_length, flash_attention, where)
     except SpecError as error:
         message = str(error)
-        for field, key in _HF_KEYS.get(model_type, {}).items():
+        for field, key in keys_read.items():
             message = message.replace(f"field `{field}`", f"field `{key}`")
         raise SpecError(message) from None
     if architecture.family == "gpt" and architecture.sliding_window is not None \

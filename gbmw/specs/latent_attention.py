@@ -1,5 +1,5 @@
 """The multi-head latent attention sub-block of a Transformer block (DeepSeek-V2, arXiv 2405.04434 Sec. 2.1;
-gbmw.specs.architectures.MultiLatentAttention): its parameters, FLOPs, activations and memory traffic per sample, for
+gbmw.specs.latent_attention_spec.MultiLatentAttention): its parameters, FLOPs, activations and memory traffic per sample, for
 gbmw.specs.transformer_layers.block_layer, as megatron-core runs it (megatron/core/transformer/
 multi_latent_attention.py `MLASelfAttention`; megatron/core/models/gpt/gpt_layer_specs.py, the MLA layer spec).
 

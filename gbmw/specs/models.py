@@ -71,11 +71,14 @@ def _build_gpt(arch: GPTArchitecture, d: int, fp8: bool = False) -> tuple[list[L
                kv_heads=arch.num_kv_heads or arch.num_heads, ffn=arch.ffn_hidden_size or 4 * h,
                attended_tokens=s, gated_mlp=arch.gated_mlp, bias=arch.bias, qkv_bias=arch.qkv_bias,
                norm=arch.norm, norm_bias=arch.norm_bias, qk_norm=arch.qk_norm, attention_sinks=arch.attention_sinks,
-               fp8_linears=fp8, causal=True),
+               fp8_linears=fp8, causal=True, mlp_activation=arch.mlp_activation,
+               parallel_norms=arch.parallel_attention_norms, score_dropout=arch.attention_dropout),
         **latent_fields})
     flash, raw_scores = arch.attention == "flash", arch.attention == "standard-with-raw-scores"
-    positions = (arch.max_position_embeddings or s) if arch.position_embedding == "learned" else 0
-    layers = [embedding_layer("embedding", s, h, arch.vocab_size, positions, 0, d, arch.dropout, norm=False)]
+    learned = arch.position_embedding == "learned"
+    positions = (arch.max_position_embeddings or s) + arch.position_offset if learned else 0
+    layers = [embedding_layer("embedding", s, h, arch.vocab_size, positions, 0, d, arch.dropout,
+                              norm=arch.embedding_norm)]
     moe = arch.moe
     expert_shape = shape if moe is None else replace(
         shape, experts=moe.num_experts, top_k=moe.top_k, expert_ffn=moe.expert_ffn_hidden_size,

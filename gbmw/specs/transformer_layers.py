@@ -55,6 +55,7 @@ def block_layer(name: str, kind: str, shape: BlockShape, dtype_bytes: int, dropo
     attention_width = shape.heads * shape.head_dim
     kv_width = shape.kv_heads * shape.head_dim
     mask = 1 if dropout else 0
+    score_dropout = dropout if shape.score_dropout is None else shape.score_dropout
     norm_params = norm_parameter_count(shape, h)
     norm_statistics = (2 if shape.norm == "layer" else 1) * 4  # fp32 bytes per token kept for the norm's backward
     up_outputs = 2 if shape.gated_mlp else 1
@@ -100,7 +101,7 @@ def block_layer(name: str, kind: str, shape: BlockShape, dtype_bytes: int, dropo
         if flash:
             score_bytes = shape.heads * query_tokens * 4  # fp32 log-sum-exp per row
         else:
-            score_bytes = shape.heads * scores_per_head * (d + (mask + d if dropout else 0) + (d if raw_scores else 0))
+            score_bytes = shape.heads * scores_per_head * (d + (1 + d if score_dropout else 0) + (d if raw_scores else 0))
         # the output projection's input: kept by the projection (FP8: its quantised copy, and flash attention keeps
         # its bf16 output beside it)
         projection_input = (d + fp8) if flash else linear_input
@@ -114,7 +115,7 @@ def block_layer(name: str, kind: str, shape: BlockShape, dtype_bytes: int, dropo
         # RMSNorm: 1/rms only), dropout mask
         replicated = query_tokens * h * (d + linear_input) + query_tokens * norm_statistics + query_tokens * h * mask
         core_traffic = 2 * query_tokens * attention_width * d + 2 * kv_input_tokens * kv_width * d
-        score_traffic = 0 if flash else shape.heads * scores_per_head * ((6 * d + 1) if dropout else 4 * d)
+        score_traffic = 0 if flash else shape.heads * scores_per_head * ((6 * d + 1) if score_dropout else 4 * d)
         core_traffic += score_traffic
         return dict(
             params=weights + column_biases + row_bias + norm_params + qk["params"] + sinks,
@@ -158,16 +159,23 @@ def block_layer(name: str, kind: str, shape: BlockShape, dtype_bytes: int, dropo
         return _finish_block(name, kind, shape, d, [self_attention, moe_mlp(shape, d, dropout, sub_block_traffic(s))],
                              expert_mlp=True)
     mlp_weights = h * shape.ffn * up_outputs + shape.ffn * h
+    # beside the attention (`parallel_norms`): the MLP reads the block's input through the attention's norm (1) or its
+    # own (2, whose input is the block's input) and shares the attention's dropout; its output is one more add
+    mlp_norm_params, mlp_replicated, mlp_traffic = {
+        0: (norm_params, s * h * (d + linear_input) + s * norm_statistics + s * h * mask, sub_block_traffic(s)),
+        1: (0, s * h * fp8, s * h * 3 * d),  # under FP8, FC1 keeps its own quantised copy of the shared norm output
+        2: (norm_params, s * h * linear_input + s * norm_statistics, s * h * 5 * d)}[shape.parallel_norms]
     mlp = dict(
-        params=mlp_weights + ((shape.ffn * up_outputs + h) if shape.bias else 0) + norm_params,
+        params=mlp_weights + ((shape.ffn * up_outputs + h) if shape.bias else 0) + mlp_norm_params,
         tp_split=mlp_weights + (shape.ffn * up_outputs if shape.bias else 0),
         flops=2 * s * mlp_weights,
         replicated_flops=0,
-        # up-projection output(s), kept by the activation, and the activation's output, kept by FC2
-        split=s * shape.ffn * (up_outputs * d + linear_input),
-        replicated=s * h * (d + linear_input) + s * norm_statistics + s * h * mask,
+        # up-projection output(s), kept by the activation, and the activation's output, kept by FC2; ReLU keeps its
+        # output, the tensor FC2 keeps (under FP8 beside FC2's quantised copy)
+        split=s * shape.ffn * ((d + fp8) if shape.mlp_activation == "relu" else (up_outputs * d + linear_input)),
+        replicated=mlp_replicated,
         allreduce=s * h * d,
-        traffic=sub_block_traffic(s),
+        traffic=mlp_traffic,
         split_traffic=s * shape.ffn * (up_outputs + 1) * d,  # the activation reads its input(s), writes its output
         flash_flops=0,
         flash_skipped_flops=0,
@@ -236,7 +244,8 @@ def _finish_block(name: str, kind: str, shape: BlockShape, d: int, parts: list[d
         backward_workspace_tp_split_bytes_per_sample=float(workspace),
         largest_weight_gradient_tp_split_bytes=float(max(largest_mlp, largest_attention) * d),
         gated_activation_elements_per_sample=float(parts[1].get("gated_elements", 0)),
-        residual_input_bytes_per_sample=float(len(parts) * boundary),  # each sub-block reads the residual stream
+        # each sub-block reads the residual stream (side by side, both read the block's input)
+        residual_input_bytes_per_sample=float((1 if shape.parallel_norms else len(parts)) * boundary),
         attention_heads=shape.heads,
         kv_heads=shape.kv_heads,
         attention_query_bytes_per_sample=float(s * query_width * d),
