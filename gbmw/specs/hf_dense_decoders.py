@@ -106,7 +106,7 @@ def _dropouts(config: dict[str, Any], where: str, hidden_key: str, hidden_defaul
 
 def _activation(config: dict[str, Any], where: str, key: str, default: str) -> str:
     value = config.get(key, default)
-    if value not in _ACTIVATIONS:
+    if not isinstance(value, str) or value not in _ACTIVATIONS:
         _refuse(where, key, value, f"gbmw costs a dense MLP with {' or '.join(_ACTIVATIONS)} (what they keep for the "
                                    "backward differs); write a model recipe YAML for the nearest")
     return _ACTIVATIONS[value]

@@ -78,6 +78,9 @@ def import_hf_config(path: str | Path, seq_length: int | None = None, flash_atte
     if not isinstance(config, dict):
         raise SpecError(f"{path}: expected a JSON object, got {type(config).__name__}")
     model_type = config.get("model_type")
+    for key, example in (("model_type", '"llama"'), ("_name_or_path", '"meta-llama/Llama-2-7b-hf"')):
+        if key in config and not isinstance(config[key], str):  # both are read as names before any field is checked
+            raise SpecError(f"{path}: field `{key}`: value {shown(config[key])} — expected a string, e.g. {example}")
     # a model's folder names it when the file is its config.json; any other file is named by itself
     name = config.get("_name_or_path") or (path.parent.name if path.name == "config.json" else "") or path.stem
     where = str(path)
