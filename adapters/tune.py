@@ -10,6 +10,7 @@ speed-up, both costed by the same estimator.
 
 from __future__ import annotations
 
+import contextlib
 import shlex
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -81,78 +82,87 @@ def tune(ds_config_path: str, model: str, cluster: str, target: str = "deepspeed
         raise GbmwError(f"--target {shown(target)} is unknown; targets: {', '.join(STOCK_TARGETS)}")
     if output is not None and Path(output).exists() and any(Path(output).iterdir()):
         raise GbmwError(f"-o {output}: the folder exists and is not empty; gbmw writes only new files — choose a new folder")
-    notes: list[str] = []
-    user = ds.load_user_config(ds_config_path)
-    cluster_spec = load_cluster(resolve_recipe(cluster, "clusters"))
-    world = cluster_spec.num_devices
-    layout = _current_layout(user, ds_config_path, current, current_tp, current_pp, current_ckpt)
-    width = layout.tp * layout.cp * layout.ulysses  # the ranks of a stage that share samples
-    if world % (width * layout.pp):
-        raise GbmwError(f"{_describe(layout, current, user)}: tp × pp × cp × ulysses = {width * layout.pp} must divide the "
-                        f"cluster's {world} devices")
-    precision = hf_auto.precision_of(user, precision, notes, ds_config_path)
-    global_batch, micro_per_gpu = _batch_of(user, world, width, layout.pp, batch, ds_config_path, notes)
-    # The model file is read as a file (an HF config's `_name_or_path` names it, it does not locate it).
-    model_spec = load_model(resolve_recipe(model, "models"), precision, seq_length, flash_attention, notes)
-    budget = parse_bytes(memory, "--memory") if memory else cluster_spec.usable_memory_bytes
-    job = JobSpec(name=f"{model_spec.name}_{cluster_spec.name}", model=model_spec, cluster=cluster_spec,
-                  precision=precision, optimizer=_optimizer_of(user), global_batch=global_batch,
-                  memory_budget_bytes=budget, notes=tuple(notes))
+    # The engine check's process starts now, so that its imports (~10 s) overlap reading the files and planning.
+    with contextlib.ExitStack() as stack:
+        engine = stack.enter_context(ds.EngineChecker()) if target in ds.DEEPSPEED_TARGETS else None
+        notes: list[str] = []
+        user = ds.load_user_config(ds_config_path)
+        cluster_spec = load_cluster(resolve_recipe(cluster, "clusters"))
+        world = cluster_spec.num_devices
+        layout = _current_layout(user, ds_config_path, current, current_tp, current_pp, current_ckpt)
+        width = layout.tp * layout.cp * layout.ulysses  # the ranks of a stage that share samples
+        if world % (width * layout.pp):
+            raise GbmwError(f"{_describe(layout, current, user)}: tp × pp × cp × ulysses = {width * layout.pp} must divide the "
+                            f"cluster's {world} devices")
+        precision = hf_auto.precision_of(user, precision, notes, ds_config_path)
+        global_batch, micro_per_gpu = _batch_of(user, world, width, layout.pp, batch, ds_config_path, notes)
+        # The model file is read as a file (an HF config's `_name_or_path` names it, it does not locate it).
+        model_spec = load_model(resolve_recipe(model, "models"), precision, seq_length, flash_attention, notes)
+        budget = parse_bytes(memory, "--memory") if memory else cluster_spec.usable_memory_bytes
+        job = JobSpec(name=f"{model_spec.name}_{cluster_spec.name}", model=model_spec, cluster=cluster_spec,
+                      precision=precision, optimizer=_optimizer_of(user), global_batch=global_batch,
+                      memory_budget_bytes=budget, notes=tuple(notes))
 
-    current_plan, problem = None, ""
-    try:
-        if micro_per_gpu is None:
-            raise GbmwError("the config does not fix train_micro_batch_size_per_gpu (\"auto\" for HF Trainer's "
-                            "per_device_train_batch_size, or absent)")
-        uniform = replace(layout, micro=micro_per_gpu, target=target, batch=global_batch)
-        current_plan = uniform.to_plan(job)
-        current_plan = replace_estimate(current_plan, estimate_plan(job, current_plan))
-    except GbmwError as error:
-        problem = str(error)
+        current_plan, problem = None, ""
+        try:
+            if micro_per_gpu is None:
+                raise GbmwError("the config does not fix train_micro_batch_size_per_gpu (\"auto\" for HF Trainer's "
+                                "per_device_train_batch_size, or absent)")
+            uniform = replace(layout, micro=micro_per_gpu, target=target, batch=global_batch)
+            current_plan = uniform.to_plan(job)
+            current_plan = replace_estimate(current_plan, estimate_plan(job, current_plan))
+        except GbmwError as error:
+            problem = str(error)
 
-    hf_trainer = target == "deepspeed" and bool(hf_auto.auto_paths(user))  # an HF Trainer / Accelerate job
-    if hf_trainer:
-        notes.append(f"{ds_config_path}: an HF Trainer config (\"auto\" values): planned without a pipeline, which "
-                     "HF Trainer cannot run (DeepSpeed's pipeline engine needs its own training loop)")
-        if script == DEFAULT_SCRIPT:
-            script = HF_TRAINER_SCRIPT
-            notes.append(f"the launch line runs {HF_TRAINER_SCRIPT}: give your HF Trainer script with --script")
-    plan = Planner(job, batch=global_batch, target=target, max_pp=1 if hf_trainer else None).run()
-    result = TuneResult(job, current_plan, problem, plan, None, [], notes=notes)
-    config_path = "ds_config.json"
-    if target in ds.DEEPSPEED_TARGETS:
-        generated = ds.plan_to_ds_config(plan, job, target)
-        if SEQUENCE_PARALLEL_KEY in user:  # DeepSpeed divides the devices by it for the data-parallel size
-            generated[SEQUENCE_PARALLEL_KEY] = plan.strategies[0].degree("ulysses")
-        merged, changes = ds.merge_into_user_config(user, generated)
-        changes += hf_auto.fill_precision_switches(merged, precision)
-        tp, pp, _ = ds.plan_layout(plan, job.model)
-        ds.validate_with_deepspeed(merged, world, tp, pp)
-        result.ds_config, result.changes = merged, changes
-        if hf_trainer:  # an HF Trainer script; Megatron's take flags
-            result.trainer_arguments = hf_auto.trainer_arguments(merged, precision)
-    if target in ("megatron-deepspeed", "megatron-core"):
-        result.megatron_args = megatron.plan_to_megatron_args(plan, job, target)
-        result.launch = megatron.launch_line(plan, job, script, target)
-        script_line = megatron.launch_line(plan, job, script, target, deepspeed_config=f"$HERE/{config_path}")
-    else:
-        trainer = result.trainer_arguments
-        result.launch = _deepspeed_launch(job, script, config_path, trainer)
-        script_line = _deepspeed_launch(job, script, f"$HERE/{config_path}", trainer)
-    if output is not None:
-        folder = Path(output)
-        files = {"plan.yaml": plan.to_yaml()}
-        if result.ds_config is not None:
-            files[config_path] = ds.dumps_config(result.ds_config)
-        if result.megatron_args:
-            files["megatron_args.txt"] = "\n".join(result.megatron_args) + "\n"
-        # The files gbmw wrote are found next to the script, wherever it is run from; the training script and a
-        # hostfile are the user's, relative to the folder it is run in.
-        files["launch.sh"] = ("#!/usr/bin/env bash\n# Written by gbmw tune: run it from your training folder.\n"
-                              'HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"\n' + script_line + "\n")
-        for name, text in files.items():
-            result.written.append(write_new_file(folder / name, text))
-    return result
+        hf_trainer = target == "deepspeed" and bool(hf_auto.auto_paths(user))  # an HF Trainer / Accelerate job
+        if hf_trainer:
+            notes.append(f"{ds_config_path}: an HF Trainer config (\"auto\" values): planned without a pipeline, which "
+                         "HF Trainer cannot run (DeepSpeed's pipeline engine needs its own training loop)")
+            if script == DEFAULT_SCRIPT:
+                script = HF_TRAINER_SCRIPT
+                notes.append(f"the launch line runs {HF_TRAINER_SCRIPT}: give your HF Trainer script with --script")
+        plan = Planner(job, batch=global_batch, target=target, max_pp=1 if hf_trainer else None).run()
+        result = TuneResult(job, current_plan, problem, plan, None, [], notes=notes)
+        config_path = "ds_config.json"
+        if target in ds.DEEPSPEED_TARGETS:
+            generated = ds.plan_to_ds_config(plan, job, target)
+            if SEQUENCE_PARALLEL_KEY in user:  # DeepSpeed divides the devices by it for the data-parallel size
+                generated[SEQUENCE_PARALLEL_KEY] = plan.strategies[0].degree("ulysses")
+            merged, changes = ds.merge_into_user_config(user, generated)
+            changes += hf_auto.fill_precision_switches(merged, precision)
+            tp, pp, _ = ds.plan_layout(plan, job.model)
+            try:  # the keys DeepSpeed refuses here are the user's (gbmw's own are checked): named in their file
+                with ds.deepspeed_warnings_as_notes(notes):
+                    ds.validate_with_deepspeed(merged, world, tp, pp)
+            except GbmwError as error:
+                raise GbmwError(f"{ds_config_path}: {error}") from None
+            # DeepSpeed's engine on a stand-in model, before anything is written: it refuses what its config schema passes
+            notes += engine.check(merged, ds_config_path, pipeline=pp > 1)
+            result.ds_config, result.changes = merged, changes
+            if hf_trainer:  # an HF Trainer script; Megatron's take flags
+                result.trainer_arguments = hf_auto.trainer_arguments(merged, precision)
+        if target in ("megatron-deepspeed", "megatron-core"):
+            result.megatron_args = megatron.plan_to_megatron_args(plan, job, target)
+            result.launch = megatron.launch_line(plan, job, script, target)
+            script_line = megatron.launch_line(plan, job, script, target, deepspeed_config=f"$HERE/{config_path}")
+        else:
+            trainer = result.trainer_arguments
+            result.launch = _deepspeed_launch(job, script, config_path, trainer)
+            script_line = _deepspeed_launch(job, script, f"$HERE/{config_path}", trainer)
+        if output is not None:
+            folder = Path(output)
+            files = {"plan.yaml": plan.to_yaml()}
+            if result.ds_config is not None:
+                files[config_path] = ds.dumps_config(result.ds_config)
+            if result.megatron_args:
+                files["megatron_args.txt"] = "\n".join(result.megatron_args) + "\n"
+            # The files gbmw wrote are found next to the script, wherever it is run from; the training script and a
+            # hostfile are the user's, relative to the folder it is run in.
+            files["launch.sh"] = ("#!/usr/bin/env bash\n# Written by gbmw tune: run it from your training folder.\n"
+                                  'HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"\n' + script_line + "\n")
+            for name, text in files.items():
+                result.written.append(write_new_file(folder / name, text))
+        return result
 
 
 SEQUENCE_PARALLEL_KEY = "sequence_parallel_size"
@@ -223,7 +233,8 @@ def _batch_of(user: dict, world: int, tp: int, pp: int, batch: int | None, where
     if not problems or written_for is not None:
         try:  # DeepSpeed's own schema on the user's config as it runs today (on the devices it was written for):
             # refused before a search, not after
-            ds.validate_with_deepspeed(user, (written_for or world // (tp * pp)) * tp * pp, tp, pp)
+            with ds.deepspeed_warnings_as_notes(notes):
+                ds.validate_with_deepspeed(user, (written_for or world // (tp * pp)) * tp * pp, tp, pp)
         except GbmwError as error:
             raise GbmwError(f"{where}: {error}") from None
     if not problems:
@@ -242,10 +253,15 @@ def _batch_of(user: dict, world: int, tp: int, pp: int, batch: int | None, where
 
 
 def _data_parallel_written_for(user: dict) -> int | None:
-    """The data-parallel size a config's three batch keys add up for (train = micro × accumulation × DP), or None
-    when they add up for none (a config inconsistent on every cluster) or do not fix it."""
-    train, micro, accumulation = (user.get(key) for key in ds.BATCH_KEYS)
-    if accumulation is None:  # DeepSpeed derives it: the config adds up wherever micro × DP divides the batch
+    """A data-parallel size a config's batch keys add up for (train = micro × accumulation × DP), or None when they
+    add up for none (a config inconsistent on every cluster) or do not fix the global batch. A key left out is
+    derived as DeepSpeed derives it (DeepSpeedConfig._set_batch_related_parameters), so it adds up wherever the given
+    ones divide the batch: DP = train / (micro × accumulation), a missing micro-batch or accumulation counted as 1."""
+    train, micro, accumulation = (user.get(key, 1) if key != ds.BATCH_KEYS[0] else user.get(key)
+                                  for key in ds.BATCH_KEYS)
+    if micro is None:
+        micro = 1
+    if accumulation is None:
         accumulation = 1
     if not all(isinstance(value, int) and not isinstance(value, bool) and value > 0
                for value in (train, micro, accumulation)):

@@ -458,3 +458,44 @@ def test_deepspeeds_accelerator_line_does_not_precede_gbmws_one_line():
                           env={key: value for key, value in os.environ.items() if key != "DS_ACCELERATOR"})
     assert done.returncode == 0, done.stderr[-2000:]
     assert "Setting accelerator" not in done.stdout + done.stderr
+
+
+# ----------------------------------------------------------------------------------------------
+# DeepSpeed's refusals named by key; the engine check's stand-in world (no torch needed)
+# ----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("message, config, key", [
+    # DeepSpeed quotes the key it means; 'gradient_clipping' is quoted too, later: the first quoted one wins
+    ("'max_grad_norm' is not supported as an optimizer parameter, please switch to using the deepspeed parameter "
+     "'gradient_clipping'", {"optimizer": {"params": {"max_grad_norm": 1.0}}, "gradient_clipping": 1.0},
+     "optimizer.params.max_grad_norm"),
+    # a removed section named in quotes, although `block` (one of its keys) is a word of the message too
+    ("DeepSpeed Sparse Attention has been removed; the 'sparse_attention' configuration block is no longer supported",
+     {"sparse_attention": {"mode": "fixed", "block": 16}}, "sparse_attention"),
+    # a DeepSpeed key the config leaves at its default
+    ('You are using ZeRO-Offload with a client provided optimizer. ... set <"zero_force_ds_cpu_optimizer": false>',
+     {"zero_optimization": {"offload_optimizer": {"device": "cpu"}}}, "zero_force_ds_cpu_optimizer"),
+    # a text value: the optimizer's type
+    ("OnebitAdam is not a supported DeepSpeed Optimizer", {"optimizer": {"type": "OnebitAdam"}}, "optimizer.type"),
+])
+def test_deepspeed_refusals_name_the_key(message, config, key):
+    from gbmw.adapters.deepspeed.validation import _describe_deepspeed_error
+
+    known = {"zero_force_ds_cpu_optimizer", "gradient_clipping", "optimizer"}
+    assert _describe_deepspeed_error(ValueError(message), config, known) == f"{key}: {message}"
+
+
+def test_the_engine_checks_stand_in_world_restates_only_what_one_process_cannot_hold():
+    from gbmw.adapters.deepspeed.engine_check import stand_in_config
+
+    config = {"train_batch_size": 64, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2,
+              "sequence_parallel_size": 2, "tensor_parallel": {"autotp_size": 2}, "gradient_clipping": "auto",
+              "optimizer": {"type": "AdamW", "params": {"lr": "auto", "weight_decay": 0.1}},
+              "zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}}
+    started, notes = stand_in_config(config)
+    assert started["train_batch_size"] == 8 and started["sequence_parallel_size"] == 1
+    assert started["tensor_parallel"]["autotp_size"] == 1
+    assert started["optimizer"]["params"] == {"lr": 5e-5, "weight_decay": 0.1} and started["gradient_clipping"] == 1.0
+    assert started["zero_optimization"] == config["zero_optimization"]  # the rest as written
+    assert config["train_batch_size"] == 64  # the caller's config is not changed
+    assert len(notes) == 4

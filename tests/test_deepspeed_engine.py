@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pytest
 from dist_fixture import run_distributed
+from small_clusters import small_a100_cluster
 
 from gbmw.cli.main import main
 
@@ -72,20 +73,6 @@ DEEPSPEED_EXAMPLES = {  # DeepSpeedExamples training/bing_bert-style: explicit b
 }
 
 
-def _small_cluster(folder: Path, devices: int) -> Path:
-    """The a100-80g-x8 recipe on 1 or 2 devices: every plan fits 1 or 2 processes."""
-    import yaml
-
-    from gbmw.specs.bundled import RECIPES_DIR
-
-    cluster = yaml.safe_load((RECIPES_DIR / "clusters" / "a100-80g-x8.yaml").read_text())
-    cluster.update(name=f"a100-80g-x{devices}", devices_per_node=devices)
-    cluster["links"] = [{**cluster["links"][0], "devices": devices}]
-    path = folder / f"a100-80g-x{devices}.yaml"
-    path.write_text(yaml.safe_dump(cluster))
-    return path
-
-
 def _tuned(folder: Path, name: str, user: dict, *extra: str, devices: int = 2) -> tuple[dict, int]:
     """`gbmw tune` of a user config for gpt-tiny in bf16 on 1 or 2 devices: (its ds_config.json, pipeline
     stages)."""
@@ -93,7 +80,7 @@ def _tuned(folder: Path, name: str, user: dict, *extra: str, devices: int = 2) -
     user_path.write_text(json.dumps(user))
     out = folder / name
     assert main(["tune", "--ds-config", str(user_path), "--model", "gpt-tiny", "--cluster",
-                 str(_small_cluster(folder, devices)), "-o", str(out), *extra]) == 0
+                 str(small_a100_cluster(folder, devices)), "-o", str(out), *extra]) == 0
     plan = (out / "plan.yaml").read_text()
     pp = int(next(line.split(":")[1] for line in plan.splitlines() if line.startswith("pp:")))
     return json.loads((out / "ds_config.json").read_text()), pp
@@ -190,7 +177,7 @@ def _pipeline_zero0(folder: Path) -> dict:
     from gbmw.specs.jobs import load_job
 
     job_path = folder / "pipeline-job.yaml"
-    job_path.write_text(f"model: gpt-tiny\ncluster: {_small_cluster(folder, 2)}\nprecision: bf16\n")
+    job_path.write_text(f"model: gpt-tiny\ncluster: {small_a100_cluster(folder, 2)}\nprecision: bf16\n")
     job = load_job(job_path)
     plan = uniform_plan(job, "pp=2,zero=0,micro=8,batch=16")
     merged, changes = ds.merge_into_user_config(UNIVERSAL_CHECKPOINTING, ds.plan_to_ds_config(plan, job))

@@ -27,7 +27,8 @@ DeepSpeed is imported only inside `validate_with_deepspeed` (the planner never i
 Files: `ds_config.py` (Plan → ds_config and back, pipeline partition methods), `user_config.py`
 (a user's config: reading, batch sizes, the drop-in merge, writing), `kept_settings.py` (what the merge
 keeps of the user's although gbmw sets it, and changes although gbmw does not own it), `hf_auto.py`
-(HF-Trainer "auto" values), `validation.py` (DeepSpeed's own DeepSpeedConfig). Inside this package
+(HF-Trainer "auto" values), `validation.py` (DeepSpeed's own DeepSpeedConfig), `engine_check.py` and
+`engine_worker.py` (DeepSpeed's engine started on a stand-in model in a subprocess, one step). Inside this package
 `import deepspeed` is absolute and names the library.
 """
 
@@ -43,19 +44,23 @@ from .user_config import (BATCH_KEYS, OWNED_KEY_ALIASES, OWNED_KEYS, OWNED_SECTI
 # tests/test_deepspeed_adapter.py walks emitted configs with these two helpers (as ds._paths, ds._get).
 from .user_config import _get as _get
 from .validation import _paths as _paths
-from .validation import validate_with_deepspeed
+from .engine_check import EngineChecker, check_engine_starts
+from .validation import deepspeed_warnings_as_notes, validate_with_deepspeed
 
 __all__ = [
     "BATCH_KEYS",
+    "EngineChecker",
     "DEEPSPEED_TARGETS",
     "OWNED_KEYS",
     "OWNED_KEY_ALIASES",
     "OWNED_SECTIONS",
     "batch_consistency_problems",
     "check_batch_consistency",
+    "check_engine_starts",
     "deepspeed_partition_balanced",
     "deepspeed_partition_uniform",
     "deepspeed_partitions",
+    "deepspeed_warnings_as_notes",
     "ds_config_to_plan_fields",
     "dumps_config",
     "load_user_config",

@@ -11,7 +11,9 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
-from typing import Any, Iterator
+import logging
+import re
+from typing import Any, Iterable, Iterator
 
 from gbmw.errors import GbmwError
 
@@ -62,6 +64,27 @@ def _standing_in_for_process_group(world_size: int) -> Iterator[None]:
             setattr(ds_comm, name, function)
 
 
+@contextlib.contextmanager
+def deepspeed_warnings_as_notes(notes: list[str]) -> Iterator[None]:
+    """DeepSpeed's warnings while the block runs (its logger "DeepSpeed": a deprecated key, a setting it ignores)
+    become notes, `DeepSpeed: …`, instead of log lines printed before gbmw's output — or before its one-line error."""
+    logger = logging.getLogger("DeepSpeed")
+
+    def keep(record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.WARNING:
+            line = f"DeepSpeed: {' '.join(record.getMessage().split())}"
+            if line not in notes:
+                notes.append(line)
+            return False
+        return True
+
+    logger.addFilter(keep)
+    try:
+        yield
+    finally:
+        logger.removeFilter(keep)
+
+
 def validate_with_deepspeed(config: dict[str, Any], world_size: int, tp: int = 1, pp: int = 1) -> Any:
     """Parse `config` with DeepSpeed's own `DeepSpeedConfig` as rank 0 of `world_size` devices with
     model parallelism TP × PP (DP = world_size / (tp × pp)), with no process group. Returns the
@@ -95,8 +118,9 @@ _SECTION_OF_MODEL = {
 }
 
 
-def _describe_deepspeed_error(error: Exception, config: dict[str, Any]) -> str:
-    """`KEY: what DeepSpeed said`, the key found from the pydantic location or the message."""
+def _describe_deepspeed_error(error: Exception, config: dict[str, Any], known_keys: Iterable[str] = ()) -> str:
+    """`KEY: what DeepSpeed said`, the key found from the pydantic location or the message: the config's key, or
+    DeepSpeed's (`known_keys`) when the message names one the config leaves at its default."""
     details = getattr(error, "errors", None)
     if callable(details):
         try:
@@ -106,23 +130,64 @@ def _describe_deepspeed_error(error: Exception, config: dict[str, Any]) -> str:
         section = _SECTION_OF_MODEL.get(getattr(error, "title", ""), "")
         lines = []
         for item in items:
-            key = ".".join([section] * bool(section) + [str(part) for part in item.get("loc", ())])
-            lines.append(f"{key or section}: {item.get('msg', '')} (value {_short(item.get('input'))})")
+            loc = ".".join(str(part) for part in item.get("loc", ()))
+            key = f"{section}.{loc}" if section and loc else section or _located(loc, config)
+            lines.append(f"{key}: {item.get('msg', '')} (value {_short(item.get('input'))})")
         if lines:
             return "; ".join(lines)
-    message = str(error).strip() or type(error).__name__
-    key = _key_named_in(message, config)
+    message = " ".join(str(error).split()) or type(error).__name__
+    if isinstance(error, TypeError) and "unexpected keyword argument" in message:
+        message = f"{message} ({type(error).__name__})"
+    key = _key_named_in(message, config, known_keys)
     return f"{key}: {message}" if key else message
 
 
-def _key_named_in(message: str, config: dict[str, Any]) -> str | None:
+def _located(loc: str, config: dict[str, Any]) -> str:
+    """The config path a pydantic location (relative to a section whose model is not in _SECTION_OF_MODEL) names:
+    the shortest path ending in it."""
+    paths = [path for path in _paths(config) if path == loc or path.endswith("." + loc)]
+    return min(paths, key=len) if paths else loc
+
+
+def _key_named_in(message: str, config: dict[str, Any], known_keys: Iterable[str] = ()) -> str | None:
+    """The config path the message is about. DeepSpeed quotes the key it means ('max_grad_norm',
+    <"zero_force_ds_cpu_optimizer": false>): the first quoted name that is a key of the config (its longest path) or
+    one of DeepSpeed's (`known_keys`, for a key the config leaves at its default); else the longest path whose key —
+    or whose text value, an optimizer's type say — the message names as a whole word."""
     lowered = message.lower()
     if "batch" in lowered:
         return "train_batch_size"
     if "bfloat16 and fp16" in lowered:
         return "bf16.enabled / fp16.enabled"
-    paths = [path for path in _paths(config) if path.split(".")[-1] in message]
-    return max(paths, key=len) if paths else None
+    known = set(known_keys)
+
+    def paths_naming(word: str) -> list[str]:
+        return [path for path in _paths(config) if path.split(".")[-1] == word
+                or (isinstance(_value_at(config, path), str) and _value_at(config, path) == word)]
+
+    for quoted in re.findall(r"""['"]([A-Za-z_][A-Za-z0-9_]*)['"]""", message):
+        if paths_naming(quoted):
+            return max(paths_naming(quoted), key=len)
+        if quoted in known:
+            return quoted
+    words = _words(message)
+    paths = [path for word in words for path in paths_naming(word)]
+    if paths:
+        return max(paths, key=len)
+    named = [key for key in known if key in words]
+    return max(named, key=len) if named else None
+
+
+def _words(message: str) -> list[str]:
+    """The message's identifier-like words (`max_grad_norm`, `OnebitAdam`, `zero_force_ds_cpu_optimizer`)."""
+    return list(dict.fromkeys(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", message)))
+
+
+def _value_at(config: dict[str, Any], path: str) -> Any:
+    node: Any = config
+    for part in path.split("."):
+        node = node[part]
+    return node
 
 
 def _paths(config: dict[str, Any], prefix: str = "") -> list[str]:
