@@ -98,6 +98,14 @@ def _launch_script(model: str, job, launch: str, total_steps: int) -> str:
     for name, what, test, wrong in VARIABLES:
         lines.append(f'[[ {test} ]] || {{ echo "launch.sh: {name} (\'${name}\') {wrong}: set it to {what}" >&2; '
                      "exit 1; }")
+    if launch.startswith("CUDA_DEVICE_MAX_CONNECTIONS=1 ") and cluster.nodes > 1:
+        lines += ["",
+                  "# Sequence parallelism needs CUDA_DEVICE_MAX_CONNECTIONS=1 in every rank (Megatron-DeepSpeed's",
+                  "# validate_args). DeepSpeed's launcher carries to the other nodes only the variables of its env file",
+                  "# (.deepspeed_env in ~ or here): DS_ENV_FILE names one with yours and this one.",
+                  'DS_ENV_FILE="$(mktemp)"; export DS_ENV_FILE',
+                  '{ cat ~/.deepspeed_env ./.deepspeed_env 2>/dev/null || true; echo; echo CUDA_DEVICE_MAX_CONNECTIONS=1; } '
+                  '| grep "=" > "$DS_ENV_FILE"']
     return "\n".join(lines) + "\n\n" + launch + "\n"
 
 

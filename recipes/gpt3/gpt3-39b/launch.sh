@@ -24,4 +24,10 @@ EVAL_INTERVAL="${EVAL_INTERVAL:-1000}"                # iterations between evalu
 [[ -f "$HOSTFILE" ]] || { echo "launch.sh: HOSTFILE ('$HOSTFILE') is not a file: set it to DeepSpeed's hostfile, one line per node: HOST slots=8" >&2; exit 1; }
 [[ -n "$CHECKPOINT_DIR" ]] || { echo "launch.sh: CHECKPOINT_DIR ('$CHECKPOINT_DIR') is empty: set it to the folder checkpoints are saved to and resumed from" >&2; exit 1; }
 
+# Sequence parallelism needs CUDA_DEVICE_MAX_CONNECTIONS=1 in every rank (Megatron-DeepSpeed's
+# validate_args). DeepSpeed's launcher carries to the other nodes only the variables of its env file
+# (.deepspeed_env in ~ or here): DS_ENV_FILE names one with yours and this one.
+DS_ENV_FILE="$(mktemp)"; export DS_ENV_FILE
+{ cat ~/.deepspeed_env ./.deepspeed_env 2>/dev/null || true; echo; echo CUDA_DEVICE_MAX_CONNECTIONS=1; } | grep "=" > "$DS_ENV_FILE"
+
 CUDA_DEVICE_MAX_CONNECTIONS=1 deepspeed --hostfile "$HOSTFILE" --num_nodes 4 --num_gpus 8 "$MEGATRON_DEEPSPEED_DIR/pretrain_gpt.py" --tensor-model-parallel-size 2 --pipeline-model-parallel-size 8 --micro-batch-size 1 --global-batch-size 1536 --num-layers 48 --hidden-size 8192 --ffn-hidden-size 32768 --num-attention-heads 64 --seq-length 2048 --max-position-embeddings 2048 --bf16 --sequence-parallel --deepspeed --deepspeed_config "$HERE/ds_config.json" --zero-stage 1 --optimizer adam --adam-beta1 0.9 --adam-beta2 0.95 --adam-eps 1e-08 --weight-decay 0.1 --lr 0.0001 --lr-decay-style linear --lr-warmup-iters 2000 --lr-decay-iters 300000 --min-lr 0 --clip-grad 1 --log-interval 10 --data-path "$DATA_PATH" --split 949,50,1 --tokenizer-type GPT2BPETokenizer --vocab-file "$VOCAB_FILE" --merge-file "$MERGE_FILE" --train-iters "$TRAIN_ITERS" --save "$CHECKPOINT_DIR" --load "$CHECKPOINT_DIR" --save-interval "$SAVE_INTERVAL" --eval-interval "$EVAL_INTERVAL" --eval-iters 10
