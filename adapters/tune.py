@@ -142,9 +142,14 @@ def tune(ds_config_path: str, model: str, cluster: str, target: str = "deepspeed
             if hf_trainer:  # an HF Trainer script; Megatron's take flags
                 result.trainer_arguments = hf_auto.trainer_arguments(merged, precision)
         if target in ("megatron-deepspeed", "megatron-core"):
-            result.megatron_args = megatron.plan_to_megatron_args(plan, job, target)
-            result.launch = megatron.launch_line(plan, job, script, target)
-            script_line = megatron.launch_line(plan, job, script, target, deepspeed_config=f"$HERE/{config_path}")
+            # Megatron builds its own optimizer and schedule (Megatron-DeepSpeed's win over the ds_config's): the
+            # user's are restated as flags, and what no flag says is a note
+            training = megatron.plan_training_arguments(result.ds_config or user, plan, job, target, ds_config_path)
+            notes.extend(training.notes)
+            result.megatron_args = megatron.plan_to_megatron_args(plan, job, target) + list(training.arguments)
+            result.launch = megatron.launch_line(plan, job, script, target, extra_args=training.arguments)
+            script_line = megatron.launch_line(plan, job, script, target, deepspeed_config=f"$HERE/{config_path}",
+                                               extra_args=training.arguments)
         else:
             trainer = result.trainer_arguments
             result.launch = _deepspeed_launch(job, script, config_path, trainer)

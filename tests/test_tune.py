@@ -285,3 +285,35 @@ def test_tune_a_config_without_gradient_accumulation_steps(tmp_path, capsys):
     assert main(["tune", "--ds-config", str(user), "--model", "gpt-tiny", "--cluster", "cpu-x4", "-o", str(out)]) == 0
     assert json.loads((out / "ds_config.json").read_text())["train_batch_size"] == 16
     assert "add up for a data-parallel size of 1" in " ".join(capsys.readouterr().err.split())
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("target", ["megatron-core", "megatron-deepspeed"])
+def test_tune_for_megatron_carries_the_users_optimizer_and_schedule(tmp_path, capsys, target):
+    """Issue 30: Megatron builds its own optimizer and schedule, so the user's are restated as flags — in
+    megatron_args.txt and the launch line — and what no flag says is a note naming the key."""
+    config = {**USER_CONFIG, "optimizer": {"type": "AdamW", "params": {"lr": 6e-5, "betas": [0.9, 0.98], "eps": 1e-6,
+                                                                        "weight_decay": 0.05}},
+              "scheduler": {"type": "WarmupDecayLR", "params": {"warmup_min_lr": 6e-6, "warmup_max_lr": 6e-5,
+                                                                "warmup_num_steps": 300, "total_num_steps": 50000}},
+              "gradient_clipping": 0.8}
+    user = write_user_config(tmp_path, config)
+    out = tmp_path / "tuned"
+    assert main(["tune", "--ds-config", str(user), "--model", "gpt3-15b", "--cluster", "a100-80g-x32",
+                 "--target", target, "--current-tp", "8", "--current-pp", "2", "-o", str(out)]) == 0
+    captured = capsys.readouterr()
+    args = (out / "megatron_args.txt").read_text().split()
+    value = lambda flag: args[args.index(flag) + 1]  # noqa: E731
+    assert (value("--optimizer"), value("--lr"), value("--adam-beta2"), value("--adam-eps"), value("--weight-decay"),
+            value("--lr-decay-style"), value("--lr-warmup-iters"), value("--lr-decay-iters"), value("--min-lr"),
+            value("--clip-grad")) == ("adam", "6e-05", "0.98", "1e-06", "0.05", "linear", "300", "50000", "6e-06", "0.8")
+    launch = (out / "launch.sh").read_text()
+    assert "--lr 6e-05 --lr-decay-style linear --lr-warmup-iters 300" in launch
+    notes = " ".join(captured.err.split())
+    assert "`scheduler.params.warmup_type` is not carried" in notes  # DeepSpeed's default log warm-up
+    if target == "megatron-core":
+        assert value("--lr-warmup-init") == "6e-06"
+        assert "settings not restated as its arguments: `my_team_key`" in notes
+    else:  # Megatron-DeepSpeed warms up from 0; DeepSpeed reads the rest of the config itself
+        assert "--lr-warmup-init" not in args and "the warm-up starts at 6e-06" in notes
+        assert "my_team_key" not in notes

@@ -45,7 +45,8 @@ stage 0 of ``partition`` holds one more layer than its blocks and the last stage
 Files: `layout.py` (targets, the architecture, the layout read off a plan, blocks per stage),
 `arguments.py` (Plan → arguments), `arguments_to_plan.py` (the argument parser mirror and
 arguments → Plan), `core_configs.py` (megatron-core's config dataclasses), `launch.py` (the launch
-line). Inside this package `import megatron` is absolute and names the megatron-core library.
+line), `optimizer_arguments.py` (a ds_config's optimizer, schedule, clipping, loss scaling and offload as
+Megatron flags). Inside this package `import megatron` is absolute and names the megatron-core library.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ from .arguments import plan_to_megatron_args
 from .arguments_to_plan import DEEPSPEED_REFUSED_FLAGS, UNMODELLED_FLAGS, megatron_args_to_plan
 from .core_configs import plan_to_megatron_core_configs
 from .launch import LAUNCHERS, launch_line
+from .optimizer_arguments import TrainingArguments, ds_config_training_arguments, plan_training_arguments
 from .layout import TARGETS, MegatronLayout, gpt_architecture, megatron_blocks_per_stage, megatron_layout, plan_target
 
 __all__ = [
@@ -61,7 +63,9 @@ __all__ = [
     "LAUNCHERS",
     "MegatronLayout",
     "TARGETS",
+    "TrainingArguments",
     "UNMODELLED_FLAGS",
+    "ds_config_training_arguments",
     "gpt_architecture",
     "launch_line",
     "megatron_args_to_plan",
@@ -70,4 +74,5 @@ __all__ = [
     "plan_target",
     "plan_to_megatron_args",
     "plan_to_megatron_core_configs",
+    "plan_training_arguments",
 ]
