@@ -64,3 +64,24 @@ def test_every_real_config_imports_or_is_refused_in_one_line(source, tmp_path):
         build_model(import_hf_config(source), "bf16")
     except GbmwError as error:
         assert "\n" not in str(error) and str(source) in str(error)
+
+
+FOUND = [  # what the property (and a longer run of it) found, kept as cases: each was a traceback or a hang
+    ("Qwen3-30B-A3B", "model_type", []),  # TypeError: unhashable type (the experts' key lookup)
+    ("opt-1.3b", "activation_function", []),  # TypeError: unhashable type
+    ("Meta-Llama-3-8B", "rope_theta", 10**400),  # OverflowError: int too large to convert to float
+    ("Qwen2-57B-A14B", "num_hidden_layers", 2**63),  # listed 2**63 blocks before any check: a hang
+    ("Qwen3-30B-A3B", "num_hidden_layers", 2**31),
+    ("DeepSeek-V3", "num_hidden_layers", 2**70),
+]
+
+
+@pytest.mark.parametrize(("stem", "key", "value"), FOUND, ids=[f"{case[0]}-{case[1]}" for case in FOUND])
+def test_what_the_property_found_is_one_line(stem, key, value, tmp_path):
+    config = json.loads((Path(__file__).parent / "hf_configs" / f"{stem}.json").read_text())
+    config[key] = value
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    with pytest.raises(GbmwError) as raised:
+        build_model(import_hf_config(path), "bf16")
+    assert "\n" not in str(raised.value) and str(path) in str(raised.value) and key in str(raised.value)

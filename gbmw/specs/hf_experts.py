@@ -41,6 +41,16 @@ from typing import Any
 
 from gbmw.errors import SpecError
 from gbmw.specs.files import shown
+from gbmw.specs.schema import MAX_LAYERS
+
+
+def layer_count(config: dict[str, Any]) -> int | None:
+    """`num_hidden_layers` when it is a block count gbmw can build (1 to MAX_LAYERS), else None: the readers that list
+    blocks one by one stop there and leave the architecture's check to name the field (issue 31: a count of 2**63
+    listed blocks for minutes before any check)."""
+    layers = config.get("num_hidden_layers")
+    valid = isinstance(layers, int) and not isinstance(layers, bool) and 1 <= layers <= MAX_LAYERS
+    return layers if valid else None
 
 MOE_KEYS_READ = {
     "mixtral": ("num_local_experts", "num_experts_per_tok"),
@@ -163,12 +173,12 @@ def llama_style_experts(config: dict[str, Any], model_type: str, where: str) -> 
         moe.update(shared_experts=1, shared_expert_gate=True,
                    shared_expert_ffn_hidden_size=required(config, where, model_type,
                                                            "shared_expert_intermediate_size"))
-    layers, step = config.get("num_hidden_layers"), config.get("decoder_sparse_step", 1)
+    layers, step = layer_count(config), config.get("decoder_sparse_step", 1)
     dense_only = config.get("mlp_only_layers") or []
     if not isinstance(step, int) or isinstance(step, bool) or step < 1:
         raise SpecError(f"{where}: field `decoder_sparse_step`: value {shown(step)} — must be a whole number from 1 "
                         "(1: every block routes to experts; k: every k-th block)")
-    if not isinstance(layers, int) or isinstance(layers, bool):
+    if layers is None:
         return moe  # the architecture's check of num_hidden_layers says what is wrong
     if not isinstance(dense_only, list) or not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < layers
                                                    for i in dense_only):
@@ -203,8 +213,8 @@ def deepseek_experts(config: dict[str, Any], model_type: str, where: str) -> dic
     if not isinstance(first_dense, int) or isinstance(first_dense, bool) or first_dense < 0:
         raise SpecError(f"{where}: field `first_k_dense_replace`: value {shown(first_dense)} — must be a whole number "
                         "from 0 (the blocks, from the first, whose MLP stays dense)")
-    layers = config.get("num_hidden_layers")
-    if not experts or not isinstance(layers, int) or first_dense >= layers:
+    layers = layer_count(config)
+    if not experts or layers is None or first_dense >= layers:
         return None  # every block dense: costed as a dense model (a bad num_hidden_layers is the architecture's)
     return dict(num_experts=experts, top_k=required(config, where, model_type, "num_experts_per_tok"),
                 expert_ffn_hidden_size=required(config, where, model_type, "moe_intermediate_size"),

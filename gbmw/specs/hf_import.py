@@ -29,7 +29,7 @@ from gbmw.specs.architectures import apply_training_settings, parse_architecture
 from gbmw.specs.files import read_json, shown
 from gbmw.specs.hf_dense_decoders import DENSE_DECODERS, dense_decoder
 from gbmw.specs.hf_experts import (DEEPSEEK, MOE_KEYS_READ, check_gpt_oss_keys, check_top_k, dbrx_section,
-                                   deepseek_experts, deepseek_latent_attention, llama_style_experts,
+                                   deepseek_experts, deepseek_latent_attention, layer_count, llama_style_experts,
                                    refuse_experts_gbmw_cannot_read, required)
 
 _MOE_DECODERS = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "gpt_oss")
@@ -195,6 +195,9 @@ def import_hf_config(path: str | Path, seq_length: int | None = None, flash_atte
                          "memory); the emitted Megatron and DeepSpeed arguments leave it to you, and gbmw's runtime "
                          "does not train it")
     if isinstance(data.get("rope_theta"), int) and not isinstance(data["rope_theta"], bool):
+        if abs(data["rope_theta"]) > 1e300:  # beyond a float: the schema's bound names the field
+            raise SpecError(f"{where}: field `rope_theta`: value {shown(data['rope_theta'])} — expected a positive "
+                            "number such as 10000 or 500000.0")
         data["rope_theta"] = float(data["rope_theta"])
     if isinstance(data.get("moe"), dict):
         check_top_k(data["moe"], _HF_KEYS[model_type], where)
@@ -288,8 +291,8 @@ def _windows(config: dict[str, Any], model_type: str, where: str) -> dict[str, A
                         "query attends to, or null for attention over the whole prefix")
     if model_type in _QWEN and not config.get("use_sliding_window", False):
         return {}
-    layers = config.get("num_hidden_layers")
-    if not isinstance(layers, int) or isinstance(layers, bool):
+    layers = layer_count(config)
+    if layers is None:
         return {"sliding_window": window}  # the architecture's check of num_hidden_layers says what is wrong
     types = config.get("layer_types")
     if types is not None:
@@ -299,7 +302,11 @@ def _windows(config: dict[str, Any], model_type: str, where: str) -> dict[str, A
                             f"{', '.join(kinds)} for each of the {layers} blocks")
         full = [i for i, kind in enumerate(types) if kind == "full_attention"]
     elif model_type in _QWEN:
-        full = list(range(min(layers, int(config.get("max_window_layers", 28)))))
+        first_windowed = config.get("max_window_layers", 28)
+        if not isinstance(first_windowed, int) or isinstance(first_windowed, bool) or first_windowed < 0:
+            raise SpecError(f"{where}: field `max_window_layers`: value {shown(first_windowed)} — the number of blocks, "
+                            "from the first, that attend to the whole sequence (a whole number from 0)")
+        full = list(range(min(layers, first_windowed)))
     else:
         full = []
     if len(full) == layers:
