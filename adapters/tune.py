@@ -128,6 +128,10 @@ def tune(ds_config_path: str, model: str, cluster: str, target: str = "deepspeed
             generated = ds.plan_to_ds_config(plan, job, target)
             if SEQUENCE_PARALLEL_KEY in user:  # DeepSpeed divides the devices by it for the data-parallel size
                 generated[SEQUENCE_PARALLEL_KEY] = plan.strategies[0].degree("ulysses")
+            if isinstance(user.get("tensor_parallel"), dict) and AUTOTP_KEY in user["tensor_parallel"]:
+                # … and by AutoTP's degree: 1, as neither target's plans split layers with AutoTP (plain DeepSpeed's
+                # have no TP, Megatron-DeepSpeed's split them with Megatron's own layers)
+                generated["tensor_parallel"] = {AUTOTP_KEY: 1}
             merged, changes = ds.merge_into_user_config(user, generated)
             changes += hf_auto.fill_precision_switches(merged, precision)
             tp, pp, _ = ds.plan_layout(plan, job.model)
@@ -173,6 +177,10 @@ def tune(ds_config_path: str, model: str, cluster: str, target: str = "deepspeed
 SEQUENCE_PARALLEL_KEY = "sequence_parallel_size"
 """DeepSpeed's Ulysses degree in a ds_config (ALST, deepspeed.runtime.sequence_parallel.ulysses_sp: without a
 Megatron mpu, DeepSpeedConfig takes world size / sequence_parallel_size as the data-parallel size)."""
+AUTOTP_KEY = "autotp_size"
+"""DeepSpeed AutoTP's tensor-parallel degree (`tensor_parallel.autotp_size`, for HF models): the engine's data-parallel
+size is the world size / it (deepspeed.utils.groups._init_tp_mesh_device), so it is the job's current TP and the
+written config carries the plan's."""
 _LAYOUT_KEYS = ("tp", "pp", "sp", "cp", "ulysses", "ep", "zero", "ckpt")
 
 
@@ -196,6 +204,13 @@ def _current_layout(user: dict, where: str, current: str | None, tp: int, pp: in
         defaults["zero"] = int((user.get("zero_optimization") or {}).get("stage", 0) or 0)
     if "ckpt" not in given:
         defaults["ckpt"] = ckpt or ("full" if user.get("activation_checkpointing") else "none")
+    section = user.get("tensor_parallel")
+    autotp = section.get(AUTOTP_KEY, 1) if isinstance(section, dict) else 1
+    if "tp" not in given and tp == 1 and autotp != 1:
+        if isinstance(autotp, bool) or not isinstance(autotp, int) or autotp < 1:
+            raise GbmwError(f"{where}: key `tensor_parallel.{AUTOTP_KEY}`: value {shown(autotp)} is not a positive whole "
+                            "number (DeepSpeed AutoTP's tensor-parallel degree; 1 without)")
+        defaults["tp"] = autotp
     degree = user.get(SEQUENCE_PARALLEL_KEY, 1)
     if "ulysses" not in given and degree != 1:
         if isinstance(degree, bool) or not isinstance(degree, int) or degree < 1:

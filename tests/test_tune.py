@@ -227,6 +227,37 @@ def test_tune_reads_the_configs_ulysses_degree_and_writes_the_plans(tmp_path, ca
     assert tuned["train_micro_batch_size_per_gpu"] * tuned["gradient_accumulation_steps"] * data_parallel == 8
 
 
+AUTOTP_CONFIG = {  # DeepSpeed AutoTP degree 2 (LLaMA-Factory's ds_z2_autotp): data-parallel size 2 on 4 devices
+    "train_batch_size": 8, "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 4,
+    "zero_optimization": {"stage": 2}, "tensor_parallel": {"autotp_size": 2},
+}
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("target", ["megatron-deepspeed", "deepspeed"])
+def test_tune_reads_autotp_as_the_current_tp_and_writes_one(tmp_path, capsys, target):
+    """issue 30 (found by the ds_config corpus): `tensor_parallel.autotp_size` was ignored — the current layout was
+    read as TP 1, so the config's batch keys (DP = 4 / 2) looked wrong, and the written config kept AutoTP 2 under batch
+    keys computed for the plan's DP, which DeepSpeed's engine refuses on the real cluster. It is now the current TP and
+    the written config says 1 (neither target's plans split layers with AutoTP), so DP = devices / (TP × PP)."""
+    from gbmw.plan import Plan
+
+    user = write_user_config(tmp_path, AUTOTP_CONFIG)
+    out = tmp_path / "tuned"
+    assert main(["tune", "--ds-config", str(user), "--model", "llama-tiny", "--cluster", "cpu-x4", "--target", target,
+                 "-o", str(out)]) == 0
+    printed = capsys.readouterr().out
+    if target == "megatron-deepspeed":
+        assert "current: tp=2,pp=1,zero=2,ckpt=none,micro=1,batch=8" in printed, printed
+    else:
+        assert "current: cannot be costed" in printed, printed
+    plan = Plan.load(out / "plan.yaml")
+    tuned = json.loads((out / "ds_config.json").read_text())
+    assert tuned["tensor_parallel"] == {"autotp_size": 1} and "tensor_parallel.autotp_size: 2 -> 1" in printed
+    data_parallel = 4 // (plan.strategies[0].tp * plan.pp)
+    assert tuned["train_micro_batch_size_per_gpu"] * tuned["gradient_accumulation_steps"] * data_parallel == 8
+
+
 @pytest.mark.torch
 def test_tune_costs_a_current_expert_parallel_layout(tmp_path, capsys):
     """`--current` takes --uniform's layout keys: an MoE job's TP 2 with sequence parallelism and EP 2 is costed as

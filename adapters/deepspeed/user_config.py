@@ -33,6 +33,7 @@ OWNED_KEYS: tuple[str, ...] = (
     "fp16.enabled",
     "pipeline.activation_checkpoint_interval",
     "sequence_parallel_size",
+    "tensor_parallel.autotp_size",
 )
 """Dotted paths of the keys gbmw sets: the ones the plan and its estimate depend on. Everything
 else in a user's config — optimizer, scheduler, gradient_clipping, logging, offload, loss-scale
