@@ -132,3 +132,25 @@ def test_a_kill_mid_save_leaves_complete_checkpoints_that_resume_exactly(tmp_pat
     assert reference.returncode == 0, reference_err[-3000:]
     expected = _losses(reference_out)
     assert _losses(out) == {step: expected[step] for step in (latest + 1, latest + 2)}, out + reference_out
+
+
+def test_under_torchrun_one_survivor_reports_a_killed_rank(tmp_path):
+    """Four ranks under torchrun, rank 0 (the one that prints) SIGKILLed: of the three survivors only the first to
+    find it gone prints its line — they count reports in torchrun's key-value store (adapters/runtime/launch.py) —
+    and torchrun's own failure table follows as torchrun prints it. Catches: one line per survivor (as before)."""
+    (tmp_path / "plan.yaml").write_text(make_plan("gpt-tiny", 4, ["dp4"] * 6, [6], 16, 2).to_yaml())
+    environment = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}", OMP_NUM_THREADS="1",
+                       PYTHONUNBUFFERED="1")
+    launcher = subprocess.Popen([str(BIN / "torchrun"), "--standalone", "--nproc_per_node", "4", "-m", "gbmw", "train",
+                                 JOB, "--plan", "plan.yaml", "--steps", "100000"], cwd=tmp_path, env=environment,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        for line in launcher.stdout:
+            if line.startswith("step ") and line.split()[1].startswith("2/"):
+                break
+        status, err = _kill_and_wait(launcher, _worker_ranks(launcher)[0], signal.SIGKILL)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    lines = [line for line in err.splitlines() if line.startswith("gbmw: error:")]
+    assert status != 0 and len(lines) == 1 and "lost contact with another process during step" in lines[0], err[-3000:]

@@ -152,9 +152,33 @@ def lost_contact(failure: BaseException, when: str, then: str = "") -> LostConta
     import torch.distributed as dist
 
     rank = dist.get_rank() if dist.is_initialized() else 0
-    return LostContactError(f"rank {rank}: lost contact with another process {when} "
-                            f"({str(failure).splitlines()[0][:160] if str(failure) else type(failure).__name__}); "
-                            f"a process died or was killed — stopping{then}")
+    error = LostContactError(f"rank {rank}: lost contact with another process {when} "
+                             f"({str(failure).splitlines()[0][:160] if str(failure) else type(failure).__name__}); "
+                             f"a process died or was killed — stopping{then}")
+    error.reported_by_another_rank = not _first_to_report_lost_contact()
+    return error
+
+
+LOST_CONTACT_REPORTS = "gbmw/lost-contact-reports"
+"""The counter, in the job's key-value store, of survivors that found a peer gone."""
+STORE_WAIT_S = 2.0
+
+
+def _first_to_report_lost_contact() -> bool:
+    """Whether this survivor is the first to find a peer gone, so the job's user reads one line and not one per
+    survivor (issue 31): a counter in the job's key-value store — torchrun's agent holds it, or rank 0's process
+    under a plain environment rendezvous. A store that does not answer within STORE_WAIT_S (its host died) makes
+    every survivor report. Under gbmw's own launcher the launcher prints the one line (local_launch)."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return True
+    try:
+        store = dist.distributed_c10d._get_default_store()
+        store.set_timeout(datetime.timedelta(seconds=STORE_WAIT_S))
+        return store.add(LOST_CONTACT_REPORTS, 1) == 1
+    except Exception:  # noqa: BLE001 - a dead store host fails in several ways; then every survivor reports
+        return True
 
 
 def is_communication_failure(error: BaseException) -> bool:

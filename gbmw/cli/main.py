@@ -76,7 +76,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except GbmwError as error:
         # Under a launcher an error every rank raised together (gbmw.adapters.runtime.launch.agree) was printed by
         # rank 0 alone, before the ranks parted; every rank exits with status 2.
-        if not getattr(error, "all_ranks", False) and not _left_for_the_launcher(error):
+        # … and a survivor of a dead peer prints only if it is the first to find it gone (adapters/runtime/launch.py)
+        if not (getattr(error, "all_ranks", False) or getattr(error, "reported_by_another_rank", False)
+                or _left_for_the_launcher(error)):
             print(error_line(error), file=sys.stderr, flush=True)
         status = 2
     except KeyboardInterrupt:
