@@ -82,11 +82,16 @@ def extend_candidates(stash, excess, no_sync, sync, params, layout,
             n_layout[:count], n_option[:count], n_parent[:count])
 
 
+BLOCK_ROWS = 32
+"""Kept rows per block of the non-dominated filter (`_nondominated`); BLOCKS_PER_SPAN blocks make a span."""
+BLOCKS_PER_SPAN = 32
+
+
 @njit(cache=True)
-def _no_worse(columns: np.ndarray, row: int, other: int, width: int) -> bool:
-    """Row `row` is no greater than row `other` in every column."""
-    for c in range(width):
-        if columns[row, c] > columns[other, c]:
+def _beaten(values: np.ndarray, index: int, row_values: np.ndarray, first_column: int) -> bool:
+    """Row `index` of `values` is no greater than `row_values` in every column from `first_column` on."""
+    for c in range(first_column, values.shape[1]):
+        if values[index, c] > row_values[c]:
             return False
     return True
 
@@ -96,32 +101,60 @@ def _nondominated(columns: np.ndarray, group: np.ndarray, order: np.ndarray) -> 
     """Mask of the rows no other row of the same group matches or beats (≤) in every column (of equal rows the
     first in `order` is kept); `order` sorts the rows by group, first column and the sum of their columns, so a row
     can only be matched or beaten by one before it (float addition is monotone: a row no greater in every column has no
-    greater sum). The last row found to beat one is tried first: neighbours in the order are mostly beaten by the
-    same row."""
+    greater sum). A row is kept when no kept row of its group before it matches or beats it — whichever of them is
+    tried first, so the kept set is fixed by the order alone — and those have no greater first column: only the
+    others are compared. The search for one that beats it is fast:
+
+    * the last row found to beat one is tried first: neighbours in the order are mostly beaten by the same row;
+    * the kept rows are copied, in order, into blocks of BLOCK_ROWS, and those into spans of BLOCKS_PER_SPAN
+      blocks, each block and span with its columnwise minimum: a block or span whose minimum is above the row in
+      some column holds no row that beats it and is skipped whole (the newest first)."""
     rows, width = columns.shape
+    span_rows = BLOCK_ROWS * BLOCKS_PER_SPAN
     keep = np.zeros(rows, np.bool_)
-    kept = np.empty(rows, np.int64)
+    kept = np.empty((rows, width))
+    block_least = np.empty((rows // BLOCK_ROWS + 1, width))
+    span_least = np.empty((rows // span_rows + 1, width))
     kept_count = 0
     group_start = 0
     previous_group = -1
     last = -1
+    row_values = np.empty(width)
     for position in range(rows):
         row = order[position]
+        for c in range(width):
+            row_values[c] = columns[row, c]
         if group[row] != previous_group:
             previous_group = group[row]
             group_start = kept_count
             last = -1
-        if last >= 0 and _no_worse(columns, last, row, width):
+        if last >= 0 and _beaten(kept, last, row_values, 1):
             continue
         dominated = False
-        for k in range(kept_count - 1, group_start - 1, -1):
-            if _no_worse(columns, kept[k], row, width):
-                dominated = True
-                last = kept[k]
-                break
+        span = (kept_count - 1) // span_rows if kept_count > 0 else -1
+        while span >= 0 and span * span_rows + span_rows > group_start and not dominated:
+            if _beaten(span_least, span, row_values, 1):
+                block = min((kept_count - 1) // BLOCK_ROWS, (span + 1) * BLOCKS_PER_SPAN - 1)
+                while (block >= span * BLOCKS_PER_SPAN and block * BLOCK_ROWS + BLOCK_ROWS > group_start
+                       and not dominated):
+                    if _beaten(block_least, block, row_values, 1):
+                        for k in range(min(block * BLOCK_ROWS + BLOCK_ROWS, kept_count) - 1,
+                                       max(block * BLOCK_ROWS, group_start) - 1, -1):
+                            if _beaten(kept, k, row_values, 1):
+                                dominated = True
+                                last = k
+                                break
+                    block -= 1
+            span -= 1
         if not dominated:
             keep[row] = True
-            kept[kept_count] = row
+            block, span = kept_count // BLOCK_ROWS, kept_count // span_rows
+            for c in range(width):
+                kept[kept_count, c] = row_values[c]
+                if kept_count % BLOCK_ROWS == 0 or row_values[c] < block_least[block, c]:
+                    block_least[block, c] = row_values[c]
+                if kept_count % span_rows == 0 or row_values[c] < span_least[span, c]:
+                    span_least[span, c] = row_values[c]
             kept_count += 1
     return keep
 
