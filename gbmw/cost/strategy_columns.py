@@ -149,8 +149,9 @@ _entries: OrderedDict[tuple, StrategyColumns] = OrderedDict()
 def strategy_columns(strategies: list[Strategy], settings: CostSettings, comm: CommModel, has_routed_experts: bool,
                      activation_bytes: int) -> StrategyColumns:
     """The columns of `strategies` for a model with or without routed experts whose activations take
-    `activation_bytes` per element (cached by all of these and the settings and the collectives' model)."""
-    key = (tuple(strategies), settings, comm, has_routed_experts, activation_bytes)
+    `activation_bytes` per element (cached by all of these, the settings and the cluster whose collectives `comm`
+    times: a CommModel's times are a function of its cluster alone)."""
+    key = (tuple(strategies), settings, comm.cluster, has_routed_experts, activation_bytes)
     found = _entries.get(key)
     if found is None:
         found = _entries[key] = _build(key[0], settings, comm, has_routed_experts, activation_bytes)

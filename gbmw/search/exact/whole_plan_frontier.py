@@ -184,7 +184,17 @@ def time_columns(no_sync: np.ndarray, sync: np.ndarray, optimizer: np.ndarray) -
                   ≤ (N_A − N_B) + max(0, S_A − S_B) + max(0, U_A − U_B)      when N_A ≤ N_B,
     as max is monotone and 1-Lipschitz: so A is never slower when it is no worse in all four columns. That keeps
     fewer alternatives than (N, S, U), where A must also have no more S and U."""
-    return np.stack([no_sync, no_sync + sync, no_sync + optimizer, no_sync + sync + optimizer], axis=1)
+    return _filled(np.empty((no_sync.shape[0], 4)), 0, no_sync, sync, optimizer)
+
+
+def _filled(columns: np.ndarray, first: int, no_sync: np.ndarray, sync: np.ndarray, optimizer: np.ndarray
+            ) -> np.ndarray:
+    """`columns` with `time_columns` written into its columns from `first` on."""
+    columns[:, first] = no_sync
+    np.add(no_sync, sync, out=columns[:, first + 1])
+    np.add(no_sync, optimizer, out=columns[:, first + 2])
+    np.add(columns[:, first + 1], optimizer, out=columns[:, first + 3])
+    return columns
 
 
 def option_columns(no_sync, sync, stash, forward, backward, params, step_s: float) -> np.ndarray:
@@ -200,8 +210,12 @@ def option_columns(no_sync, sync, stash, forward, backward, params, step_s: floa
     as s + x' = s + max(x + stash − forward, stash + backward) grows with both terms (x ≥ 0), and min(p + params,
     chunk) with min(params, chunk). This keeps fewer options than comparing each term on its own: ZeRO-2's larger
     backward buffer, for one, no longer keeps plain data parallelism whose stash is larger by more."""
-    memory = np.stack([stash, stash + backward, stash - forward, np.minimum(params, float(ADAM_CHUNK_ELEMENTS))], axis=1)
-    return np.concatenate([memory, time_columns(no_sync, sync, params * step_s)], axis=1)
+    columns = np.empty((stash.shape[0], 8))
+    columns[:, 0] = stash
+    np.add(stash, backward, out=columns[:, 1])
+    np.subtract(stash, forward, out=columns[:, 2])
+    np.minimum(params, float(ADAM_CHUNK_ELEMENTS), out=columns[:, 3])
+    return _filled(columns, 4, no_sync, sync, params * step_s)
 
 
 def plan_columns(stash, excess, no_sync, sync, params, step_s: float, single_stage_m: float | None) -> np.ndarray:
@@ -212,8 +226,12 @@ def plan_columns(stash, excess, no_sync, sync, params, step_s: float, single_sta
     Completing two partial plans the same way adds the same N, S and p to both, so the argument of `time_columns`
     holds for the stage they complete; p is compared only through U and the reserve, so a plan whose few more
     replicated parameters (a norm, a bias) cost less step time than its lower N saves is not kept beside it."""
-    memory = np.stack([stash, stash + excess, np.minimum(params, float(ADAM_CHUNK_ELEMENTS))], axis=1)
+    columns = np.empty((stash.shape[0], 4 if single_stage_m is not None else 7))
+    columns[:, 0] = stash
+    np.add(stash, excess, out=columns[:, 1])
+    np.minimum(params, float(ADAM_CHUNK_ELEMENTS), out=columns[:, 2])
     optimizer = params * step_s
     if single_stage_m is not None:
-        return np.concatenate([memory, (single_stage_m * no_sync + sync + optimizer)[:, None]], axis=1)
-    return np.concatenate([memory, time_columns(no_sync, sync, optimizer)], axis=1)
+        columns[:, 3] = single_stage_m * no_sync + sync + optimizer
+        return columns
+    return _filled(columns, 3, no_sync, sync, optimizer)
