@@ -140,8 +140,8 @@ def forward_compute_s(model: ModelSpec, settings: CostSettings, samples: float, 
     return np.where(arrays.has_measured_time, measured, analytic)
 
 
-def _framework_overheads_s(model: ModelSpec, strategy: Strategy, settings: CostSettings, comm: CommModel,
-                           parameter_bytes: float, gradient_bytes: float) -> tuple[np.ndarray, np.ndarray]:
+def framework_overheads_s(model: ModelSpec, strategy: Strategy, settings: CostSettings, comm: CommModel,
+                          parameter_bytes: float, gradient_bytes: float) -> tuple[np.ndarray, np.ndarray]:
     """Per call: what profiled TP-2 / SDP-2 / checkpointed timings show beyond compute and the modelled
     collectives (the runtime's megatron-core, FSDP2 and checkpoint_wrapper bookkeeping), and the part of it
     a checkpointed layer's recomputed forward repeats (TP's forward share). 0 for analytic models and for
@@ -261,8 +261,8 @@ def layer_costs(
         forward_gather, every_micro_batch, last_micro_batch = (
             forward_gather + sync[0], every_micro_batch + sync[1], last_micro_batch + sync[2])
 
-    call_overhead, recompute_overhead = _framework_overheads_s(model, strategy, settings, comm, parameter_bytes,
-                                                               gradient_bytes)
+    call_overhead, recompute_overhead = framework_overheads_s(model, strategy, settings, comm, parameter_bytes,
+                                                              gradient_bytes)
 
     def overlapped(compute: np.ndarray, communication: np.ndarray) -> np.ndarray:
         return np.maximum(compute, communication) + (slowdown - 1.0) * np.minimum(compute, communication)
@@ -360,12 +360,12 @@ def layer_costs(
         backward_memory_bytes=backward_memory,
         model_state_bytes=held_states,
         samples_per_device=samples,
-        optimizer_parameters=dense_parameters / _optimizer_shards(weights) + rank_experts / _optimizer_shards(
+        optimizer_parameters=dense_parameters / optimizer_shards(weights) + rank_experts / optimizer_shards(
             expert_strategy),
     )
 
 
-def _optimizer_shards(strategy: Strategy) -> int:
+def optimizer_shards(strategy: Strategy) -> int:
     """Ways ZeRO divides the parameters a rank's optimizer steps."""
     return strategy.degree("sdp") * strategy.degree("z2dp") * strategy.degree("z1dp")
 

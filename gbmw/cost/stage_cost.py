@@ -18,14 +18,15 @@ The pipeline's time from its stages, and the stash per schedule, are gbmw.cost.p
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Sequence
 
 import numpy as np
 
 from gbmw.cost.comm import CommModel
 from gbmw.cost.framework_memory import (keeps_received_input, shares_tied_weights, step_reserve_bytes,
                                         step_temporary_bytes)
-from gbmw.cost.layer_cost import CostSettings, LayerCosts, layer_costs, model_state_bytes_per_parameter
+from gbmw.cost.layer_cost import CostSettings, LayerCosts, model_state_bytes_per_parameter
+from gbmw.cost.layer_cost_batch import layer_costs_of_strategies
 from gbmw.cost.model_states import step_traffic_bytes
 from gbmw.cost.pipeline_schedules import in_flight_micro_batches
 from gbmw.cost.runtime_passes import runtime_step_traffic_bytes
@@ -77,12 +78,13 @@ class StrategyTables:
 
 def strategy_tables(
     model: ModelSpec, strategies: list[Strategy], micro_batch: int, settings: CostSettings, comm: CommModel,
-    costs_of: Callable[[Strategy], LayerCosts] | None = None,
+    costs: Sequence[LayerCosts] | None = None,
 ) -> StrategyTables:
-    """`layer_costs` of every strategy, stacked, with layout ids and the layout transition matrix; `costs_of(strategy)`
-    gives them instead where the caller keeps them (gbmw.search.layer_cost_cache)."""
-    costs_of = costs_of or (lambda strategy: layer_costs(model, strategy, micro_batch, settings, comm))
-    costs = [costs_of(strategy) for strategy in strategies]
+    """`layer_costs` of every strategy (computed for all at once: gbmw.cost.layer_cost_batch), stacked, with layout ids
+    and the layout transition matrix; `costs`, one per strategy, are used instead where the caller keeps them
+    (gbmw.search.layer_cost_cache)."""
+    if costs is None:
+        costs = layer_costs_of_strategies(model, strategies, micro_batch, settings, comm)
     layouts: dict[tuple, int] = {}
     layout_ids = np.array([layouts.setdefault(data_layout(s), len(layouts)) for s in strategies])
     representative = {}

@@ -1,11 +1,11 @@
 """The per-layer cost tables of one strategy, kept across the searches of one process.
 
 A search builds `layer_costs` (gbmw.cost.layer_cost: c, O_f, O_b, O_ms of Eqs. (2)–(4) for every layer) for every
-strategy of every pipeline degree and micro-batch size, and that is most of its time. They depend on the model, the
-strategy, the micro-batch size and the cost settings (cluster, precision, optimizer, framework, FP8 recipe) only —
-not on the memory budget, the batch, the variant or the target's partition rules — so searches of the same job under
-other budgets, variants or targets (`gbmw compare`, the paper's grid in benchmarks/search_speed.py, the smallest-budget
-bisection of a "nothing fits") reuse them. Entries are keyed by a digest of the model's and the cluster's full
+strategy of every pipeline degree and micro-batch size, those of one list and size at once (gbmw.cost.layer_cost_batch).
+They depend on the model, the strategy, the micro-batch size and the cost settings (cluster, precision, optimizer,
+framework, FP8 recipe) only — not on the memory budget, the batch, the variant or the target's partition rules — so
+searches of the same job under other budgets, variants or targets (`gbmw compare`, the paper's grid in
+benchmarks/search_speed.py, the smallest-budget bisection of a "nothing fits") reuse them. Entries are keyed by a digest of the model's and the cluster's full
 contents, so an edited model or cluster never meets a stale entry; the oldest are dropped past `MAX_ENTRIES`.
 """
 
@@ -15,7 +15,8 @@ import hashlib
 from collections import OrderedDict
 
 from gbmw.cost.comm import CommModel
-from gbmw.cost.layer_cost import CostSettings, LayerCosts, layer_costs
+from gbmw.cost.layer_cost import CostSettings, LayerCosts
+from gbmw.cost.layer_cost_batch import layer_costs_of_strategies
 from gbmw.cost.stage_cost import StrategyTables, strategy_tables
 from gbmw.space.strategy import Strategy
 from gbmw.specs.model_spec import ModelSpec
@@ -37,18 +38,22 @@ def cost_key(model: ModelSpec, settings: CostSettings) -> tuple:
 
 def cached_strategy_tables(key: tuple, model: ModelSpec, strategies: list[Strategy], micro_batch: int,
                            settings: CostSettings, comm: CommModel) -> StrategyTables:
-    """gbmw.cost.stage_cost.strategy_tables, with each strategy's `layer_costs` taken from or added to the cache
-    (`key`: `cost_key(model, settings)`, computed once per search)."""
-
-    def costs_of(strategy: Strategy) -> LayerCosts:
+    """gbmw.cost.stage_cost.strategy_tables, with each strategy's `layer_costs` taken from the cache, the missing
+    ones computed together (gbmw.cost.layer_cost_batch) and added to it (`key`: `cost_key(model, settings)`, computed
+    once per search)."""
+    found: dict[Strategy, LayerCosts] = {}
+    for strategy in strategies:
+        entry = _entries.get((key, strategy, micro_batch))
+        if entry is not None:
+            found[strategy] = entry
+    missing = [strategy for strategy in dict.fromkeys(strategies) if strategy not in found]
+    found.update(zip(missing, layer_costs_of_strategies(model, missing, micro_batch, settings, comm)))
+    for strategy in dict.fromkeys(strategies):
         entry = (key, strategy, micro_batch)
-        found = _entries.get(entry)
-        if found is None:
-            found = _entries[entry] = layer_costs(model, strategy, micro_batch, settings, comm)
+        if entry in _entries:
+            _entries.move_to_end(entry)
+        else:
+            _entries[entry] = found[strategy]
             if len(_entries) > MAX_ENTRIES:
                 _entries.popitem(last=False)
-        else:
-            _entries.move_to_end(entry)
-        return found
-
-    return strategy_tables(model, strategies, micro_batch, settings, comm, costs_of)
+    return strategy_tables(model, strategies, micro_batch, settings, comm, [found[s] for s in strategies])

@@ -268,6 +268,17 @@ def enumerate_strategies(
     group_size: int, axes: tuple[str, ...] = SEARCH_AXES, prune_dp_with_sdp: bool = True, ckpt: bool = True,
     selective: bool = False, sequence_parallel: bool = False, expert_parallel: bool = False,
 ) -> list[Strategy]:
+    """The decision trees over one stage's `group_size` devices (see `_enumerated_strategies`), a new list each call
+    of the same (frozen) Strategy objects: searches of one process share them and what they cache."""
+    return list(_enumerated_strategies(group_size, tuple(axes), prune_dp_with_sdp, ckpt, selective, sequence_parallel,
+                                       expert_parallel))
+
+
+@cache
+def _enumerated_strategies(
+    group_size: int, axes: tuple[str, ...], prune_dp_with_sdp: bool, ckpt: bool, selective: bool,
+    sequence_parallel: bool, expert_parallel: bool,
+) -> tuple[Strategy, ...]:
     """The decision trees over one stage's `group_size` devices (Sec. 3.2 construction rules).
 
     Each tree uses each axis at most once, innermost first, degrees from {2, 4, 8, …}; each tree
@@ -299,7 +310,7 @@ def enumerate_strategies(
     if expert_parallel:
         strategies += [strategy.with_expert_parallel(2**e) for strategy in list(strategies)
                        for e in range(1, _single_data_parallel_degree(strategy).bit_length())]
-    return strategies
+    return tuple(strategies)
 
 
 def _sequence_axis_placed(axes: tuple[str, ...]) -> bool:

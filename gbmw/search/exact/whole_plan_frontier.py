@@ -82,11 +82,16 @@ def extend_candidates(stash, excess, no_sync, sync, params, layout,
             n_layout[:count], n_option[:count], n_parent[:count])
 
 
+BLOCK_ROWS = 32
+"""Kept rows per block of the non-dominated filter (`_nondominated`); BLOCKS_PER_SPAN blocks make a span."""
+BLOCKS_PER_SPAN = 32
+
+
 @njit(cache=True)
-def _no_worse(columns: np.ndarray, row: int, other: int, width: int) -> bool:
-    """Row `row` is no greater than row `other` in every column."""
-    for c in range(width):
-        if columns[row, c] > columns[other, c]:
+def _beaten(values: np.ndarray, index: int, row_values: np.ndarray, first_column: int) -> bool:
+    """Row `index` of `values` is no greater than `row_values` in every column from `first_column` on."""
+    for c in range(first_column, values.shape[1]):
+        if values[index, c] > row_values[c]:
             return False
     return True
 
@@ -96,32 +101,60 @@ def _nondominated(columns: np.ndarray, group: np.ndarray, order: np.ndarray) -> 
     """Mask of the rows no other row of the same group matches or beats (≤) in every column (of equal rows the
     first in `order` is kept); `order` sorts the rows by group, first column and the sum of their columns, so a row
     can only be matched or beaten by one before it (float addition is monotone: a row no greater in every column has no
-    greater sum). The last row found to beat one is tried first: neighbours in the order are mostly beaten by the
-    same row."""
+    greater sum). A row is kept when no kept row of its group before it matches or beats it — whichever of them is
+    tried first, so the kept set is fixed by the order alone — and those have no greater first column: only the
+    others are compared. The search for one that beats it is fast:
+
+    * the last row found to beat one is tried first: neighbours in the order are mostly beaten by the same row;
+    * the kept rows are copied, in order, into blocks of BLOCK_ROWS, and those into spans of BLOCKS_PER_SPAN
+      blocks, each block and span with its columnwise minimum: a block or span whose minimum is above the row in
+      some column holds no row that beats it and is skipped whole (the newest first)."""
     rows, width = columns.shape
+    span_rows = BLOCK_ROWS * BLOCKS_PER_SPAN
     keep = np.zeros(rows, np.bool_)
-    kept = np.empty(rows, np.int64)
+    kept = np.empty((rows, width))
+    block_least = np.empty((rows // BLOCK_ROWS + 1, width))
+    span_least = np.empty((rows // span_rows + 1, width))
     kept_count = 0
     group_start = 0
     previous_group = -1
     last = -1
+    row_values = np.empty(width)
     for position in range(rows):
         row = order[position]
+        for c in range(width):
+            row_values[c] = columns[row, c]
         if group[row] != previous_group:
             previous_group = group[row]
             group_start = kept_count
             last = -1
-        if last >= 0 and _no_worse(columns, last, row, width):
+        if last >= 0 and _beaten(kept, last, row_values, 1):
             continue
         dominated = False
-        for k in range(kept_count - 1, group_start - 1, -1):
-            if _no_worse(columns, kept[k], row, width):
-                dominated = True
-                last = kept[k]
-                break
+        span = (kept_count - 1) // span_rows if kept_count > 0 else -1
+        while span >= 0 and span * span_rows + span_rows > group_start and not dominated:
+            if _beaten(span_least, span, row_values, 1):
+                block = min((kept_count - 1) // BLOCK_ROWS, (span + 1) * BLOCKS_PER_SPAN - 1)
+                while (block >= span * BLOCKS_PER_SPAN and block * BLOCK_ROWS + BLOCK_ROWS > group_start
+                       and not dominated):
+                    if _beaten(block_least, block, row_values, 1):
+                        for k in range(min(block * BLOCK_ROWS + BLOCK_ROWS, kept_count) - 1,
+                                       max(block * BLOCK_ROWS, group_start) - 1, -1):
+                            if _beaten(kept, k, row_values, 1):
+                                dominated = True
+                                last = k
+                                break
+                    block -= 1
+            span -= 1
         if not dominated:
             keep[row] = True
-            kept[kept_count] = row
+            block, span = kept_count // BLOCK_ROWS, kept_count // span_rows
+            for c in range(width):
+                kept[kept_count, c] = row_values[c]
+                if kept_count % BLOCK_ROWS == 0 or row_values[c] < block_least[block, c]:
+                    block_least[block, c] = row_values[c]
+                if kept_count % span_rows == 0 or row_values[c] < span_least[span, c]:
+                    span_least[span, c] = row_values[c]
             kept_count += 1
     return keep
 
@@ -151,7 +184,17 @@ def time_columns(no_sync: np.ndarray, sync: np.ndarray, optimizer: np.ndarray) -
                   ≤ (N_A − N_B) + max(0, S_A − S_B) + max(0, U_A − U_B)      when N_A ≤ N_B,
     as max is monotone and 1-Lipschitz: so A is never slower when it is no worse in all four columns. That keeps
     fewer alternatives than (N, S, U), where A must also have no more S and U."""
-    return np.stack([no_sync, no_sync + sync, no_sync + optimizer, no_sync + sync + optimizer], axis=1)
+    return _filled(np.empty((no_sync.shape[0], 4)), 0, no_sync, sync, optimizer)
+
+
+def _filled(columns: np.ndarray, first: int, no_sync: np.ndarray, sync: np.ndarray, optimizer: np.ndarray
+            ) -> np.ndarray:
+    """`columns` with `time_columns` written into its columns from `first` on."""
+    columns[:, first] = no_sync
+    np.add(no_sync, sync, out=columns[:, first + 1])
+    np.add(no_sync, optimizer, out=columns[:, first + 2])
+    np.add(columns[:, first + 1], optimizer, out=columns[:, first + 3])
+    return columns
 
 
 def option_columns(no_sync, sync, stash, forward, backward, params, step_s: float) -> np.ndarray:
@@ -167,8 +210,12 @@ def option_columns(no_sync, sync, stash, forward, backward, params, step_s: floa
     as s + x' = s + max(x + stash − forward, stash + backward) grows with both terms (x ≥ 0), and min(p + params,
     chunk) with min(params, chunk). This keeps fewer options than comparing each term on its own: ZeRO-2's larger
     backward buffer, for one, no longer keeps plain data parallelism whose stash is larger by more."""
-    memory = np.stack([stash, stash + backward, stash - forward, np.minimum(params, float(ADAM_CHUNK_ELEMENTS))], axis=1)
-    return np.concatenate([memory, time_columns(no_sync, sync, params * step_s)], axis=1)
+    columns = np.empty((stash.shape[0], 8))
+    columns[:, 0] = stash
+    np.add(stash, backward, out=columns[:, 1])
+    np.subtract(stash, forward, out=columns[:, 2])
+    np.minimum(params, float(ADAM_CHUNK_ELEMENTS), out=columns[:, 3])
+    return _filled(columns, 4, no_sync, sync, params * step_s)
 
 
 def plan_columns(stash, excess, no_sync, sync, params, step_s: float, single_stage_m: float | None) -> np.ndarray:
@@ -179,8 +226,12 @@ def plan_columns(stash, excess, no_sync, sync, params, step_s: float, single_sta
     Completing two partial plans the same way adds the same N, S and p to both, so the argument of `time_columns`
     holds for the stage they complete; p is compared only through U and the reserve, so a plan whose few more
     replicated parameters (a norm, a bias) cost less step time than its lower N saves is not kept beside it."""
-    memory = np.stack([stash, stash + excess, np.minimum(params, float(ADAM_CHUNK_ELEMENTS))], axis=1)
+    columns = np.empty((stash.shape[0], 4 if single_stage_m is not None else 7))
+    columns[:, 0] = stash
+    np.add(stash, excess, out=columns[:, 1])
+    np.minimum(params, float(ADAM_CHUNK_ELEMENTS), out=columns[:, 2])
     optimizer = params * step_s
     if single_stage_m is not None:
-        return np.concatenate([memory, (single_stage_m * no_sync + sync + optimizer)[:, None]], axis=1)
-    return np.concatenate([memory, time_columns(no_sync, sync, optimizer)], axis=1)
+        columns[:, 3] = single_stage_m * no_sync + sync + optimizer
+        return columns
+    return _filled(columns, 3, no_sync, sync, optimizer)
