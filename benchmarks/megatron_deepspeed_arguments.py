@@ -133,16 +133,12 @@ def expected_values(job: gbmw.JobSpec, plan: gbmw.Plan) -> dict:
                 ffn_hidden_size=arch.ffn_hidden_size or 4 * arch.hidden_size, seq_length=arch.seq_length)
 
 
-def check(arguments, job: gbmw.JobSpec, plan: gbmw.Plan, extra: tuple[str, ...] = (),
-          launch_environment: bool = True) -> str | None:
-    """None if Megatron-DeepSpeed parses and validates the plan's arguments (+ `extra`) into the plan's layout;
-    else why not. `launch_environment` False leaves out the variables the launch line sets (a control)."""
-    words = launch_line(plan, job, "pretrain_gpt.py", TARGET).split()
-    environment = dict(word.split("=", 1) for word in words[:words.index("deepspeed")])
+def parse_as_rank_zero(arguments, argv: list[str], environment: dict[str, str], world_size: int):
+    """Megatron-DeepSpeed's parse_args + validate_args on `argv` as rank 0 of `world_size` sees it under DeepSpeed's
+    launcher (`--local_rank=0` first, the launch line's `environment` set): the parsed arguments, or why it refused."""
     os.environ.pop("CUDA_DEVICE_MAX_CONNECTIONS", None)
-    os.environ.update(environment if launch_environment else {},
-                      WORLD_SIZE=str(plan.num_devices), RANK="0", LOCAL_RANK="0")
-    sys.argv = ["pretrain_gpt.py", "--local_rank=0", *plan_to_megatron_args(plan, job, TARGET), *extra]
+    os.environ.update(environment, WORLD_SIZE=str(world_size), RANK="0", LOCAL_RANK="0")
+    sys.argv = ["pretrain_gpt.py", "--local_rank=0", *argv]
     printed = io.StringIO()
     try:
         with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed), accelerator_named_cuda(arguments):
@@ -152,6 +148,19 @@ def check(arguments, job: gbmw.JobSpec, plan: gbmw.Plan, extra: tuple[str, ...] 
         return "argparse: " + printed.getvalue().strip().splitlines()[-1]
     except (AssertionError, RuntimeError, ValueError, TypeError, AttributeError) as error:
         return f"validate_args: {type(error).__name__}: {error}"
+    return args
+
+
+def check(arguments, job: gbmw.JobSpec, plan: gbmw.Plan, extra: tuple[str, ...] = (),
+          launch_environment: bool = True) -> str | None:
+    """None if Megatron-DeepSpeed parses and validates the plan's arguments (+ `extra`) into the plan's layout;
+    else why not. `launch_environment` False leaves out the variables the launch line sets (a control)."""
+    words = launch_line(plan, job, "pretrain_gpt.py", TARGET).split()
+    environment = dict(word.split("=", 1) for word in words[:words.index("deepspeed")])
+    args = parse_as_rank_zero(arguments, [*plan_to_megatron_args(plan, job, TARGET), *extra],
+                              environment if launch_environment else {}, plan.num_devices)
+    if isinstance(args, str):
+        return args
     wrong = [f"{key} {getattr(args, key, '(absent)')!r} (the plan's: {value!r})"
              for key, value in expected_values(job, plan).items() if getattr(args, key, None) != value]
     return "parsed into " + "; ".join(wrong) if wrong else None

@@ -11,10 +11,7 @@ the checkout's `megatron` package replaces megatron-core in sys.modules, and par
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -28,22 +25,11 @@ CURVE_STEPS = (1, 2, 500, 1999, 2000, 2001, 2500, 150000, 299999, 300000)
 def main() -> None:
     job = json.load(sys.stdin)
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-    from megatron_deepspeed_arguments import PRETRAIN_GPT_DEFAULTS, accelerator_named_cuda, import_arguments
+    from megatron_deepspeed_arguments import import_arguments, parse_as_rank_zero
 
-    arguments = import_arguments(job["checkout"])
-    os.environ.pop("CUDA_DEVICE_MAX_CONNECTIONS", None)
-    os.environ.update(job["environment"], WORLD_SIZE=str(job["world_size"]), RANK="0", LOCAL_RANK="0")
-    sys.argv = ["pretrain_gpt.py", "--local_rank=0", *job["argv"]]
-    printed = io.StringIO()
-    try:
-        with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed), accelerator_named_cuda(arguments):
-            args = arguments.parse_args()
-            arguments.validate_args(args, dict(PRETRAIN_GPT_DEFAULTS))
-    except SystemExit:
-        print(json.dumps({"refused": "argparse: " + printed.getvalue().strip().splitlines()[-1]}))
-        return
-    except (AssertionError, RuntimeError, ValueError, TypeError, AttributeError) as error:
-        print(json.dumps({"refused": f"validate_args: {type(error).__name__}: {error}"}))
+    args = parse_as_rank_zero(import_arguments(job["checkout"]), job["argv"], job["environment"], job["world_size"])
+    if isinstance(args, str):
+        print(json.dumps({"refused": args}))
         return
     print(json.dumps({"parsed": {key: getattr(args, key, None) for key in CHECKED},
                       "curves": _curves(args, job["ds_config"])}))
