@@ -6,7 +6,8 @@ import pytest
 from conftest import make_cluster
 
 from gbmw.cost.comm import CommModel
-from gbmw.cost.layer_cost import CostSettings, layer_costs
+from gbmw.cost.layer_cost import CostSettings
+from gbmw.cost.layer_cost_batch import layer_costs
 from gbmw.space.strategy import Strategy
 from gbmw.specs.model_spec import ModelSpec
 from gbmw.specs.transformer_layers import BlockShape, block_layer

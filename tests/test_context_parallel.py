@@ -7,7 +7,8 @@ from conftest import make_cluster, make_layer, make_model
 
 import gbmw
 from gbmw.cost.comm import CommModel
-from gbmw.cost.layer_cost import CostSettings, layer_costs
+from gbmw.cost.layer_cost import CostSettings
+from gbmw.cost.layer_cost_batch import layer_costs
 from gbmw.errors import PlanError
 from gbmw.ranks import transition_fraction
 from gbmw.space.strategy import Strategy, enumerate_strategies

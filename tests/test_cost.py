@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 
 from gbmw.cost.comm import CommModel
 from gbmw.cost.estimate import estimate_plan, plan_stage_estimates
-from gbmw.cost.layer_cost import CostSettings, layer_costs
+from gbmw.cost.layer_cost import CostSettings
+from gbmw.cost.layer_cost_batch import layer_costs
 from gbmw.cost.model_states import state_bytes
 from gbmw.cost.pipeline_schedules import pipeline_time_s
 from gbmw.cost.stage_cost import StageCosts, stage_estimate, strategy_tables
@@ -281,7 +282,8 @@ def test_profiled_call_timings_add_what_compute_and_collectives_leave_out(strate
     what that timing shows beyond the compute and modelled collectives of the same call (and nothing when
     the timing is fully explained)."""
     from gbmw.cost.comm import CommModel
-    from gbmw.cost.layer_cost import CostSettings, collective_time_s, layer_costs
+    from gbmw.cost.layer_cost import CostSettings, collective_time_s
+    from gbmw.cost.layer_cost_batch import layer_costs
     from gbmw.specs.jobs import load_job
 
     job = load_job("gpt-tiny_cpu-x4")
@@ -316,7 +318,8 @@ def test_a_checkpointed_tp_layer_repeats_its_forward_framework_cost():
     """tp2+ckpt recomputes the forward, so it pays the profiled TP forward's unexplained cost twice; tp2 and
     dp2+ckpt are unaffected by tp2_forward_time_s."""
     from gbmw.cost.comm import CommModel
-    from gbmw.cost.layer_cost import CostSettings, collective_time_s, layer_costs
+    from gbmw.cost.layer_cost import CostSettings, collective_time_s
+    from gbmw.cost.layer_cost_batch import layer_costs
     from gbmw.specs.jobs import load_job
 
     job = load_job("gpt-tiny_cpu-x4")

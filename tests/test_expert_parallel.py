@@ -6,7 +6,8 @@ import pytest
 from conftest import make_cluster, make_job, make_layer, make_model
 
 from gbmw.cost.comm import CommModel
-from gbmw.cost.layer_cost import CostSettings, layer_costs
+from gbmw.cost.layer_cost import CostSettings
+from gbmw.cost.layer_cost_batch import layer_costs
 from gbmw.errors import PlanError
 from gbmw.handwritten.uniform_config import UniformConfig
 from gbmw.plan import plan_from_strategy_names

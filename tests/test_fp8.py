@@ -8,7 +8,8 @@ import pytest
 from conftest import make_cluster
 
 from gbmw.cost.comm import CommModel
-from gbmw.cost.layer_cost import CostSettings, layer_costs
+from gbmw.cost.layer_cost import CostSettings
+from gbmw.cost.layer_cost_batch import layer_costs
 from gbmw.errors import GbmwError, SpecError
 from gbmw.space.strategy import Strategy
 from gbmw.space.targets import get_target

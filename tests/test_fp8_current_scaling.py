@@ -13,7 +13,8 @@ from conftest import make_cluster
 import gbmw
 from gbmw.adapters.megatron import megatron_args_to_plan, plan_to_megatron_args
 from gbmw.cost.comm import CommModel
-from gbmw.cost.layer_cost import CostSettings, layer_costs
+from gbmw.cost.layer_cost import CostSettings
+from gbmw.cost.layer_cost_batch import layer_costs
 from gbmw.errors import GbmwError, PlanError, SpecError
 from gbmw.plan import Plan
 from gbmw.space.strategy import Strategy

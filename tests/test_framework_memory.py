@@ -9,7 +9,8 @@ import pytest
 from conftest import make_cluster, make_layer, make_model
 
 from gbmw.cost.comm import CommModel
-from gbmw.cost.layer_cost import CostSettings, layer_costs
+from gbmw.cost.layer_cost import CostSettings
+from gbmw.cost.layer_cost_batch import layer_costs
 from gbmw.cost.stage_cost import StageCosts, stage_estimate, strategy_tables
 from gbmw.space.strategy import Strategy
 

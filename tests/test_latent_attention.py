@@ -9,7 +9,8 @@ import pytest
 from conftest import make_cluster
 
 from gbmw.cost.comm import CommModel
-from gbmw.cost.layer_cost import CostSettings, forward_compute_s, layer_costs
+from gbmw.cost.layer_cost import CostSettings, forward_compute_s
+from gbmw.cost.layer_cost_batch import layer_costs
 from gbmw.space.runtime_support import runtime_refusal
 from gbmw.space.strategy import Strategy
 from gbmw.specs.architectures import GPTArchitecture

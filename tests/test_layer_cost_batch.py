@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from conftest import with_timings
 
-from gbmw.cost.layer_cost import layer_costs
+from layer_cost_reference import reference_layer_costs as layer_costs
 from gbmw.cost.layer_cost_batch import layer_costs_of_strategies
 from gbmw.cost.stage_cost import strategy_tables
 from gbmw.search.planner import Planner

@@ -5,7 +5,8 @@ import pytest
 from conftest import make_cluster, make_layer, make_model
 
 from gbmw.cost.comm import CommModel
-from gbmw.cost.layer_cost import CostSettings, layer_costs
+from gbmw.cost.layer_cost import CostSettings
+from gbmw.cost.layer_cost_batch import layer_costs
 from gbmw.cost.matmul_waves import linear_wave_loss_s, matmul_time_s, wave_efficiency
 from gbmw.space.strategy import Strategy
 from gbmw.specs.cluster_spec import ClusterSpec

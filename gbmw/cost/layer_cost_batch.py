@@ -41,6 +41,13 @@ def _rows_of(count: int, per_row: dict[int, np.ndarray], num_layers: int) -> np.
     return out
 
 
+def layer_costs(model: ModelSpec, strategy: Strategy, micro_batch: float, settings: CostSettings,
+                comm: CommModel) -> LayerCosts:
+    """c(l, S), O_f(l, S), O_b(l, S), O_ms(l, S) of every layer l under one strategy S (gbmw.cost.layer_cost's module
+    docstring; paper Eqs. (1)–(4)): the tables of a one-strategy list."""
+    return layer_costs_of_strategies(model, [strategy], micro_batch, settings, comm)[0]
+
+
 def layer_costs_of_strategies(model: ModelSpec, strategies: list[Strategy], micro_batch: float,
                               settings: CostSettings, comm: CommModel) -> list[LayerCosts]:
     """`[layer_costs(model, s, micro_batch, settings, comm) for s in strategies]`, equal to it bit for bit (the module
