@@ -165,3 +165,23 @@ def test_launch_line_passes_megatron_deepspeeds_own_parser(tmp_path, model):
                                  input=json.dumps(job), capture_output=True, text=True, timeout=600)
         curves = json.loads(control.stdout.strip().splitlines()[-1])["curves"]
         assert curves["megatron"] != pytest.approx(curves["deepspeed"], rel=1e-3)
+
+
+@pytest.mark.torch
+def test_each_recipe_ds_config_starts_deepspeed_with_megatrons_own_optimizer():
+    """Megatron-DeepSpeed hands deepspeed.initialize its own optimizer and schedule beside the recipe's ds_config
+    (which also has an `optimizer` section): DeepSpeed's engine starts on each recipe's config so — a pipeline engine
+    where the recipe pipelines — and takes one step (one process; adapters/deepspeed/engine_check.py)."""
+    pytest.importorskip("deepspeed")
+    from gbmw.adapters.deepspeed.engine_check import EngineCase, start_engines
+
+    cases = []
+    for model in MODELS:
+        folder = SCRIPT.parent / model
+        arguments = (folder / "megatron_args.txt").read_text().split()
+        pipeline = int(arguments[arguments.index("--pipeline-model-parallel-size") + 1]) > 1
+        cases.append(EngineCase(model, json.loads((folder / "ds_config.json").read_text()), pipeline=pipeline,
+                                client_optimizer=True))
+    outcomes = start_engines(cases)
+    assert [(outcome.name, outcome.refusal) for outcome in outcomes] == [(model, None) for model in MODELS], [
+        outcome.traceback for outcome in outcomes]

@@ -47,11 +47,14 @@ weight_decay, max_grad_norm defaults); warmup as with --warmup_steps 10 and 100 
 
 @dataclass(frozen=True)
 class EngineCase:
-    """One config to start: `pipeline` for DeepSpeed's pipeline engine (a plan with PP > 1)."""
+    """One config to start: `pipeline` for DeepSpeed's pipeline engine (a plan with PP > 1); `client_optimizer` when
+    the training script passes its own optimizer even where the config has one (Megatron-DeepSpeed: its optimizer and
+    schedule win over the config's)."""
 
     name: str
     config: dict[str, Any]
     pipeline: bool = False
+    client_optimizer: bool = False
 
 
 @dataclass
@@ -131,7 +134,8 @@ class EngineChecker:
         prepared, restated = [], []
         for case in cases:
             config, notes = stand_in_config(case.config)
-            prepared.append({"name": case.name, "config": config, "pipeline": case.pipeline})
+            prepared.append({"name": case.name, "config": config, "pipeline": case.pipeline,
+                             "client_optimizer": case.client_optimizer})
             restated.append(notes)
         try:
             self._process.communicate(json.dumps(prepared), timeout=self.timeout_s)

@@ -109,8 +109,11 @@ def _one_step(case: dict[str, Any], stood_in: list[str]) -> None:
     pipeline = case.get("pipeline", False)
     model = _stand_in_model(pipeline)
     client = {}
-    if "optimizer" not in config:  # the script passes its own (HF Trainer: torch's AdamW; Megatron: its Adam(W))
+    if "optimizer" not in config or case.get("client_optimizer"):  # the script passes its own (HF Trainer: torch's
+        # AdamW; Megatron-DeepSpeed: its Adam(W) and schedule, whatever the config says)
         client["optimizer"] = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        if case.get("client_optimizer"):
+            client["lr_scheduler"] = torch.optim.lr_scheduler.LambdaLR(client["optimizer"], lambda step: 1.0)
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config, **client)
     dtype = (torch.bfloat16 if engine.bfloat16_enabled() else torch.float16 if engine.fp16_enabled()
              else torch.float32)
