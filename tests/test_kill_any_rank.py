@@ -153,3 +153,30 @@ def test_under_torchrun_one_survivor_reports_a_killed_rank(tmp_path):
             launcher.kill()
     lines = [line for line in err.splitlines() if line.startswith("gbmw: error:")]
     assert status != 0 and len(lines) == 1 and "lost contact with another process during step" in lines[0], err[-3000:]
+
+
+def test_under_the_deepspeed_launcher_one_survivor_reports_a_dead_rank_zero(tmp_path):
+    """The deepspeed launcher's rendezvous store lives in rank 0: with rank 0 SIGKILLed the survivors cannot count
+    reports there, and each printed its line (three of four). They now claim the report on their node — the first to
+    bind the job's name in Linux's abstract socket namespace prints (adapters/runtime/launch.py). Catches: one line
+    per survivor."""
+    pytest.importorskip("deepspeed")
+    from dist_fixture import free_port
+
+    (tmp_path / "plan.yaml").write_text(make_plan("gpt-tiny", 4, ["dp4"] * 6, [6], 16, 2).to_yaml())
+    environment = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}", OMP_NUM_THREADS="1",
+                       PYTHONUNBUFFERED="1")
+    launcher = subprocess.Popen([str(BIN / "deepspeed"), "--num_gpus", "4", "--master_port", str(free_port()),
+                                 "--module", "gbmw", "train", JOB, "--plan", "plan.yaml", "--steps", "100000"],
+                                cwd=tmp_path, env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        for line in launcher.stdout:
+            if line.startswith("step ") and line.split()[1].startswith("2/"):
+                break
+        status, err = _kill_and_wait(launcher, _worker_ranks(launcher)[0], signal.SIGKILL)
+        err += launcher.stdout.read()
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    lines = [line for line in err.splitlines() if line.startswith("gbmw: error:")]
+    assert status != 0 and len(lines) == 1 and "lost contact with another process during step" in lines[0], err[-3000:]

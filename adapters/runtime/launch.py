@@ -177,8 +177,30 @@ def _first_to_report_lost_contact() -> bool:
         store = dist.distributed_c10d._get_default_store()
         store.set_timeout(datetime.timedelta(seconds=STORE_WAIT_S))
         return store.add(LOST_CONTACT_REPORTS, 1) == 1
-    except Exception:  # noqa: BLE001 - a dead store host fails in several ways; then every survivor reports
-        return True
+    except Exception:  # noqa: BLE001 - a dead store host fails in several ways: the node decides
+        return _first_on_this_node()
+
+
+_CLAIM: list = []
+"""The socket that holds this node's claim to report (`_first_on_this_node`) until the process exits."""
+
+
+def _first_on_this_node() -> bool:
+    """Whether this survivor is the first on its node to report, when the job's store is gone with its host (rank 0
+    under the deepspeed launcher): the first to bind a name in Linux's abstract socket namespace, unique to the job
+    (its rendezvous address and port), wins. The name lives only as long as the process — nothing is written to
+    disk. Where the namespace does not exist (not Linux) every survivor reports."""
+    import errno
+    import socket
+
+    name = f"\0gbmw-lost-contact-{os.environ.get('MASTER_ADDR', '')}-{os.environ.get('MASTER_PORT', '')}"
+    try:
+        claim = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        claim.bind(name)
+    except OSError as error:  # another survivor here holds it; any other failure (no abstract namespace): report
+        return error.errno != errno.EADDRINUSE
+    _CLAIM.append(claim)
+    return True
 
 
 def is_communication_failure(error: BaseException) -> bool:
