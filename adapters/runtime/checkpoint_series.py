@@ -42,11 +42,6 @@ def steps_saved(series: Path) -> list[int]:
                   if (match := STEP_PATTERN.fullmatch(entry.name)) and (entry / MANIFEST).is_file())
 
 
-def is_series(path: Path) -> bool:
-    """A folder of `--save-every` checkpoints rather than one checkpoint."""
-    return not (path / MANIFEST).exists() and bool(steps_saved(path))
-
-
 def remove_interrupted_step_saves(series: Path) -> None:
     """Report and remove the saves of step checkpoints in `series` that a kill interrupted, when their marker proves
     gbmw wrote them (partial_saves.remove_interrupted_saves; anything else is left and named)."""
@@ -59,9 +54,9 @@ def checkpoint_to_load(path: str | Path) -> tuple[Path, str | None]:
     """The checkpoint `--load PATH` resumes from, and a note when PATH is a `--save-every` folder: its latest
     complete checkpoint. A path that is neither is left to the checkpoint reader to refuse with its own line."""
     path = Path(path)
-    if not is_series(path):
+    steps = [] if (path / MANIFEST).exists() else steps_saved(path)
+    if not steps:  # one checkpoint, or nothing the reader will accept
         return path, None
-    steps = steps_saved(path)
     latest = step_checkpoint(path, steps[-1])
     return latest, (f"{path} holds {len(steps)} checkpoint(s) saved by --save-every; resuming from the latest "
                     f"complete one, {latest.name}")
