@@ -14,6 +14,7 @@ import sys
 from dataclasses import dataclass
 from typing import Callable, TypeVar
 
+from gbmw.adapters.runtime.cpu_threads import threads_per_process
 from gbmw.errors import GbmwError, LostContactError, error_line
 
 
@@ -36,11 +37,9 @@ def device_and_backend(local_rank: int) -> tuple[str, str]:
 
 
 def cpu_threads_per_process(world_size: int) -> int:
-    """The machine's cores shared among the processes on it. torchrun sets OMP_NUM_THREADS=1; the deepspeed
-    launcher sets nothing, and N processes each starting one thread per core oversubscribe the CPU (gloo's
-    waits then spin against compute: 50× slower steps measured with 4 processes on 2 cores)."""
+    """The usable CPUs shared among the processes on this machine (gbmw.adapters.runtime.cpu_threads)."""
     local_processes = int(os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("LOCAL_SIZE") or world_size)
-    return max(1, (os.cpu_count() or 1) // max(1, local_processes))
+    return threads_per_process(local_processes)
 
 
 def init_distributed(timeout_s: float = 300.0, local_rank: int | None = None) -> ProcessContext:

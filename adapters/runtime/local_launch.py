@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Sequence
 
 from gbmw.errors import GbmwError, LostContactError, error_line
+from gbmw.adapters.runtime.cpu_threads import threads_per_process
 
 LAUNCHER_PID = "GBMW_LAUNCHER_PID"
 """Set for the workers of `launch_locally`: the process they must not outlive."""
@@ -45,12 +46,6 @@ FAILURE_REPORTS = "GBMW_FAILURE_REPORTS"
 
 RANK_ZERO_FIRST_S = 2.0
 """How long the other ranks wait before leaving with an error only rank 0 prints (it needs well under a second)."""
-
-
-def threads_per_process(num_processes: int) -> int:
-    """OMP threads each local process gets when the user set none: the CPU cores split evenly (torchrun gives 1,
-    which leaves most cores idle for the CPU runtime; on a GPU the threads matter little)."""
-    return max(1, (os.cpu_count() or 1) // num_processes)
 
 
 def launch_locally(num_processes: int, argv: Sequence[str]) -> int:

@@ -43,7 +43,7 @@ def add_local_launch(command) -> None:
     command.add_argument("--nproc-per-node", type=integer(1, 4096), metavar="N",
                          help="start N processes on this machine, as torchrun --standalone does, without torchrun's "
                               "traceback after an error (gbmw.adapters.runtime.local_launch; OMP_NUM_THREADS, if "
-                              "unset, becomes the CPU cores / N)")
+                              "unset, becomes the CPUs this process may use — affinity and cgroup quota — / N)")
 
 
 def _run_validate(args: argparse.Namespace) -> int:
