@@ -204,3 +204,22 @@ def test_lambda_grid_when_one_stash_trades_nothing():
     grid = lambda_grid(0.0, 3e-9)
     assert grid[0] == 0.0 and np.all(np.isfinite(grid)) and np.all(grid[1:] > 0) and grid[-1] == 3e-9
     assert np.array_equal(lambda_grid(0.0, 0.0), np.zeros(1))
+
+
+def test_trade_rates_equal_every_pair_of_every_layer():
+    """trade_rates compares each distinct layer column once; the rates it returns must be those of every pair of
+    strategies of every layer, repeated columns (blocks of one kind) and forbidden strategies included. Catches a
+    deduplication that drops a column, or splits time from its memory."""
+    generator = np.random.default_rng(5)
+    for _ in range(50):
+        strategies, kinds = generator.integers(1, 6), generator.integers(1, 4)
+        time_s = generator.random((strategies, kinds)) * 1e-3
+        memory = generator.random((strategies, kinds)) * 1e9
+        time_s[generator.random((strategies, kinds)) < 0.2] = np.inf
+        layers = generator.integers(0, kinds, size=generator.integers(1, 9))
+        time_s, memory = time_s[:, layers], memory[:, layers]
+        rates = [(time_s[a, l] - time_s[b, l]) / (memory[b, l] - memory[a, l])
+                 for l in range(len(layers)) for a in range(strategies) for b in range(strategies)
+                 if np.isfinite(time_s[a, l]) and np.isfinite(time_s[b, l])
+                 and time_s[a, l] > time_s[b, l] and memory[b, l] > memory[a, l]]
+        assert trade_rates(time_s, memory) == ((min(rates), max(rates)) if rates else (0.0, 0.0))

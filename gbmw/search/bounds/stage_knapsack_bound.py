@@ -60,7 +60,12 @@ _EPSILON = np.finfo(np.float64).eps
 
 def trade_rates(time_s: np.ndarray, memory_bytes: np.ndarray) -> tuple[float, float]:
     """(least, greatest) positive seconds saved per byte spent between two allowed strategies of one layer
-    (`time_s` inf where not allowed); (0, 0) when no layer trades time for memory."""
+    (`time_s` inf where not allowed); (0, 0) when no layer trades time for memory. A rate is a pair of strategies of
+    one layer, so layers whose columns are equal (the blocks of one kind) give the same rates: each distinct column
+    is compared once (S² pairs per distinct layer, not per layer: 10× fewer for Mixtral-8x7B's 34 layers)."""
+    both = np.concatenate((time_s, memory_bytes)).T
+    distinct = list({column.tobytes(): layer for layer, column in enumerate(both)}.values())
+    time_s, memory_bytes = time_s[:, distinct], memory_bytes[:, distinct]
     finite = np.isfinite(time_s)
     t = np.where(finite, time_s, np.nan)
     dt = t[:, None, :] - t[None, :, :]

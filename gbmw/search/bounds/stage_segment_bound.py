@@ -58,21 +58,26 @@ def _may_beat(no_sync, extra_s, free, suffix_s, suffix_abs, lambdas, starts, end
     the module). The memory-blind bound of a completion is tried first: the memory-aware one is never below it."""
     plans, points = no_sync.shape[0], lambdas.shape[0]
     keep = np.zeros(plans, np.bool_)
+    last_exceeding = 0  # the λ that last proved a completion too slow is tried first: neighbours share it
     for p in range(plans):
         for k in range(ends.shape[0]):
             stage = no_sync[p] + least_segment_s[k] + send_floor_s[k]
             if (m - 1.0) * max(stage, other_max[k]) + stage + other_sum[k] + extra_s[p] > limit_s:
                 continue
             start, e = starts[k], ends[k]
-            segment = least_segment_s[k]
-            for j in range(points):
+            exceeds = False
+            for step in range(points):  # the bound only grows with each λ: stop at the first that exceeds
+                j = (last_exceeding + step) % points
                 penalty = lambdas[j] * free[p]
                 value = (suffix_s[j, start] - suffix_s[j, e] - penalty
                          - error_ulps * _EPSILON * (suffix_abs[j, start] + abs(penalty)))
-                if value > segment:
-                    segment = value
-            stage = no_sync[p] + segment + send_floor_s[k]
-            if (m - 1.0) * max(stage, other_max[k]) + stage + other_sum[k] + extra_s[p] <= limit_s:
+                if value > least_segment_s[k]:
+                    stage = no_sync[p] + value + send_floor_s[k]
+                    if (m - 1.0) * max(stage, other_max[k]) + stage + other_sum[k] + extra_s[p] > limit_s:
+                        exceeds = True
+                        last_exceeding = j
+                        break
+            if not exceeds:
                 keep[p] = True
                 break
     return keep

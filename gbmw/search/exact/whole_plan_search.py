@@ -257,10 +257,12 @@ class WholePlanSearch:
             self.reserve_per_parameter, float(ADAM_CHUNK_ELEMENTS), float(self.m), self.step_s, rest_s,
             self.limit_s * (1 + INCUMBENT_SLACK), *rest)
         n_stash, n_excess, n_no_sync, n_sync, n_params, n_layout, n_option, n_parent = columns
+        if lower_bound is not None:  # whether any completion may beat the incumbent (the next two methods)
+            may_beat = lower_bound(n_no_sync, n_sync, n_params, n_stash)
+            columns = [column[may_beat] for column in columns]
+            n_stash, n_excess, n_no_sync, n_sync, n_params, n_layout, n_option, n_parent = columns
         keep = nondominated(plan_columns(n_stash, n_excess, n_no_sync, n_sync, n_params, self.step_s,
                                          self.m if self.pp == 1 else None), n_layout)
-        if lower_bound is not None:  # whether any completion may beat the incumbent (the next two methods)
-            keep = keep[lower_bound(n_no_sync[keep], n_sync[keep], n_params[keep], n_stash[keep])]
         return _Node(n_stash[keep], n_excess[keep], n_no_sync[keep], n_sync[keep], n_params[keep], n_layout[keep],
                      strategy[n_option[keep]], n_parent[keep], node, node.depth + 1)
 
