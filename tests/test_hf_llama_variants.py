@@ -23,8 +23,9 @@ CONFIGS = Path(__file__).parent / "hf_configs"
 TRANSFORMERS_PARAMETERS = {
     # sum(p.numel() for p in AutoModelForCausalLM.from_config(config).parameters()) under transformers 5.24 on the
     # meta device (tied head counted once); test_counts_are_what_transformers_builds re-counts them where torch is.
-    # The published sizes: Qwen3-0.6B and -14B ("0.6B", "14.8B" on their model cards), Gemma 2B and 7B (the Gemma
-    # report's 2.51B and 8.54B), Phi-3-mini and Phi-3.5-mini ("3.8B").
+    # Against the published sizes: Qwen3-0.6B and -14B's model cards (0.6B, 0.44B without the embeddings; 14.8B,
+    # 13.2B without the embedding and head), Gemma 2B and 7B, named by their counts without the embeddings
+    # (1,981,884,416 and 7,751,248,896 here), Phi-3-mini and Phi-3.5-mini (3.8B).
     "Qwen3-0.6B": 596_049_920,
     "Qwen3-14B": 14_768_307_200,
     "gemma-2b-it": 2_506_172_416,
@@ -105,7 +106,8 @@ def test_each_variant_as_its_modeling_code_builds_it():
     assert qwen.layers[1].parameter_count == h * (heads + 2 * kv) * head_dim + heads * head_dim * h + 2 * head_dim \
         + 3 * h * ffn + 2 * h == 15_730_944
     gemma_arch = import_hf_config(CONFIGS / "gemma-2b-it.json", 2048)
-    assert (gemma_arch.gated_activation, gemma_arch.scaled_embeddings, gemma_arch.tie_embeddings) == ("gelu", True, True)
+    assert (gemma_arch.gated_activation, gemma_arch.scaled_embeddings, gemma_arch.tie_embeddings) == (
+        "gelu", True, True)
     gemma = build_model(gemma_arch, "bf16")
     h, heads, kv, head_dim, ffn = 2048, 8, 1, 256, 16384
     assert gemma.layers[1].parameter_count == h * (heads + 2 * kv) * head_dim + heads * head_dim * h + 3 * h * ffn \
@@ -124,9 +126,10 @@ def test_gemma_scales_its_embeddings_in_one_more_pass_and_geglu_costs_as_swiglu(
     arch = import_hf_config(CONFIGS / "gemma-2b-it.json", s)
     scaled, plain = (build_model(arch.model_copy(update={"scaled_embeddings": flag}), "bf16").layers[0]
                      for flag in (True, False))
-    assert scaled.forward_memory_traffic_bytes_per_sample - plain.forward_memory_traffic_bytes_per_sample == 2 * s * h * d
-    assert scaled.model_copy(update={"forward_memory_traffic_bytes_per_sample": 0.0}) == plain.model_copy(
-        update={"forward_memory_traffic_bytes_per_sample": 0.0})  # no parameters, nothing kept for the backward
+    traffic = "forward_memory_traffic_bytes_per_sample"
+    assert getattr(scaled, traffic) - getattr(plain, traffic) == 2 * s * h * d
+    assert scaled.model_copy(update={traffic: 0.0}) == plain.model_copy(update={traffic: 0.0})  # no parameters,
+    # nothing kept for the backward
     swiglu = build_model(arch.model_copy(update={"gated_activation": "silu"}), "bf16")
     assert swiglu.layers[1:] == build_model(arch, "bf16").layers[1:]  # each gate keeps its input: the same blocks
 
@@ -251,3 +254,14 @@ def test_megatron_arguments_carry_qwen3_and_refuse_gemma(tmp_path):
         with pytest.raises(GbmwError, match=r"cannot express `gated_activation: gelu` \(BLOOM, OPT and Falcon's "
                                             r"layouts, and Gemma's GeGLU and scaled embeddings, have no Megatron"):
             plan_to_megatron_args(plan, job, target)
+
+
+def test_a_recipe_with_a_gelu_gate_and_no_gated_mlp_is_one_line():
+    from gbmw.specs.architectures import parse_architecture
+
+    recipe = dict(family="gpt", name="tiny", num_layers=2, hidden_size=64, num_heads=4, seq_length=16, vocab_size=100,
+                  gated_activation="gelu")
+    with pytest.raises(SpecError) as raised:
+        parse_architecture(recipe, "tiny.yaml")
+    assert "gated_activation 'gelu' without gated_mlp" in str(raised.value) and "\n" not in str(raised.value)
+    assert parse_architecture({**recipe, "gated_mlp": True}, "tiny.yaml").gated_activation == "gelu"

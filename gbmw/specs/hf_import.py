@@ -1,7 +1,6 @@
 """A Hugging Face config.json (GPT-2, LLaMA/Mistral/Qwen2, Qwen3, Gemma, Phi-3, BLOOM, OPT, Falcon, BERT/RoBERTa,
-T5/mT5, ViT; the
-mixtures of experts Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, GPT-OSS, DBRX, DeepSeek-V2/V3) read into gbmw's architecture
-types, from the file alone (no transformers import, nothing downloaded or executed).
+T5/mT5, ViT; the mixtures of experts Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, GPT-OSS, DBRX, DeepSeek-V2/V3) read into
+gbmw's architecture types, from the file alone (no transformers import, nothing downloaded or executed).
 
 What the file does not say is asked of the user: the training sequence length (a config states only the longest
 the model takes, `max_position_embeddings`; used, with a note, when none is given) and whether attention is fused
@@ -45,7 +44,8 @@ _HF_KEYS = {"gpt2": {"num_layers": "n_layer", "hidden_size": "n_embd", "num_head
                      "max_position_embeddings": "n_positions"},
             "t5": {"num_encoder_layers": "num_layers", "hidden_size": "d_model", "head_dim": "d_kv",
                    "ffn_hidden_size": "d_ff"},
-            **{kind: _HF_KEYS_OF_LLAMA_BERT_VIT for kind in (*_LLAMA_LIKE, *LLAMA_VARIANTS, "bert", "roberta", "vit")}}
+            **{kind: _HF_KEYS_OF_LLAMA_BERT_VIT
+               for kind in (*_LLAMA_LIKE, *LLAMA_VARIANTS, "bert", "roberta", "vit")}}
 _HF_KEYS["mt5"] = _HF_KEYS["t5"]
 _HF_KEYS["mixtral"] = {**_HF_KEYS_OF_LLAMA_BERT_VIT, "moe.num_experts": "num_local_experts",
                        "moe.top_k": "num_experts_per_tok", "moe.expert_ffn_hidden_size": "intermediate_size"}
@@ -116,9 +116,11 @@ def import_hf_config(path: str | Path, seq_length: int | None = None, flash_atte
             max_position_embeddings=need("max_position_embeddings"), vocab_size=need("vocab_size"),
             gated_mlp=True, norm="rms", position_embedding="rotary",
             tie_embeddings=config.get("tie_word_embeddings", False), dropout=False,
-            rope_theta=config.get("rope_theta", 10000.0), **({} if variant else _llama_biases(config, model_type, where)),
+            rope_theta=config.get("rope_theta", 10000.0),
+            **({} if variant else _llama_biases(config, model_type, where)),
             **({} if model_type in UNWINDOWED else _windows(config, model_type, where)),
-            attention_sinks=model_type == "gpt_oss" or None, qk_norm={"qwen3_moe": "head", "olmoe": "full"}.get(model_type),
+            attention_sinks=model_type == "gpt_oss" or None,
+            qk_norm={"qwen3_moe": "head", "olmoe": "full"}.get(model_type),
             moe=llama_style_experts(config, model_type, where) if model_type in _MOE_DECODERS else None,
         )
         data.update(variant)
@@ -190,10 +192,10 @@ def import_hf_config(path: str | Path, seq_length: int | None = None, flash_atte
         )
     else:
         raise SpecError(
-            f"{where}: field `model_type`: value {shown(model_type)} — supported: gpt2, llama, mistral, qwen2, qwen3, "
-            "gemma, phi3, bloom, opt, falcon (and its first RefinedWeb, RefinedWebModel), mixtral, qwen2_moe, qwen3_moe, "
-            "olmoe, gpt_oss, dbrx, deepseek_v2, deepseek_v3, bert, roberta, t5, mt5, vit; or write a model recipe YAML "
-            "(see recipes/models/)"
+            f"{where}: field `model_type`: value {shown(model_type)} — supported: gpt2, llama, mistral, qwen2, "
+            "qwen3, gemma, phi3, bloom, opt, falcon (and its first RefinedWeb, RefinedWebModel), mixtral, qwen2_moe, "
+            "qwen3_moe, olmoe, gpt_oss, dbrx, deepseek_v2, deepseek_v3, bert, roberta, t5, mt5, vit; or write a model "
+            "recipe YAML (see recipes/models/)"
         )
     if data.get("family") == "gpt" and model_type != "gpt2":
         data["rope_scaling"] = _rope_scaling(config, where)
