@@ -53,7 +53,8 @@ def _architecture_values(arch: GPTArchitecture, target: str) -> dict[str, Any]:
     ) if bad]
     layout = dense_layout_refusal(arch)
     if layout is not None:
-        unexpressed.append(f"{layout} (BLOOM, OPT and Falcon's layouts have no Megatron flags)")
+        unexpressed.append(f"{layout} (BLOOM, OPT and Falcon's layouts, and Gemma's GeGLU and scaled embeddings, "
+                           "have no Megatron flags)")
     if unexpressed:
         raise GbmwError(f"model {arch.name}: {target}'s arguments cannot express {'; '.join(unexpressed)} — plan it "
                         "for --target deepspeed or runtime, or write a model recipe YAML for the nearest layout")

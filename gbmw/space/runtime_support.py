@@ -6,7 +6,8 @@ GELU MLP, biases) and LLaMA-style (RMSNorm, SwiGLU, rotary positions, grouped-qu
 tied or untied head), mixture-of-experts ones among them (dropless top-k routing, shared experts, expert parallelism
 +epN with any data-parallel flavour — dp, z1dp, z2dp, sdp, the experts sharded over their expert-data-parallel group;
 not a capacity factor; in an MoE block not +sp — the engine refuses that strategy), not with multi-head latent
-attention, attention sinks or a router bias, nor BLOOM's, OPT's or Falcon's layouts (`dense_layout_refusal`) — and
+attention, attention sinks or a router bias, nor BLOOM's, OPT's, Falcon's or Gemma's layouts (`dense_layout_refusal`)
+— and
 BERT encoders. It trains in fp32 or bf16 (fp16 would need loss
 scaling). T5's
 encoder-decoder, ViT's and Swin's image models are planned and emitted for DeepSpeed and Megatron, but the
@@ -72,8 +73,8 @@ def runtime_refusal(architecture: Any, precision: str | None = None) -> str | No
     layout = dense_layout_refusal(architecture)
     if layout is not None:
         return (f"{where}: {layout}: gbmw's runtime builds attention then MLP, each after its own norm, on learned or "
-                "rotary positions, with GELU MLPs and no norm on the embeddings; plan it for --target deepspeed and run "
-                "the model's own code there")
+                "rotary positions, with GELU or SwiGLU MLPs and embeddings neither normed nor scaled; plan it for "
+                "--target deepspeed and run the model's own code there")
     if precision == "fp8":
         return (f"{where}: precision fp8: gbmw's runtime trains in {' or '.join(RUNTIME_PRECISIONS)}, not with "
                 "Transformer Engine's FP8 linears; plan it for --target megatron-core, or with precision bf16")
@@ -88,11 +89,12 @@ def runtime_refusal(architecture: Any, precision: str | None = None) -> str | No
 
 
 def dense_layout_refusal(architecture: Any) -> str | None:
-    """The first dense-decoder option of BLOOM, OPT or Falcon (gbmw.specs.architectures.GPTArchitecture) that neither
-    gbmw's runtime nor Megatron builds, named as the recipe field says it (None: none)."""
+    """The first dense-decoder option of BLOOM, OPT, Falcon or Gemma (gbmw.specs.architectures.GPTArchitecture) that
+    neither gbmw's runtime nor Megatron builds, named as the recipe field says it (None: none)."""
     for field, value, unlike in (("position_embedding", "alibi", None), ("embedding_norm", True, False),
                                  ("position_offset", None, 0), ("mlp_activation", "relu", None),
-                                 ("parallel_attention_norms", None, 0)):
+                                 ("parallel_attention_norms", None, 0), ("gated_activation", None, "silu"),
+                                 ("scaled_embeddings", True, False)):
         given = getattr(architecture, field, unlike)
         if (value is not None and given == value) or (unlike is not None and given != unlike):
             return f"`{field}: {str(given).lower() if isinstance(given, bool) else given}`"

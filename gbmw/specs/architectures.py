@@ -113,6 +113,9 @@ class GPTArchitecture(_Architecture):
     """The longest sequence the model takes (the rows of a learned position table); None means seq_length."""
     vocab_size: int = Field(ge=1, le=MAX_WIDTH)
     gated_mlp: bool = False
+    gated_activation: Literal["silu", "gelu"] = "silu"
+    """The gate's activation in a `gated_mlp`: SiLU (SwiGLU: LLaMA, Qwen) or GELU (GeGLU: Gemma's tanh GELU). The same
+    cost (each keeps its input); gbmw's runtime and Megatron's `--swiglu` build SiLU only."""
     bias: bool = True
     """Biases on every linear layer (Q, K, V, the attention output projection, the MLP)."""
     qkv_bias: bool | None = None
@@ -160,6 +163,8 @@ class GPTArchitecture(_Architecture):
     tensor FC2 keeps anyway (OPT), so one FFN-wide tensor fewer per block."""
     embedding_norm: bool = False
     """A LayerNorm on the token embeddings before the first block (BLOOM's word_embeddings_layernorm)."""
+    scaled_embeddings: bool = False
+    """The token embeddings multiplied by √hidden_size before the first block (Gemma): one more pass over them."""
     position_offset: int = Field(default=0, ge=0, le=MAX_WIDTH)
     """Rows of a learned position table before the first position (OPT: 2, `max_position_embeddings + 2` rows)."""
     parallel_attention_norms: Literal[0, 1, 2] = 0
@@ -213,7 +218,9 @@ class GPTArchitecture(_Architecture):
                              f"{self.max_position_embeddings} tokens per sample")
         special = self.moe is not None or self.latent_attention is not None
         for field, bad, why in (("mlp_activation", self.gated_mlp and self.mlp_activation == "relu",
-                                 "with gated_mlp (its activation is SiLU's gate); drop one"),
+                                 "with gated_mlp (its activation is gated_activation's gate); drop one"),
+                                ("gated_activation", not self.gated_mlp and self.gated_activation != "silu",
+                                 "without gated_mlp (a dense MLP's activation is mlp_activation); drop it"),
                                 ("position_offset", self.position_offset and self.position_embedding != "learned",
                                  "without a learned position table; give 0"),
                                 *((field, special and getattr(self, field) not in (default, None),

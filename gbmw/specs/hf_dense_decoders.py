@@ -77,14 +77,15 @@ def _one_of(config: dict[str, Any], where: str, model_type: str, *keys: str) -> 
     return config[given[0]], given[0]
 
 
-def _flag(config: dict[str, Any], where: str, key: str, default: bool) -> bool:
+def flag(config: dict[str, Any], where: str, key: str, default: bool) -> bool:
+    """The config's true/false `key` (`default` where absent); anything else is refused."""
     value = config.get(key, default)
     if not isinstance(value, bool):
         raise SpecError(f"{where}: field `{key}`: value {shown(value)} — must be true or false")
     return value
 
 
-def _probability(config: dict[str, Any], where: str, key: str, default: float) -> bool:
+def drops(config: dict[str, Any], where: str, key: str, default: float) -> bool:
     """Whether the dropout probability `key` drops anything."""
     value = config.get(key, default)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
@@ -92,23 +93,24 @@ def _probability(config: dict[str, Any], where: str, key: str, default: float) -
     return value > 0
 
 
-def _refuse(where: str, key: str, value: Any, why: str) -> None:
+def refuse_value(where: str, key: str, value: Any, why: str) -> None:
+    """The one-line refusal of a config's `key` whose `value` gbmw cannot cost as the file says, and `why`."""
     raise SpecError(f"{where}: field `{key}`: value {shown(value)} — {why}")
 
 
 def _dropouts(config: dict[str, Any], where: str, hidden_key: str, hidden_default: float,
               attention_key: str) -> dict[str, Any]:
     """gbmw's `dropout` (any dropout layer) and `attention_dropout` (on the probabilities, where it differs)."""
-    hidden, attention = (_probability(config, where, hidden_key, hidden_default),
-                         _probability(config, where, attention_key, 0.0))
+    hidden, attention = (drops(config, where, hidden_key, hidden_default),
+                         drops(config, where, attention_key, 0.0))
     return {"dropout": hidden or attention, "attention_dropout": attention if attention != hidden else None}
 
 
 def _activation(config: dict[str, Any], where: str, key: str, default: str) -> str:
     value = config.get(key, default)
     if not isinstance(value, str) or value not in _ACTIVATIONS:
-        _refuse(where, key, value, f"gbmw costs a dense MLP with {' or '.join(_ACTIVATIONS)} (what they keep for the "
-                                   "backward differs); write a model recipe YAML for the nearest")
+        refuse_value(where, key, value, f"gbmw costs a dense MLP with {' or '.join(_ACTIVATIONS)} (what they keep "
+                     "for the backward differs); write a model recipe YAML for the nearest")
     return _ACTIVATIONS[value]
 
 
@@ -117,13 +119,13 @@ def _bloom(config: dict[str, Any], where: str) -> DenseDecoder:
     heads, heads_key = _one_of(config, where, "bloom", "n_head", "num_attention_heads")
     hidden_key = "n_embed" if config.get("n_embed") is not None else "hidden_size"
     hidden = required(config, where, "bloom", hidden_key)
-    if _flag(config, where, "apply_residual_connection_post_layernorm", False):
-        _refuse(where, "apply_residual_connection_post_layernorm", True,
-                "gbmw models the residual around each norm, as every published BLOOM has it (false)")
+    if flag(config, where, "apply_residual_connection_post_layernorm", False):
+        refuse_value(where, "apply_residual_connection_post_layernorm", True,
+                     "gbmw models the residual around each norm, as every published BLOOM has it (false)")
     inner = config.get("n_inner")
     if inner is not None and (not isinstance(hidden, int) or inner != 4 * hidden):
-        _refuse(where, "n_inner", inner, "transformers' BLOOM builds an MLP of 4 × hidden_size whatever n_inner says; "
-                                         "give null (the published configs do)")
+        refuse_value(where, "n_inner", inner, "transformers' BLOOM builds an MLP of 4 × hidden_size whatever "
+                     "n_inner says; give null (the published configs do)")
     trained = config.get("seq_length", BLOOM_TRAINED_TOKENS)
     data = dict(family="gpt", num_layers=layers, hidden_size=hidden, num_heads=heads, vocab_size=config.get(
         "vocab_size", 250880), norm="layer", bias=True, position_embedding="alibi", embedding_norm=True,
@@ -142,24 +144,24 @@ def _opt(config: dict[str, Any], where: str) -> DenseDecoder:
     hidden = need("hidden_size")
     projection = config.get("word_embed_proj_dim", hidden)
     if projection != hidden:
-        _refuse(where, "word_embed_proj_dim", projection,
-                f"embeddings narrower than hidden_size {hidden} (OPT-350m's project_in/project_out) are not modelled "
-                "by gbmw; write a model recipe YAML for the nearest")
-    if not _flag(config, where, "do_layer_norm_before", True):
-        _refuse(where, "do_layer_norm_before", False, "post-norm blocks without a final norm (OPT-350m) are not "
-                                                      "modelled by gbmw, which norms before each sub-block")
+        refuse_value(where, "word_embed_proj_dim", projection,
+                     f"embeddings narrower than hidden_size {hidden} (OPT-350m's project_in/project_out) are not "
+                     "modelled by gbmw; write a model recipe YAML for the nearest")
+    if not flag(config, where, "do_layer_norm_before", True):
+        refuse_value(where, "do_layer_norm_before", False, "post-norm blocks without a final norm (OPT-350m) are "
+                     "not modelled by gbmw, which norms before each sub-block")
     for key, bad in (("_remove_final_layer_norm", True), ("layer_norm_elementwise_affine", False)):
-        if _flag(config, where, key, not bad) == bad:
-            _refuse(where, key, bad, "LayerNorms without their weights, or no final norm, are not modelled by gbmw; "
-                                     f"give {str(not bad).lower()} (the published OPT configs do)")
+        if flag(config, where, key, not bad) == bad:
+            refuse_value(where, key, bad, "LayerNorms without their weights, or no final norm, are not modelled by "
+                         f"gbmw; give {str(not bad).lower()} (the published OPT configs do)")
     for key in ("activation_dropout", "layerdrop"):
-        if _probability(config, where, key, 0.0):
-            _refuse(where, key, config[key], "gbmw does not model dropout after the MLP's activation or dropped "
-                                             "layers; give 0.0 (the published OPT configs do)")
+        if drops(config, where, key, 0.0):
+            refuse_value(where, key, config[key], "gbmw does not model dropout after the MLP's activation or "
+                         "dropped layers; give 0.0 (the published OPT configs do)")
     data = dict(family="gpt", num_layers=need("num_hidden_layers"), hidden_size=hidden,
                 num_heads=need("num_attention_heads"), ffn_hidden_size=need("ffn_dim"),
                 max_position_embeddings=need("max_position_embeddings"), vocab_size=need("vocab_size"),
-                norm="layer", bias=_flag(config, where, "enable_bias", True), position_embedding="learned",
+                norm="layer", bias=flag(config, where, "enable_bias", True), position_embedding="learned",
                 position_offset=2, mlp_activation=_activation(config, where, "activation_function", "relu"),
                 tie_embeddings=config.get("tie_word_embeddings", True),
                 **_dropouts(config, where, "dropout", 0.1, "attention_dropout"))
@@ -175,40 +177,40 @@ def _falcon(config: dict[str, Any], where: str, model_type: str) -> DenseDecoder
     hidden_key = "n_embed" if config.get("n_embed") is not None else "hidden_size"
     keys["hidden_size"] = hidden_key
     heads = required(config, where, model_type, keys["num_heads"])
-    new_architecture = model_type == "RefinedWeb" or _flag(config, where, "new_decoder_architecture", False)
-    parallel = _flag(config, where, "parallel_attn", True) if not old else required(config, where, model_type,
+    new_architecture = model_type == "RefinedWeb" or flag(config, where, "new_decoder_architecture", False)
+    parallel = flag(config, where, "parallel_attn", True) if not old else required(config, where, model_type,
                                                                                     "parallel_attn")
-    multi_query = _flag(config, where, "multi_query", True) if model_type != "RefinedWebModel" else required(
+    multi_query = flag(config, where, "multi_query", True) if model_type != "RefinedWebModel" else required(
         config, where, model_type, "multi_query")
     kv_heads = required(config, where, model_type, "n_head_kv") if model_type == "RefinedWeb" else config.get(
         keys["num_kv_heads"])
     norms = config.get("num_ln_in_parallel_attn")
     if new_architecture:
         if not parallel:
-            _refuse(where, "parallel_attn", False, "with new_decoder_architecture transformers builds the sequential "
-                                                   "block's norms but runs the parallel block; give true")
+            refuse_value(where, "parallel_attn", False, "with new_decoder_architecture transformers builds the "
+                         "sequential block's norms but runs the parallel block; give true")
         if norms not in (None, 1, 2):
-            _refuse(where, "num_ln_in_parallel_attn", norms, "one shared norm (1) or two (2, the default)")
+            refuse_value(where, "num_ln_in_parallel_attn", norms, "one shared norm (1) or two (2, the default)")
         norms = norms or 2
     else:
         if norms not in (None, 1):
-            _refuse(where, "num_ln_in_parallel_attn", norms, "without new_decoder_architecture transformers runs one "
-                                                             "norm before attention and MLP; give null or 1")
+            refuse_value(where, "num_ln_in_parallel_attn", norms, "without new_decoder_architecture transformers "
+                         "runs one norm before attention and MLP; give null or 1")
         if not multi_query and kv_heads not in (None, heads):
-            _refuse(where, keys["num_kv_heads"], kv_heads, "grouped key/value heads need new_decoder_architecture "
-                                                           f"(without it and multi_query every one of the {heads} "
-                                                           "heads has its own); give null")
+            refuse_value(where, keys["num_kv_heads"], kv_heads, "grouped key/value heads need "
+                         f"new_decoder_architecture (without it and multi_query every one of the {heads} heads "
+                         "has its own); give null")
         kv_heads = 1 if multi_query else None
         norms = 1 if parallel else 0
-    if _flag(config, where, "apply_residual_connection_post_layernorm", False):
-        _refuse(where, "apply_residual_connection_post_layernorm", True,
-                "the residual after the norm is run by Falcon's own code, not by transformers'; give false")
-    alibi = _flag(config, where, "alibi", False)
+    if flag(config, where, "apply_residual_connection_post_layernorm", False):
+        refuse_value(where, "apply_residual_connection_post_layernorm", True,
+                     "the residual after the norm is run by Falcon's own code, not by transformers'; give false")
+    alibi = flag(config, where, "alibi", False)
     positions = config.get("max_position_embeddings")
     data = dict(family="gpt", num_layers=required(config, where, model_type, keys["num_layers"]),
                 hidden_size=required(config, where, model_type, hidden_key), num_heads=heads, num_kv_heads=kv_heads,
                 ffn_hidden_size=config.get("ffn_hidden_size"), max_position_embeddings=positions,
-                vocab_size=config.get("vocab_size", 65024), norm="layer", bias=_flag(config, where, "bias", False),
+                vocab_size=config.get("vocab_size", 65024), norm="layer", bias=flag(config, where, "bias", False),
                 position_embedding="alibi" if alibi else "rotary", rope_theta=config.get("rope_theta", 10000.0),
                 mlp_activation=_activation(config, where, "activation", "gelu"), parallel_attention_norms=norms,
                 tie_embeddings=config.get("tie_word_embeddings", True),

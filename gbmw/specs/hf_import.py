@@ -1,6 +1,6 @@
-"""A Hugging Face config.json (GPT-2, LLaMA/Mistral/Qwen2, BLOOM, OPT, Falcon, BERT/RoBERTa, T5/mT5, ViT; the
-mixtures of experts Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, GPT-OSS, DBRX, DeepSeek-V2/V3) read into gbmw's architecture
-types, from the file alone (no transformers import, nothing downloaded or executed).
+"""A Hugging Face config.json (GPT-2, LLaMA/Mistral/Qwen2, Qwen3, Gemma, Phi-3, BLOOM, OPT, Falcon, BERT/RoBERTa,
+T5/mT5, ViT; the mixtures of experts Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, GPT-OSS, DBRX, DeepSeek-V2/V3) read into
+gbmw's architecture types, from the file alone (no transformers import, nothing downloaded or executed).
 
 What the file does not say is asked of the user: the training sequence length (a config states only the longest
 the model takes, `max_position_embeddings`; used, with a note, when none is given) and whether attention is fused
@@ -16,7 +16,8 @@ GPT-OSS (transformers' modeling_gpt_oss.py) has biases on q/k/v/o (`attention_bi
 full attention by `layer_types` (each block costed with its own keys per query).
 
 Mixtures of experts and DeepSeek's latent attention are read by gbmw.specs.hf_experts; BLOOM, OPT and Falcon by
-gbmw.specs.hf_dense_decoders.
+gbmw.specs.hf_dense_decoders; what Qwen3, Gemma and Phi-3 do otherwise than LLaMA by gbmw.specs.hf_llama_variants,
+which also refuses Gemma 2.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ from gbmw.specs.hf_dense_decoders import DENSE_DECODERS, dense_decoder
 from gbmw.specs.hf_experts import (DEEPSEEK, MOE_KEYS_READ, check_gpt_oss_keys, check_top_k, dbrx_section,
                                    deepseek_experts, deepseek_latent_attention, layer_count, llama_style_experts,
                                    refuse_experts_gbmw_cannot_read, required)
+from gbmw.specs.hf_llama_variants import (LLAMA_VARIANTS, UNWINDOWED, llama_variant,
+                                          refuse_decoders_gbmw_cannot_cost)
 
 _MOE_DECODERS = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "gpt_oss")
 """LLaMA-style mixtures of experts read like `_LLAMA_LIKE`, plus their experts; `dbrx` is read apart."""
@@ -41,7 +44,8 @@ _HF_KEYS = {"gpt2": {"num_layers": "n_layer", "hidden_size": "n_embd", "num_head
                      "max_position_embeddings": "n_positions"},
             "t5": {"num_encoder_layers": "num_layers", "hidden_size": "d_model", "head_dim": "d_kv",
                    "ffn_hidden_size": "d_ff"},
-            **{kind: _HF_KEYS_OF_LLAMA_BERT_VIT for kind in (*_LLAMA_LIKE, "bert", "roberta", "vit")}}
+            **{kind: _HF_KEYS_OF_LLAMA_BERT_VIT
+               for kind in (*_LLAMA_LIKE, *LLAMA_VARIANTS, "bert", "roberta", "vit")}}
 _HF_KEYS["mt5"] = _HF_KEYS["t5"]
 _HF_KEYS["mixtral"] = {**_HF_KEYS_OF_LLAMA_BERT_VIT, "moe.num_experts": "num_local_experts",
                        "moe.top_k": "num_experts_per_tok", "moe.expert_ffn_hidden_size": "intermediate_size"}
@@ -85,6 +89,7 @@ def import_hf_config(path: str | Path, seq_length: int | None = None, flash_atte
     name = config.get("_name_or_path") or (path.parent.name if path.name == "config.json" else "") or path.stem
     where = str(path)
     refuse_experts_gbmw_cannot_read(config, where)
+    refuse_decoders_gbmw_cannot_cost(config, where)
     if model_type == "gpt_oss":
         check_gpt_oss_keys(config, where)
 
@@ -101,8 +106,9 @@ def import_hf_config(path: str | Path, seq_length: int | None = None, flash_atte
             ffn_hidden_size=config.get("n_inner"), max_position_embeddings=need("n_positions", "n_ctx"),
             vocab_size=need("vocab_size"), tie_embeddings=config.get("tie_word_embeddings", True),
         )
-    elif model_type in _LLAMA_LIKE or model_type in _MOE_DECODERS:
+    elif model_type in _LLAMA_LIKE or model_type in _MOE_DECODERS or model_type in LLAMA_VARIANTS:
         positions_field = "max_position_embeddings"
+        variant = llama_variant(config, model_type, where) if model_type in LLAMA_VARIANTS else {}
         data = dict(
             family="gpt", num_layers=need("num_hidden_layers"), hidden_size=need("hidden_size"),
             num_heads=need("num_attention_heads"), num_kv_heads=config.get("num_key_value_heads"),
@@ -110,11 +116,14 @@ def import_hf_config(path: str | Path, seq_length: int | None = None, flash_atte
             max_position_embeddings=need("max_position_embeddings"), vocab_size=need("vocab_size"),
             gated_mlp=True, norm="rms", position_embedding="rotary",
             tie_embeddings=config.get("tie_word_embeddings", False), dropout=False,
-            rope_theta=config.get("rope_theta", 10000.0), **_llama_biases(config, model_type, where),
-            **_windows(config, model_type, where), attention_sinks=model_type == "gpt_oss" or None,
+            rope_theta=config.get("rope_theta", 10000.0),
+            **({} if variant else _llama_biases(config, model_type, where)),
+            **({} if model_type in UNWINDOWED else _windows(config, model_type, where)),
+            attention_sinks=model_type == "gpt_oss" or None,
             qk_norm={"qwen3_moe": "head", "olmoe": "full"}.get(model_type),
             moe=llama_style_experts(config, model_type, where) if model_type in _MOE_DECODERS else None,
         )
+        data.update(variant)
     elif model_type in DEEPSEEK:
         positions_field = "max_position_embeddings"
         data = dict(
@@ -183,10 +192,10 @@ def import_hf_config(path: str | Path, seq_length: int | None = None, flash_atte
         )
     else:
         raise SpecError(
-            f"{where}: field `model_type`: value {shown(model_type)} — supported: gpt2, llama, mistral, qwen2, bloom, "
-            "opt, falcon (and its first RefinedWeb, RefinedWebModel), mixtral, qwen2_moe, qwen3_moe, olmoe, gpt_oss, dbrx, deepseek_v2, deepseek_v3, bert, roberta, t5, mt5, vit; or "
-            "write a model recipe YAML "
-            "(see recipes/models/)"
+            f"{where}: field `model_type`: value {shown(model_type)} — supported: gpt2, llama, mistral, qwen2, "
+            "qwen3, gemma, phi3, bloom, opt, falcon (and its first RefinedWeb, RefinedWebModel), mixtral, qwen2_moe, "
+            "qwen3_moe, olmoe, gpt_oss, dbrx, deepseek_v2, deepseek_v3, bert, roberta, t5, mt5, vit; or write a model "
+            "recipe YAML (see recipes/models/)"
         )
     if data.get("family") == "gpt" and model_type != "gpt2":
         data["rope_scaling"] = _rope_scaling(config, where)
@@ -275,7 +284,7 @@ def _llama_biases(config: dict[str, Any], model_type: str, where: str) -> dict[s
     return {"bias": attention}
 
 
-_QWEN = ("qwen2", "qwen2_moe", "qwen3_moe")
+_QWEN = ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe")
 """Qwen windows attention only with `use_sliding_window`, from block `max_window_layers` on."""
 
 

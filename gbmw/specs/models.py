@@ -78,7 +78,7 @@ def _build_gpt(arch: GPTArchitecture, d: int, fp8: bool = False) -> tuple[list[L
     learned = arch.position_embedding == "learned"
     positions = (arch.max_position_embeddings or s) + arch.position_offset if learned else 0
     layers = [embedding_layer("embedding", s, h, arch.vocab_size, positions, 0, d, arch.dropout,
-                              norm=arch.embedding_norm)]
+                              norm=arch.embedding_norm, scaled=arch.scaled_embeddings)]
     moe = arch.moe
     expert_shape = shape if moe is None else replace(
         shape, experts=moe.num_experts, top_k=moe.top_k, expert_ffn=moe.expert_ffn_hidden_size,

@@ -256,9 +256,10 @@ def _finish_block(name: str, kind: str, shape: BlockShape, d: int, parts: list[d
 
 def embedding_layer(
     name: str, tokens: int, hidden: int, vocab: int, positions: int, extra_rows: int, dtype_bytes: int,
-    dropout: bool, norm: bool,
+    dropout: bool, norm: bool, scaled: bool = False,
 ) -> LayerSpec:
-    """Token (vocabulary-parallel under TP) + position embeddings; output all-reduced across TP."""
+    """Token (vocabulary-parallel under TP) + position embeddings; output all-reduced across TP. `scaled`: the rows
+    multiplied by a constant (Gemma's √hidden), one more read and write of each, nothing kept for the backward."""
     d, mask = dtype_bytes, 1 if dropout else 0
     return LayerSpec(
         name=name,
@@ -270,9 +271,10 @@ def embedding_layer(
         intermediate_activation_bytes_per_sample=float(tokens * hidden * (mask + (d if norm else 0))),
         intermediate_tp_split_activation_bytes_per_sample=0.0,
         tp_allreduce_bytes_per_sample=float(tokens * hidden * d),
-        # the lookup reads and writes each row, positions are added, then dropout and the norm
+        # the lookup reads and writes each row, the scaling too, positions are added, then dropout and the norm
         forward_memory_traffic_bytes_per_sample=float(tokens * hidden * (
-            2 * d + (3 * d if positions else 0) + ((2 * d + 1) if dropout else 0) + (2 * d if norm else 0))),
+            2 * d + (2 * d if scaled else 0) + (3 * d if positions else 0) + ((2 * d + 1) if dropout else 0)
+            + (2 * d if norm else 0))),
         # backward scatters the rows' gradients into a dense fp32 gradient of the table
         largest_weight_gradient_tp_split_bytes=float(vocab * hidden * 4),
     )
