@@ -58,13 +58,29 @@ def sequence_pieces(local_rank: int, strategy: Strategy) -> tuple[tuple[int, int
     return ((index, 2 * count), (2 * count - 1 - index, 2 * count))
 
 
-@lru_cache(maxsize=None)
 def data_layout(strategy: Strategy) -> tuple[tuple[int, int, tuple[tuple[int, int], ...]], ...]:
     """(batch index, batch count, sequence pieces) of every local rank of the stage: which samples of a micro-batch
     (`batch_shard`) and which of their tokens (`sequence_pieces`) each rank holds. What the transition cost R compares
-    and Slice-Gather moves (gbmw.adapters.runtime.redistribute)."""
+    and Slice-Gather moves (gbmw.adapters.runtime.redistribute). It depends on the axes only: strategies that differ
+    in recomputation, +sp or +ep share one entry."""
+    return _data_layout_of_dims(strategy.dims)
+
+
+@lru_cache(maxsize=None)
+def _data_layout_of_dims(dims: tuple[tuple[str, int], ...]) -> tuple[tuple[int, int, tuple[tuple[int, int], ...]], ...]:
+    strategy = Strategy(dims)
     return tuple(batch_shard(local, strategy) + (sequence_pieces(local, strategy),)
                  for local in range(strategy.group_size))
+
+
+_layout_numbers: dict[tuple, int] = {}
+
+
+@lru_cache(maxsize=None)
+def data_layout_number(strategy: Strategy) -> int:
+    """A number per distinct `data_layout` (equal layouts, equal numbers) — cheaper to compare and hash than the
+    layout itself, whose entries grow with the stage's ranks."""
+    return _layout_numbers.setdefault(data_layout(strategy), len(_layout_numbers))
 
 
 @lru_cache(maxsize=None)

@@ -30,7 +30,7 @@ from gbmw.cost.layer_cost_batch import layer_costs_of_strategies
 from gbmw.cost.model_states import step_traffic_bytes
 from gbmw.cost.pipeline_schedules import in_flight_micro_batches
 from gbmw.cost.runtime_passes import runtime_step_traffic_bytes
-from gbmw.ranks import data_layout, transition_fraction
+from gbmw.ranks import data_layout_number, transition_fraction
 from gbmw.space.strategy import Strategy
 from gbmw.specs.model_spec import ModelSpec
 
@@ -85,8 +85,8 @@ def strategy_tables(
     (gbmw.search.layer_cost_cache)."""
     if costs is None:
         costs = layer_costs_of_strategies(model, strategies, micro_batch, settings, comm)
-    layouts: dict[tuple, int] = {}
-    layout_ids = np.array([layouts.setdefault(data_layout(s), len(layouts)) for s in strategies])
+    layouts: dict[int, int] = {}
+    layout_ids = np.array([layouts.setdefault(data_layout_number(s), len(layouts)) for s in strategies])
     representative = {}
     for strategy, layout in zip(strategies, layout_ids):
         representative.setdefault(int(layout), strategy)
@@ -96,6 +96,8 @@ def strategy_tables(
         for b in range(count):
             if a != b:
                 fraction[a, b] = transition_fraction(representative[a], representative[b])
+    known = _strategy_rows.setdefault(settings, {})  # one hash of the settings per table, not one per strategy
+    rows = np.array([known.get(s) or known.setdefault(s, _strategy_row(s, settings)) for s in strategies], float)
     return StrategyTables(
         strategies=tuple(strategies),
         micro_batch=micro_batch,
@@ -111,17 +113,28 @@ def strategy_tables(
                                         / settings.cluster.memory_bandwidth_bytes_per_s),
         step_temporary_bytes_per_parameter=step_temporary_bytes(settings.framework, settings.optimizer),
         keeps_received_input=keeps_received_input(settings.framework, settings.precision),
-        shares_tied_weights=np.array([shares_tied_weights(settings.framework, s) for s in strategies]),
-        state_bytes_per_parameter=np.array(
-            [model_state_bytes_per_parameter(s.gradient_view, settings) for s in strategies]
-        ),
-        optimizer_shards=np.array([s.gradient_view.degree("sdp") * s.gradient_view.degree("z2dp")
-                                   * s.gradient_view.degree("z1dp") for s in strategies]),
-        tp=np.array([s.tp for s in strategies]),
-        data_parallel=np.array([s.data_parallel * s.sequence_parallel_degree for s in strategies]),
+        shares_tied_weights=rows[:, 0].astype(bool),
+        state_bytes_per_parameter=rows[:, 1],
+        optimizer_shards=rows[:, 2].astype(int),
+        tp=rows[:, 3].astype(int),
+        data_parallel=rows[:, 4].astype(int),
         layout=layout_ids,
         transition_fraction=fraction,
     )
+
+
+_strategy_rows: dict[CostSettings, dict[Strategy, tuple]] = {}
+
+
+def _strategy_row(strategy: Strategy, settings: CostSettings) -> tuple:
+    """What a strategy's table row holds that depends on the strategy and the settings alone (every table of a search
+    asks again for each micro-batch size): shares tied weights, state bytes per parameter, optimizer shards, TP,
+    data-parallel ways. Kept per settings in `_strategy_rows`."""
+    view = strategy.gradient_view
+    return (float(shares_tied_weights(settings.framework, strategy)),
+            model_state_bytes_per_parameter(view, settings),
+            view.degree("sdp") * view.degree("z2dp") * view.degree("z1dp"),
+            strategy.tp, strategy.data_parallel * strategy.sequence_parallel_degree)
 
 
 def pipeline_send_s(model: ModelSpec, comm: CommModel, message_bytes: float, stage_devices: int) -> float:
