@@ -56,11 +56,17 @@ def _may_beat(no_sync, extra_s, free, suffix_s, suffix_abs, lambdas, starts, end
               other_max, other_sum, m, limit_s, error_ulps):
     """Per partial plan: whether the bound of some completion (`starts`[k], `ends`[k]) is at most `limit_s` (see
     the module). The memory-blind bound of a completion is tried first: the memory-aware one is never below it."""
-    plans, points = no_sync.shape[0], lambdas.shape[0]
+    plans, points, completions = no_sync.shape[0], lambdas.shape[0], ends.shape[0]
     keep = np.zeros(plans, np.bool_)
     last_exceeding = 0  # the λ that last proved a completion too slow is tried first: neighbours share it
+    last_kept = 0  # and the completion that last let a plan through (GPT-3 65B: 60 of 69 tried before it, on average)
+    if completions == 0:  # no way to complete the stage: no plan is kept
+        return keep
     for p in range(plans):
-        for k in range(ends.shape[0]):
+        for step in range(completions + 1):
+            k = last_kept if step == 0 else step - 1
+            if step > 0 and k == last_kept:
+                continue
             stage = no_sync[p] + least_segment_s[k] + send_floor_s[k]
             if (m - 1.0) * max(stage, other_max[k]) + stage + other_sum[k] + extra_s[p] > limit_s:
                 continue
@@ -79,6 +85,7 @@ def _may_beat(no_sync, extra_s, free, suffix_s, suffix_abs, lambdas, starts, end
                         break
             if not exceeds:
                 keep[p] = True
+                last_kept = k
                 break
     return keep
 

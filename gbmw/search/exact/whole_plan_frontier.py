@@ -1,14 +1,17 @@
 """The exact search's frontier machinery (gbmw.search.exact.whole_plan_search): memory on an exact grid, the numba kernel that
-extends a stage's partial plans by one layer, and the non-dominated filter with the time columns Eq. (9) allows."""
+extends a stage's partial plans by one layer, the non-dominated filter with the time columns Eq. (9) allows, and the
+partial plans (a trie node: `PartialPlans`) and stage options the search keeps."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 from numba import njit
 
 from gbmw.cost.framework_memory import ADAM_CHUNK_ELEMENTS
+from gbmw.search.stage_dp.pareto import backtrack
 
 # ---------------------------------------------------------------------------------------------------- memory
 
@@ -235,3 +238,43 @@ def plan_columns(stash, excess, no_sync, sync, params, step_s: float, single_sta
         columns[:, 3] = single_stage_m * no_sync + sync + optimizer
         return columns
     return _filled(columns, 3, no_sync, sync, optimizer)
+
+
+class PartialPlans:
+    """Partial plans after some layers of a stage: per plan its terms, layout, last strategy and parent."""
+
+    __slots__ = ("stash", "excess", "no_sync", "sync", "params", "layout", "strategy", "parent", "previous", "depth")
+
+    def __init__(self, stash, excess, no_sync, sync, params, layout, strategy, parent, previous, depth):
+        self.stash, self.excess, self.no_sync, self.sync, self.params = stash, excess, no_sync, sync, params
+        self.layout, self.strategy, self.parent, self.previous, self.depth = layout, strategy, parent, previous, depth
+
+    @classmethod
+    def root(cls) -> "PartialPlans":
+        zero = np.zeros(1)
+        return cls(zero, zero.copy(), zero.copy(), zero.copy(), zero.copy(), np.zeros(1, np.int64),
+                   np.full(1, -1), np.full(1, -1), None, 0)
+
+    def __len__(self) -> int:
+        return self.stash.shape[0]
+
+    def backtrack(self, index: int) -> list[int]:
+        return backtrack(self, index)
+
+
+@dataclass
+class StageOptions:
+    """The fitting options of one stage position no other matches or beats in N, S and U (`time_columns`)."""
+
+    no_sync_s: np.ndarray
+    sync_s: np.ndarray
+    optimizer_s: np.ndarray
+    node: PartialPlans
+    index: np.ndarray
+    """Plan index in `node` (its strategies by backtracking)."""
+
+    def __len__(self) -> int:
+        return self.no_sync_s.shape[0]
+
+    def strategies(self, option: int) -> list[int]:
+        return self.node.backtrack(int(self.index[option]))
