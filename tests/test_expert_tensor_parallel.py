@@ -280,3 +280,31 @@ def test_megatron_deepspeed_arguments_without_expert_tp_are_refused():
         "--tensor-model-parallel-size 2 without --enable-expert-tensor-parallelism: Megatron-DeepSpeed then runs the "
         "experts whole, its EP groups inside one TP rank's data-parallel ranks — a layout gbmw does not cost; add "
         "--enable-expert-tensor-parallelism")
+
+
+@pytest.mark.parametrize("space_name", ["megatron-core", "megatron-deepspeed"])
+@pytest.mark.parametrize("per_node", [8, 4, 2])
+def test_the_brute_force_oracle_enumerates_the_moe_layouts_of_the_stock_targets(space_name, per_node):
+    """tests/uniform_plan_oracle.py (what benchmarks/search_vs_brute_force.py --uniform compares the search with)
+    writes the experts-whole layouts out by hand; they must be the space's, on an MoE model (8 experts)."""
+    from uniform_plan_oracle import space_layouts
+
+    from gbmw.specs.jobs import JobSpec
+
+    def planner_layouts(pp):  # test_search_exact_uniform._planner_layouts with the experts' strategies
+        space, target = search_space(target=space_name), get_target(space_name)
+        strategies = [s for s in space.strategies(job.cluster, pp, experts=True)
+                      if target.runs_recompute_of(s, job.model)]
+        block, other = int(np.argmax(job.model.is_block)), int(np.argmin(job.model.is_block))
+        return {(strategies[int(mask[:, block].argmax())], strategies[int(mask[:, other].argmax())])
+                for mask in space.groups(strategies, job.model)}
+
+    moe = tiny_moe_job(8)
+    cluster = make_cluster(nodes=8 // per_node, devices_per_node=per_node)
+    job = JobSpec(name=moe.name, model=moe.model, cluster=cluster, precision="fp32",
+                  memory_budget_bytes=moe.memory_budget_bytes)
+    for pp in (1, 2):
+        found = {(layout.block, layout.other) for layout in space_layouts(space_name, job, pp)}
+        assert found == planner_layouts(pp), (space_name, pp)
+        whole = {block.name for block, _ in found if block.expert_tp is not None}
+        assert bool(whole) == (space_name == "megatron-core"), whole
