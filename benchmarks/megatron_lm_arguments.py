@@ -43,7 +43,9 @@ GPT_JOBS = ("gpt3-15b_a100-80g-x32", "gpt3-39b_a100-80g-x32", "gpt3-65b_a100-80g
 GRID_JOBS = ("gpt3-39b_a100-80g-x32", "llama-7b_a100-80g-x32")
 REACH_CONFIGS = {  # issue 26's experts and issue 27's context parallelism, beside gbmw's own plans for these jobs
     "mixtral-8x7b_h100-80g-x64": ("tp=1,pp=4,zero=1,ep=8,micro=1", "tp=2,pp=2,zero=1,ep=4,sp=on,micro=1",
-                                  "tp=2,pp=1,zero=0,ep=2,sp=on,ckpt=full,micro=1"),
+                                  "tp=2,pp=1,zero=0,ep=2,sp=on,ckpt=full,micro=1",
+                                  "tp=2,pp=4,zero=1,ep=8,etp=1,sp=on,micro=1",  # experts whole over 8 ranks
+                                  "tp=4,pp=2,zero=1,ep=4,etp=2,sp=on,micro=1"),
     "llama3.1-8b-128k_h100-80g-x64": ("tp=2,pp=1,zero=1,cp=8,sp=on,micro=1", "tp=1,pp=2,zero=0,cp=16,ckpt=full,micro=1",
                                       "tp=8,pp=1,zero=1,cp=4,sp=on,micro=1"),
 }
@@ -173,7 +175,8 @@ def check(arguments, job: gbmw.JobSpec, plan: gbmw.Plan, extra: tuple[str, ...] 
         expert = next(layer for layer in job.model.layers if layer.num_experts)
         expected.update(num_experts=expert.num_experts, moe_router_topk=expert.experts_per_token,
                         expert_model_parallel_size=max(s.ep for s in plan.strategies),
-                        expert_tensor_parallel_size=strategy.tp)
+                        expert_tensor_parallel_size=next(
+                            (s.expert_tensor_parallel for s in plan.strategies if s.ep > 1), strategy.tp))
     wrong = [f"{key} {getattr(args, key)!r} (the plan's: {value!r})" for key, value in expected.items()
              if getattr(args, key) != value]
     return "parsed into " + "; ".join(wrong) if wrong else None

@@ -370,9 +370,15 @@ def why_moe_run_not_costable(run: dict) -> list[str]:
     if missing:
         reasons.append(f"configuration not stated: {', '.join(missing)}")
     tp, etp = parallelism.get("tensor"), parallelism.get("expert_tensor")
-    if etp is not None and tp is not None and etp != tp:
-        reasons.append(f"expert tensor parallelism ETP {etp} differs from TP {tp}: gbmw splits experts over the "
-                       "layer's TP group")
+    if etp is not None and tp is not None and (etp < 1 or tp % etp):
+        reasons.append(f"expert tensor parallelism ETP {etp} does not divide TP {tp} (megatron-core's expert layout "
+                       "needs it: gbmw.space.expert_tensor_parallel)")
+    pp, virtual = parallelism.get("pipeline"), parallelism.get("virtual_stages") or 1
+    if pp and model.get("num_layers") and model["num_layers"] % (pp * virtual):
+        chunks = f"pp {pp} × {virtual} virtual stages" if virtual > 1 else f"pp {pp}"
+        reasons.append(f"{model['num_layers']} Transformer blocks do not split into {chunks} equal chunks: the run's "
+                       "uneven pipeline layout (e.g. Megatron's account_for_embedding/loss_in_pipeline_split) is not "
+                       "one gbmw's uniform configurations express")
     if _moe_target(run) is None:
         reasons.append(f"framework {parallelism.get('framework')!r} not mapped to a gbmw target")
     elif _moe_target(run) == "megatron-core" and parallelism.get("sequence_parallel") is False and (tp or 1) > 1:
@@ -458,11 +464,12 @@ def cost_moe(run: dict) -> MoECosted:
     if target == "megatron-core" and tp > 1 and ep > 1 and parallelism.get("sequence_parallel") is None:
         sp = True
         assumptions.append("sp=on (megatron-core requires sequence parallelism with EP and TP; not stated)")
-    if tp > 1 and parallelism.get("expert_tensor") is None:
+    etp = parallelism.get("expert_tensor")
+    if tp > 1 and etp is None:
         assumptions.append(f"expert TP = TP {tp} (megatron-core's default; ETP not stated)")
     if parallelism["global_batch"] % (parallelism["micro_batch"] * parallelism["data"]):
         raise ValueError(f"{run['name']}: global batch not a multiple of micro-batch × DP")
-    config = UniformConfig(tp=tp, pp=parallelism["pipeline"], zero=zero, ckpt=recompute, sp=sp, ep=ep,
+    config = UniformConfig(tp=tp, pp=parallelism["pipeline"], zero=zero, ckpt=recompute, sp=sp, ep=ep, etp=etp,
                            micro=parallelism["micro_batch"], batch=parallelism["global_batch"], target=target)
     if target == "runtime":
         # FSDP2 with EP (NeMo AutoModel) is costed as gbmw's runtime runs it (its FSDP2 shards the experts over their

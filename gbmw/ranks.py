@@ -90,15 +90,20 @@ def activation_layout(strategy: Strategy) -> tuple[tuple[int, int], ...]:
     return tuple(batch_shard(local, strategy) for local in range(strategy.group_size))
 
 
-@lru_cache(maxsize=None)
 def transition_fraction(previous: Strategy, current: Strategy) -> float:
     """Largest fraction of the micro-batch's boundary activation one rank must receive in the Slice-Gather
     from `previous`'s layout to `current`'s: forward (the slice it lacks) plus backward (gradients of the
-    slice it held but no longer computes). What the transition cost R of Eq. (4) sends."""
+    slice it held but no longer computes). What the transition cost R of Eq. (4) sends. It depends on the dims
+    alone (not on recomputation, +sp, +ep or +etp), and is computed once per pair of dims."""
     if previous.group_size != current.group_size:
         raise ValueError("strategies of one stage share the group size")
+    return _transition_fraction_of_dims(previous.dims, current.dims)
+
+
+@lru_cache(maxsize=None)
+def _transition_fraction_of_dims(previous_dims: tuple, current_dims: tuple) -> float:
     worst = 0.0
-    for held, needed in zip(data_layout(previous), data_layout(current)):
+    for held, needed in zip(data_layout(Strategy(previous_dims)), data_layout(Strategy(current_dims))):
         # a rank holds (samples × token pieces); what it lacks of the needed ones comes from the others
         tokens_in_common = sum(_overlap(*held_piece, *needed_piece)
                                for held_piece in held[2] for needed_piece in needed[2])
@@ -195,15 +200,34 @@ class RankLayout:
         """The expert-parallel group: the ranks that exchange tokens for a mixture-of-experts layer's experts (each
         holds 1/ep of them). Same TP index; data-parallel indices that agree except their lowest ep-ary digit —
         `ep` consecutive data-parallel indices (EP innermost among the data-parallel ranks, megatron-core's tp-ep-dp
-        order). (rank,) for ep = 1."""
+        order). Under `+etpN` (gbmw.space.expert_tensor_parallel): the stage's local ranks r = a + ETP·(e + EP·d)
+        with the same a and d. (rank,) for ep = 1."""
         return self._expert_split(rank, strategy, within=True)
 
     def expert_data_group(self, rank: int, strategy: Strategy) -> tuple[int, ...]:
         """The expert-data-parallel group: the ranks holding the same experts, whose expert gradients are summed —
-        data-parallel indices with the same position inside their EP group (dp / ep of them, ep apart)."""
+        data-parallel indices with the same position inside their EP group (dp / ep of them, ep apart); under
+        `+etpN`, the local ranks with the same a and e (W / (ETP·EP) of them, ETP·EP apart)."""
         return self._expert_split(rank, strategy, within=False)
 
+    def expert_tensor_group(self, rank: int, strategy: Strategy) -> tuple[int, ...]:
+        """The experts' TP group: the layer's TP group, or under `+etpN` the ETP consecutive ranks that split each
+        expert (the local ranks with the same e and d)."""
+        if strategy.expert_tp is None:
+            return self.tensor_group(rank, strategy)
+        self._check(strategy)
+        first = rank - rank % strategy.expert_tp
+        return tuple(range(first, first + strategy.expert_tp))
+
     def _expert_split(self, rank: int, strategy: Strategy, within: bool) -> tuple[int, ...]:
+        if strategy.expert_tp is not None and strategy.ep > 1:  # megatron-core's expert grid: ETP, EP, EDP
+            self._check(strategy)
+            local, etp, ep = self.local_rank(rank), strategy.expert_tp, strategy.ep
+            base = rank - local
+            if within:
+                first = local % etp + local // (etp * ep) * etp * ep
+                return tuple(base + first + index * etp for index in range(ep))
+            return tuple(base + local % (etp * ep) + index * etp * ep for index in range(strategy.expert_data_parallel))
         if strategy.ep == 1:
             return (rank,) if within else self.data_group(rank, strategy)
         (axis,) = [axis for axis, _ in strategy.dims if axis in DATA_PARALLEL_AXES]  # Strategy checks there is one
@@ -250,7 +274,7 @@ def plan_group_ranks(plan: Plan) -> list[tuple[int, ...]]:
     """Every group of two or more ranks the plan uses — TP and data-parallel groups of each layer's
     strategy, per-axis groups of multi-axis data parallelism and of a sequence axis (Ulysses groups), the gradient
     groups of strategies with a sequence axis (its ranks and the data-parallel ones together), expert-parallel and
-    expert-data-parallel groups (+epN), each stage (Slice-Gather), the first and last stages together and their rank pairs (tied weights), and
+    expert-data-parallel groups (+epN) and the experts' TP groups (+etpN), each stage (Slice-Gather), the first and last stages together and their rank pairs (tied weights), and
     pipeline neighbours — once each, in a deterministic order (torch.distributed.new_group must be called in the
     same order on every rank)."""
     layout = RankLayout(plan.num_devices, plan.pp)
@@ -266,7 +290,8 @@ def plan_group_ranks(plan: Plan) -> list[tuple[int, ...]]:
             for rank in layout.stage_ranks(stage) if strategy.sequence_axis else ():
                 seen.setdefault(layout.gradient_group(rank, strategy), None)  # data-parallel and sequence axes
             for rank in layout.stage_ranks(stage) if strategy.ep > 1 else ():
-                for group in (layout.expert_group(rank, strategy), layout.expert_data_group(rank, strategy)):
+                for group in (layout.expert_group(rank, strategy), layout.expert_data_group(rank, strategy),
+                              layout.expert_tensor_group(rank, strategy)):
                     if len(group) > 1:
                         seen.setdefault(group, None)
     for stage in range(plan.pp):

@@ -10,7 +10,8 @@ from gbmw.cost.activation_recompute import (selective_freed_bytes, selective_reb
                                             sequence_parallel_divisor)
 from gbmw.cost.comm import CommModel
 from gbmw.cost.context_parallel import context_parallel_costs
-from gbmw.cost.expert_parallel import expert_data_parallel_group, expert_parallel_costs, expert_view
+from gbmw.cost.expert_parallel import (expert_data_parallel_group, expert_parallel_costs, expert_tp_bytes_per_sample,
+                                      expert_view)
 from gbmw.cost.fp8 import amax_reductions_s, fp8_cast_s, fp8_weight_copy_bytes, rank_fp8_parameters
 from gbmw.cost.framework_memory import (autocast_weight_copy_bytes, cross_entropy_workspace_bytes_per_logit,
                                         fp32_residual_extra_share, gated_activation_peak_bytes,
@@ -56,15 +57,20 @@ def reference_layer_costs(
         arrays.has_measured_time, 0.0, 0.5 * arrays.flash_kernel_flops_per_sample * samples / tp / attention_rate)
 
     # Tensor-parallel all-reduces (blocking, not overlapped).
+    # Under +etpN the experts' share runs over the ETP group instead (gbmw.cost.expert_parallel).
     tp_stride = strategy.stride("tp") if tp > 1 else 1
-    tp_forward = collective_time_s(comm.allreduce_s, arrays.tp_allreduce_bytes_per_sample * samples, tp, tp_stride)
+    tp_bytes, expert_tp_bytes = expert_tp_bytes_per_sample(model, strategy)
+    tp_forward = collective_time_s(comm.allreduce_s, tp_bytes * samples, tp, tp_stride)
+    if strategy.expert_tp is not None:
+        tp_forward = tp_forward + collective_time_s(comm.allreduce_s, expert_tp_bytes * samples, strategy.expert_tp,
+                                                    tp_stride)
 
     # Expert parallelism: the routed experts leave the data-parallel group for the expert-data-parallel one.
     experts = expert_parallel_costs(model, strategy, samples, comm, settings.cluster.linear_flops(settings.precision))
     local_parameters = tp_local_parameters(model, tp)
     split_experts = strategy.ep > 1
     dense_parameters = local_parameters - experts.expert_parameters if split_experts else local_parameters
-    rank_experts = experts.expert_parameters / strategy.ep if split_experts else np.zeros(model.num_layers)
+    rank_experts = experts.rank_expert_parameters
     device_parameters = dense_parameters + rank_experts
     """What this rank holds of each layer before any ZeRO sharding."""
     expert_strategy = expert_view(weights)
@@ -179,6 +185,10 @@ def reference_layer_costs(
         backward_memory = backward_memory + (gradient_in_out * (1 + residual_share) * samples
                                              + (arrays.backward_workspace_tp_split_bytes_per_sample * samples
                                                 + arrays.largest_weight_gradient_tp_split_bytes) / tp)
+        if strategy.expert_tp is not None:  # a routed expert's weight gradient at 1/ETP, where it is the larger
+            backward_memory = backward_memory + np.maximum(
+                0.0, arrays.expert_largest_weight_gradient_bytes / strategy.expert_tp
+                - arrays.largest_weight_gradient_tp_split_bytes / tp)
         # a head's cross-entropy: what it holds beside the kept softmax (torch's on one device, megatron-core's in place)
         backward_memory = backward_memory + arrays.loss_logits_per_sample * samples / tp * (
             cross_entropy_workspace_bytes_per_logit(settings.framework, settings.precision, tp))

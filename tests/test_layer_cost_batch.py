@@ -9,6 +9,7 @@ from layer_cost_reference import reference_layer_costs as layer_costs
 from gbmw.cost.layer_cost_batch import layer_costs_of_strategies
 from gbmw.cost.stage_cost import strategy_tables
 from gbmw.search.planner import Planner
+from gbmw.space.strategy import Strategy
 from gbmw.specs.jobs import load_job
 from gbmw.specs.models import build_model
 
@@ -26,7 +27,9 @@ CASES = [  # (job, variant, target, a change to the job: precision and FP8 recip
     ("llama3.1-8b-32k_h100-80g-x64", "gbmw+cp", "runtime", None),  # ring context parallelism
     ("llama3.1-8b-32k_h100-80g-x64", "gbmw+ulysses", "runtime", None),  # Ulysses
     ("mixtral-8x7b_h100-80g-x64", "gbmw", "runtime", None),  # MoE: expert parallelism, expert-data-parallel sync
-    ("deepseek-v2-lite_h100-80g-x64", "gbmw", "megatron-core", None),  # MoE with shared experts, latent attention
+    # MoE with shared experts, latent attention; megatron-core's space offers the experts whole (+etp1) too
+    ("deepseek-v2-lite_h100-80g-x64", "gbmw", "megatron-core", None),
+    ("mixtral-8x7b_h100-80g-x64", "gbmw", "megatron-core", ("fp8", "current")),  # +etp1 with FP8 expert weights
     ("t5-512-4-32_rtx-titan-x8", "gbmw", "runtime", None),  # T5
     ("bert-huge-32_rtx-titan-x8", "gbmw", "runtime", None),  # BERT
     ("bert-huge-32_rtx-titan-x8", "gbmw", "runtime", "profiled"),  # measured times and framework overheads
@@ -101,14 +104,31 @@ def test_the_cases_cover_every_branch_of_layer_costs():
         for strategy in strategies:
             seen |= {("axis", axis) for axis, _ in strategy.gradient_view.dims}
             seen |= {("ep", strategy.ep > 1), ("sp", strategy.sp), ("recompute", strategy.recompute),
-                     ("sequence", strategy.sequence_axis)}
+                     ("sequence", strategy.sequence_axis), ("expert_tp", strategy.expert_tp is not None)}
     wanted = ({("precision", p) for p in ("fp32", "bf16", "fp8")} | {("recipe", r) for r in ("delayed", "current")}
               | {("framework", f) for f in ("gbmw-runtime", "megatron", "deepspeed")}
               | {("experts", True), ("profiled", True), ("profiled", False), ("waves", True), ("waves", False)}
               | {("axis", a) for a in ("dp", "z1dp", "z2dp", "sdp", "tp")} | {("ep", True), ("sp", True)}
+              | {("expert_tp", True)}
               | {("recompute", r) for r in ("none", "full", "selective")}
               | {("sequence", s) for s in (None, "cp", "ulysses")})
     assert wanted <= seen, wanted - seen
+
+
+@pytest.mark.parametrize("precision", [None, ("fp8", "current")])
+def test_expert_tp_degrees_no_search_offers_are_layer_costs_bit_for_bit(precision):
+    """The searches offer +etp1 only; an ETP between 1 and TP (its own all-reduce group) and mixed data-parallel
+    flavours, costed in one list with the layer's-TP strategies of the same trees."""
+    model, settings, comm, _ = _search_inputs("mixtral-8x7b_h100-80g-x64", "gbmw", "megatron-core", precision)
+    names = ("tp4-z1dp4+ep2+etp2+sp", "tp4-z1dp4+ep2+sp", "tp8-dp2+ep4+etp2+sp+ckpt", "tp8-dp2+ep2+sp+ckpt",
+             "tp2-z1dp8+ep8+etp1+sp+sel", "tp4-sdp4+ep8+etp1+sp", "tp16+ep8+etp2+sp", "tp4-z2dp4+ep4+etp1+sp")
+    strategies = [Strategy.parse(name) for name in names]
+    for micro_batch in (1, 4):
+        for strategy, costs in zip(strategies, layer_costs_of_strategies(model, strategies, micro_batch, settings,
+                                                                         comm)):
+            reference = layer_costs(model, strategy, micro_batch, settings, comm)
+            for field in FIELDS:
+                assert _same_bits(getattr(costs, field), getattr(reference, field)), (strategy.name, field)
 
 
 def test_repeated_and_reordered_strategies_get_their_own_rows():

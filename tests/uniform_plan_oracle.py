@@ -77,6 +77,10 @@ class TargetRules:
     """The data-parallel axes expert parallelism composes with (an MoE model: every power of two EP dividing the
     data-parallel degree and every layer's experts; none with a sequence axis)."""
     expert_needs_sp_with_tp: bool = False
+    experts_whole: bool = False
+    """An MoE model may also run its experts whole (+epN+etp1) where TP is the innermost axis, at least 2 and inside a
+    node, with +sp, no sequence axis and at most one data-parallel axis: every power of two EP from 2 to the stage's
+    devices (megatron-core's --expert-tensor-parallel-size 1)."""
 
 
 TARGET_RULES = {
@@ -84,7 +88,8 @@ TARGET_RULES = {
     "megatron-deepspeed": TargetRules(("tp", "ulysses", "dp", "z1dp", "z2dp", "sdp"), 1, ("even",), True, "standard",
                                       sequence_axis="ulysses", expert_axes=("dp", "z1dp", "z2dp")),
     "megatron-core": TargetRules(("tp", "cp", "dp", "z1dp"), None, ("even", "first-last"), True, "any", interleaved=True,
-                                 sequence_axis="cp", expert_axes=("dp", "z1dp"), expert_needs_sp_with_tp=True),
+                                 sequence_axis="cp", expert_axes=("dp", "z1dp"), expert_needs_sp_with_tp=True,
+                                 experts_whole=True),
 }
 SEQUENCE = ("cp", "ulysses")
 ZERO_STAGE = {"dp": 0, "z1dp": 1, "z2dp": 2, "sdp": 3}
@@ -163,12 +168,17 @@ def space_layouts(space: str, job: JobSpec, pp: int) -> list[Layout]:
             for sp in ((False, True) if rules.sequence_parallel and has_tp else (False,)):
                 if sp and rules.sequence_axis == "ulysses" and has_sequence:
                     continue  # Megatron-DeepSpeed's initialize refuses --sequence-parallel beside Ulysses
-                for ep in eps:
+                whole = (moe and rules.experts_whole and sp and tree[0][0] == "tp"
+                         and tree[0][1] <= job.cluster.devices_per_node and not has_sequence and len(data) <= 1)
+                expert_layouts = [(ep, None) for ep in eps] + (
+                    [(2**e, 1) for e in range(1, (devices // pp).bit_length())] if whole else [])
+                for ep, expert_tp in expert_layouts:
                     if ep > 1 and rules.expert_needs_sp_with_tp and has_tp and not sp:
                         continue
                     for level in levels:
-                        block = Strategy(tree, ckpt=level == "full", selective=level == "selective", sp=sp, ep=ep)
-                        layouts.append(Layout(block, Strategy(tree, sp=sp, ep=ep)))
+                        block = Strategy(tree, ckpt=level == "full", selective=level == "selective", sp=sp, ep=ep,
+                                         expert_tp=expert_tp)
+                        layouts.append(Layout(block, Strategy(tree, sp=sp, ep=ep, expert_tp=expert_tp)))
         return layouts
     fixed = {"ddp": (1, (("dp", devices),)), "megatron-tp": (1, (("tp", devices),)),
              "fsdp": (1, (("sdp", devices),)), "gpipe": (devices, ()),

@@ -95,9 +95,11 @@ def _latent_attention_values(arch: GPTArchitecture) -> dict[str, Any]:
 
 def _expert_values(arch: GPTArchitecture, target: str, layout) -> dict[str, Any]:
     """{argparse dest: value} of a mixture-of-experts model's flags (gbmw.specs.architectures.MixtureOfExperts) and
-    its expert parallelism; {} for a dense model. megatron-core: the experts' TP is the layer's, tokens are
-    dispatched by all-to-all (what gbmw.cost.expert_parallel prices) with grouped GEMMs. Megatron-DeepSpeed runs
-    DeepSpeed-MoE layers: no shared experts, expert width = --ffn-hidden-size, every k-th block an MoE block."""
+    its expert parallelism; {} for a dense model. megatron-core: the experts' TP is the plan's (the layer's, or
+    `+etpN`'s), tokens are dispatched by all-to-all (what gbmw.cost.expert_parallel prices) with grouped GEMMs.
+    Megatron-DeepSpeed runs DeepSpeed-MoE layers: no shared experts, expert width = --ffn-hidden-size, every k-th
+    block an MoE block, and the experts at the layer's TP (`--enable-expert-tensor-parallelism`, off by default:
+    without it the experts run whole in another layout, gbmw.space.targets.Target.expert_tensor_parallel)."""
     moe = arch.moe
     if moe is None:
         return {}
@@ -131,7 +133,7 @@ def _expert_values(arch: GPTArchitecture, target: str, layout) -> dict[str, Any]
             "moe_router_enable_expert_bias": moe.expert_score_bias,
             "moe_router_score_function": "sigmoid" if moe.expert_score_bias else None,
             "expert_model_parallel_size": layout.expert_parallel,
-            "expert_tensor_parallel_size": layout.tensor_parallel,
+            "expert_tensor_parallel_size": layout.expert_tensor_parallel,
             "moe_token_dispatcher_type": "alltoall", "moe_grouped_gemm": True,
             "moe_expert_capacity_factor": moe.capacity_factor,
             "moe_pad_expert_input_to_capacity": moe.capacity_factor is not None}

@@ -82,6 +82,7 @@ def _parser(target: str) -> _Parser:
         add("--deepspeed_config")
         add("--zero-stage", type=int, default=0)
         add("--moe-expert-parallel-size", dest="expert_parallel", type=int, default=1)
+        add("--enable-expert-tensor-parallelism", action="store_true")
         add("--ds-sequence-parallel-size", dest="sequence_degree", type=int, default=1)
     else:
         add("--group-query-attention", action="store_true")
@@ -99,6 +100,7 @@ def _parser(target: str) -> _Parser:
         for dest in ("q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim"):
             add(_flag(dest), type=int)
         add("--expert-model-parallel-size", dest="expert_parallel", type=int, default=1)
+        add("--expert-tensor-parallel-size", dest="expert_tensor_parallel", type=int)
         add("--context-parallel-size", dest="sequence_degree", type=int, default=1)
         add("--cp-comm-type", choices=["p2p"])
     return parser
@@ -156,6 +158,22 @@ def _recompute(namespace: argparse.Namespace) -> str:
             "(selective) or none"
         )
     return "full"
+
+
+def _expert_tensor_parallel(namespace: argparse.Namespace, arch: GPTArchitecture, target: str, tp: int) -> int:
+    """The experts' TP degree the flags give: megatron-core's --expert-tensor-parallel-size (default the TP degree);
+    Megatron-DeepSpeed's TP with --enable-expert-tensor-parallelism, refused without it at TP > 1 (its experts then
+    run whole in a layout gbmw does not cost: gbmw.space.targets.Target.expert_tensor_parallel)."""
+    if target == "megatron-deepspeed":
+        if arch.moe is not None and tp > 1 and not namespace.enable_expert_tensor_parallelism:
+            raise GbmwError(f"--tensor-model-parallel-size {tp} without --enable-expert-tensor-parallelism: "
+                            "Megatron-DeepSpeed then runs the experts whole, its EP groups inside one TP rank's "
+                            "data-parallel ranks — a layout gbmw does not cost; add --enable-expert-tensor-parallelism")
+        return tp
+    given = namespace.expert_tensor_parallel
+    if given is not None and (given < 1 or tp % given):
+        raise GbmwError(f"--expert-tensor-parallel-size {given}: it must divide --tensor-model-parallel-size {tp}")
+    return tp if given is None else given
 
 
 def megatron_args_to_plan(args: Sequence[str], job: JobSpec, target: str = "megatron-core") -> Plan:
@@ -231,12 +249,19 @@ def megatron_args_to_plan(args: Sequence[str], job: JobSpec, target: str = "mega
     recompute = _recompute(namespace)
     plain = Strategy(dims, sp=namespace.sequence_parallel and tp > 1)  # Megatron turns SP off at TP 1
     expert_parallel = namespace.expert_parallel
-    if expert_parallel > 1 and (arch.moe is None or dp % expert_parallel):
+    expert_tp = _expert_tensor_parallel(namespace, arch, target, tp)
+    # EP splits the data-parallel ranks, or under an expert TP of its own the stage's ranks over that TP
+    expert_ranks, what = (dp, "the data-parallel size") if expert_tp == tp else (
+        tp * dp // expert_tp, f"tensor({tp}) * data({dp}) / expert tensor({expert_tp})")
+    if expert_parallel > 1 and (arch.moe is None or expert_ranks % expert_parallel):
         flag = "--moe-expert-parallel-size" if target == "megatron-deepspeed" else "--expert-model-parallel-size"
         raise GbmwError(f"{flag} {expert_parallel}: " + (f"model {job.model.name} has no experts" if arch.moe is None
-                                                          else f"it must divide the data-parallel size {dp}"))
+                                                          else f"it must divide {what} = {expert_ranks}"))
     block = plain.with_recompute(recompute)
-    strategies = tuple((block.with_expert_parallel(expert_parallel) if layer.num_experts else block)
+    if expert_tp != tp and expert_parallel == 1:
+        raise GbmwError(f"--expert-tensor-parallel-size {expert_tp} with --expert-model-parallel-size 1: a gbmw plan "
+                        "gives the experts a TP degree of their own only where EP splits them")
+    strategies = tuple((block.with_expert_parallel(expert_parallel, expert_tp) if layer.num_experts else block)
                        if layer.is_block else plain for layer in job.model.layers)
     partition = tuple(megatron_stage_partition(job.model, megatron_blocks_per_stage(arch.num_layers, pp, first, last)))
     plan = Plan(

@@ -83,6 +83,9 @@ class MegatronLayout:
     expert_parallel: int
     """The experts of every mixture-of-experts block split over this many data-parallel ranks
     (`--expert-model-parallel-size`; 1 for a dense model)."""
+    expert_tensor_parallel: int
+    """The experts' TP degree (`--expert-tensor-parallel-size`): the layers' TP unless the plan's MoE blocks give
+    their own (`+etpN`, megatron-core only)."""
     micro_batch_size: int
     """Samples per micro-batch per data-parallel rank: Plan.micro_batch / DP."""
     global_batch_size: int
@@ -133,6 +136,7 @@ def megatron_layout(plan: Plan, job: JobSpec, target: str) -> MegatronLayout:
         context_parallel=strategy.degree("cp"),
         ulysses=strategy.degree("ulysses"),
         expert_parallel=max(s.ep for s in plan.strategies),
+        expert_tensor_parallel=next((s.expert_tensor_parallel for s in plan.strategies if s.ep > 1), strategy.tp),
         micro_batch_size=plan.micro_batch // data_parallel,
         global_batch_size=plan.global_batch,
         num_micro_batches=plan.num_micro_batches,

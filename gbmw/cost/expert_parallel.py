@@ -20,6 +20,24 @@ whose TP is the layer's) are split over the e ranks of an EP group, E / e on eac
 
 A dense layer (num_experts 0) is unchanged by `+ep`: stock frameworks set one EP degree for the model and it
 touches its MoE layers only.
+
+An expert TP degree a other than t (`+etpN`, gbmw.space.expert_tensor_parallel: megatron-core's ETP, the stage's W
+ranks laid out again as a · e · W/(a·e), TP innermost, +sp) changes three terms and leaves the rest:
+
+* parameters: a rank holds E / e experts, 1/a of each; their gradients are synchronised over the W / (a·e) ranks
+  a·e apart, with the ZeRO flavour of S's data-parallel axis (plain all-reduce without one);
+* communication: the all-to-alls carry the same bytes (each rank dispatches its own 1/t of its replica's routed
+  tokens) over the EP group of e ranks a apart; the experts' all-gather of the received tokens and the
+  reduce-scatter of their output run over the ETP group (a ranks, on the TP group's links) instead of TP's:
+  an all-reduce's bytes of a/t of the routed copies (`expert_dispatch_bytes_per_sample`, the share of the layer's
+  TP bytes that the experts' TP moves), none at a = 1 (megatron-core's MoEAlltoAllTokenDispatcher: A2A over EP,
+  then AG over ETP; RS over ETP, then A2A back);
+* what does not change: a rank computes a/t of its EP group's routed tokens with 1/a of the weights — the expert
+  FLOPs, hidden activations and backward workspace per rank are those at a = t, and so is the busiest rank's
+  load; the routed copies' stash is charged as before (under +sp at 1/t: exact for a = 1, where a rank keeps its
+  own tokens; a rank at a > 1 keeps the a/t gathered copies as the expert input, which gbmw does not charge at any
+  a, as it did not before). The largest weight gradient of the backward workspace stays TP-split (the attention's
+  projections are the larger in the MoE models bundled).
 """
 
 from __future__ import annotations
@@ -35,9 +53,15 @@ from gbmw.specs.model_spec import ModelSpec
 
 def expert_view(strategy: Strategy) -> Strategy:
     """The strategy the routed experts' states see: the data-parallel axis at degree d / e (gone at 1), no EP —
-    so that model_states and framework_memory shard the experts' states over the expert-data-parallel group."""
+    so that model_states and framework_memory shard the experts' states over the expert-data-parallel group. Under
+    `+etpN`: tp at the ETP degree, then the data-parallel axis' flavour (dp without one) at the EDP degree."""
     if strategy.ep == 1:
         return strategy
+    if strategy.expert_tp is not None:
+        axis = next((axis for axis, _ in strategy.dims if axis in DATA_PARALLEL_AXES), "dp")
+        dims = tuple((name, degree) for name, degree in (("tp", strategy.expert_tp),
+                                                          (axis, strategy.expert_data_parallel)) if degree > 1)
+        return Strategy(dims, strategy.ckpt, strategy.selective, strategy.sp and strategy.expert_tp > 1)
     dims = []
     for axis, degree in strategy.dims:
         if axis in DATA_PARALLEL_AXES:
@@ -48,9 +72,32 @@ def expert_view(strategy: Strategy) -> Strategy:
 
 
 def expert_data_parallel_group(strategy: Strategy) -> tuple[str, int, int]:
-    """(axis, degree, stride) of the group the experts' gradients are synchronised over."""
+    """(axis, degree, stride) of the group the experts' gradients are synchronised over (EP > 1)."""
+    if strategy.expert_tp is not None:
+        axis = next((axis for axis, _ in strategy.dims if axis in DATA_PARALLEL_AXES), "dp")
+        return axis, strategy.expert_data_parallel, strategy.expert_tp * strategy.ep
     axis = next(axis for axis, _ in strategy.dims if axis in DATA_PARALLEL_AXES)
     return axis, strategy.expert_data_parallel, strategy.stride(axis) * strategy.ep
+
+
+def expert_alltoall_group(strategy: Strategy) -> tuple[int, int]:
+    """(size, stride) of the EP group the dispatch and combine all-to-alls run over (EP > 1): the EP ranks of the
+    data-parallel axis, or under `+etpN` EP ranks ETP apart."""
+    if strategy.expert_tp is not None:
+        return strategy.ep, strategy.expert_tp
+    axis = next(axis for axis, _ in strategy.dims if axis in DATA_PARALLEL_AXES)
+    return strategy.ep, strategy.stride(axis)
+
+
+def expert_tp_bytes_per_sample(model: ModelSpec, strategy: Strategy) -> tuple[np.ndarray, np.ndarray]:
+    """(the layer's TP all-reduce bytes per sample, the ETP group's) under `strategy`: under `+etpN` the experts'
+    share (`expert_dispatch_bytes_per_sample`) leaves the TP group's and a/t of it goes to the ETP group's (the
+    module); otherwise the layer's bytes and none."""
+    arrays = model.arrays
+    if strategy.expert_tp is None:
+        return arrays.tp_allreduce_bytes_per_sample, np.zeros(model.num_layers)
+    return (np.maximum(arrays.tp_allreduce_bytes_per_sample - arrays.expert_dispatch_bytes_per_sample, 0.0),
+            arrays.expert_dispatch_bytes_per_sample * strategy.expert_tp / strategy.tp)
 
 
 @dataclass
@@ -59,6 +106,9 @@ class ExpertParallelCosts:
 
     expert_parameters: np.ndarray
     """TP-local routed-expert parameters of the whole layer (before EP divides them)."""
+    rank_expert_parameters: np.ndarray
+    """The routed-expert parameters one rank holds: E / e experts, 1/ETP of each (0 under EP 1, where the experts
+    stay with the layer's other parameters)."""
     alltoall_forward_s: np.ndarray
     """The dispatch and combine all-to-alls of one forward pass (backward runs as many)."""
     extra_forward_compute_s: np.ndarray
@@ -74,16 +124,17 @@ def expert_parallel_costs(model: ModelSpec, strategy: Strategy, samples: float, 
     tp = strategy.tp
     expert_parameters = arrays.expert_parameter_count / tp
     zeros = np.zeros(model.num_layers)
+    rank_experts = (arrays.expert_parameter_count / strategy.expert_tensor_parallel / strategy.ep if strategy.ep > 1
+                    else zeros)
     if strategy.ep == 1 or not arrays.expert_parameter_count.any():
-        return ExpertParallelCosts(expert_parameters, zeros, zeros, zeros)
+        return ExpertParallelCosts(expert_parameters, rank_experts, zeros, zeros, zeros)
     load = arrays.expert_load_factor
-    axis = next(axis for axis, _ in strategy.dims if axis in DATA_PARALLEL_AXES)
-    stride = strategy.stride(axis)
-    per_byte = comm.alltoall_s(1.0, strategy.ep, stride) - comm.alltoall_s(0.0, strategy.ep, stride)
-    latency = comm.alltoall_s(0.0, strategy.ep, stride)
+    size, stride = expert_alltoall_group(strategy)
+    per_byte = comm.alltoall_s(1.0, size, stride) - comm.alltoall_s(0.0, size, stride)
+    latency = comm.alltoall_s(0.0, size, stride)
     received = arrays.expert_dispatch_bytes_per_sample * samples / tp * load
     alltoall = np.where(received > 0, 2 * (received * per_byte + latency), 0.0)
     extra_compute = (load - 1) * arrays.expert_forward_flops_per_sample * samples / tp / sustained_flops
     extra_memory = (load - 1) * (arrays.expert_activation_bytes_per_sample
                                  + arrays.expert_tp_split_activation_bytes_per_sample / tp) * samples
-    return ExpertParallelCosts(expert_parameters, alltoall, extra_compute, extra_memory)
+    return ExpertParallelCosts(expert_parameters, rank_experts, alltoall, extra_compute, extra_memory)

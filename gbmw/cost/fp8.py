@@ -47,11 +47,12 @@ AMAX_BYTES = 4
 
 def rank_fp8_parameters(model: ModelSpec, strategy: Strategy) -> np.ndarray:
     """[layer]: the FP8 weights one rank holds under `strategy` — TP-local (those TP leaves whole, whole), the routed
-    experts' at 1/ep (their biases, where a model has them, counted with the experts' FP8 weights)."""
+    experts' at 1/ep and 1/ETP (their biases, where a model has them, counted with the experts' FP8 weights)."""
     arrays, tp = model.arrays, strategy.tp
     whole = arrays.fp8_tp_replicated_parameter_count  # duplicated on every TP rank (latent attention's down-projections)
-    experts = np.minimum(arrays.expert_parameter_count, arrays.fp8_parameter_count) / tp
-    return (arrays.fp8_parameter_count - whole) / tp + whole - experts + experts / strategy.ep
+    routed = np.minimum(arrays.expert_parameter_count, arrays.fp8_parameter_count)
+    experts = routed / tp
+    return (arrays.fp8_parameter_count - whole) / tp + whole - experts + routed / strategy.expert_tensor_parallel / strategy.ep
 
 
 def fp8_weight_copy_bytes(precision: str) -> int:

@@ -87,7 +87,14 @@ def layer_costs_of_strategies(model: ModelSpec, strategies: list[Strategy], micr
         arrays.has_measured_time, 0.0, 0.5 * arrays.flash_kernel_flops_per_sample * samples / tp / attention_rate)
 
     # Tensor-parallel all-reduces.
-    tp_forward = columns.tp_allreduce.time_s(arrays.tp_allreduce_bytes_per_sample * samples)
+    # (gbmw.cost.expert_parallel.expert_tp_bytes_per_sample: under +etpN the experts' share runs over the ETP group)
+    differs = columns.expert_tp_differs
+    tp_forward = columns.tp_allreduce.time_s(np.where(differs, np.maximum(
+        arrays.tp_allreduce_bytes_per_sample - arrays.expert_dispatch_bytes_per_sample, 0.0) * samples,
+        arrays.tp_allreduce_bytes_per_sample * samples))
+    if differs.any():
+        tp_forward = tp_forward + columns.expert_tp_allreduce.time_s(
+            arrays.expert_dispatch_bytes_per_sample * columns.expert_tp / tp * samples)
 
     # Expert parallelism (gbmw.cost.expert_parallel.expert_parallel_costs).
     expert_parameters = arrays.expert_parameter_count / tp
@@ -106,11 +113,13 @@ def layer_costs_of_strategies(model: ModelSpec, strategies: list[Strategy], micr
     local_parameters = arrays.tp_split_parameter_count / tp + (arrays.parameter_count
                                                                - arrays.tp_split_parameter_count)
     dense_parameters = np.where(split_experts, local_parameters - expert_parameters, local_parameters)
-    rank_experts = np.where(split_experts, expert_parameters / ep, 0.0)
+    rank_experts = np.where(split_experts, arrays.expert_parameter_count / columns.expert_tp / ep, 0.0)
     device_parameters = dense_parameters + rank_experts
     fp8_whole = arrays.fp8_tp_replicated_parameter_count
-    fp8_experts = np.minimum(arrays.expert_parameter_count, arrays.fp8_parameter_count) / tp
-    fp8_parameters = (arrays.fp8_parameter_count - fp8_whole) / tp + fp8_whole - fp8_experts + fp8_experts / ep
+    fp8_routed = np.minimum(arrays.expert_parameter_count, arrays.fp8_parameter_count)
+    fp8_experts = fp8_routed / tp
+    fp8_parameters = ((arrays.fp8_parameter_count - fp8_whole) / tp + fp8_whole - fp8_experts
+                      + fp8_routed / columns.expert_tp / ep)
     forward_cast, backward_cast, weight_cast = fp8_cast_s(model, precision, cluster, samples, tp, fp8_parameters,
                                                          settings.fp8_recipe)
     forward_compute = forward_compute + forward_cast
@@ -249,6 +258,10 @@ def _memory_rows(model: ModelSpec, columns: StrategyColumns, settings: CostSetti
         backward_memory = backward_memory + (gradient_in_out * (1 + residual_share) * samples
                                              + (arrays.backward_workspace_tp_split_bytes_per_sample * samples
                                                 + arrays.largest_weight_gradient_tp_split_bytes) / tp)
+        if columns.expert_tp_differs.any():  # +etpN: a routed expert's weight gradient at 1/ETP, where the larger
+            backward_memory = backward_memory + np.where(columns.expert_tp_differs, np.maximum(
+                0.0, arrays.expert_largest_weight_gradient_bytes / columns.expert_tp
+                - arrays.largest_weight_gradient_tp_split_bytes / tp), 0.0)
         backward_memory = (backward_memory
                            + arrays.loss_logits_per_sample * samples / tp * columns.cross_entropy_bytes_per_logit)
         backward_memory = (backward_memory + np.where(kinds == "embedding", 0.0, residual) * samples

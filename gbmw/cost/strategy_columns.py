@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from gbmw.cost.comm import CommModel
-from gbmw.cost.expert_parallel import expert_data_parallel_group, expert_view
+from gbmw.cost.expert_parallel import expert_alltoall_group, expert_data_parallel_group, expert_view
 from gbmw.cost.framework_memory import (autocast_weight_copy_bytes, cross_entropy_workspace_bytes_per_logit,
                                         fp32_tp_input_extra_share, gather_buffer_bytes_per_parameter,
                                         sequence_parallel_gather_share)
@@ -117,7 +117,12 @@ class StrategyColumns:
     ckpt: np.ndarray
     selective: np.ndarray
     ep: np.ndarray
+    expert_tp: np.ndarray
+    """The experts' TP degree (the layer's unless `+etpN`)."""
+    expert_tp_differs: np.ndarray
+    """`+etpN`: the experts' TP share of the TP bytes runs over the ETP group (gbmw.cost.expert_parallel)."""
     tp_allreduce: CollectiveColumns
+    expert_tp_allreduce: CollectiveColumns
     routed: np.ndarray
     """Expert parallelism applies (EP > 1 and the model has routed experts)."""
     alltoall_latency_s: np.ndarray
@@ -169,12 +174,11 @@ def _build(strategies: tuple[Strategy, ...], settings: CostSettings, comm: CommM
     weights = [s.gradient_view for s in strategies]
     experts = [expert_view(w) for w in weights]
     routed = [s.ep != 1 and has_experts for s in strategies]
-    ep_strides = [s.stride(next(axis for axis, _ in s.dims if axis in DATA_PARALLEL_AXES)) if active else 1
-                  for s, active in zip(strategies, routed)]
-    latency = [comm.alltoall_s(0.0, s.ep, stride) if active else 0.0
-               for s, stride, active in zip(strategies, ep_strides, routed)]
-    per_byte = [comm.alltoall_s(1.0, s.ep, stride) - comm.alltoall_s(0.0, s.ep, stride) if active else 0.0
-                for s, stride, active in zip(strategies, ep_strides, routed)]
+    ep_groups = [expert_alltoall_group(s) if active else (1, 1) for s, active in zip(strategies, routed)]
+    latency = [comm.alltoall_s(0.0, size, stride) if active else 0.0
+               for (size, stride), active in zip(ep_groups, routed)]
+    per_byte = [comm.alltoall_s(1.0, size, stride) - comm.alltoall_s(0.0, size, stride) if active else 0.0
+                for (size, stride), active in zip(ep_groups, routed)]
     groups = [[(axis, degree, w.stride(axis)) for axis, degree in w.dims if axis in DATA_PARALLEL_AXES]
               for w in weights]
     syncs, shards = [], [1] * len(strategies)
@@ -195,6 +199,10 @@ def _build(strategies: tuple[Strategy, ...], settings: CostSettings, comm: CommM
         ep=column([s.ep for s in strategies], int),
         tp_allreduce=CollectiveColumns.of(comm.allreduce_s, [s.tp for s in strategies],
                                           [s.stride("tp") if s.tp > 1 else 1 for s in strategies]),
+        expert_tp=column([s.expert_tensor_parallel for s in strategies], int),
+        expert_tp_differs=column([s.expert_tp is not None for s in strategies], bool),
+        expert_tp_allreduce=CollectiveColumns.of(comm.allreduce_s, [s.expert_tp or 1 for s in strategies],
+                                                 [s.stride("tp") if s.tp > 1 else 1 for s in strategies]),
         routed=column(routed, bool),
         alltoall_latency_s=column(latency),
         alltoall_per_byte_s=column(per_byte),

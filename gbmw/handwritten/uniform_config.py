@@ -34,7 +34,10 @@ UNIFORM_KEYS = {
     "sp": "sequence parallelism with TP: on or off (default off)",
     "cp": "context-parallel degree: each sample's tokens split over a ring of this many ranks (megatron-core)",
     "ulysses": "Ulysses sequence-parallel degree: tokens split, heads exchanged by all-to-all (DeepSpeed)",
-    "ep": "expert-parallel degree of a mixture-of-experts model (default 1; divides the data-parallel degree)",
+    "ep": "expert-parallel degree of a mixture-of-experts model (default 1; divides the data-parallel degree, or "
+          "tp * dp / etp with etp)",
+    "etp": "the experts' TP degree where it differs from tp (megatron-core's --expert-tensor-parallel-size; divides "
+           "tp; needs ep >= 2 and sp=on)",
     "micro": "micro-batch size per data-parallel rank (Megatron --micro-batch-size)",
     "batch": "global batch (optional; default the job's global_batch)",
     "target": "what runs it: runtime (default), deepspeed, megatron-deepspeed or megatron-core",
@@ -52,6 +55,8 @@ class UniformConfig:
     cp: int = 1
     ulysses: int = 1
     ep: int = 1
+    etp: int | None = None
+    """The experts' TP degree (None: tp)."""
     micro: int = 1
     batch: int | None = None
     target: str = "runtime"
@@ -165,19 +170,30 @@ class UniformConfig:
                             "regions; it needs tp >= 2")
         if self.ep > 1 and not model.is_mixture_of_experts:
             raise PlanError(f"--uniform ep={self.ep}: model {model.name} has no experts to split; leave ep out")
-        if self.ep > 1 and dp % self.ep:
-            raise PlanError(f"--uniform ep={self.ep}: expert parallelism splits the experts over data-parallel ranks, "
-                            f"so it must divide dp = {dp}; EP degrees that do: "
-                            f"{[2**e for e in range(1, dp.bit_length()) if dp % 2**e == 0]}")
+        expert_tp = None if self.etp in (None, self.tp) else self.etp
+        if expert_tp is not None:
+            if self.ep < 2 or not self.sp or self.tp % expert_tp:
+                raise PlanError(f"--uniform etp={self.etp}: the experts' own TP degree must divide tp = {self.tp} and "
+                                f"goes with ep >= 2 and sp=on (given ep={self.ep}, sp={'on' if self.sp else 'off'}), "
+                                f"e.g. tp={self.tp},etp=1,ep=4,sp=on")
+            ranks, what = self.tp * dp // expert_tp, f"tp * dp / etp = {self.tp} * {dp} / {expert_tp}"
+            over = "the stage's ranks over the experts' TP degree"
+        else:
+            ranks, what, over = dp, f"dp = {dp}", "data-parallel ranks"
+        if self.ep > 1 and ranks % self.ep:
+            raise PlanError(f"--uniform ep={self.ep}: expert parallelism splits the experts over {over}, "
+                            f"so it must divide {what}; EP degrees that do: "
+                            f"{[2**e for e in range(1, ranks.bit_length()) if ranks % 2**e == 0]}")
         # EP touches the mixture-of-experts blocks only (a stock framework's one EP degree); the others stay at EP 1
         plain = Strategy(dims, sp=self.sp and not get_target(self.target).sequence_parallel_blocks_only)
         block = Strategy(dims, sp=self.sp).with_recompute(self.ckpt)
-        expert_block = block.with_expert_parallel(self.ep)
+        expert_block = block.with_expert_parallel(self.ep, expert_tp)
         return tuple((expert_block if layer.num_experts else block) if layer.is_block else plain
                      for layer in model.layers)
 
     def describe(self) -> str:
         return (f"tp={self.tp},pp={self.pp},zero={self.zero},ckpt={self.ckpt}{',sp=on' if self.sp else ''}"
                 f"{f',cp={self.cp}' if self.cp > 1 else ''}{f',ulysses={self.ulysses}' if self.ulysses > 1 else ''}"
-                f"{f',ep={self.ep}' if self.ep > 1 else ''},micro={self.micro}") + (
+                f"{f',ep={self.ep}' if self.ep > 1 else ''}"
+                f"{f',etp={self.etp}' if self.etp not in (None, self.tp) else ''},micro={self.micro}") + (
             f",batch={self.batch}" if self.batch else "") + (f",target={self.target}" if self.target != "runtime" else "")

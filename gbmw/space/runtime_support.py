@@ -105,9 +105,13 @@ def dense_layout_refusal(architecture: Any) -> str | None:
 
 
 def runtime_strategy_refusal(strategy) -> str | None:
-    """Why gbmw's runtime cannot run a layer's strategy's sequence axis (one sentence), or None when it can: `gbmw
-    train` refuses such a plan before starting, and the engine refuses the layer with the same words."""
+    """Why gbmw's runtime cannot run a layer's strategy's sequence axis or expert TP degree (one sentence), or None
+    when it can: `gbmw train` refuses such a plan before starting, and the engine refuses the layer with the same
+    words."""
     axis, name = strategy.sequence_axis, strategy.name
+    if strategy.expert_tp is not None:
+        return (f"strategy {name}: gbmw's runtime runs the experts at the layer's TP degree ({strategy.tp}), not "
+                f"+etp{strategy.expert_tp}; leave +etp out, or plan for --target megatron-core")
     what = {"cp": "context parallelism (cp)", "ulysses": "Ulysses"}.get(axis)
     if axis is not None and strategy.sp:
         return (f"strategy {name}: gbmw's runtime runs {what} without +sp (its tokens are already split over the "

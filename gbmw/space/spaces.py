@@ -64,6 +64,9 @@ class SearchSpace:
     """Offer sequence parallelism (+sp) for strategies with TP."""
     expert_parallel: bool = False
     """Offer expert parallelism (+epN) to mixture-of-experts models."""
+    expert_tensor_parallel: bool = False
+    """With `expert_parallel`: offer the experts whole (+epN+etp1) beside at the layer's TP degree, where the target
+    runs an expert TP degree of its own (megatron-core)."""
     sequence_split_where_undominated: bool = False
     """Offer a strategy with a sequence axis (`ulysses`, `cp`) only at micro-batch sizes where its `gradient_view` is
     not usable (`usable`)."""
@@ -74,7 +77,8 @@ class SearchSpace:
         return cls(target.label, axes=target.axes, uniform=True, partitioning=target.partition_rules,
                    target=target.name, strategy_filter=target.allows,
                    selective=target.selective_recompute is not None and target.search_offers_selective,
-                   sequence_parallel=target.sequence_parallel, expert_parallel=target.expert_parallel)
+                   sequence_parallel=target.sequence_parallel, expert_parallel=target.expert_parallel,
+                   expert_tensor_parallel=target.expert_tensor_parallel)
 
     def pipeline_degrees(self, cluster: ClusterSpec, max_pp: int | None) -> list[int]:
         devices = cluster.num_devices
@@ -94,9 +98,12 @@ class SearchSpace:
         prune = self.strategy_filter is None
         candidates = enumerate_strategies(group, axes=self.axes, prune_dp_with_sdp=prune, ckpt=self.ckpt,
                                           selective=self.selective, sequence_parallel=self.sequence_parallel,
-                                          expert_parallel=experts and self.expert_parallel)
+                                          expert_parallel=experts and self.expert_parallel,
+                                          expert_tensor_parallel=experts and self.expert_tensor_parallel)
         if self.strategy_filter is not None:
             candidates = [s for s in candidates if self.strategy_filter(s, pp)]
+        if self.expert_tensor_parallel and experts:  # +etp1 only where TP stays inside a node (see the field)
+            candidates = [s for s in candidates if s.expert_tp is None or s.tp <= cluster.devices_per_node]
         return candidates
 
     def usable(self, strategies: list[Strategy], micro_batch: int) -> list[Strategy]:
@@ -122,19 +129,24 @@ class SearchSpace:
 
     def groups(self, strategies: list[Strategy], model: ModelSpec) -> list[np.ndarray]:
         """Masks [strategy, layer] of what one search may mix: everything, or for uniform spaces one
-        mask per tree (with or without sequence parallelism) and recomputation level (embeddings and heads
-        never recompute)."""
+        mask per tree (with or without sequence parallelism, per EP and expert TP degree) and recomputation level
+        (embeddings and heads never recompute)."""
         if not self.uniform:
             return [np.ones((len(strategies), model.num_layers), bool)]
         is_block = model.is_block
+        levels = list(dict.fromkeys(s.recompute for s in strategies))
+        if self.recompute_always:
+            levels = [level for level in levels if level == "full"]
+        rows_of: dict[tuple, list[int]] = {}  # one pass over the strategies (a nested one was quadratic)
+        for index, strategy in enumerate(strategies):
+            rows_of.setdefault((strategy.dims, strategy.sp, strategy.ep, strategy.expert_tp), []).append(index)
         masks = []
-        for dims, sp, ep in dict.fromkeys((s.dims, s.sp, s.ep) for s in strategies):
-            levels = dict.fromkeys(s.recompute for s in strategies)
-            for level in ([level for level in levels if level == "full"] if self.recompute_always else levels):
+        for rows in rows_of.values():
+            for level in levels:
                 mask = np.zeros((len(strategies), model.num_layers), bool)
-                for index, strategy in enumerate(strategies):
-                    if strategy.dims == dims and strategy.sp == sp and strategy.ep == ep:
-                        mask[index] = np.where(is_block, strategy.recompute == level, strategy.recompute == "none")
+                for index in rows:
+                    recompute = strategies[index].recompute
+                    mask[index] = np.where(is_block, recompute == level, recompute == "none")
                 if mask.any(axis=0).all():
                     masks.append(mask)
         return masks

@@ -2,10 +2,11 @@
 
 A `Strategy` is the parallelisation of one layer over the device group of its pipeline stage
 (N / pp devices): ordered `(axis, degree)` pairs, innermost — fastest links, consecutive ranks —
-first, whether its TP runs sequence-parallel, over how many of its data-parallel ranks a mixture-of-experts
-layer splits its experts, and how much of it recomputes. Its short name is the dims joined by `-`, then `+epN`
-for expert parallelism, `+sp` for sequence parallelism, then `+ckpt` (full recomputation) or `+sel`
-(selective): `tp2-dp4`, `sdp8+ckpt`, `tp4-z1dp2+sp+sel`, `tp2-z1dp8+ep4+sp`. A group of one device is `single`.
+first, whether its TP runs sequence-parallel, over how many ranks a mixture-of-experts layer splits its experts and
+at which TP degree, and how much of it recomputes. Its short name is the dims joined by `-`, then `+epN` for expert
+parallelism, `+etpN` for an expert TP degree other than the layer's, `+sp` for sequence parallelism, then `+ckpt`
+(full recomputation) or `+sel` (selective): `tp2-dp4`, `sdp8+ckpt`, `tp4-z1dp2+sp+sel`, `tp2-z1dp8+ep4+sp`,
+`tp2-z1dp16+ep32+etp1+sp`. A group of one device is `single`.
 
 Expert parallelism (Lepikhin et al., "GShard", 2020; Rajbhandari et al., "DeepSpeed-MoE", 2022; megatron-core's
 `--expert-model-parallel-size`) splits a mixture-of-experts layer's routed experts over `ep` ranks of its
@@ -14,6 +15,9 @@ the rank holding their experts by an all-to-all (dispatch) and come back by anot
 gradients are synchronised over the remaining data-parallel ranks only (the expert-data-parallel group of
 degree dp / ep); the experts' TP degree is the layer's TP (megatron-core's default expert-TP). EP is placed
 innermost among the data-parallel ranks (megatron-core's tp-ep-dp order), so it needs one data-parallel axis.
+
+An expert TP degree other than the layer's (`+etpN`, megatron-core's `--expert-tensor-parallel-size`) lays the
+experts out over the stage's ranks a second time: gbmw.space.expert_tensor_parallel.
 
 Recomputation levels (Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Models",
 2022): none; full (Sec. 3, the paper's CKPT: stash the layer input, recompute the whole layer); selective
@@ -55,6 +59,7 @@ from dataclasses import dataclass
 from functools import cache, cached_property
 
 from gbmw.errors import PlanError
+from gbmw.space.expert_tensor_parallel import check_expert_tp
 
 AXES = ("dp", "z1dp", "z2dp", "sdp", "tp", "cp", "ulysses")
 DATA_PARALLEL_AXES = ("dp", "z1dp", "z2dp", "sdp")
@@ -63,6 +68,7 @@ SEARCH_AXES = ("dp", "sdp", "tp")
 SINGLE_DEVICE_NAME = "single"
 _TOKEN = re.compile(r"^(dp|z1dp|z2dp|sdp|tp|cp|ulysses)(\d+)$")
 _EXPERT_SUFFIX = re.compile(r"^ep(\d+)$")
+_EXPERT_TP_SUFFIX = re.compile(r"^etp(\d+)$")
 RECOMPUTE_LEVELS = ("none", "full", "selective")
 _SUFFIXES = {"sp": "sequence parallelism", "ckpt": "full recomputation", "sel": "selective recomputation"}
 
@@ -89,8 +95,14 @@ class Strategy:
     ep: int = 1
     """Expert parallelism: a mixture-of-experts layer's routed experts split over `ep` of its data-parallel ranks
     (see the module). 1: every rank holds every expert. Needs one data-parallel axis whose degree `ep` divides."""
+    expert_tp: int | None = None
+    """The experts' TP degree where it differs from the layer's (`+etpN`, megatron-core's ETP; see the module); None:
+    the layer's TP. A value equal to the TP degree is stored as None, so that both spellings are one strategy."""
 
     def __post_init__(self) -> None:
+        if self.expert_tp is not None and self.expert_tp == dict(self.dims).get("tp", 1) and not isinstance(
+                self.expert_tp, bool):
+            object.__setattr__(self, "expert_tp", None)  # the layer's TP: one strategy, one name
         axes = [axis for axis, _ in self.dims]
         for axis, degree in self.dims:
             if axis not in AXES:
@@ -114,7 +126,7 @@ class Strategy:
                             "other; give one")
         if isinstance(self.ep, bool) or not isinstance(self.ep, int) or self.ep < 1:
             raise PlanError(f"strategy {self.name}: the expert-parallel degree must be a whole number ≥ 1")
-        if self.ep > 1:
+        if self.ep > 1 and self.expert_tp is None:
             data_axes = [(axis, degree) for axis, degree in self.dims if axis in DATA_PARALLEL_AXES]
             if len(data_axes) != 1 or data_axes[0][1] % self.ep:
                 shown = " × ".join(f"{axis}{degree}" for axis, degree in data_axes) or "none"
@@ -124,6 +136,8 @@ class Strategy:
         if self.sp and self.degree("tp") < 2:
             raise PlanError(f"strategy {self.name}: sequence parallelism (+sp) splits TP's replicated regions; it "
                             "needs a tp axis of degree >= 2")
+        if self.expert_tp is not None:
+            check_expert_tp(self, DATA_PARALLEL_AXES)
 
     @classmethod
     def parse(cls, name: str) -> "Strategy":
@@ -135,13 +149,18 @@ class Strategy:
         if len(expert) > 1:
             raise PlanError(f"strategy {name!r}: expert parallelism is given {len(expert)} times; give one +epN")
         ep = int(_EXPERT_SUFFIX.match(expert[0]).group(1)) if expert else 1
+        expert_tp = [suffix for suffix in suffixes if _EXPERT_TP_SUFFIX.match(suffix)]
+        suffixes = [suffix for suffix in suffixes if not _EXPERT_TP_SUFFIX.match(suffix)]
+        if len(expert_tp) > 1:
+            raise PlanError(f"strategy {name!r}: the experts' TP degree is given {len(expert_tp)} times; give one +etpN")
         unknown = [suffix for suffix in suffixes if suffix not in _SUFFIXES]
         if unknown or len(set(suffixes)) != len(suffixes):
             raise PlanError(
                 f"strategy {name!r}: cannot read the suffix {'+' + unknown[0] if unknown else 'given twice'}; "
                 "suffixes are " + ", ".join(f"+{key} ({what})" for key, what in _SUFFIXES.items())
-                + ", +epN (expert parallelism over N ranks), e.g. tp4-dp2+sp+sel")
-        flags = dict(ckpt="ckpt" in suffixes, selective="sel" in suffixes, sp="sp" in suffixes, ep=ep)
+                + ", +epN (expert parallelism over N ranks), +etpN (the experts' TP degree), e.g. tp4-dp2+sp+sel")
+        flags = dict(ckpt="ckpt" in suffixes, selective="sel" in suffixes, sp="sp" in suffixes, ep=ep,
+                     expert_tp=int(_EXPERT_TP_SUFFIX.match(expert_tp[0]).group(1)) if expert_tp else None)
         if body == SINGLE_DEVICE_NAME:
             return cls((), **flags)
         dims = []
@@ -163,7 +182,8 @@ class Strategy:
     def layout_name(self) -> str:
         """The name without the recomputation suffix: what a stock framework configures for every layer."""
         body = "-".join(f"{axis}{degree}" for axis, degree in self.dims) or SINGLE_DEVICE_NAME
-        return body + (f"+ep{self.ep}" if self.ep > 1 else "") + ("+sp" if self.sp else "")
+        return (body + (f"+ep{self.ep}" if self.ep > 1 else "")
+                + (f"+etp{self.expert_tp}" if self.expert_tp is not None else "") + ("+sp" if self.sp else ""))
 
     @property
     def recompute(self) -> str:
@@ -235,24 +255,33 @@ class Strategy:
                     dims.append(("dp", degree))
                 continue
             dims.append((axis, degree * merged) if axis in DATA_PARALLEL_AXES else (axis, degree))
-        return Strategy(tuple(dims), self.ckpt, self.selective, self.sp, self.ep)
+        return Strategy(tuple(dims), self.ckpt, self.selective, self.sp, self.ep, self.expert_tp)
+
+    @cached_property
+    def expert_tensor_parallel(self) -> int:
+        """The experts' TP degree (ETP): `expert_tp`, or the layer's TP."""
+        return self.tp if self.expert_tp is None else self.expert_tp
 
     @cached_property
     def expert_data_parallel(self) -> int:
-        """Ways a mixture-of-experts layer's expert gradients are synchronised: the data-parallel degree over EP."""
+        """Ways a mixture-of-experts layer's expert gradients are synchronised: the data-parallel degree over EP, or
+        W / (ETP · EP) under `+etpN`."""
+        if self.expert_tp is not None:
+            return self.group_size // (self.expert_tp * self.ep)
         return self.data_parallel // self.ep
 
     def with_ckpt(self, ckpt: bool) -> "Strategy":
         """The same layout with full recomputation on, or with no recomputation."""
-        return Strategy(self.dims, ckpt, sp=self.sp, ep=self.ep)
+        return Strategy(self.dims, ckpt, sp=self.sp, ep=self.ep, expert_tp=self.expert_tp)
 
     def with_recompute(self, level: str) -> "Strategy":
         """The same layout with recomputation `level` (RECOMPUTE_LEVELS)."""
-        return Strategy(self.dims, level == "full", level == "selective", self.sp, self.ep)
+        return Strategy(self.dims, level == "full", level == "selective", self.sp, self.ep, self.expert_tp)
 
-    def with_expert_parallel(self, ep: int) -> "Strategy":
-        """The same strategy with its experts split over `ep` data-parallel ranks (1: none)."""
-        return Strategy(self.dims, self.ckpt, self.selective, self.sp, ep)
+    def with_expert_parallel(self, ep: int, expert_tp: int | None = None) -> "Strategy":
+        """The same strategy with its experts split over `ep` ranks (1: none), at TP degree `expert_tp` (None: the
+        layer's)."""
+        return Strategy(self.dims, self.ckpt, self.selective, self.sp, ep, expert_tp)
 
 
 @cache
@@ -267,17 +296,18 @@ def _ordered_factorisations(group_size: int, parts: int) -> tuple[tuple[int, ...
 def enumerate_strategies(
     group_size: int, axes: tuple[str, ...] = SEARCH_AXES, prune_dp_with_sdp: bool = True, ckpt: bool = True,
     selective: bool = False, sequence_parallel: bool = False, expert_parallel: bool = False,
+    expert_tensor_parallel: bool = False,
 ) -> list[Strategy]:
     """The decision trees over one stage's `group_size` devices (see `_enumerated_strategies`), a new list each call
     of the same (frozen) Strategy objects: searches of one process share them and what they cache."""
     return list(_enumerated_strategies(group_size, tuple(axes), prune_dp_with_sdp, ckpt, selective, sequence_parallel,
-                                       expert_parallel))
+                                       expert_parallel, expert_tensor_parallel))
 
 
 @cache
 def _enumerated_strategies(
     group_size: int, axes: tuple[str, ...], prune_dp_with_sdp: bool, ckpt: bool, selective: bool,
-    sequence_parallel: bool, expert_parallel: bool,
+    sequence_parallel: bool, expert_parallel: bool, expert_tensor_parallel: bool = False,
 ) -> tuple[Strategy, ...]:
     """The decision trees over one stage's `group_size` devices (Sec. 3.2 construction rules).
 
@@ -286,8 +316,11 @@ def _enumerated_strategies(
     recomputation; with `sequence_parallel`, every tree with TP appears again with +sp at each level.
     Takeaway #3 drops trees that hold both dp and sdp unless `prune_dp_with_sdp` is False. With
     `expert_parallel` (a mixture-of-experts model), every strategy with one data-parallel axis of degree d appears
-    again with +epN for each power of two N from 2 to d. The paper's candidates come first, in the paper's order
-    (of equally fast plans the first found wins).
+    again with +epN for each power of two N from 2 to d; with `expert_tensor_parallel` too, every +sp strategy whose
+    layout megatron-core's expert ranks follow (TP innermost, at most one data-parallel axis) appears again with
+    +epN+etp1 — the experts whole, split over N consecutive ranks across TP and data-parallel ranks — for each power
+    of two N from 2 to the group size (gbmw.space.expert_tensor_parallel). The paper's candidates come first, in the
+    paper's order (of equally fast plans the first found wins).
     """
     if not is_power_of_two(group_size):
         raise PlanError(f"group size {group_size} is not a power of two; the decision trees need 1, 2, 4, 8, …")
@@ -308,9 +341,21 @@ def _enumerated_strategies(
         strategies += [Strategy(tree, sp=True).with_recompute(level) for level in levels for tree in trees
                        if dict(tree).get("tp", 1) > 1]
     if expert_parallel:
-        strategies += [strategy.with_expert_parallel(2**e) for strategy in list(strategies)
+        plain = list(strategies)
+        strategies += [strategy.with_expert_parallel(2**e) for strategy in plain
                        for e in range(1, _single_data_parallel_degree(strategy).bit_length())]
+        if expert_tensor_parallel:
+            strategies += [strategy.with_expert_parallel(2**e, expert_tp=1) for strategy in plain
+                           if _expert_ranks_follow_megatron(strategy) for e in range(1, group_size.bit_length())]
     return tuple(strategies)
+
+
+def _expert_ranks_follow_megatron(strategy: Strategy) -> bool:
+    """Whether `strategy` may take `+etpN` (gbmw.space.expert_tensor_parallel): +sp, TP innermost and at least 2, at
+    most one data-parallel axis and no other."""
+    axes = [axis for axis, _ in strategy.dims]
+    data = [axis for axis in axes if axis in DATA_PARALLEL_AXES]
+    return strategy.sp and strategy.tp > 1 and axes[0] == "tp" and len(data) <= 1 and len(axes) == 1 + len(data)
 
 
 def _sequence_axis_placed(axes: tuple[str, ...]) -> bool:

@@ -107,6 +107,12 @@ class Target:
     gbmw.adapters.runtime.expert_data_parallel)."""
     sequence_parallel_in_expert_blocks: bool = True
     """It runs +sp in mixture-of-experts blocks (gbmw's runtime: not yet)."""
+    expert_tensor_parallel: bool = False
+    """It runs the experts at a TP degree of their own (`+etpN`, gbmw.space.expert_tensor_parallel: megatron-core's
+    --expert-tensor-parallel-size). Megatron-DeepSpeed's one alternative to the layer's TP, experts whole without
+    --enable-expert-tensor-parallelism, keeps DeepSpeed's EP groups inside one TP rank's data-parallel ranks and drops
+    the TP ranks' duplicate tokens (deepspeed/utils/groups.py, deepspeed/moe/sharded_moe.py): another layout, not
+    costed; gbmw's runtime runs the layer's TP."""
     expert_parallel_needs_sequence_parallel: bool = False
     """EP with TP needs sequence parallelism (megatron-core: "When using expert parallelism and tensor parallelism
     for training, sequence parallelism must be used", megatron/core/model_parallel_config.py)."""
@@ -145,10 +151,11 @@ class Target:
 
     def runs_expert_parallel(self, strategy: Strategy) -> bool:
         """Whether it runs `strategy`'s expert parallelism (always, for EP 1): EP at all, with the strategy's
-        data-parallel axis, and with +sp where EP meets TP if it needs that."""
+        data-parallel axis, at its expert TP degree, and with +sp where EP meets TP if it needs that."""
         if strategy.ep == 1:
             return True
         return (self.expert_parallel and strategy.sequence_axis is None
+                and (strategy.expert_tp is None or self.expert_tensor_parallel)
                 and all(axis not in DATA_PARALLEL_AXES or axis in self.expert_parallel_axes for axis, _ in strategy.dims)
                 and not (self.expert_parallel_needs_sequence_parallel and strategy.tp > 1 and not strategy.sp))
 
@@ -228,9 +235,10 @@ class Target:
                             f"{target} recomputes all blocks the same way or none")
         if any(strategy.recompute != "none" for strategy, block in zip(plan.strategies, blocks) if not block):
             problems.append(f"an embedding or head layer recomputes; {target} recomputes Transformer blocks only")
-        if len({strategy.ep for strategy, layer in zip(plan.strategies, model.layers) if layer.num_experts}) > 1:
-            problems.append(f"mixture-of-experts blocks with different expert-parallel degrees; {target} sets one EP "
-                            "degree for every MoE block")
+        if len({(strategy.ep, strategy.expert_tensor_parallel) for strategy, layer in zip(plan.strategies, model.layers)
+                if layer.num_experts}) > 1:
+            problems.append(f"mixture-of-experts blocks with different expert-parallel (or expert TP) degrees; {target} "
+                            "sets one EP and one expert TP degree for every MoE block")
         if len({strategy.sp for strategy in plan.strategies}) > 1:
             problems.append(f"some layers run sequence parallelism (+sp) and others do not; {target} runs it for "
                             "every layer or none")
@@ -354,6 +362,7 @@ TARGETS: dict[str, Target] = {
         partition_methods=(("even", "even"), ("first-last", "first-last")),
         pipeline_scatter_gather=True, interleaved_pipeline=True, sequence_parallel=True, selective_recompute="any",
         expert_parallel=True, expert_parallel_needs_sequence_parallel=True, expert_parallel_axes=("dp", "z1dp"),
+        expert_tensor_parallel=True,
         sequence_axes=("cp",), precisions=("fp32", "fp16", "bf16", "fp8"),
     ),
 }

@@ -41,6 +41,11 @@ def technique_problems(target, plan, model: ModelSpec) -> list[str]:
     elif target.expert_parallel_needs_sequence_parallel and any(
             strategy.ep > 1 and strategy.tp > 1 and not strategy.sp for strategy in plan.strategies):
         problems.append(f"expert parallelism with TP but no sequence parallelism: {target.name} needs +sp there")
+    expert_tp = next((strategy for strategy in plan.strategies if strategy.expert_tp is not None), None)
+    if expert_tp is not None and target.expert_parallel and not target.expert_tensor_parallel:
+        problems.append(f"experts at TP {expert_tp.expert_tp} beside the layers' TP {expert_tp.tp} (+etp"
+                        f"{expert_tp.expert_tp}): {target.name} runs the experts at the layer's TP degree — use --target "
+                        "megatron-core")
     sharded = sorted({axis for strategy in plan.strategies if strategy.ep > 1 for axis, _ in strategy.dims
                       if axis in DATA_PARALLEL_AXES and axis not in target.expert_parallel_axes})
     if expert_degrees and target.expert_parallel and sharded:

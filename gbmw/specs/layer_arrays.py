@@ -43,6 +43,7 @@ class LayerArrays:
         self.expert_load_factor = column("expert_load_factor")
         self.backward_workspace_tp_split_bytes_per_sample = column("backward_workspace_tp_split_bytes_per_sample")
         self.largest_weight_gradient_tp_split_bytes = column("largest_weight_gradient_tp_split_bytes")
+        self.expert_largest_weight_gradient_bytes = column("expert_largest_weight_gradient_bytes")
         self.loss_logits_per_sample = column("loss_logits_per_sample")
         self.gated_activation_elements_per_sample = column("gated_activation_elements_per_sample")
         self.residual_input_bytes_per_sample = column("residual_input_bytes_per_sample")

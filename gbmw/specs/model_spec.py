@@ -164,6 +164,9 @@ class LayerSpec(Frozen):
     largest_weight_gradient_tp_split_bytes: float = Field(default=0.0, ge=0, le=MAX_QUANTITY)
     """The gradient of the layer's largest weight matrix in the dtype backward computes it in, whole before it is
     added to the parameter's gradient (bytes; TP divides it). 0: not modelled."""
+    expert_largest_weight_gradient_bytes: float = Field(default=0.0, ge=0, le=MAX_QUANTITY)
+    """The same for one routed expert's largest weight (counted in the above, which TP divides): the experts' TP
+    degree divides it where it differs from the layer's (gbmw.cost.expert_parallel, `+etpN`). 0: no routed experts."""
     fp8_forward_flops_per_sample: float = Field(default=0.0, ge=0, le=MAX_QUANTITY)
     """The part of `forward_flops_per_sample` that runs as FP8 GEMMs (Transformer Engine's linear layers under
     precision fp8: QKV, output projection, MLP and routed-expert FC1/FC2; the TP-split part); 0: none."""
