@@ -139,6 +139,10 @@ class Planner:
                 names = ", ".join(dict.fromkeys(s.layout_name for s in strategies))
                 self.exclusions[f"pp={pp}: no candidate ({names}) has a TP degree dividing every layer's heads"] = None
                 continue
+            # a strategy no layer allows (an EP degree that divides no layer's experts, a TP degree no layer's heads)
+            # is never chosen: it is not costed (Mixtral-8x7B on 64 devices: +ep16 … +ep64 for its 8 experts)
+            anywhere = heads_ok.any(axis=1)
+            strategies, heads_ok = [s for s, ok in zip(strategies, anywhere) if ok], heads_ok[anywhere]
             for micro_batch in self._micro_batch_sizes():
                 usable = self.spec.usable(strategies, micro_batch)  # (drops dominated Ulysses strategies)
                 if not usable:
