@@ -662,6 +662,9 @@ def main() -> int:
     parser.add_argument("--regimes", type=Path, help="also write each costed run's error and regime to this new "
                         "file (what recipes/published_errors.yaml holds for `plan`, `estimate` and `compare`)")
     args = parser.parse_args()
+    for option, path in (("--json", args.json), ("--regimes", args.regimes)):
+        if path is not None and (path.exists() or path.is_symlink()):  # said before the minutes of work, not after
+            parser.error(f"{option} {path}: exists; the benchmark writes new files only — choose a new name")
     runs = yaml.safe_load(DATA.read_text())["runs"]
     console = Console(highlight=False, width=180)
     costed, skipped = [], []
