@@ -57,7 +57,7 @@ from gbmw.search.nothing_fits import NothingFitsError, nothing_fits_message
 from gbmw.search.stage_dp.grid_frontier import default_granularity_bytes
 from gbmw.search.stage_dp.step_reserve_search import StepReserveSearch
 from gbmw.search.units import (Candidate, SearchStats, Setting, interleaved_only_counts, micro_batch_counts,
-                               micro_batch_sizes, tp_allowed, virtual_stage_choices)
+                               micro_batch_sizes, tp_allowed, used_somewhere, virtual_stage_choices)
 from gbmw.space.spaces import DEFAULT_VARIANT, SearchSpace, search_space
 from gbmw.space.stock_partitions import PARTITION_RULES
 from gbmw.space.strategy import Strategy
@@ -124,8 +124,7 @@ class Planner:
         return [(count, False) for count in counts] + [(count, True) for count in extra if count not in counts]
 
     def _settings(self) -> list[Setting]:
-        model, cluster = self.job.model, self.job.cluster
-        target = get_target(self.spec.target)
+        model, cluster, target = self.job.model, self.job.cluster, get_target(self.spec.target)
         result = []
         self.exclusions: dict[str, None] = {}
         for pp in self.spec.pipeline_degrees(cluster, self.max_pp):
@@ -139,10 +138,7 @@ class Planner:
                 names = ", ".join(dict.fromkeys(s.layout_name for s in strategies))
                 self.exclusions[f"pp={pp}: no candidate ({names}) has a TP degree dividing every layer's heads"] = None
                 continue
-            # a strategy no layer allows (an EP degree that divides no layer's experts, a TP degree no layer's heads)
-            # is never chosen: it is not costed (Mixtral-8x7B on 64 devices: +ep16 … +ep64 for its 8 experts)
-            anywhere = heads_ok.any(axis=1)
-            strategies, heads_ok = [s for s, ok in zip(strategies, anywhere) if ok], heads_ok[anywhere]
+            strategies, heads_ok = used_somewhere(strategies, heads_ok)
             for micro_batch in self._micro_batch_sizes():
                 usable = self.spec.usable(strategies, micro_batch)  # (drops dominated Ulysses strategies)
                 if not usable:
