@@ -72,22 +72,31 @@ for step in range(3):
     engine.train_step(synthetic_batch(architecture, batch, step, 0))
 torch.cuda.synchronize()
 walls = []
-with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profiler:
+activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+with torch.profiler.profile(activities=activities, record_shapes=True) as profiler:
     for step in range(3, 5):
         started = time.perf_counter()
         engine.train_step(synthetic_batch(architecture, batch, step, 0))
         torch.cuda.synchronize()
         walls.append(time.perf_counter() - started)
-totals, per_kernel = collections.Counter(), collections.Counter()
+totals, per_kernel, kernels = collections.Counter(), collections.Counter(), 0
 for event in profiler.events():
-    if event.device_type == torch.autograd.DeviceType.CUDA:
+    # the optimizer's record_function range shows on the GPU timeline too (a span, not a kernel): not counted
+    if event.device_type == torch.autograd.DeviceType.CUDA and not event.name.startswith("Optimizer."):
         seconds = event.device_time / 1e6 / len(walls)
         totals[kernel_class(event.name)] += seconds
-        per_kernel[event.name[:110]] += seconds
+        per_kernel[event.name[:200]] += seconds
+        kernels += 1
+# per operator and input shapes: the GPU time of the kernels each aten op launched itself, and its calls, per step
+# (which pass a memory-bound kernel belongs to: a norm's, rotary's or SwiGLU's, by the shapes it ran on)
+operators = sorted(((average.self_device_time_total / 1e6 / len(walls), average.count / len(walls), average.key,
+                     str(average.input_shapes)[:160]) for average in profiler.key_averages(group_by_input_shape=True)
+                    if average.self_device_time_total > 0), reverse=True)[:80]
 summary = dict(case=case, estimated_s=estimate.iteration_time_s, wall_s_per_step=walls,
                estimated_peak_gib=estimate.stage_peak_memory_bytes[0] / 2**30,
                measured_peak_gib=torch.cuda.max_memory_allocated() / 2**30,
                kernel_s_per_step=dict(totals), kernels_total_s=sum(totals.values()),
-               top_kernels=per_kernel.most_common(25))
+               kernel_launches_per_step=kernels / len(walls), top_kernels=per_kernel.most_common(40),
+               operators=operators)
 print(json.dumps(summary, indent=1))
 (out / f"profile-{case}.json").write_text(json.dumps(summary, indent=1))

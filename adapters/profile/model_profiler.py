@@ -52,11 +52,20 @@ def run_rounds(runners: list, repeats: int, min_seconds: float, pair_group=None,
         if time.perf_counter() - reported >= 5.0:
             reported = time.perf_counter()
             progress(f"  {rounds} rounds, {reported - started:.0f} of at least {min_seconds:.0f} s")
-        more = torch.tensor([float(rounds < repeats or time.perf_counter() - started < min_seconds)])
+        more = torch.tensor([float(rounds < repeats or time.perf_counter() - started < min_seconds)],
+                            device=_collective_device(pair_group))
         if pair_group is not None:
             dist.broadcast(more, group_src=0, group=pair_group)
         if not more.item():
             return rounds
+
+
+def _collective_device(group) -> torch.device:
+    """Where a tensor for a collective over `group` must live: the current CUDA device under NCCL (it reduces
+    device tensors only), else the CPU."""
+    if group is not None and dist.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 def _dtype(precision: str) -> torch.dtype:

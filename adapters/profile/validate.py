@@ -109,7 +109,11 @@ class PlanRun:
         dist.barrier()
         started = time.perf_counter()
         self.engine.train_step(batch)
-        elapsed = torch.tensor([time.perf_counter() - started], dtype=torch.float64)
+        device = self.engine.device
+        if device.type == "cuda":  # the step's kernels may still run: time them too
+            torch.cuda.synchronize(device)
+        # on the device: NCCL reduces device tensors only
+        elapsed = torch.tensor([time.perf_counter() - started], dtype=torch.float64, device=device)
         dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
         self.steps_run += 1
         if timed:
