@@ -16,10 +16,8 @@ import sys
 from pathlib import Path
 
 import yaml
+from one_device_plans import GPT, LLAMA
 
-GPT = dict(family="gpt", seq_length=2048, vocab_size=50257, dropout=False, attention="flash", tie_embeddings=True)
-LLAMA = dict(family="gpt", seq_length=2048, vocab_size=32000, dropout=False, attention="flash", tie_embeddings=False,
-             gated_mlp=True, bias=False, norm="rms", position_embedding="rotary")
 CASES = {  # name: (model fields, blocks, global batch) — the plan is gbmw's
     "gpt-h5120-L12-b16": (dict(GPT, hidden_size=5120, num_heads=40), 12, 16),
     "llama-h4096-L8-b16": (dict(LLAMA, hidden_size=4096, num_heads=32, num_kv_heads=8, ffn_hidden_size=14336), 8, 16),

@@ -24,21 +24,13 @@ from gbmw.adapters.runtime.groups import GroupPool
 from gbmw.adapters.runtime.launch import init_distributed
 from gbmw.adapters.runtime.model import synthetic_batch
 from gbmw.specs.models import load_architecture
-from one_device_plans import GPT, one_device_job_and_plan
+from one_device_plans import GPT, PROFILED_LLAMA_CASES, one_device_job_and_plan
 
-LLAMA = dict(family="gpt", seq_length=2048, vocab_size=32000, dropout=False, attention="flash", tie_embeddings=False,
-             gated_mlp=True, bias=False, norm="rms", position_embedding="rotary")
 CASES = {  # name: model fields, blocks, global batch, micro-batches, ckpt (the GPT ones: benchmarks/gpu_check.py's)
     "h4096-L4-b4-m4": (dict(GPT, hidden_size=4096, num_heads=32), 4, 4, 4, False),
     "h4096-L4-b8-m2": (dict(GPT, hidden_size=4096, num_heads=32), 4, 8, 2, False),
     "h8192-L2-b8-m2-ckpt": (dict(GPT, hidden_size=8192, num_heads=64), 2, 8, 2, True),
-    # LLaMA-style blocks, dense and as mixtures of experts (Mixtral-like 8 × top-2, Qwen3-MoE-like 64 × top-8)
-    "llama-h4096-L2-b4-m2": (dict(LLAMA, hidden_size=4096, num_heads=32, num_kv_heads=8, ffn_hidden_size=14336),
-                             2, 4, 2, False),
-    "moe8-h4096-L2-b4-m2": (dict(LLAMA, hidden_size=4096, num_heads=32, num_kv_heads=8, ffn_hidden_size=7168,
-                                 moe=dict(num_experts=8, top_k=2, expert_ffn_hidden_size=7168)), 2, 4, 2, False),
-    "moe64-h2048-L2-b8-m2": (dict(LLAMA, hidden_size=2048, num_heads=16, num_kv_heads=4, ffn_hidden_size=768,
-                                  moe=dict(num_experts=64, top_k=8, expert_ffn_hidden_size=768)), 2, 8, 2, False),
+    **PROFILED_LLAMA_CASES,
 }
 CLASSES = [("attention", ("flash", "fmha", "attention", "cudnn")),
            ("matmul", ("gemm", "cutlass", "xmma", "nvjet", "sm90", "sm80", "cublas", "matmul")),

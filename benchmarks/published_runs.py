@@ -241,6 +241,12 @@ def measured_iteration_s(run: dict) -> tuple[float, str]:
     raise ValueError(f"{run['name']}: no measured time, tokens/s or TFLOP/s")
 
 
+FUSED_ELEMENTWISE = True
+"""No published run ran gbmw's runtime: the runs costed in its layout (FSDP2 in NeMo AutoModel, LLM Foundry) run
+fused norms, activations and rotary kernels (Transformer Engine's), not the runtime's own unfused passes
+(gbmw.cost.layer_cost.CostSettings.fused_elementwise)."""
+
+
 def _plan_with_partition(config: UniformConfig, job: JobSpec, partition: tuple[int, ...]) -> Plan:
     """`config`'s uniform plan with a given partition (one DeepSpeed's PipelineModule makes, not Megatron's)."""
     devices, pp = job.cluster.num_devices, len(partition)
@@ -287,7 +293,7 @@ def cost(run: dict) -> Costed:
         plan = config.to_plan(job)
     plan, virtual = _interleaved(plan, parallelism, job)
     REGIMES[run["name"]] = plan_regime(plan, job)
-    predicted = estimate_plan(job, plan).iteration_time_s
+    predicted = estimate_plan(job, plan, fused_elementwise=FUSED_ELEMENTWISE).iteration_time_s
     measured, measured_from = measured_iteration_s(run)
     described = config.describe() + (f",v={virtual}" if virtual > 1 else "") + f",gpus={run['cluster']['gpus']}"
     return Costed(run["name"], run["source"]["title"].split(",")[0][:40], described, measured, measured_from,
@@ -481,7 +487,7 @@ def cost_moe(run: dict) -> MoECosted:
         plan = config.to_plan(job)
     plan, virtual = _interleaved(plan, parallelism, job)
     REGIMES[run["name"]] = plan_regime(plan, job)
-    estimate = estimate_plan(job, plan)
+    estimate = estimate_plan(job, plan, fused_elementwise=FUSED_ELEMENTWISE)
     measured, measured_from = moe_measured_iteration_s(run)
     described = config.describe() + (f",v={virtual}" if virtual > 1 else "") + f",gpus={run['cluster']['gpus']}"
     return MoECosted(run["name"], run["source"]["title"].split(",")[0][:40], described, measured, measured_from,
@@ -556,7 +562,7 @@ def cost_long_context(run: dict) -> MoECosted:
         get_target("runtime").check(plan, job.model)
         assumptions.append("costed as gbmw's runtime runs FSDP2 + CP (sdp with a cp axis)")
     REGIMES[run["name"]] = plan_regime(plan, job)
-    estimate = estimate_plan(job, plan)
+    estimate = estimate_plan(job, plan, fused_elementwise=FUSED_ELEMENTWISE)
     measured, measured_from = moe_measured_iteration_s(run)
     described = config.describe() + (f",v={virtual}" if virtual > 1 else "") + f",gpus={run['cluster']['gpus']}"
     return MoECosted(run["name"], run["source"]["title"].split(",")[0][:40], described, measured, measured_from,

@@ -18,7 +18,7 @@ from gbmw.cost.framework_memory import (autocast_weight_copy_bytes, cross_entrop
                                         fp32_tp_input_extra_share, gather_buffer_bytes_per_parameter,
                                         prices_backward_workspace, sequence_parallel_gather_share)
 from gbmw.cost.matmul_waves import layer_wave_loss_s
-from gbmw.cost.runtime_passes import autocast_pass_times_s
+from gbmw.cost.runtime_passes import autocast_pass_times_s, unfused_pass_times_s
 from gbmw.space.strategy import DATA_PARALLEL_AXES, Strategy
 from gbmw.specs.model_spec import ACTIVATION_DTYPE_BYTES, ModelSpec
 from gbmw.cost.layer_cost import (CostSettings, LayerCosts, _data_parallel_sync, collective_time_s,
@@ -90,6 +90,10 @@ def reference_layer_costs(
     # the accumulation on every micro-batch: one pass per iteration more than runs (the first gradient is assigned),
     # so a micro-batch with the gradient sync is never cheaper than one without
     backward_compute = backward_compute + gradient_upcast_pass + accumulation_pass
+    unfused_forward, unfused_backward = unfused_pass_times_s(
+        settings.unfused_passes_framework, ACTIVATION_DTYPE_BYTES[model.precision], arrays, samples, tp, strategy.sp)
+    forward_compute = forward_compute + unfused_forward / settings.cluster.memory_bandwidth_bytes_per_s
+    backward_compute = backward_compute + unfused_backward / settings.cluster.memory_bandwidth_bytes_per_s
     forward_amax, backward_amax = amax_reductions_s(model, settings.precision, settings.fp8_recipe, strategy, comm)
 
     # Data-parallel communication of this layer's (TP-local) parameters and gradients.

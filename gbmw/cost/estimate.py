@@ -15,14 +15,16 @@ from gbmw.specs.jobs import JobSpec
 from gbmw.specs.models import model_as_run
 
 
-def plan_stage_estimates(job: JobSpec, plan: Plan) -> list[StageEstimate]:
-    """Every stage of `plan` costed by the stage model the search uses, over the plan's own strategies."""
+def plan_stage_estimates(job: JobSpec, plan: Plan, fused_elementwise: bool = False) -> list[StageEstimate]:
+    """Every stage of `plan` costed by the stage model the search uses, over the plan's own strategies
+    (`fused_elementwise`: gbmw.cost.layer_cost.CostSettings.fused_elementwise)."""
     plan.check_against(job.model, job.cluster.num_devices)
     comm = CommModel(job.cluster)
     strategies = list(dict.fromkeys(plan.strategies))
     target = get_target(plan.target)
     target.check_precision(job.precision)
-    settings = CostSettings(job.cluster, job.precision, job.optimizer, target.framework, plan.fp8_recipe)
+    settings = CostSettings(job.cluster, job.precision, job.optimizer, target.framework, plan.fp8_recipe,
+                            fused_elementwise)
     model = model_as_run(job.model, target.fused_attention)
     tables = strategy_tables(model, strategies, plan.micro_batch, settings, comm)
     costs = StageCosts(model, tables, plan.pp, plan.num_micro_batches, plan.schedule, comm,
@@ -32,9 +34,11 @@ def plan_stage_estimates(job: JobSpec, plan: Plan) -> list[StageEstimate]:
             for stage, (first, _) in enumerate(plan.stage_bounds)]
 
 
-def estimate_plan(job: JobSpec, plan: Plan, memory_budget_bytes: float | None = None) -> Estimate:
-    """Iteration time (Eq. (9)), throughput, per-stage time and peak memory of `plan` for `job`."""
-    stages = plan_stage_estimates(job, plan)
+def estimate_plan(job: JobSpec, plan: Plan, memory_budget_bytes: float | None = None,
+                  fused_elementwise: bool = False) -> Estimate:
+    """Iteration time (Eq. (9)), throughput, per-stage time and peak memory of `plan` for `job`
+    (`fused_elementwise`: gbmw.cost.layer_cost.CostSettings.fused_elementwise)."""
+    stages = plan_stage_estimates(job, plan, fused_elementwise)
     iteration_s = pipeline_time_s(stages, plan.num_micro_batches, plan.virtual_stages)
     if iteration_s <= 0:
         raise PlanError(

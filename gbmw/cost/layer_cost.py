@@ -67,6 +67,15 @@ class CostSettings:
     """What runs the plan (gbmw.space.targets' Target.framework): it decides the bytes kept per parameter."""
     fp8_recipe: str = "delayed"
     """Transformer Engine's FP8 scaling under precision fp8: delayed or current (gbmw.cost.fp8)."""
+    fused_elementwise: bool = False
+    """The norms, gated activations and rotary positions run as fused kernels (Transformer Engine's) rather than as
+    gbmw's runtime's own unfused passes (gbmw.cost.runtime_passes.unfused_pass_times_s): for costing another FSDP2
+    framework's run in the runtime's layout (benchmarks/published_runs.py)."""
+
+    @property
+    def unfused_passes_framework(self) -> str:
+        """The framework whose unfused elementwise passes are charged ("fused": none)."""
+        return "fused" if self.fused_elementwise else self.framework
 
     @property
     def states(self) -> StateBytes:

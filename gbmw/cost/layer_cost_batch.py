@@ -27,7 +27,8 @@ from gbmw.cost.framework_memory import (fp32_residual_extra_share, gated_activat
                                         prices_backward_workspace, runs_autocast)
 from gbmw.cost.layer_cost import CostSettings, LayerCosts, framework_overheads_s
 from gbmw.cost.matmul_waves import linear_wave_loss_s
-from gbmw.cost.runtime_passes import GRADIENT_ACCUMULATION_BYTES, GRADIENT_UPCAST_BYTES, WEIGHT_CAST_BYTES
+from gbmw.cost.runtime_passes import (GRADIENT_ACCUMULATION_BYTES, GRADIENT_UPCAST_BYTES, WEIGHT_CAST_BYTES,
+                                      unfused_pass_times_s)
 from gbmw.cost.strategy_columns import StrategyColumns, strategy_columns
 from gbmw.space.strategy import Strategy
 from gbmw.specs.model_spec import ACTIVATION_DTYPE_BYTES, ModelSpec
@@ -136,6 +137,9 @@ def layer_costs_of_strategies(model: ModelSpec, strategies: list[Strategy], micr
     else:
         forward_compute = forward_compute + zeros
         backward_compute = backward_compute + zeros + zeros
+    unfused_forward, unfused_backward = unfused_pass_times_s(settings.unfused_passes_framework, d, arrays, samples, tp, sp)
+    forward_compute = forward_compute + unfused_forward / bandwidth
+    backward_compute = backward_compute + unfused_backward / bandwidth
     forward_amax, backward_amax = zeros, zeros
     if precision == "fp8" and settings.fp8_recipe == "current":
         amax = [amax_reductions_s(model, precision, "current", s, comm) for s in strategies]

@@ -68,6 +68,9 @@ class BlockShape:
     causal: bool = False
     """Self-attention under a causal mask (decoders): a flash kernel skips the scores above the diagonal
     (gbmw.specs.causal_attention)."""
+    rotary: bool = False
+    """Rotary position embeddings rotate Q and K in every attention (what a framework running the rotation unfused
+    passes over: gbmw.cost.runtime_passes)."""
 
 
 def norm_parameter_count(shape: BlockShape, width: int) -> int:

@@ -153,6 +153,13 @@ class LayerSpec(Frozen):
     shared experts — computes in one call per sample (tokens × width); TP divides it. The framework may hold a
     working set of several tensors of that size while it runs (gbmw.cost.framework_memory
     .gated_activation_working_bytes_per_element). 0: no gated MLP."""
+    rms_norm_elements_per_sample: float = Field(default=0.0, ge=0, le=MAX_QUANTITY)
+    """Elements the layer's RMSNorms normalise per sample (tokens × hidden per norm; a head's final norm): whole on
+    every TP rank (a sequence slice under +sp). A framework running RMSNorm unfused makes several passes over each
+    (gbmw.cost.runtime_passes). 0: no RMSNorm (LayerNorm runs as one fused kernel)."""
+    rotary_elements_per_sample: float = Field(default=0.0, ge=0, le=MAX_QUANTITY)
+    """Elements of Q and K that rotary position embeddings rotate per sample (tokens × (query + key width)); TP
+    divides it. 0: no rotary positions (or latent attention, whose rotary part is not counted)."""
     expert_gated_activation_elements_per_sample: float = Field(default=0.0, ge=0, le=MAX_QUANTITY)
     """The same for one routed expert, whose call computes its share of the routed copies (tokens × top-k / experts,
     × the capacity factor; × the expert width) — per sample of the rank's own tokens, before expert parallelism

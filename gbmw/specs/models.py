@@ -72,7 +72,8 @@ def _build_gpt(arch: GPTArchitecture, d: int, fp8: bool = False) -> tuple[list[L
                attended_tokens=s, gated_mlp=arch.gated_mlp, bias=arch.bias, qkv_bias=arch.qkv_bias,
                norm=arch.norm, norm_bias=arch.norm_bias, qk_norm=arch.qk_norm, attention_sinks=arch.attention_sinks,
                fp8_linears=fp8, causal=True, mlp_activation=arch.mlp_activation,
-               parallel_norms=arch.parallel_attention_norms, score_dropout=arch.attention_dropout),
+               parallel_norms=arch.parallel_attention_norms, score_dropout=arch.attention_dropout,
+               rotary=arch.position_embedding == "rotary"),
         **latent_fields})
     flash, raw_scores = arch.attention == "flash", arch.attention == "standard-with-raw-scores"
     learned = arch.position_embedding == "learned"

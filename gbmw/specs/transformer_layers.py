@@ -244,6 +244,10 @@ def _finish_block(name: str, kind: str, shape: BlockShape, d: int, parts: list[d
         backward_workspace_tp_split_bytes_per_sample=float(workspace),
         largest_weight_gradient_tp_split_bytes=float(max(largest_mlp, largest_attention) * d),
         gated_activation_elements_per_sample=float(parts[1].get("gated_elements", 0)),
+        # one norm per sub-block (side by side: one or two for both); latent attention's rotary part is not counted
+        rms_norm_elements_per_sample=float((shape.parallel_norms or len(parts)) * s * h if shape.norm == "rms" else 0),
+        rotary_elements_per_sample=float(s * (attention_width + kv_width)
+                                         if shape.rotary and not shape.kv_lora_rank else 0),
         # each sub-block reads the residual stream (side by side, both read the block's input)
         residual_input_bytes_per_sample=float((1 if shape.parallel_norms else len(parts)) * boundary),
         attention_heads=shape.heads,
@@ -321,6 +325,7 @@ def lm_head_layer(
         # gbmw.cost.framework_memory.cross_entropy_workspace_bytes_per_logit); the projection's weight gradient
         loss_logits_per_sample=float(tokens * vocab),
         largest_weight_gradient_tp_split_bytes=float(vocab * hidden * d),
+        rms_norm_elements_per_sample=float(tokens * hidden if norm_statistics == 1 and not transform else 0),
         tied_to=tied_to,
         tied_parameter_count=vocab * hidden if tied_to else 0,
     )
