@@ -10,8 +10,8 @@ from gbmw.cost.activation_recompute import (selective_freed_bytes, selective_reb
                                             sequence_parallel_divisor)
 from gbmw.cost.comm import CommModel
 from gbmw.cost.context_parallel import context_parallel_costs
-from gbmw.cost.expert_parallel import (expert_data_parallel_group, expert_parallel_costs, expert_tp_bytes_per_sample,
-                                      expert_view)
+from gbmw.cost.expert_parallel import (expert_data_parallel_group, expert_input_gathered_bytes, expert_parallel_costs,
+                                      expert_tp_bytes_per_sample, expert_view)
 from gbmw.cost.fp8 import amax_reductions_s, fp8_cast_s, fp8_weight_copy_bytes, rank_fp8_parameters
 from gbmw.cost.framework_memory import (autocast_weight_copy_bytes, cross_entropy_workspace_bytes_per_logit,
                                         fp32_residual_extra_share, gated_activation_peak_bytes,
@@ -166,6 +166,9 @@ def reference_layer_costs(
         boundary = np.where(not_embedding, boundary / sp_divisor, boundary)
         split_part = arrays.intermediate_tp_split_activation_bytes_per_sample * samples / tp
         intermediate = (intermediate - split_part) / sp_divisor + split_part
+        if settings.framework == "megatron":
+            intermediate = intermediate + expert_input_gathered_bytes(
+                arrays.expert_input_activation_bytes_per_sample * samples, tp, strategy.expert_tensor_parallel)
     core = selective_freed_bytes(model, samples, strategy)
     if strategy.ckpt:
         forward_memory, backward_memory = boundary, intermediate + weight_copy
@@ -177,7 +180,7 @@ def reference_layer_costs(
     # the gathered full parameters and unscattered gradients of the running layer (ZeRO-3)
     gathered_parameters = (dense_parameters * (1 - 1 / weights.degree("sdp"))
                            + rank_experts * (1 - 1 / expert_strategy.degree("sdp")))
-    backward_memory = backward_memory + gathered_parameters * (parameter_bytes + gradient_bytes)
+    backward_memory = backward_memory + gathered_parameters * gradient_bytes
     output_gradient = np.zeros(model.num_layers)
     if prices_backward_workspace(settings.framework):  # backward's working set beside the stash
         residual = arrays.boundary_activation_bytes_per_sample
@@ -199,15 +202,16 @@ def reference_layer_costs(
         # +sp: the column-parallel linears' input all-gathered again for their weight gradients
         backward_memory = backward_memory + np.where(kinds == "embedding", 0.0, residual) * samples * (
             sequence_parallel_gather_share(settings.framework, strategy))
-    # the framework's all-gather buffer while the layer gathers (a forward transient, bounded by the backward term)
+    # the framework's all-gather buffer while the layer gathers, beside the gathered copies: freed before the layer's
+    # backward computes anything, so the larger of it and everything the backward computes
     gather_buffer = (dense_parameters * gather_buffer_bytes_per_parameter(settings.framework, weights, parameter_bytes)
                      + rank_experts * gather_buffer_bytes_per_parameter(settings.framework, expert_strategy,
                                                                          parameter_bytes))
-    backward_memory = backward_memory + gather_buffer
+    backward_memory = gathered_parameters * parameter_bytes + np.maximum(gather_buffer, backward_memory)
     # the gated activation's working set, in forward or in a checkpointed layer's recomputation, where it holds more
     backward_memory = np.maximum(backward_memory, gated_activation_peak_bytes(
         settings.framework, settings.precision, model, strategy, samples, d,
-        gathered_parameters * parameter_bytes + gather_buffer
+        gathered_parameters * parameter_bytes
         + (intermediate + weight_copy + output_gradient if strategy.ckpt else 0.0)))
     held_states = (dense_parameters * model_state_bytes_per_parameter(weights, settings)
                    + rank_experts * model_state_bytes_per_parameter(expert_strategy, settings)

@@ -34,10 +34,11 @@ ranks laid out again as a · e · W/(a·e), TP innermost, +sp) changes three ter
   then AG over ETP; RS over ETP, then A2A back);
 * what does not change: a rank computes a/t of its EP group's routed tokens with 1/a of the weights — the expert
   FLOPs, hidden activations and backward workspace per rank are those at a = t, and so is the busiest rank's
-  load; the routed copies' stash is charged as before (under +sp at 1/t: exact for a = 1, where a rank keeps its
-  own tokens; a rank at a > 1 keeps the a/t gathered copies as the expert input, which gbmw does not charge at any
-  a, as it did not before). The largest weight gradient of the backward workspace stays TP-split (the attention's
-  projections are the larger in the MoE models bundled).
+  load. The routed copies' stash under +sp is a sequence slice's (1/t) except the experts' input: megatron-core
+  all-gathers the copies over the ETP group before the experts run and the first linear keeps what it was given, a/t
+  of the TP group's copies (`expert_input_gathered_bytes`; exact at a = 1, where a rank keeps its own tokens; the
+  default a = t keeps them whole). The largest weight gradient of the backward workspace stays TP-split (the
+  attention's projections are the larger in the MoE models bundled).
 """
 
 from __future__ import annotations
@@ -138,3 +139,10 @@ def expert_parallel_costs(model: ModelSpec, strategy: Strategy, samples: float, 
     extra_memory = (load - 1) * (arrays.expert_activation_bytes_per_sample
                                  + arrays.expert_tp_split_activation_bytes_per_sample / tp) * samples
     return ExpertParallelCosts(expert_parameters, rank_experts, alltoall, extra_compute, extra_memory)
+
+
+def expert_input_gathered_bytes(expert_input_bytes, tp, expert_tp):
+    """What megatron-core's ETP all-gather adds to a +sp layer's stash beyond the sequence slice's share: the experts'
+    input is kept at ETP/TP of `expert_input_bytes` (the TP group's routed copies, as the slice's stash counts them
+    whole) where the slice's share is 1/TP — (ETP − 1)/TP of it (module docstring). Arrays broadcast."""
+    return expert_input_bytes * (expert_tp - 1) / tp

@@ -22,9 +22,12 @@ gbmw.adapters.profile.fake_memory):
   With one micro-batch, ZeRO-1 reduce-scatters each layer's gradients right after its backward, as ZeRO-2 does,
   and holds less than the unsharded gradients priced.
 * A sharded layer (FSDP2: ZeRO-1/2/3) gathers its weights into one flat buffer of the whole layer's weights and
-  copies them out to the layer's parameters: while the layer is gathered, the buffer and the copies exist at once
-  (`gather_buffer_bytes_per_parameter`). ZeRO-1/2 layers are resharded after each micro-batch's backward, so
-  every micro-batch's forward gathers them again.
+  copies them out to the layer's parameters: while the layer gathers, the buffer and the copies exist at once
+  (`gather_buffer_bytes_per_parameter`). The buffer is freed once copied out, before the layer's backward (or its
+  recomputation) allocates anything, so beside the gathered copies a layer's backward holds the larger of the
+  buffer and what the backward computes — not both (a sharded head on the last stage was +2.2 % with both charged,
+  +0.8 % with the larger: benchmarks/memory_at_scale.py). ZeRO-1/2 layers are resharded after each micro-batch's
+  backward, so every micro-batch's forward gathers them again.
 * A layer's backward holds, beside the stash, the gradients of its output (received) and its input (sent on),
   its widest activation gradient and the gradient of its largest weight before that is added to the
   parameter's gradient (gbmw.specs.transformer_layers' backward workspace;

@@ -22,6 +22,7 @@ import numpy as np
 
 from gbmw.cost.comm import CommModel
 from gbmw.cost.context_parallel import context_parallel_costs
+from gbmw.cost.expert_parallel import expert_input_gathered_bytes
 from gbmw.cost.fp8 import amax_reductions_s, fp8_cast_s, fp8_weight_copy_bytes
 from gbmw.cost.framework_memory import (fp32_residual_extra_share, gated_activation_working_bytes_per_element,
                                         prices_backward_workspace, runs_autocast)
@@ -244,6 +245,9 @@ def _memory_rows(model: ModelSpec, columns: StrategyColumns, settings: CostSetti
     boundary = np.where(sp & not_embedding, boundary / tp, boundary)
     split_part = arrays.intermediate_tp_split_activation_bytes_per_sample * samples / tp
     intermediate = np.where(sp, (intermediate - split_part) / tp + split_part, intermediate)
+    if framework == "megatron":  # the experts' inputs gathered over the expert TP group (gbmw.cost.expert_parallel)
+        intermediate = intermediate + np.where(sp, expert_input_gathered_bytes(
+            arrays.expert_input_activation_bytes_per_sample * samples, tp, columns.expert_tp), 0.0)
     core = np.where(selective, arrays.attention_core_activation_bytes_per_sample * samples / tp, 0.0)
     rebuilt = (np.where(arrays.forward_flash_attention_flops_per_sample > 0, 0.0, core)
                if prices_backward_workspace(framework) else core)
@@ -251,7 +255,7 @@ def _memory_rows(model: ModelSpec, columns: StrategyColumns, settings: CostSetti
     backward_memory = np.where(ckpt, intermediate + weight_copy, rebuilt)
     backward_memory = backward_memory + context_transient
     gathered_parameters = dense_parameters * columns.gathered_share + rank_experts * columns.gathered_expert_share
-    backward_memory = backward_memory + gathered_parameters * (parameter_bytes + gradient_bytes)
+    backward_memory = backward_memory + gathered_parameters * gradient_bytes
     output_gradient = np.zeros_like(backward_memory)
     if prices_backward_workspace(framework):
         residual = arrays.boundary_activation_bytes_per_sample
@@ -271,11 +275,11 @@ def _memory_rows(model: ModelSpec, columns: StrategyColumns, settings: CostSetti
         backward_memory = (backward_memory + np.where(kinds == "embedding", 0.0, residual) * samples
                            * columns.sequence_parallel_gather_share)
     gather_buffer = dense_parameters * columns.gather_buffer_bytes + rank_experts * columns.gather_buffer_expert_bytes
-    backward_memory = backward_memory + gather_buffer
+    backward_memory = gathered_parameters * parameter_bytes + np.maximum(gather_buffer, backward_memory)
     # gbmw.cost.framework_memory.gated_activation_peak_bytes
     per_element = gated_activation_working_bytes_per_element(framework, precision)
     if per_element:
-        held = gathered_parameters * parameter_bytes + gather_buffer + np.where(
+        held = gathered_parameters * parameter_bytes + np.where(
             ckpt, intermediate + weight_copy + output_gradient, 0.0)
         expert_rows = np.where(ep > 1, ep * arrays.expert_load_factor, 1.0)
         elements = np.maximum(arrays.gated_activation_elements_per_sample,

@@ -48,6 +48,7 @@ class LayerArrays:
         self.gated_activation_elements_per_sample = column("gated_activation_elements_per_sample")
         self.residual_input_bytes_per_sample = column("residual_input_bytes_per_sample")
         self.expert_gated_activation_elements_per_sample = column("expert_gated_activation_elements_per_sample")
+        self.expert_input_activation_bytes_per_sample = column("expert_input_activation_bytes_per_sample")
         self.rms_norm_elements_per_sample = column("rms_norm_elements_per_sample")
         self.rotary_elements_per_sample = column("rotary_elements_per_sample")
         self.forward_flash_attention_flops_per_sample = column("forward_flash_attention_flops_per_sample")

@@ -18,7 +18,8 @@ from pydantic import Field, model_validator
 from gbmw.errors import SpecError
 from gbmw.specs.architectures import Architecture
 from gbmw.specs.layer_arrays import LayerArrays
-from gbmw.specs.schema import (MAX_COUNT, MAX_GLOBAL_BATCH, MAX_LAYERS, MAX_QUANTITY, MAX_SEQUENCE, MAX_WIDTH, Frozen,
+from gbmw.specs.layer_timings import LayerTimings
+from gbmw.specs.schema import (MAX_COUNT, MAX_LAYERS, MAX_QUANTITY, MAX_SEQUENCE, MAX_WIDTH, Frozen,
                                Items)
 
 Precision = Literal["fp32", "fp16", "bf16", "fp8"]
@@ -43,38 +44,6 @@ ACTIVATION_DTYPE_BYTES: dict[str, int] = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8"
 NON_BLOCK_KINDS = ("embedding", "head")
 """Layer kinds that are not Transformer blocks: stock frameworks recompute blocks only, and Megatron's
 pipeline split counts blocks only."""
-
-
-class LayerTimings(Frozen):
-    """What `gbmw profile model` measured of one layer on one device (times in seconds)."""
-
-    forward_time_per_sample_s: float = Field(ge=0, le=MAX_QUANTITY)
-    """Forward time per sample; without timings, time is `forward_flops_per_sample` over sustained FLOP/s."""
-    backward_time_per_sample_s: float | None = Field(default=None, ge=0, le=MAX_QUANTITY)
-    """Backward time per sample; None: 2 × the forward time."""
-    forward_overhead_s: float = Field(default=0.0, ge=0, le=MAX_QUANTITY)
-    """Time of one forward call that does not grow with the samples (kernel launches, Python): the
-    intercept of time against batch size."""
-    backward_overhead_s: float = Field(default=0.0, ge=0, le=MAX_QUANTITY)
-    """The same for one backward call."""
-    profiled_batch: int | None = Field(default=None, ge=1, le=MAX_GLOBAL_BATCH)
-    """Samples of the calls `tp2_time_s`, `sdp2_time_s` and `ckpt_time_s` timed."""
-    tp2_time_s: float | None = Field(default=None, ge=0, le=MAX_QUANTITY)
-    """Forward + backward of the layer on `profiled_batch` samples with TP 2 (the runtime's megatron-core
-    layers), inside whole-model passes where every layer is TP 2. What the estimator does not explain of it
-    (compute / 2, its TP all-reduces) is charged as a per-call overhead to every TP layer — framework costs
-    the paper's estimator leaves out."""
-    tp2_forward_time_s: float | None = Field(default=None, ge=0, le=MAX_QUANTITY)
-    """The forward part of `tp2_time_s`: a checkpointed TP layer repeats it (with its framework cost) in
-    backward."""
-    sdp2_time_s: float | None = Field(default=None, ge=0, le=MAX_QUANTITY)
-    """The same with every layer sharded 2 ways by FSDP2; the unexplained part (beyond compute, the two
-    all-gathers and the reduce-scatter) is charged per call to every SDP layer."""
-    ckpt_time_s: float | None = Field(default=None, ge=0, le=MAX_QUANTITY)
-    """Forward + backward of the layer on `profiled_batch` samples on one device with activation
-    checkpointing (torch's checkpoint_wrapper), inside whole-model passes where every layer is checkpointed;
-    what is not explained by forward + backward + the recomputed forward is charged per call to every
-    checkpointed layer."""
 
 
 class Matmul(Frozen):
@@ -153,6 +122,10 @@ class LayerSpec(Frozen):
     shared experts — computes in one call per sample (tokens × width); TP divides it. The framework may hold a
     working set of several tensors of that size while it runs (gbmw.cost.framework_memory
     .gated_activation_working_bytes_per_element). 0: no gated MLP."""
+    expert_input_activation_bytes_per_sample: float = Field(default=0.0, ge=0, le=MAX_QUANTITY)
+    """Of the routed experts' whole stash (`expert_activation_bytes_per_sample`), the permuted copies their first
+    linear keeps as its input, per sample. Under sequence parallelism megatron-core all-gathers them over the expert
+    TP group before the experts run, so a rank keeps ETP/TP of its TP group's copies (gbmw.cost.expert_parallel)."""
     rms_norm_elements_per_sample: float = Field(default=0.0, ge=0, le=MAX_QUANTITY)
     """Elements the layer's RMSNorms normalise per sample (tokens × hidden per norm; a head's final norm): whole on
     every TP rank (a sequence slice under +sp). A framework running RMSNorm unfused makes several passes over each

@@ -79,6 +79,7 @@ def moe_mlp(shape: BlockShape, d: int, dropout: bool, sub_block_traffic: float) 
                      expert_forward_flops_per_sample=float(expert_flops),
                      expert_dispatch_bytes_per_sample=float(copies * h * d),
                      expert_activation_bytes_per_sample=float(expert_whole),
+                     expert_input_activation_bytes_per_sample=float(copies * h * linear_input),
                      expert_tp_split_activation_bytes_per_sample=float(expert_split),
                      expert_load_factor=1.0 if shape.capacity_factor is not None else shape.load_imbalance,
                      expert_largest_weight_gradient_bytes=float(h * shape.expert_ffn * d),
