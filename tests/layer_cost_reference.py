@@ -202,16 +202,19 @@ def reference_layer_costs(
         # +sp: the column-parallel linears' input all-gathered again for their weight gradients
         backward_memory = backward_memory + np.where(kinds == "embedding", 0.0, residual) * samples * (
             sequence_parallel_gather_share(settings.framework, strategy))
-    # the framework's all-gather buffer while the layer gathers, beside the gathered copies: freed before the layer's
-    # backward computes anything, so the larger of it and everything the backward computes
+    # the framework's all-gather buffer: beside a block's backward one of its size (the next block's, prefetched); a
+    # head's own is freed before its backward computes (the larger of the two)
     gather_buffer = (dense_parameters * gather_buffer_bytes_per_parameter(settings.framework, weights, parameter_bytes)
                      + rank_experts * gather_buffer_bytes_per_parameter(settings.framework, expert_strategy,
                                                                          parameter_bytes))
-    backward_memory = gathered_parameters * parameter_bytes + np.maximum(gather_buffer, backward_memory)
+    is_head = np.array([layer.kind == "head" for layer in model.layers])
+    prefetched_buffer = np.where(is_head, 0.0, gather_buffer)
+    backward_memory = gathered_parameters * parameter_bytes + np.maximum(gather_buffer - prefetched_buffer,
+                                                                         backward_memory + prefetched_buffer)
     # the gated activation's working set, in forward or in a checkpointed layer's recomputation, where it holds more
     backward_memory = np.maximum(backward_memory, gated_activation_peak_bytes(
         settings.framework, settings.precision, model, strategy, samples, d,
-        gathered_parameters * parameter_bytes
+        gathered_parameters * parameter_bytes + prefetched_buffer
         + (intermediate + weight_copy + output_gradient if strategy.ckpt else 0.0)))
     held_states = (dense_parameters * model_state_bytes_per_parameter(weights, settings)
                    + rank_experts * model_state_bytes_per_parameter(expert_strategy, settings)

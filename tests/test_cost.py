@@ -28,26 +28,24 @@ def costs(name, micro_batch=8, precision="fp32", layer=None, cluster=None, frame
 
 # Layer: 1000 parameters (800 split by TP), boundary 100 B, intermediate 50 B whole + 200 B split, per sample. The
 # runtime's backward holds the gradients of the layer's output and input (100 B each per sample: W = 200 B × samples)
-# and, sharded, its gathered copies beside the larger of the all-gather buffer and everything the backward computes
-# (the buffer is freed before the backward allocates: gbmw.cost.framework_memory).
+# and, sharded, its gathered copies and gradients and a flat all-gather buffer of its size (gbmw.cost.framework_memory).
 @pytest.mark.parametrize(
     "name, states, forward, backward",
     [
         # fp32 Adam: 4 + 4 + 8 = 16 bytes per parameter.
         ("dp8", 1000 * 16, 1 * (100 + 50 + 200), 200),
-        # 7/8 of the weights gathered (4 B) beside max(the whole layer's flat buffer (4 B), their gradients (4 B) + W)
-        ("sdp8", 1000 * 16 / 8, 1 * (100 + 50 + 200), 3500 + max(4000, 3500 + 200)),
+        # 7/8 of the weights gathered with their gradients (4 + 4 B), the whole layer's flat buffer (4 B), W
+        ("sdp8", 1000 * 16 / 8, 1 * (100 + 50 + 200), 3500 + 3500 + 4000 + 200),
         ("tp8", (800 / 8 + 200) * 16, 8 * (100 + 50 + 200 / 8), 8 * 200),
         ("tp2-dp4", (800 / 2 + 200) * 16, 2 * (100 + 50 + 200 / 2), 2 * 200),
         ("dp4-tp2", (800 / 2 + 200) * 16, 2 * (100 + 50 + 200 / 2), 2 * 200),
         ("dp8+ckpt", 1000 * 16, 1 * 100, 1 * (50 + 200) + 200),
-        # 4 samples: the rebuilt stash 4 · (50 + 200/4) and W = 800 after the gather of 400 TP-local parameters over 2
+        # 4 samples: the rebuilt stash 4 · (50 + 200/4), half of 400 TP-local parameters gathered, their buffer, W
         ("tp4-sdp2+ckpt", (800 / 4 + 200) * 16 / 2, 4 * 100,
-         400 * 4 / 2 + max(400 * 4, 4 * (50 + 200 / 4) + 400 * 4 / 2 + 4 * 200)),
-        # ZeRO-1/2 in the runtime: whole weights and the layer's own 1/8 shard beside them; the gather buffer, larger
-        # than W
-        ("z1dp8", 1000 * (4 + 4 + 8 / 8 + 4 / 8), 350, max(1000 * 4, 200)),
-        ("z2dp8", 1000 * (4 + 4 / 8 + 8 / 8 + 4 / 8), 350, max(1000 * 4, 200)),
+         4 * (50 + 200 / 4) + 400 * 8 / 2 + 400 * 4 + 4 * 200),
+        # ZeRO-1/2 in the runtime: whole weights and the layer's own 1/8 shard beside them; the gather buffer
+        ("z1dp8", 1000 * (4 + 4 + 8 / 8 + 4 / 8), 350, 1000 * 4 + 200),
+        ("z2dp8", 1000 * (4 + 4 / 8 + 8 / 8 + 4 / 8), 350, 1000 * 4 + 200),
     ],
 )
 def test_single_layer_memory_by_hand(name, states, forward, backward):
@@ -55,6 +53,15 @@ def test_single_layer_memory_by_hand(name, states, forward, backward):
     assert result.model_state_bytes[0] == pytest.approx(states)
     assert result.forward_memory_bytes[0] == pytest.approx(forward)
     assert result.backward_memory_bytes[0] == pytest.approx(backward)
+
+
+def test_a_sharded_heads_own_gather_buffer_is_gone_before_its_backward_computes():
+    """A head is the first layer of its stage's backward: its own flat buffer (4 B × 1000) is freed before it
+    computes, so beside its 7/8 gathered weights (3500 B) it holds the larger of the buffer and what it computes —
+    the gathered gradients (3500 B) and its output's gradient (100 B per sample; a head sends none on). Catches the
+    buffer added to a head's backward as to a block's (11,100 B)."""
+    result = costs("sdp8", layer=make_layer(kind="head"))
+    assert result.backward_memory_bytes[0] == pytest.approx(3500 + max(4000, 3500 + 100))
 
 
 @pytest.mark.parametrize("framework, name, bytes_per_parameter", [

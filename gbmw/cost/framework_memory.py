@@ -23,11 +23,15 @@ gbmw.adapters.profile.fake_memory):
   and holds less than the unsharded gradients priced.
 * A sharded layer (FSDP2: ZeRO-1/2/3) gathers its weights into one flat buffer of the whole layer's weights and
   copies them out to the layer's parameters: while the layer gathers, the buffer and the copies exist at once
-  (`gather_buffer_bytes_per_parameter`). The buffer is freed once copied out, before the layer's backward (or its
-  recomputation) allocates anything, so beside the gathered copies a layer's backward holds the larger of the
-  buffer and what the backward computes — not both (a sharded head on the last stage was +2.2 % with both charged,
-  +0.8 % with the larger: benchmarks/memory_at_scale.py). ZeRO-1/2 layers are resharded after each micro-batch's
-  backward, so every micro-batch's forward gathers them again.
+  (`gather_buffer_bytes_per_parameter`). The buffer is freed once copied out, before the layer computes; a block's
+  backward is charged a buffer of its own size beside what it computes (FSDP2 prefetches the next layer's all-gather
+  in backward, about the layer's own size in a run of like blocks; the traces agree: charging the larger of buffer
+  and backward instead put GPT-3 65B's ZeRO-2 stages 1.7–3.3 % under them). A head is the first layer of its
+  stage's backward and its neighbour is a block, whose buffer the head's (the vocabulary's weights) does not stand
+  for: a head holds the larger of its own buffer and its backward (a sharded Mixtral head on the last stage: +2.2 %
+  with both charged, +0.8 % with the larger; benchmarks/memory_at_scale.py).
+  ZeRO-1/2 layers are resharded after each micro-batch's backward, so every micro-batch's forward gathers them
+  again.
 * A layer's backward holds, beside the stash, the gradients of its output (received) and its input (sent on),
   its widest activation gradient and the gradient of its largest weight before that is added to the
   parameter's gradient (gbmw.specs.transformer_layers' backward workspace;

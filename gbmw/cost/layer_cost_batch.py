@@ -275,11 +275,15 @@ def _memory_rows(model: ModelSpec, columns: StrategyColumns, settings: CostSetti
         backward_memory = (backward_memory + np.where(kinds == "embedding", 0.0, residual) * samples
                            * columns.sequence_parallel_gather_share)
     gather_buffer = dense_parameters * columns.gather_buffer_bytes + rank_experts * columns.gather_buffer_expert_bytes
-    backward_memory = gathered_parameters * parameter_bytes + np.maximum(gather_buffer, backward_memory)
+    # beside a block's backward a buffer of its size (the next block's, prefetched); a head's own is freed before its
+    # backward computes: the larger (gbmw.cost.framework_memory)
+    prefetched_buffer = np.where(kinds == "head", 0.0, gather_buffer)
+    backward_memory = gathered_parameters * parameter_bytes + np.maximum(
+        gather_buffer - prefetched_buffer, backward_memory + prefetched_buffer)
     # gbmw.cost.framework_memory.gated_activation_peak_bytes
     per_element = gated_activation_working_bytes_per_element(framework, precision)
     if per_element:
-        held = gathered_parameters * parameter_bytes + np.where(
+        held = gathered_parameters * parameter_bytes + prefetched_buffer + np.where(
             ckpt, intermediate + weight_copy + output_gradient, 0.0)
         expert_rows = np.where(ep > 1, ep * arrays.expert_load_factor, 1.0)
         elements = np.maximum(arrays.gated_activation_elements_per_sample,
