@@ -100,6 +100,11 @@ def unfused_pass_times_s(framework: str, activation_bytes: int, arrays: LayerArr
     the SwiGLU's and the rotation's elements, and the norms' under `sequence_parallel`); zeros for other frameworks
     and for profiled layers, whose measured time holds them. `samples`, `tp` and `sequence_parallel` may be columns
     (one row per strategy) broadcast against the layers. The bandwidth is applied by the caller."""
+    profiled = arrays.has_measured_time
+    if framework != "gbmw-runtime":
+        zeros = np.zeros(np.broadcast_shapes(np.shape(samples), np.shape(tp), np.shape(sequence_parallel),
+                                             profiled.shape))
+        return zeros, zeros
     d = activation_bytes
     norm_forward, norm_backward = RMS_NORM_PASS_BYTES
     # what the common count already charges: a norm reads and writes d per element, an activation its two inputs and
@@ -112,7 +117,4 @@ def unfused_pass_times_s(framework: str, activation_bytes: int, arrays: LayerArr
     rotary_forward, rotary_backward = (d * share for share in ROTARY_PASS_BYTES_PER_ACTIVATION_BYTE)
     forward = (norm * (norm_forward - 2 * d) + gated * (gate_forward - 3 * d) + rotary * rotary_forward)
     backward = (norm * (norm_backward - 4 * d) + gated * (gate_backward - 6 * d) + rotary * rotary_backward)
-    if framework != "gbmw-runtime":
-        return np.zeros(np.shape(forward)), np.zeros(np.shape(backward))
-    profiled = arrays.has_measured_time
     return np.where(profiled, 0.0, forward), np.where(profiled, 0.0, backward)
