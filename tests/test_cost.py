@@ -55,13 +55,15 @@ def test_single_layer_memory_by_hand(name, states, forward, backward):
     assert result.backward_memory_bytes[0] == pytest.approx(backward)
 
 
-def test_a_sharded_heads_own_gather_buffer_is_gone_before_its_backward_computes():
-    """A head is the first layer of its stage's backward: its own flat buffer (4 B × 1000) is freed before it
+def test_a_zero3_heads_own_gather_buffer_is_gone_before_its_backward_computes():
+    """A ZeRO-3 head is the first layer of its stage's backward: its own flat buffer (4 B × 1000) is freed before it
     computes, so beside its 7/8 gathered weights (3500 B) it holds the larger of the buffer and what it computes —
-    the gathered gradients (3500 B) and its output's gradient (100 B per sample; a head sends none on). Catches the
-    buffer added to a head's backward as to a block's (11,100 B)."""
-    result = costs("sdp8", layer=make_layer(kind="head"))
-    assert result.backward_memory_bytes[0] == pytest.approx(3500 + max(4000, 3500 + 100))
+    the gathered gradients (3500 B) and its output's gradient (100 B per sample; a head sends none on). A ZeRO-1 head
+    gathers in forward beside its loss and keeps the sum. Catches the buffer added to a ZeRO-3 head's backward as to
+    a block's (11,100 B), or dropped from a ZeRO-1 head's."""
+    head = make_layer(kind="head")
+    assert costs("sdp8", layer=head).backward_memory_bytes[0] == pytest.approx(3500 + max(4000, 3500 + 100))
+    assert costs("z1dp8", layer=head).backward_memory_bytes[0] == pytest.approx(4000 + 100)
 
 
 @pytest.mark.parametrize("framework, name, bytes_per_parameter", [

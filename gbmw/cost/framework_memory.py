@@ -26,10 +26,12 @@ gbmw.adapters.profile.fake_memory):
   (`gather_buffer_bytes_per_parameter`). The buffer is freed once copied out, before the layer computes; a block's
   backward is charged a buffer of its own size beside what it computes (FSDP2 prefetches the next layer's all-gather
   in backward, about the layer's own size in a run of like blocks; the traces agree: charging the larger of buffer
-  and backward instead put GPT-3 65B's ZeRO-2 stages 1.7–3.3 % under them). A head is the first layer of its
-  stage's backward and its neighbour is a block, whose buffer the head's (the vocabulary's weights) does not stand
-  for: a head holds the larger of its own buffer and its backward (a sharded Mixtral head on the last stage: +2.2 %
-  with both charged, +0.8 % with the larger; benchmarks/memory_at_scale.py).
+  and backward instead put GPT-3 65B's ZeRO-2 stages 1.7–3.3 % under them). A ZeRO-3 head is the first layer of its
+  stage's backward: it gathers again before its backward computes and frees its buffer first, and its neighbour's
+  buffer (a block's) is not the vocabulary's: it holds the larger of its own buffer and its backward (a sharded
+  Mixtral head on the last stage: +2.2 % with both charged, +0.8 % with the larger). A ZeRO-1/2 head gathers in
+  forward beside its loss's working set and keeps the sum (charging it the larger put a Llama 3.1 plan's last stage
+  from +0.8 % to −1.9 %; benchmarks/memory_at_scale.py).
   ZeRO-1/2 layers are resharded after each micro-batch's backward, so every micro-batch's forward gathers them
   again.
 * A layer's backward holds, beside the stash, the gradients of its output (received) and its input (sent on),

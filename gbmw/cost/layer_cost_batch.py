@@ -275,9 +275,9 @@ def _memory_rows(model: ModelSpec, columns: StrategyColumns, settings: CostSetti
         backward_memory = (backward_memory + np.where(kinds == "embedding", 0.0, residual) * samples
                            * columns.sequence_parallel_gather_share)
     gather_buffer = dense_parameters * columns.gather_buffer_bytes + rank_experts * columns.gather_buffer_expert_bytes
-    # beside a block's backward a buffer of its size (the next block's, prefetched); a head's own is freed before its
-    # backward computes: the larger (gbmw.cost.framework_memory)
-    prefetched_buffer = np.where(kinds == "head", 0.0, gather_buffer)
+    # beside a block's backward a buffer of its size (the next block's, prefetched); a ZeRO-3 head gathers again before
+    # its backward computes and frees its buffer first: the larger (gbmw.cost.framework_memory)
+    prefetched_buffer = np.where((kinds == "head") & (columns.gathered_share > 0), 0.0, gather_buffer)
     backward_memory = gathered_parameters * parameter_bytes + np.maximum(
         gather_buffer - prefetched_buffer, backward_memory + prefetched_buffer)
     # gbmw.cost.framework_memory.gated_activation_peak_bytes
