@@ -42,10 +42,7 @@ with tempfile.TemporaryDirectory() as folder:
 # gbmw's own plans validated on 2026-11-27 (benchmarks/gpu_own_plans.py: every layer on the one device, no
 # recomputation, as `gbmw plan` chose), and the LLaMA-style and MoE steps profiled on 2026-11-26
 # (benchmarks/gpu_step_profile.py: the fastest profiled step)
-from dataclasses import replace  # noqa: E402
-
-import yaml  # noqa: E402
-from gpu_own_plans import CASES as OWN_CASES, one_device_cluster  # noqa: E402
+from gpu_own_plans import CASES as OWN_CASES  # noqa: E402
 from one_device_plans import PROFILED_LLAMA_CASES  # noqa: E402
 
 rows = [(row["case"], OWN_CASES[row["case"]], row["micro_batches"], row["measured_s"])
@@ -54,17 +51,11 @@ for name, (fields, blocks, batch, micro_batches, _) in PROFILED_LLAMA_CASES.item
     profile = json.loads((ROOT / f"docs/measurements/profile-{name}.json").read_text())
     rows.append((name, (fields, blocks, batch), micro_batches, min(profile["wall_s_per_step"])))
 with tempfile.TemporaryDirectory() as folder:
-    cluster = one_device_cluster(ROOT / "recipes", Path(folder), "h100-80g-x64")
     print(f"\n{'LLaMA-style and MoE case':22} {'estimate s':>10} {'measured s':>10} {'error':>7}")
     errors = []
     for name, (fields, blocks, batch), micro_batches, measured_s in rows:
-        (Path(folder) / f"{name}.yaml").write_text(yaml.safe_dump(dict(fields, name=name, num_layers=blocks)))
-        (Path(folder) / f"job-{name}.yaml").write_text(yaml.safe_dump(dict(
-            model=str(Path(folder) / f"{name}.yaml"), cluster=str(cluster), precision="bf16", optimizer="adam",
-            global_batch=batch)))
-        job = gbmw.load_job(str(Path(folder) / f"job-{name}.yaml"))
-        plan = replace(gbmw.plan_from_strategy_names(job.model, 1, ["single"] * (blocks + 2), [blocks + 2], batch,
-                                                     micro_batches, cluster=job.cluster.name), precision="bf16")
+        job, plan = one_device_job_and_plan(ROOT / "recipes", Path(folder), name, fields, blocks, batch,
+                                            micro_batches, False)
         estimate = gbmw.estimate(job, plan).iteration_time_s
         errors.append(estimate / measured_s - 1)
         print(f"{name:22} {estimate:10.4f} {measured_s:10.4f} {100 * errors[-1]:+6.1f}%")
