@@ -188,10 +188,21 @@ class MixtureOfExpertsMLP(nn.Module):
         else:
             per_expert = torch.bincount(expert_of_copy, minlength=self.num_experts)
         received, received_counts, splits = self._dispatch(copies, per_expert, balanced)
-        outputs = self._run_experts(received, received_counts, count * top_k // self.num_experts if balanced else None)
+        # a name kept on a tensor keeps it alive until this function returns: the cast tokens and the copies are sent
+        # (EP) or become the experts' input (EP 1), and the received copies are regrouped; only what backward saves
+        # stays (the forward peak at the experts' SwiGLU: gbmw.cost.framework_memory.gated_activation_peak_bytes)
+        del tokens, copies
+        grouped, regroup, parts = self._grouped_by_expert(
+            received, received_counts, count * top_k // self.num_experts if balanced else None)
+        del received
+        outputs = self.experts(parts)
+        del parts, grouped
+        if regroup is not None:
+            outputs = outputs[torch.argsort(regroup)]
         if splits is not None:
             outputs = _AllToAll.apply(outputs, splits[1], splits[0], self.ep.group)  # combine
         by_copy = outputs[torch.argsort(order)].view(count, top_k, -1)
+        del outputs
         # weights are fp32 (or fp64): the product promotes to them, and the multiply saves the 16-bit copies for
         # backward, not an fp32 cast of them (twice their bytes; the same values, so the same gradients)
         return (by_copy * weights.unsqueeze(-1)).sum(1).to(by_copy.dtype)
@@ -211,20 +222,23 @@ class MixtureOfExpertsMLP(nn.Module):
             splits = (received_counts.sum(1).tolist(), sent_counts.sum(1).tolist())
         return _AllToAll.apply(copies, splits[0], splits[1], self.ep.group), received_counts, splits
 
-    def _run_experts(self, received: torch.Tensor, counts: torch.Tensor, balanced_count: int | None = None
-                     ) -> torch.Tensor:
-        """Each local expert on its copies; `received` and the result are source-major ([source][expert] blocks).
-        `balanced_count`: every entry of `counts` (balanced routing), which is then not read."""
+    def _grouped_by_expert(self, received: torch.Tensor, counts: torch.Tensor, balanced_count: int | None = None
+                           ) -> tuple[torch.Tensor, torch.Tensor | None, list[torch.Tensor]]:
+        """(the received copies expert-major, the row each came from — None when they already are —, each local
+        expert's rows of it). `received` is source-major ([source][expert] blocks); `balanced_count`: every entry of
+        `counts` (balanced routing), which is then not read."""
         sources, local = counts.shape
+        if sources == 1:
+            return received, None, list(received.split(
+                counts.sum(0).tolist() if balanced_count is None else [balanced_count] * local))
         sizes = counts.t().reshape(-1)  # expert-major blocks: (expert, source)
         starts = (counts.reshape(-1).cumsum(0) - counts.reshape(-1)).view(sources, local).t().reshape(-1)
         total = int(sizes.sum()) if balanced_count is None else balanced_count * sources * local
         regroup = torch.repeat_interleave(starts - (sizes.cumsum(0) - sizes), sizes, output_size=total) + torch.arange(
             total, device=counts.device)
-        grouped = received[regroup] if sources > 1 else received
-        parts = grouped.split(counts.sum(0).tolist() if balanced_count is None else [balanced_count * sources] * local)
-        outputs = self.experts(list(parts))
-        return outputs[torch.argsort(regroup)] if sources > 1 else outputs
+        grouped = received[regroup]
+        return grouped, regroup, list(grouped.split(
+            counts.sum(0).tolist() if balanced_count is None else [balanced_count * sources] * local))
 
 
 def route(logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
