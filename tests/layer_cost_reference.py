@@ -203,12 +203,14 @@ def reference_layer_costs(
         backward_memory = backward_memory + np.where(kinds == "embedding", 0.0, residual) * samples * (
             sequence_parallel_gather_share(settings.framework, strategy))
     # the framework's all-gather buffer: beside a block's backward one of its size (the next block's, prefetched); a
-    # ZeRO-3 head gathers again before its backward computes and frees its buffer first (the larger of the two)
+    # ZeRO-3 head gathers again before its backward computes and frees its buffer first, and a ZeRO-1/2 layer that
+    # recomputes gathers nothing in backward and reduce-scatters once its rebuilt stash is freed (the larger of the two)
     gather_buffer = (dense_parameters * gather_buffer_bytes_per_parameter(settings.framework, weights, parameter_bytes)
                      + rank_experts * gather_buffer_bytes_per_parameter(settings.framework, expert_strategy,
                                                                          parameter_bytes))
     regathering_head = np.array([layer.kind == "head" for layer in model.layers]) & (weights.degree("sdp") > 1)
-    prefetched_buffer = np.where(regathering_head, 0.0, gather_buffer)
+    recomputing_gathered = strategy.ckpt and weights.degree("sdp") == 1
+    prefetched_buffer = np.where(regathering_head | recomputing_gathered, 0.0, gather_buffer)
     backward_memory = gathered_parameters * parameter_bytes + np.maximum(gather_buffer - prefetched_buffer,
                                                                          backward_memory + prefetched_buffer)
     # the gated activation's working set, in forward or in a checkpointed layer's recomputation, where it holds more

@@ -46,6 +46,10 @@ def costs(name, micro_batch=8, precision="fp32", layer=None, cluster=None, frame
         # ZeRO-1/2 in the runtime: whole weights and the layer's own 1/8 shard beside them; the gather buffer
         ("z1dp8", 1000 * (4 + 4 + 8 / 8 + 4 / 8), 350, 1000 * 4 + 200),
         ("z2dp8", 1000 * (4 + 4 / 8 + 8 / 8 + 4 / 8), 350, 1000 * 4 + 200),
+        # recomputing, ZeRO-1/2 gathers nothing in backward and reduce-scatters after the rebuilt stash (50 + 200) and
+        # W are freed: the larger of the buffer and them, not their sum (4450 B: catches the sum)
+        ("z2dp8+ckpt", 1000 * (4 + 4 / 8 + 8 / 8 + 4 / 8), 100, max(1000 * 4, 250 + 200)),
+        ("z1dp8+ckpt", 1000 * (4 + 4 + 8 / 8 + 4 / 8), 100, max(1000 * 4, 250 + 200)),
     ],
 )
 def test_single_layer_memory_by_hand(name, states, forward, backward):

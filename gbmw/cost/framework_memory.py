@@ -31,7 +31,11 @@ gbmw.adapters.profile.fake_memory):
   buffer (a block's) is not the vocabulary's: it holds the larger of its own buffer and its backward (a sharded
   Mixtral head on the last stage: +2.2 % with both charged, +0.8 % with the larger). A ZeRO-1/2 head gathers in
   forward beside its loss's working set and keeps the sum (charging it the larger put a Llama 3.1 plan's last stage
-  from +0.8 % to −1.9 %; benchmarks/memory_at_scale.py).
+  from +0.8 % to −1.9 %; benchmarks/memory_at_scale.py). A ZeRO-1/2 layer that recomputes (+ckpt) also holds the
+  larger: its parameters stay gathered from forward, so its recomputation gathers nothing, and the buffer-sized
+  reduce-scatter of its gradients comes after its rebuilt stash is freed (traced, stage 3 of the Mixtral plans:
+  z2dp8+ep4+ckpt and z1dp8+ep4+ckpt +5.1 % with both charged, −1.9 % with the larger, as dp8+ep4+ckpt's −1.6 %; GPT-3 15B
+  with tp4-z2dp4+ckpt / tp2-z1dp8+ckpt blocks on its first stage +0.3 / +0.9 % → −1.0 / −0.6 %).
   ZeRO-1/2 layers are resharded after each micro-batch's backward, so every micro-batch's forward gathers them
   again.
 * A layer's backward holds, beside the stash, the gradients of its output (received) and its input (sent on),

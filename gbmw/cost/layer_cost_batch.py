@@ -276,8 +276,11 @@ def _memory_rows(model: ModelSpec, columns: StrategyColumns, settings: CostSetti
                            * columns.sequence_parallel_gather_share)
     gather_buffer = dense_parameters * columns.gather_buffer_bytes + rank_experts * columns.gather_buffer_expert_bytes
     # beside a block's backward a buffer of its size (the next block's, prefetched); a ZeRO-3 head gathers again before
-    # its backward computes and frees its buffer first: the larger (gbmw.cost.framework_memory)
-    prefetched_buffer = np.where((kinds == "head") & (columns.gathered_share > 0), 0.0, gather_buffer)
+    # its backward computes and frees its buffer first, and a ZeRO-1/2 layer that recomputes gathers nothing then (its
+    # parameters stay gathered from forward) and reduce-scatters after its rebuilt stash is freed: the larger
+    # (gbmw.cost.framework_memory)
+    prefetched_buffer = np.where(((kinds == "head") & (columns.gathered_share > 0))
+                                 | (ckpt & (columns.gathered_share == 0)), 0.0, gather_buffer)
     backward_memory = gathered_parameters * parameter_bytes + np.maximum(
         gather_buffer - prefetched_buffer, backward_memory + prefetched_buffer)
     # gbmw.cost.framework_memory.gated_activation_peak_bytes
