@@ -38,7 +38,7 @@ class MemoryGrid:
 
 
 @njit(cache=True)
-def extend_candidates(stash, excess, no_sync, sync, params, layout, parent_order,
+def extend_candidates(stash, excess, no_sync, sync, params, layout, parent_order, option_order,
                        o_no_sync, o_sync, o_stash, o_forward, o_backward, o_params, o_layout,
                        transition, budget, reserve_per_parameter, chunk, m, step_s, rest_s, limit_s,
                        rest_stash, rest_carry, rest_params, later_s, sharing_stages):
@@ -49,8 +49,9 @@ def extend_candidates(stash, excess, no_sync, sync, params, layout, parent_order
     stage may end here). `later_s` bounds the no-sync time of layers outside the partial plan that `sharing_stages`
     stages, this one included, share with it (the first stage: the layers after it, over this and the later
     stages; a middle stage: every other layer, over all P): the slowest of them takes at least the average,
-    (N + later_s) / sharing_stages (0: not used). Parents are visited in `parent_order` (gbmw.search.exact.frontier_order:
-    by stash); each new plan's `key`, option · parents + parent, is its place in the option-major, parent-minor order."""
+    (N + later_s) / sharing_stages (0: not used). Options are visited in `option_order` (by layout) and parents in
+    `parent_order` (by stash: gbmw.search.exact.frontier_order); each new plan's `key`, option · parents + parent, is its
+    place in the option-major, parent-minor order."""
     points, options = stash.shape[0], o_no_sync.shape[0]
     capacity = points * options
     n_stash = np.empty(capacity)
@@ -63,7 +64,8 @@ def extend_candidates(stash, excess, no_sync, sync, params, layout, parent_order
     n_parent = np.empty(capacity, np.int64)
     n_key = np.empty(capacity, np.int64)
     count = 0
-    for o in range(options):
+    for visited in range(options):
+        o = option_order[visited]
         for i in range(points):
             p = parent_order[i]
             s = stash[p] + o_stash[o]
@@ -181,19 +183,47 @@ def nondominated(columns: np.ndarray, group: np.ndarray | None = None) -> np.nda
     return np.nonzero(_nondominated(np.ascontiguousarray(columns), group, order))[0]
 
 
-def nondominated_by_key(columns: np.ndarray, group: np.ndarray, key: np.ndarray) -> np.ndarray:
-    """`nondominated` of the rows listed in the order of their distinct `key`s, as indices sorted by key: the rows of
-    a stage DP step, each option's block sorted by the first column (gbmw.search.exact.frontier_order, which finds
-    lexsort's order by merging those runs)."""
-    rows = columns.shape[0]
+def nondominated_plans(stash, excess, no_sync, sync, params, layout, key, step_s: float,
+                       single_stage_m: float | None) -> np.ndarray:
+    """`nondominated(plan_columns(...), layout)` of a stage DP step's new partial plans listed in the order of their
+    distinct `key`s (`extend_candidates`), as indices sorted by key: the columns and their sums are written in one
+    compiled pass (`_plan_rows`, the same float operations as `plan_columns`), and the filter's order is found by
+    merging the options' blocks (gbmw.search.exact.frontier_order) instead of lexsort."""
+    rows = stash.shape[0]
     if rows <= 1:
         return np.arange(rows)
-    total = columns[:, 0].copy()
-    for c in range(1, columns.shape[1]):
-        total += columns[:, c]
-    order = merged_order(group, np.ascontiguousarray(columns[:, 0]), total, key)
-    kept = np.nonzero(_nondominated(np.ascontiguousarray(columns), group, order))[0]
+    columns, total = _plan_rows(stash, excess, no_sync, sync, params, step_s, float(ADAM_CHUNK_ELEMENTS),
+                                single_stage_m if single_stage_m is not None else -1.0)
+    order = merged_order(layout, stash, total, key)
+    kept = np.nonzero(_nondominated(columns, layout, order))[0]
     return kept[np.argsort(key[kept])]
+
+
+@njit(cache=True)
+def _plan_rows(stash, excess, no_sync, sync, params, step_s, chunk, single_stage_m):
+    """`plan_columns` (single_stage_m < 0: None) and each row's sum of them, left to right as `nondominated` adds
+    them."""
+    rows = stash.shape[0]
+    width = 4 if single_stage_m >= 0 else 7
+    columns = np.empty((rows, width))
+    total = np.empty(rows)
+    for i in range(rows):
+        optimizer = params[i] * step_s
+        columns[i, 0] = stash[i]
+        columns[i, 1] = stash[i] + excess[i]
+        columns[i, 2] = min(params[i], chunk)
+        if single_stage_m >= 0:
+            columns[i, 3] = single_stage_m * no_sync[i] + sync[i] + optimizer
+        else:
+            columns[i, 3] = no_sync[i]
+            columns[i, 4] = no_sync[i] + sync[i]
+            columns[i, 5] = no_sync[i] + optimizer
+            columns[i, 6] = columns[i, 4] + optimizer
+        value = columns[i, 0]
+        for c in range(1, width):
+            value += columns[i, c]
+        total[i] = value
+    return columns, total
 
 
 def time_columns(no_sync: np.ndarray, sync: np.ndarray, optimizer: np.ndarray) -> np.ndarray:
