@@ -64,16 +64,13 @@ from gbmw.search.bounds.stage_knapsack_bound import fill_s, partition_tables, st
 from gbmw.search.bounds.stage_segment_bound import StageCompletionBound
 from gbmw.search.bounds.stage_suffix_bound import SuffixTimeBound
 from gbmw.search.exact.whole_plan_frontier import (MemoryGrid, PartialPlans, StageOptions, extend_candidates,
-                                                   nondominated, option_columns, plan_columns, time_columns)
+                                                   nondominated, nondominated_plans, option_columns, time_columns)
 from gbmw.search.stage_dp.stage_search import cost_classes
 
 INCUMBENT_SLACK = 1e-12
 """Relative slack on the incumbent's time before a partial plan is pruned by it: the bounds sum the same
 non-negative times in another order than Eq. (9) does, which moves them by at most a few ulps (≈1e-16 relative
 each, fewer than 10^3 terms), far below this; a plan faster than the incumbent by less is as good as it."""
-BOUND_FIRST_FROM_FRONTIER = 4096
-"""From this many partial plans being extended, the incumbent bound runs before the Pareto filter (Mixtral-8x7B on
-64 H100s: frontiers of 10^4–10^5, the bound keeps ~13 %), below it after (GPT-3 65B: ~500, the bound keeps ~64 %)."""
 
 
 # ---------------------------------------------------------------------------------------------------- stages
@@ -213,20 +210,17 @@ class WholePlanSearch:
         strategy, no_sync, sync, stash, forward, backward, params, layout = options
         budget = self.budget
         columns = extend_candidates(
-            node.stash, node.excess, node.no_sync, node.sync, node.params, node.layout,
-            no_sync, sync, stash, forward, backward, params, layout, transition, budget,
+            node.stash, node.excess, node.no_sync, node.sync, node.params, node.layout, node.by_stash(),
+            np.argsort(layout, kind="stable"), no_sync, sync, stash, forward, backward, params, layout, transition, budget,
             self.reserve_per_parameter, float(ADAM_CHUNK_ELEMENTS), float(self.m), self.step_s, rest_s,
             self.limit_s * (1 + INCUMBENT_SLACK), *rest)
-        # The Pareto filter and the incumbent bound (next two methods) commute; the dearer per plan goes second
-        # (BOUND_FIRST_FROM_FRONTIER: the filter's cost grows with the frontier it keeps, the bound's with completions).
-        bound_first = lower_bound is not None and len(node.no_sync) >= BOUND_FIRST_FROM_FRONTIER
-        if bound_first:
-            may_beat = lower_bound(columns[2], columns[3], columns[4], columns[0])
-            columns = [column[may_beat] for column in columns]
-        n_stash, n_excess, n_no_sync, n_sync, n_params, n_layout, n_option, n_parent = columns
-        keep = nondominated(plan_columns(n_stash, n_excess, n_no_sync, n_sync, n_params, self.step_s,
-                                         self.m if self.pp == 1 else None), n_layout)
-        if lower_bound is not None and not bound_first:
+        # The Pareto filter and the incumbent bound (next two methods) commute; the filter goes first: merging the
+        # option blocks (gbmw.search.exact.frontier_order) makes it cheaper per plan than the bound, and it keeps the
+        # fewer (GPT-3 65B on 64 H100s: ~5 % of up to ~600,000 new plans; Mixtral-8x7B: see docs/search.md).
+        n_stash, n_excess, n_no_sync, n_sync, n_params, n_layout, n_option, n_parent, n_key = columns
+        keep = nondominated_plans(n_stash, n_excess, n_no_sync, n_sync, n_params, n_layout, n_key, self.step_s,
+                                  self.m if self.pp == 1 else None)
+        if lower_bound is not None:
             keep = keep[lower_bound(n_no_sync[keep], n_sync[keep], n_params[keep], n_stash[keep])]
         return PartialPlans(n_stash[keep], n_excess[keep], n_no_sync[keep], n_sync[keep], n_params[keep], n_layout[keep],
                      strategy[n_option[keep]], n_parent[keep], node, node.depth + 1)

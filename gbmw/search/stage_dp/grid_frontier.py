@@ -60,6 +60,7 @@ def extend_grid(
     best_previous = np.empty(cells, np.int32)
     best_stash = np.empty(cells)
     best_excess = np.empty(cells)
+    reached = np.empty(cells, np.int64)
     per_cell = 1.0 / cell_bytes
     first, last = cells, -1
     for previous in range(layouts):
@@ -68,6 +69,14 @@ def extend_grid(
             last = max(last, high[previous])
     if last < first:
         return new_time, new_stash, new_excess, new_option, new_previous, new_parent, new_low, new_high
+    # the cells each previous layout holds a plan in (often a small share of its range): only those are read below
+    held = np.empty((layouts, cells), np.int64)
+    held_count = np.zeros(layouts, np.int64)
+    for previous in range(layouts):
+        for e in range(low[previous], high[previous] + 1):
+            if time[previous, e] != np.inf:
+                held[previous, held_count[previous]] = e
+                held_count[previous] += 1
     for target in range(layouts):
         has_option = False
         for o in range(option_time.shape[0]):
@@ -79,22 +88,30 @@ def extend_grid(
         best[first:last + 1] = np.inf
         for previous in range(layouts):
             cost = transition[previous, target]
-            for e in range(low[previous], high[previous] + 1):
+            for k in range(held_count[previous]):
+                e = held[previous, k]
                 value = time[previous, e] + cost
                 if value < best[e]:
                     best[e] = value
                     best_previous[e] = previous
                     best_stash[e] = stash[previous, e]
                     best_excess[e] = excess[previous, e]
+        # the cells some plan reaches (often a small share of them): each option is tried on those alone
+        count = 0
+        for e in range(first, last + 1):
+            if best[e] != np.inf:
+                reached[count] = e
+                count += 1
         for o in range(option_time.shape[0]):
             if option_layout[o] != target:
                 continue
             # a plan in cell e has at least e cells of forward memory: beyond this bound it cannot fit
             limit = min(last, int((budget - option_stash[o]) * per_cell))
-            for e in range(first, limit + 1):
+            for k in range(count):
+                e = reached[k]
+                if e > limit:
+                    break
                 value = best[e]
-                if value == np.inf:
-                    continue
                 filled = best_stash[e] + option_stash[o]
                 x = best_excess[e] - option_forward[o]
                 if x < option_backward[o]:
