@@ -241,11 +241,7 @@ class HybridEngine:
                         stashed[index] = (leaf, loss)
                         return None
                     x = layer.module(x)
-            # 16-bit under autocast, as received; the cast is the graph's root (an autograd op that saves nothing), so
-            # a micro-batch in flight keeps its output once, in 16 bits, shared with what is sent — not the fp32
-            # residual stream beside a 16-bit copy
-            output = x.to(self.boundary_dtype).contiguous()
-            stashed[index] = (leaf, output)
+            stashed[index] = (leaf, output := x.to(self.boundary_dtype).contiguous())  # root = what is sent (16 bits)
             return output.detach()
 
         def backward(index: int, grad: torch.Tensor | None) -> torch.Tensor | None:
