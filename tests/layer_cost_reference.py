@@ -210,7 +210,11 @@ def reference_layer_costs(
                                                                          parameter_bytes))
     regathering_head = np.array([layer.kind == "head" for layer in model.layers]) & (weights.degree("sdp") > 1)
     recomputing_gathered = strategy.ckpt and weights.degree("sdp") == 1
-    prefetched_buffer = np.where(regathering_head | recomputing_gathered, 0.0, gather_buffer)
+    # routed experts sharded in their own unit (EP, ZeRO-3): the layer's dense part is what is prefetched beside them
+    experts_apart = (rank_experts > 0) & (expert_strategy.degree("sdp") > 1)
+    dense_buffer = dense_parameters * gather_buffer_bytes_per_parameter(settings.framework, weights, parameter_bytes)
+    prefetched_buffer = np.where(regathering_head | recomputing_gathered, 0.0,
+                                 np.where(experts_apart, dense_buffer, gather_buffer))
     backward_memory = gathered_parameters * parameter_bytes + np.maximum(gather_buffer - prefetched_buffer,
                                                                          backward_memory + prefetched_buffer)
     # the gated activation's working set, in forward or in a checkpointed layer's recomputation, where it holds more

@@ -157,3 +157,15 @@ def test_the_router_runs_whole_on_every_tensor_parallel_rank():
     assert moe_blocks and all(layer.tp_replicated_forward_flops_per_sample == 2 * 32 * 64 * 4 for layer in moe_blocks)
     dense_blocks = [layer for layer in model.layers if layer.kind == "decoder" and not layer.num_experts]
     assert dense_blocks and all(layer.tp_replicated_forward_flops_per_sample == 0 for layer in dense_blocks)
+
+
+def test_zero3_experts_compute_their_backward_beside_the_dense_parts_buffer():
+    """Under EP the routed experts are their own FSDP2 unit, after the layer's dense part: what FSDP2 prefetches beside
+    their backward is the dense part's buffer (400 × 4 B), not the whole layer's (700 × 4 B). sdp8+ep2: 7/8 of the
+    400 dense and 3/4 of the rank's 300 expert parameters gathered (575 × 4 B), their gradients as much, W = 200 B.
+    Catches the whole layer's buffer charged (7600 B) or none (4800 B)."""
+    layer = make_layer(**EXPERT_FIELDS)
+    gathered = (400 * 7 / 8 + 300 * 3 / 4) * 4
+    assert costs("sdp8+ep2", layer).backward_memory_bytes[0] == pytest.approx(gathered + gathered + 200 + 400 * 4)
+    # EP over all 8 ranks: the experts are not sharded, one unit's buffer as for a dense layer (400 × 4 B)
+    assert costs("sdp8+ep8", layer).backward_memory_bytes[0] == pytest.approx(350 * 4 * 2 + 200 + 400 * 4)

@@ -36,6 +36,12 @@ gbmw.adapters.profile.fake_memory):
   reduce-scatter of its gradients comes after its rebuilt stash is freed (traced, stage 3 of the Mixtral plans:
   z2dp8+ep4+ckpt and z1dp8+ep4+ckpt +5.1 % with both charged, −1.9 % with the larger, as dp8+ep4+ckpt's −1.6 %; GPT-3 15B
   with tp4-z2dp4+ckpt / tp2-z1dp8+ckpt blocks on its first stage +0.3 / +0.9 % → −1.0 / −0.6 %).
+  Routed experts under EP are their own FSDP2 unit (gbmw.adapters.runtime.expert_data_parallel), run after the
+  layer's dense part: next in backward order after them is that dense part, so a ZeRO-3 MoE layer's experts compute
+  their backward beside the dense part's buffer, not a whole layer's; the experts' buffer, prefetched beside the dense
+  part's backward, is at most what their own gathered weights and gradients held (EDP ≥ 2: 2·(1 − 1/EDP) ≥ 1 of
+  them). Traced (the Mixtral plan with ZeRO-3 beside EP, stages 0–2): +1.8 / +2.9 / +3.0 % with the whole layer's
+  buffer, −0.9 / −0.7 / +0.4 % with the dense part's.
   ZeRO-1/2 layers are resharded after each micro-batch's backward, so every micro-batch's forward gathers them
   again.
 * A layer's backward holds, beside the stash, the gradients of its output (received) and its input (sent on),

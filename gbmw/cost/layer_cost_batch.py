@@ -279,8 +279,11 @@ def _memory_rows(model: ModelSpec, columns: StrategyColumns, settings: CostSetti
     # its backward computes and frees its buffer first, and a ZeRO-1/2 layer that recomputes gathers nothing then (its
     # parameters stay gathered from forward) and reduce-scatters after its rebuilt stash is freed: the larger
     # (gbmw.cost.framework_memory)
+    # routed experts in their own ZeRO-3 unit: the unit prefetched beside their backward is the layer's dense part
     prefetched_buffer = np.where(((kinds == "head") & (columns.gathered_share > 0))
-                                 | (ckpt & (columns.gathered_share == 0)), 0.0, gather_buffer)
+                                 | (ckpt & (columns.gathered_share == 0)), 0.0, np.where(
+        (rank_experts > 0) & (columns.gathered_expert_share > 0), dense_parameters * columns.gather_buffer_bytes,
+        gather_buffer))
     backward_memory = gathered_parameters * parameter_bytes + np.maximum(
         gather_buffer - prefetched_buffer, backward_memory + prefetched_buffer)
     # gbmw.cost.framework_memory.gated_activation_peak_bytes
