@@ -25,12 +25,11 @@ tests/test_fake_memory.py shows the fake trace's peak equals the real step's on 
   nothing, so a 128k trace takes about as long as a 32k one.
 Prints estimated and tracked peak per rank and the error; the target (issue 12) is |error| ≤ 3 %.
 
-Last runs (2026-11-26, one command per case set): dense 2.3 % largest (PASS); mixture of experts −0.3 % to +1.4 % for
-gbmw's Mixtral plan and −2.2 % to +2.2 % for the mixed plan except its stage 3, −3.6 % (FAIL); long sequences: gbmw's
-plans −0.6 % (32k) and −0.8 % (128k), the mixed 32k plan +0.8 % on stage 1 and −3.7 % on stage 0 (FAIL). The two
-misses are pipeline stages before the last, in what the runtime keeps of the pipeline that the estimator does not
-price: a stage's output per micro-batch in flight (the graph's root for the backward its gradient starts), and the
-received input at the previous stage's layout; docs/cost-model.md has the figures.
+Last runs (2026-11-27, one command per case set, docs/cost-model.md): dense 2.3 % largest (PASS); mixture of experts
+1.9 % (PASS: gbmw's Mixtral plan +0.3 % to +1.6 %, the mixed plan −1.7 % to +1.9 %, with ZeRO beside EP −1.9 % to
++1.4 %); long sequences 2.5 % (PASS: the mixed 32k plan's first stage). What is still not priced: a stage's output per
+micro-batch in flight (the 16-bit tensor it sent, kept as the graph's root) and its received input at the previous
+stage's layout; docs/cost-model.md has the figures.
 """
 
 from __future__ import annotations

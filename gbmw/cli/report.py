@@ -87,12 +87,12 @@ def print_estimate(job: JobSpec, plan: Plan, estimate: Estimate) -> None:
     console.print(trust_line(plan, job), highlight=False)
 
 
-LARGEST_PEAK_UNDER_ESTIMATE = 0.037
+LARGEST_PEAK_UNDER_ESTIMATE = 0.025
 """The most the estimator's peak memory has been under what the runtime allocates (below)."""
 NEAR_BUDGET_SHARE = 0.95
-"""A fitting stage above this share of the budget is flagged: the estimator's peak memory has been up to 3.7 % under
+"""A fitting stage above this share of the budget is flagged: the estimator's peak memory has been up to 2.5 % under
 what the runtime allocates (docs/cost-model.md, benchmarks/memory_at_scale.py; one H100, docs/gpu-measurements.md:
-0.9 to 2.4 % over)."""
+0.7 to 2.4 % over)."""
 
 
 def near_budget_note(estimate: Estimate) -> str | None:
