@@ -192,11 +192,11 @@ class MixtureOfExpertsMLP(nn.Module):
         # (EP) or become the experts' input (EP 1), and the received copies are regrouped; only what backward saves
         # stays (the forward peak at the experts' SwiGLU: gbmw.cost.framework_memory.gated_activation_peak_bytes)
         del tokens, copies
-        grouped, regroup, parts = self._grouped_by_expert(
+        regroup, parts = self._grouped_by_expert(
             received, received_counts, count * top_k // self.num_experts if balanced else None)
         del received
         outputs = self.experts(parts)
-        del parts, grouped
+        del parts
         if regroup is not None:
             outputs = outputs[torch.argsort(regroup)]
         if splits is not None:
@@ -223,22 +223,20 @@ class MixtureOfExpertsMLP(nn.Module):
         return _AllToAll.apply(copies, splits[0], splits[1], self.ep.group), received_counts, splits
 
     def _grouped_by_expert(self, received: torch.Tensor, counts: torch.Tensor, balanced_count: int | None = None
-                           ) -> tuple[torch.Tensor, torch.Tensor | None, list[torch.Tensor]]:
-        """(the received copies expert-major, the row each came from — None when they already are —, each local
-        expert's rows of it). `received` is source-major ([source][expert] blocks); `balanced_count`: every entry of
+                           ) -> tuple[torch.Tensor | None, list[torch.Tensor]]:
+        """(the row of `received` each expert-major row came from — None when they already are —, each local
+        expert's rows). `received` is source-major ([source][expert] blocks); `balanced_count`: every entry of
         `counts` (balanced routing), which is then not read."""
         sources, local = counts.shape
+        per_expert = counts.sum(0).tolist() if balanced_count is None else [balanced_count * sources] * local
         if sources == 1:
-            return received, None, list(received.split(
-                counts.sum(0).tolist() if balanced_count is None else [balanced_count] * local))
+            return None, list(received.split(per_expert))
         sizes = counts.t().reshape(-1)  # expert-major blocks: (expert, source)
         starts = (counts.reshape(-1).cumsum(0) - counts.reshape(-1)).view(sources, local).t().reshape(-1)
         total = int(sizes.sum()) if balanced_count is None else balanced_count * sources * local
         regroup = torch.repeat_interleave(starts - (sizes.cumsum(0) - sizes), sizes, output_size=total) + torch.arange(
             total, device=counts.device)
-        grouped = received[regroup]
-        return grouped, regroup, list(grouped.split(
-            counts.sum(0).tolist() if balanced_count is None else [balanced_count * sources] * local))
+        return regroup, list(received[regroup].split(per_expert))
 
 
 def route(logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
