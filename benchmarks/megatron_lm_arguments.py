@@ -6,7 +6,8 @@
     MEGATRON_LM=/path/to/Megatron-LM .venv/bin/python benchmarks/megatron_lm_arguments.py [--megatron-lm PATH]
 
 The argument sets: gbmw's best megatron-core plan for every bundled GPT job, the published hand-tuned
-configurations (recipes/handtuned/) that Megatron-LM or NeMo ran, an interleaved plan, and a grid of uniform
+configurations (recipes/handtuned/) that Megatron-LM or NeMo ran, two interleaved plans (one on the split that
+counts the embedding and the loss as layers), and a grid of uniform
 configurations over TP, PP, the distributed optimizer, sequence parallelism and every recomputation level. Each
 runs as one rank would see it: WORLD_SIZE from the plan, RANK 0, and the environment variables gbmw's launch line
 sets in front (CUDA_DEVICE_MAX_CONNECTIONS=1 for TP). validate_args asks the GPU for its architecture (for
@@ -33,6 +34,7 @@ from pathlib import Path
 
 import gbmw
 from gbmw.adapters.megatron import launch_line, plan_to_megatron_args
+from gbmw.adapters.megatron.layout import megatron_layout
 from gbmw.errors import GbmwError
 from gbmw.handwritten.handtuned_config import load_handtuned
 from gbmw.search.planner import Planner
@@ -114,6 +116,8 @@ def argument_sets() -> list[tuple[str, gbmw.JobSpec, gbmw.Plan]]:
     job = jobs["gpt3-15b_a100-80g-x32"]
     plan = gbmw.uniform_plan(job, "tp=8,pp=2,zero=1,ckpt=selective,sp=on,micro=1,target=megatron-core")
     cases.append((f"{job.name}: interleaved v=3", job, dataclasses.replace(plan, virtual_stages=3)))
+    cases.append((f"{job.name}: interleaved v=5, the embedding and the loss counted as layers", job, gbmw.uniform_plan(
+        job, "tp=8,pp=2,zero=1,ckpt=selective,sp=on,v=5,split=accounted,micro=1,target=megatron-core")))
     for name, configs in REACH_CONFIGS.items():
         cases += [(f"{name}: {config}", jobs[name], gbmw.uniform_plan(jobs[name], f"{config},target=megatron-core"))
                   for config in configs]
@@ -169,6 +173,8 @@ def check(arguments, job: gbmw.JobSpec, plan: gbmw.Plan, extra: tuple[str, ...] 
                     recompute_granularity=None if strategy.recompute == "none" else strategy.recompute,
                     use_distributed_optimizer=strategy.degree("z1dp") > 1,
                     virtual_pipeline_model_parallel_size=plan.virtual_stages if plan.virtual_stages > 1 else None,
+                    account_for_embedding_in_pipeline_split=megatron_layout(plan, job, "megatron-core").accounted,
+                    account_for_loss_in_pipeline_split=megatron_layout(plan, job, "megatron-core").accounted,
                     context_parallel_size=strategy.degree("cp"), bf16=plan.precision in ("bf16", "fp8"),
                     fp8="hybrid" if plan.precision == "fp8" else None)
     if job.model.is_mixture_of_experts:

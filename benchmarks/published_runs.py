@@ -380,11 +380,12 @@ def why_moe_run_not_costable(run: dict) -> list[str]:
         reasons.append(f"expert tensor parallelism ETP {etp} does not divide TP {tp} (megatron-core's expert layout "
                        "needs it: gbmw.space.expert_tensor_parallel)")
     pp, virtual = parallelism.get("pipeline"), parallelism.get("virtual_stages") or 1
-    if pp and model.get("num_layers") and model["num_layers"] % (pp * virtual):
+    accounted = 2 if parallelism.get("pipeline_split") == "accounted" else 0  # the embedding and the loss as layers
+    if pp and model.get("num_layers") and (model["num_layers"] + accounted) % (pp * virtual):
         chunks = f"pp {pp} × {virtual} virtual stages" if virtual > 1 else f"pp {pp}"
         reasons.append(f"{model['num_layers']} Transformer blocks do not split into {chunks} equal chunks: the run's "
-                       "uneven pipeline layout (e.g. Megatron's account_for_embedding/loss_in_pipeline_split) is not "
-                       "one gbmw's uniform configurations express")
+                       "uneven pipeline layout (a custom --pipeline-model-parallel-layout, or a recipe's split not "
+                       "read) is not one gbmw's uniform configurations express")
     if _moe_target(run) is None:
         reasons.append(f"framework {parallelism.get('framework')!r} not mapped to a gbmw target")
     elif _moe_target(run) == "megatron-core" and parallelism.get("sequence_parallel") is False and (tp or 1) > 1:
@@ -476,7 +477,8 @@ def cost_moe(run: dict) -> MoECosted:
     if parallelism["global_batch"] % (parallelism["micro_batch"] * parallelism["data"]):
         raise ValueError(f"{run['name']}: global batch not a multiple of micro-batch × DP")
     config = UniformConfig(tp=tp, pp=parallelism["pipeline"], zero=zero, ckpt=recompute, sp=sp, ep=ep, etp=etp,
-                           micro=parallelism["micro_batch"], batch=parallelism["global_batch"], target=target)
+                           split=parallelism.get("pipeline_split") or "even", micro=parallelism["micro_batch"],
+                           batch=parallelism["global_batch"], target=target)
     if target == "runtime":
         # FSDP2 with EP (NeMo AutoModel) is costed as gbmw's runtime runs it (its FSDP2 shards the experts over their
         # expert-data-parallel group, gbmw.adapters.runtime.expert_data_parallel), on Megatron's partition

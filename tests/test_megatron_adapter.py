@@ -172,8 +172,45 @@ def test_interleaved_plan_emits_virtual_stages_and_round_trips():
     with pytest.raises(PlanError, match="megatron-deepspeed runs plain 1F1B, not interleaved"):
         plan_to_megatron_args(dataclasses.replace(interleaved, target="megatron-deepspeed"), job,
                               "megatron-deepspeed")
-    with pytest.raises(PlanError, match=r"the stages hold \[24, 24\] Transformer blocks; each must be a multiple of 5"):
-        plan_to_megatron_args(dataclasses.replace(plan, virtual_stages=5), job, target)
+    with pytest.raises(PlanError, match=r"the stages hold \[24, 24\] Transformer blocks; interleaving builds 7 equal "
+                                        r"chunks per stage: an even split with a multiple of 7 blocks per stage, or the "
+                                        r"split counting the embedding and the loss as layers \(\[24, 24\]\) with "
+                                        r"\(blocks \+ 2\) / pp a multiple of 7"):
+        plan_to_megatron_args(dataclasses.replace(plan, virtual_stages=7), job, target)
+
+
+def test_interleaved_plan_on_the_accounted_split():
+    """megatron-core's --account-for-embedding/loss-in-pipeline-split: 48 blocks + the embedding + the loss = 50
+    layers on 2 stages, 25 each, in v = 5 chunks of 5 (the first chunk holds the embedding and 4 blocks, the last
+    the loss and 4) — blocks [24, 24] as the even split, but chunks of 5 the even split cannot make. On 4 stages:
+    50 is not a multiple of 4, so no accounted split exists; 46 blocks on 4 stages would be [11, 12, 12, 11]."""
+    job, plan, target = case("gpt3-15b_megatron-core_tp8-pp2-zero1-ckpt")
+    interleaved = dataclasses.replace(plan, virtual_stages=5)
+    args = plan_to_megatron_args(interleaved, job, target)
+    assert "--account-for-embedding-in-pipeline-split" in args and "--account-for-loss-in-pipeline-split" in args
+    assert args[args.index("--num-layers-per-virtual-pipeline-stage") + 1] == "5"
+    assert "--decoder-first-pipeline-num-layers" not in args
+    assert megatron_args_to_plan(args, job, target) == comparable(interleaved, target)
+    # the even split's chunks need no accounting
+    assert "--account-for-loss-in-pipeline-split" not in plan_to_megatron_args(
+        dataclasses.replace(plan, virtual_stages=3), job, target)
+    from gbmw.space.stock_partitions import accounted_blocks_per_stage, interleaved_split
+    assert accounted_blocks_per_stage(94, 8) == [11, 12, 12, 12, 12, 12, 12, 11]  # Qwen3-235B-A22B, pp 8
+    assert accounted_blocks_per_stage(48, 4) is None and accounted_blocks_per_stage(46, 4) == [11, 12, 12, 11]
+    assert interleaved_split([11, 12, 12, 12, 12, 12, 12, 11], 4) == "accounted"  # 96 / 32 = 3 layers a chunk
+    assert interleaved_split([11, 12, 12, 12, 12, 12, 12, 11], 3) == "accounted"  # chunks of 4
+    assert interleaved_split([11, 12, 12, 12, 12, 12, 12, 11], 5) is None  # 12 layers a stage: no 5 equal chunks
+    assert interleaved_split([11, 12, 12, 11], 2) == "accounted" and interleaved_split([12, 12, 12, 11], 2) is None
+    assert interleaved_split([12] * 8, 3) == "even" and interleaved_split([12] * 8, 5) is None
+    # one flag without the other, or with uneven first/last stages, is refused by name
+    one = [token for token in args if token != "--account-for-loss-in-pipeline-split"]
+    with pytest.raises(GbmwError, match="--account-for-embedding-in-pipeline-split without "
+                                        "--account-for-loss-in-pipeline-split"):
+        megatron_args_to_plan(one, job, target)
+    with pytest.raises(GbmwError, match="the embedding counted as a pipeline layer"):
+        megatron_args_to_plan(["--account-for-embedding-in-pipeline-split"] + plan_to_megatron_args(
+            dataclasses.replace(plan, target="megatron-deepspeed"), job, "megatron-deepspeed"), job,
+            "megatron-deepspeed")
 
 
 def test_sequence_parallel_and_selective_flags_and_their_refusals():
@@ -545,3 +582,17 @@ def test_latent_attention_flags_are_read_back_and_refused_where_they_cannot_run(
     assert (v3_args["--q-lora-rank"], v3_args["--moe-router-score-function"]) == ("1536", "sigmoid")
     assert "--moe-router-enable-expert-bias" in v3_args
     assert v3_args["--moe-layer-freq"] == "[" + ",".join(["0"] * 3 + ["1"] * 58) + "]"
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("virtual_stages, accounted", [(3, False), (5, True)])
+def test_megatron_core_builds_the_interleaved_chunks(virtual_stages, accounted):
+    """megatron-core's own get_num_layers_to_build, chunk by chunk, builds the plan's blocks per stage: v = 3 chunks of
+    8 of the even split, and v = 5 chunks of the split counting the embedding and the loss as layers (5 layers a
+    chunk; the first and last chunks 4 blocks)."""
+    pytest.importorskip("megatron.core")
+    job, plan, _ = case("gpt3-15b_megatron-core_tp8-pp2-zero1-ckpt")
+    parallel, config = plan_to_megatron_core_configs(dataclasses.replace(plan, virtual_stages=virtual_stages), job)
+    assert parallel.virtual_pipeline_model_parallel_size == virtual_stages
+    assert config.account_for_embedding_in_pipeline_split is accounted
+    assert config.account_for_loss_in_pipeline_split is accounted

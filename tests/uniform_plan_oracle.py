@@ -87,7 +87,8 @@ TARGET_RULES = {
     "deepspeed": TargetRules(("dp", "z1dp", "z2dp", "sdp"), 1, ("uniform", "parameters"), False, None),
     "megatron-deepspeed": TargetRules(("tp", "ulysses", "dp", "z1dp", "z2dp", "sdp"), 1, ("even",), True, "standard",
                                       sequence_axis="ulysses", expert_axes=("dp", "z1dp", "z2dp")),
-    "megatron-core": TargetRules(("tp", "cp", "dp", "z1dp"), None, ("even", "first-last"), True, "any", interleaved=True,
+    "megatron-core": TargetRules(("tp", "cp", "dp", "z1dp"), None, ("even", "first-last", "accounted"), True, "any",
+                                 interleaved=True,
                                  sequence_axis="cp", expert_axes=("dp", "z1dp"), expert_needs_sp_with_tp=True,
                                  experts_whole=True),
 }
@@ -284,12 +285,17 @@ class UniformPlanOracle:
         rules = TARGET_RULES[self.space].partition_rules if self.space in TARGET_RULES else ("even", "uniform")
         found = dict.fromkeys((tuple(p), 1) for rule in rules for p in PARTITION_RULES[rule](model, pp))
         blocks = int(sum(layer.is_block for layer in model.layers))
-        if (self.space in TARGET_RULES and TARGET_RULES[self.space].interleaved and setting.num_micro_batches % pp == 0
-                and blocks % pp == 0):
-            for even in PARTITION_RULES["even"](model, pp):
-                for v in range(2, blocks // pp + 1):
-                    if (blocks // pp) % v == 0:
-                        found[tuple(even), v] = None
+        if (self.space in TARGET_RULES and TARGET_RULES[self.space].interleaved and setting.num_micro_batches % pp == 0):
+            # megatron-core's v equal chunks per stage: get_num_layers_to_build splits the blocks (plus one layer for
+            # the embedding and one for the loss, with --account-for-…-in-pipeline-split) into pp·v chunks
+            for accounted, rule in ((0, "even"), (2, "accounted")):
+                layers = blocks + accounted
+                if layers % pp:
+                    continue
+                for split in PARTITION_RULES[rule](model, pp):
+                    for v in range(2, layers // pp + 1):
+                        if (layers // pp) % v == 0:
+                            found[tuple(split), v] = None
         return list(found)
 
     def _time_balanced(self, setting: Setting, layout: Layout) -> tuple[int, ...]:

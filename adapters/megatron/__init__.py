@@ -33,6 +33,10 @@ What a plan says, and the flag that says it::
                                       --decoder-last-pipeline-num-layers
     virtual_stages v > 1              --num-layers-per-virtual-pipeline-stage refused (plain 1F1B)
                                       (blocks per stage / v)
+    v > 1 on the split counting       --account-for-embedding-in-pipeline-split
+    the embedding and the loss as     --account-for-loss-in-pipeline-split   refused
+    layers (first and last stages     --num-layers-per-virtual-pipeline-stage
+    one block short)                  ((blocks + 2) / pp / v)
     precision                         --bf16 / --fp16 (none for fp32)        same
     precision fp8                     --bf16 --fp8-format hybrid              refused (no Transformer Engine FP8)
                                       --fp8-recipe delayed (fp8_recipe

@@ -188,11 +188,13 @@ def plan_to_megatron_args(
     if layout.first_stage_blocks is not None:
         args += ["--decoder-first-pipeline-num-layers", str(layout.first_stage_blocks),
                  "--decoder-last-pipeline-num-layers", str(layout.last_stage_blocks)]
-    if plan.virtual_stages > 1:  # gbmw.space.targets has checked: megatron-core, blocks per stage divisible by v
+    if plan.virtual_stages > 1:  # gbmw.space.targets has checked: megatron-core, v equal chunks per stage
         if layout.first_stage_blocks is not None:
             raise PlanError(f"virtual_stages {plan.virtual_stages} with uneven first/last stages: gbmw emits "
-                            "interleaved pipelines for an even split only")
-        per_chunk = arch.num_layers // (layout.pipeline_parallel * plan.virtual_stages)
+                            "interleaved pipelines for the even split and the accounted one only")
+        if layout.accounted:  # the embedding and the loss each take a block's place in the first and last chunks
+            args += ["--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"]
+        per_chunk = (arch.num_layers + 2 * layout.accounted) // (layout.pipeline_parallel * plan.virtual_stages)
         args += ["--num-layers-per-virtual-pipeline-stage", str(per_chunk)]
     args += [
         "--micro-batch-size", str(layout.micro_batch_size),

@@ -8,7 +8,7 @@ from typing import Sequence
 
 from gbmw.errors import GbmwError
 from gbmw.plan import Plan
-from gbmw.space.stock_partitions import megatron_stage_partition
+from gbmw.space.stock_partitions import accounted_blocks_per_stage, megatron_stage_partition
 from gbmw.space.strategy import Strategy
 from gbmw.space.targets import AXIS_OF_ZERO_STAGE, get_target
 from gbmw.specs.architectures import GPTArchitecture
@@ -22,8 +22,6 @@ from .layout import gpt_architecture, megatron_blocks_per_stage, plan_target
 UNMODELLED_FLAGS = {
     "--num-virtual-stages-per-pipeline-rank": "interleaved (virtual) pipeline stages",
     "--pipeline-model-parallel-layout": "a custom pipeline layout",
-    "--account-for-embedding-in-pipeline-split": "the embedding counted as a pipeline layer",
-    "--account-for-loss-in-pipeline-split": "the loss counted as a pipeline layer",
     "--use-torch-fsdp2": "FSDP2 sharding",
     "--use-megatron-fsdp": "Megatron FSDP sharding",
     "--checkpoint-activations": "the legacy recomputation flag (write --recompute-granularity full "
@@ -34,6 +32,8 @@ DEEPSPEED_REFUSED_FLAGS = {
     "--decoder-first-pipeline-num-layers": "uneven pipeline stages (DeepSpeed's pipeline engine splits evenly here)",
     "--decoder-last-pipeline-num-layers": "uneven pipeline stages (DeepSpeed's pipeline engine splits evenly here)",
     "--use-distributed-optimizer": "Megatron's distributed optimizer (Megatron-DeepSpeed shards through --zero-stage)",
+    "--account-for-embedding-in-pipeline-split": "the embedding counted as a pipeline layer (megatron-core's)",
+    "--account-for-loss-in-pipeline-split": "the loss counted as a pipeline layer (megatron-core's)",
 }
 
 
@@ -95,6 +95,8 @@ def _parser(target: str) -> _Parser:
         add("--decoder-last-pipeline-num-layers", type=int)
         add("--use-distributed-optimizer", action="store_true")
         add("--num-layers-per-virtual-pipeline-stage", type=int)
+        add("--account-for-embedding-in-pipeline-split", action="store_true")
+        add("--account-for-loss-in-pipeline-split", action="store_true")
         add("--qk-layernorm", action="store_true")
         add("--multi-latent-attention", action="store_true")
         for dest in ("q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim"):
@@ -176,6 +178,21 @@ def _expert_tensor_parallel(namespace: argparse.Namespace, arch: GPTArchitecture
     return tp if given is None else given
 
 
+def _accounted(namespace: argparse.Namespace, first: int | None, last: int | None) -> bool:
+    """Whether the flags count the embedding and the loss as pipeline layers (megatron-core's
+    --account-for-embedding-in-pipeline-split with --account-for-loss-in-pipeline-split; gbmw reads them together)."""
+    embedding = getattr(namespace, "account_for_embedding_in_pipeline_split", False)
+    loss = getattr(namespace, "account_for_loss_in_pipeline_split", False)
+    if embedding != loss:
+        given, missing = ("embedding", "loss") if embedding else ("loss", "embedding")
+        raise GbmwError(f"--account-for-{given}-in-pipeline-split without --account-for-{missing}-in-pipeline-split: "
+                        "a gbmw plan counts both as pipeline layers or neither; add the other flag or drop this one")
+    if embedding and (first is not None or last is not None):
+        raise GbmwError("--account-for-embedding/loss-in-pipeline-split with --decoder-first/last-pipeline-num-layers: "
+                        "megatron-core refuses the two together; give one")
+    return embedding
+
+
 def megatron_args_to_plan(args: Sequence[str], job: JobSpec, target: str = "megatron-core") -> Plan:
     """The Plan that Megatron arguments (as `plan_to_megatron_args` writes them) run for `job`.
 
@@ -235,13 +252,15 @@ def megatron_args_to_plan(args: Sequence[str], job: JobSpec, target: str = "mega
     else:
         data_axis = "z1dp" if namespace.use_distributed_optimizer else "dp"
         first, last = namespace.decoder_first_pipeline_num_layers, namespace.decoder_last_pipeline_num_layers
-    virtual_stages = 1
+    virtual_stages, accounted = 1, _accounted(namespace, first, last)
     per_chunk = getattr(namespace, "num_layers_per_virtual_pipeline_stage", None)
+    layers = arch.num_layers + 2 * accounted  # the embedding and the loss counted as layers
     if per_chunk is not None:
-        blocks_per_stage = arch.num_layers // pp if pp and arch.num_layers % pp == 0 else None
+        blocks_per_stage = layers // pp if pp and layers % pp == 0 else None
         if per_chunk < 1 or blocks_per_stage is None or blocks_per_stage % per_chunk or first is not None:
             raise GbmwError(f"--num-layers-per-virtual-pipeline-stage {per_chunk}: each of the {pp} stages' "
-                            f"{arch.num_layers}/{pp} blocks must split into chunks of that many (even stages)")
+                            f"{layers}/{pp} layers must split into chunks of that many (even stages"
+                            + (", the embedding and the loss counted as layers)" if accounted else ")"))
         virtual_stages = blocks_per_stage // per_chunk
     sequence_axis = "ulysses" if target == "megatron-deepspeed" else "cp"
     dims = ((("tp", tp),) if tp > 1 else ()) + (((sequence_axis, sequence_degree),) if sequence_degree > 1 else ()) + (
@@ -263,7 +282,12 @@ def megatron_args_to_plan(args: Sequence[str], job: JobSpec, target: str = "mega
                         "gives the experts a TP degree of their own only where EP splits them")
     strategies = tuple((block.with_expert_parallel(expert_parallel, expert_tp) if layer.num_experts else block)
                        if layer.is_block else plain for layer in job.model.layers)
-    partition = tuple(megatron_stage_partition(job.model, megatron_blocks_per_stage(arch.num_layers, pp, first, last)))
+    counts = accounted_blocks_per_stage(arch.num_layers, pp) if accounted else megatron_blocks_per_stage(
+        arch.num_layers, pp, first, last)
+    if counts is None:
+        raise GbmwError(f"--account-for-embedding/loss-in-pipeline-split: --num-layers {arch.num_layers} + 2 must be a "
+                        f"multiple of --pipeline-model-parallel-size {pp} with at least two layers per stage")
+    partition = tuple(megatron_stage_partition(job.model, counts))
     plan = Plan(
         model=job.model.name,
         cluster=job.cluster.name,

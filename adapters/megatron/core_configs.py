@@ -66,7 +66,9 @@ def plan_to_megatron_core_configs(plan: Plan, job: JobSpec) -> tuple[Any, Any]:
     "selective" for +sel blocks, an MLATransformerConfig with the latent widths and qk_layernorm for multi-head latent
     attention, and
     num_layers_in_first/last_pipeline_stage for uneven stages (what Megatron-LM's
-    core_transformer_config_from_args sets from --decoder-first/last-pipeline-num-layers). Their
+    core_transformer_config_from_args sets from --decoder-first/last-pipeline-num-layers),
+    virtual_pipeline_model_parallel_size for interleaving and account_for_embedding/loss_in_pipeline_split on
+    the split that counts them as layers. Their
     __post_init__ validates; the per-stage block counts megatron-core would build
     (get_num_layers_to_build) are then checked against the plan's partition.
     """
@@ -84,6 +86,7 @@ def plan_to_megatron_core_configs(plan: Plan, job: JobSpec) -> tuple[Any, Any]:
         fp16=plan.precision == "fp16",
         use_cpu_initialization=True,
         gradient_accumulation_fusion=False,
+        virtual_pipeline_model_parallel_size=plan.virtual_stages if plan.virtual_stages > 1 else None,
     )
     kv_heads = arch.num_kv_heads if arch.num_kv_heads not in (None, arch.num_heads) else None
     transformer = dict(
@@ -99,6 +102,8 @@ def plan_to_megatron_core_configs(plan: Plan, job: JobSpec) -> tuple[Any, Any]:
         normalization="RMSNorm" if arch.norm == "rms" else "LayerNorm",
         num_layers_in_first_pipeline_stage=layout.first_stage_blocks,
         num_layers_in_last_pipeline_stage=layout.last_stage_blocks,
+        account_for_embedding_in_pipeline_split=layout.accounted,
+        account_for_loss_in_pipeline_split=layout.accounted,
         # precision fp8: Transformer Engine's FP8 linears, E4M3 forward and E5M2 gradients, the plan's scaling
         **(dict(fp8="hybrid", fp8_recipe=MEGATRON_FP8_RECIPE[plan.fp8_recipe]) if plan.precision == "fp8" else {}),
     )
@@ -118,7 +123,8 @@ def plan_to_megatron_core_configs(plan: Plan, job: JobSpec) -> tuple[Any, Any]:
     parallel_config = _construct(ModelParallelConfig, parallel)
     transformer_config = _construct(TransformerConfig if latent is None else MLATransformerConfig, transformer)
     try:
-        built = [get_num_layers_to_build(transformer_config, pp_rank=stage)
+        chunks = range(plan.virtual_stages) if plan.virtual_stages > 1 else [None]
+        built = [sum(get_num_layers_to_build(transformer_config, vp_stage=chunk, pp_rank=stage) for chunk in chunks)
                  for stage in range(layout.pipeline_parallel)]
     except AssertionError as error:
         raise GbmwError(f"megatron-core cannot split the blocks of this plan: {error}") from None

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from gbmw.errors import GbmwError, PlanError
 from gbmw.plan import Plan
-from gbmw.space.stock_partitions import blocks_per_stage, megatron_partition
+from gbmw.space.stock_partitions import blocks_per_stage, interleaved_split, megatron_partition
 from gbmw.space.strategy import DATA_PARALLEL_AXES
 from gbmw.space.targets import ZERO_STAGE_OF_AXIS, get_target
 from gbmw.specs.architectures import GPTArchitecture
@@ -93,6 +93,9 @@ class MegatronLayout:
     blocks_per_stage: tuple[int, ...]
     even: bool
     """The partition is Megatron's even split of Transformer blocks."""
+    accounted: bool = False
+    """An interleaved pipeline on the split that counts the embedding and the loss as layers
+    (`--account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split`; gbmw.space.stock_partitions)."""
 
     @property
     def zero_stage(self) -> int:
@@ -100,12 +103,12 @@ class MegatronLayout:
 
     @property
     def first_stage_blocks(self) -> int | None:
-        """`--decoder-first-pipeline-num-layers` (None for the even split)."""
-        return None if self.even else self.blocks_per_stage[0]
+        """`--decoder-first-pipeline-num-layers` (None for the even and the accounted split)."""
+        return None if self.even or self.accounted else self.blocks_per_stage[0]
 
     @property
     def last_stage_blocks(self) -> int | None:
-        return None if self.even else self.blocks_per_stage[-1]
+        return None if self.even or self.accounted else self.blocks_per_stage[-1]
 
 
 def megatron_layout(plan: Plan, job: JobSpec, target: str) -> MegatronLayout:
@@ -142,6 +145,7 @@ def megatron_layout(plan: Plan, job: JobSpec, target: str) -> MegatronLayout:
         num_micro_batches=plan.num_micro_batches,
         blocks_per_stage=blocks,
         even=even,
+        accounted=plan.virtual_stages > 1 and interleaved_split(blocks, plan.virtual_stages) == "accounted",
     )
 
 

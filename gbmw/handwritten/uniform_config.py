@@ -8,7 +8,8 @@ per-rank micro-batch — as written on the command line:
 
 It becomes a Plan with the same strategy on every layer (TP innermost on consecutive ranks,
 data parallel outside it, pipeline outermost, as Megatron lays out ranks) and Megatron's even
-pipeline split.
+pipeline split, or with split=accounted megatron-core's split counting the embedding and the loss as layers;
+v=N interleaves N model chunks per device.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 
 from gbmw.errors import GbmwError, PlanError
 from gbmw.plan import Plan
-from gbmw.space.stock_partitions import megatron_partition
+from gbmw.space.stock_partitions import accounted_candidates, megatron_partition
 from gbmw.space.strategy import RECOMPUTE_LEVELS, Strategy
 from gbmw.space.targets import AXIS_OF_ZERO_STAGE, get_target
 from gbmw.specs.files import shown
@@ -26,21 +27,21 @@ from gbmw.specs.model_spec import ModelSpec
 from gbmw.specs.schema import MAX_DEVICES, MAX_GLOBAL_BATCH
 
 UNIFORM_KEYS = {
-    "tp": "tensor-parallel degree (power of two)",
-    "pp": "pipeline degree (power of two)",
-    "dp": "data-parallel degree (optional; must equal devices / (tp * pp * cp * ulysses))",
-    "zero": "ZeRO stage 0-3 (3 = sharded data parallel)",
-    "ckpt": "activation recomputation: full, selective (the attention core) or none",
-    "sp": "sequence parallelism with TP: on or off (default off)",
-    "cp": "context-parallel degree: each sample's tokens split over a ring of this many ranks (megatron-core)",
-    "ulysses": "Ulysses sequence-parallel degree: tokens split, heads exchanged by all-to-all (DeepSpeed)",
-    "ep": "expert-parallel degree of a mixture-of-experts model (default 1; divides the data-parallel degree, or "
-          "tp * dp / etp with etp)",
-    "etp": "the experts' TP degree where it differs from tp (megatron-core's --expert-tensor-parallel-size; divides "
-           "tp; needs ep >= 2 and sp=on)",
-    "micro": "micro-batch size per data-parallel rank (Megatron --micro-batch-size)",
-    "batch": "global batch (optional; default the job's global_batch)",
-    "target": "what runs it: runtime (default), deepspeed, megatron-deepspeed or megatron-core",
+    "tp": "TP degree, a power of two",
+    "pp": "pipeline stages, a power of two",
+    "dp": "data-parallel degree: optional, devices / (tp * pp * cp * ulysses)",
+    "zero": "ZeRO stage 0-3, 3 = sharded",
+    "ckpt": "recomputation: full, selective (the attention core) or none",
+    "sp": "sequence parallelism with TP: on or off (default)",
+    "cp": "ring context-parallel degree, megatron-core",
+    "ulysses": "Ulysses sequence-parallel degree, DeepSpeed",
+    "ep": "expert-parallel degree: divides dp, or tp * dp / etp",
+    "etp": "the experts' own TP degree: divides tp, with ep >= 2 and sp=on; megatron-core",
+    "v": "interleaved 1F1B's model chunks per device, megatron-core",
+    "split": "even (default) or accounted: the embedding and the loss counted as layers, megatron-core",
+    "micro": "micro-batch size per data-parallel rank",
+    "batch": "global batch; default the job's",
+    "target": "runtime (default), deepspeed, megatron-deepspeed or megatron-core",
 }
 
 
@@ -57,6 +58,10 @@ class UniformConfig:
     ep: int = 1
     etp: int | None = None
     """The experts' TP degree (None: tp)."""
+    v: int = 1
+    """Model chunks per pipeline device (interleaved 1F1B; 1: plain 1F1B)."""
+    split: str = "even"
+    """`even` (Megatron's equal blocks per stage) or `accounted` (gbmw.space.stock_partitions.accounted_blocks_per_stage)."""
     micro: int = 1
     batch: int | None = None
     target: str = "runtime"
@@ -91,6 +96,12 @@ class UniformConfig:
                         f"--uniform ckpt={shown(value)}: write full (every Transformer block recomputed), selective "
                         "(their attention cores) or none"
                     )
+                values[key] = value
+                continue
+            if key == "split":
+                if value not in ("even", "accounted"):
+                    raise PlanError(f"--uniform split={shown(value)}: write even (equal Transformer blocks per stage) or "
+                                    "accounted (the embedding and the loss counted as layers, megatron-core)")
                 values[key] = value
                 continue
             if key == "sp":
@@ -148,7 +159,8 @@ class UniformConfig:
             micro_batch=micro_batch,
             num_micro_batches=global_batch // micro_batch,
             pp=self.pp,
-            partition=tuple(megatron_partition(job.model, self.pp)),
+            partition=self._partition(job.model),
+            virtual_stages=self.v,
             strategies=strategies,
             target=self.target,
             provenance={"made_by": "uniform", "config": self.describe()},
@@ -156,6 +168,18 @@ class UniformConfig:
         plan.check_against(job.model, devices)
         get_target(self.target).check(plan, job.model)
         return plan
+
+    def _partition(self, model: ModelSpec) -> tuple[int, ...]:
+        """Megatron's even split, or the split counting the embedding and the loss as layers."""
+        if self.split == "even":
+            return tuple(megatron_partition(model, self.pp))
+        candidates = accounted_candidates(model, self.pp)
+        if not candidates:
+            blocks = int(model.is_block.sum())
+            raise PlanError(f"--uniform split=accounted with pp={self.pp}: {model.name}'s {blocks} Transformer blocks + 2 "
+                            f"(the embedding and the loss) are not a multiple of pp with two or more per stage; "
+                            "use split=even or another pp")
+        return candidates[0]
 
     def layer_strategies(self, model: ModelSpec, dp: int) -> tuple[Strategy, ...]:
         """One strategy per layer of `model`: TP innermost, then `dp`-way data parallelism at the config's ZeRO
@@ -195,5 +219,7 @@ class UniformConfig:
         return (f"tp={self.tp},pp={self.pp},zero={self.zero},ckpt={self.ckpt}{',sp=on' if self.sp else ''}"
                 f"{f',cp={self.cp}' if self.cp > 1 else ''}{f',ulysses={self.ulysses}' if self.ulysses > 1 else ''}"
                 f"{f',ep={self.ep}' if self.ep > 1 else ''}"
-                f"{f',etp={self.etp}' if self.etp not in (None, self.tp) else ''},micro={self.micro}") + (
+                f"{f',etp={self.etp}' if self.etp not in (None, self.tp) else ''}"
+                f"{f',v={self.v}' if self.v > 1 else ''}{',split=accounted' if self.split == 'accounted' else ''}"
+                f",micro={self.micro}") + (
             f",batch={self.batch}" if self.batch else "") + (f",target={self.target}" if self.target != "runtime" else "")

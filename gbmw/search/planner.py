@@ -47,8 +47,7 @@ from gbmw.cost.pipeline_schedules import pipeline_time_s
 from gbmw.cost.stage_cost import StageCosts, StrategyTables, stage_estimate
 from gbmw.errors import GbmwError
 from gbmw.plan import Plan
-from gbmw.search.balance import (StageOutcome, bi_objective_adjustment, memory_balanced_partition,
-                                 time_balanced_partition)
+from gbmw.search.balance import StageOutcome, bi_objective_adjustment, memory_balanced_partition, time_balanced_partition
 from gbmw.search.bounds.setting_bounds import cannot_fit, throughput_upper_bound
 from gbmw.search.bounds.stage_knapsack_bound import memory_aware_throughput_bound
 from gbmw.search.exact.whole_plan_search import WholePlanSearch
@@ -59,7 +58,7 @@ from gbmw.search.stage_dp.step_reserve_search import StepReserveSearch
 from gbmw.search.units import (Candidate, SearchStats, Setting, interleaved_only_counts, micro_batch_counts,
                                micro_batch_sizes, tp_allowed, used_somewhere, virtual_stage_choices)
 from gbmw.space.spaces import DEFAULT_VARIANT, SearchSpace, search_space
-from gbmw.space.stock_partitions import PARTITION_RULES
+from gbmw.space.stock_partitions import PARTITION_RULES, blocks_per_stage, interleaved_split
 from gbmw.space.strategy import Strategy
 from gbmw.space.targets import get_target
 from gbmw.specs.jobs import JobSpec
@@ -255,7 +254,7 @@ class Planner:
             return candidates
         time_balanced = tuple(time_balanced_partition(np.where(allowed, tables.time_no_grad_sync_s, np.inf).min(axis=0), pp))
         for method in self.spec.partitioning:
-            if chunks > 1 and method != "even":  # Megatron interleaves an even split only
+            if chunks > 1 and method not in ("even", "accounted"):  # megatron-core interleaves equal chunks only
                 continue
             if method == "time":
                 search(time_balanced)
@@ -268,7 +267,8 @@ class Planner:
                 bi_objective_adjustment(search, memory_balanced, limit, self.budget)
             else:  # a stock framework's closed-form partitions
                 for partition in PARTITION_RULES[method](model, pp):
-                    search(partition)
+                    if chunks == 1 or interleaved_split(blocks_per_stage(model, partition), chunks):
+                        search(partition)
         return candidates
 
     # ------------------------------------------------------------------ the search

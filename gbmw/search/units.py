@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from gbmw.cost.stage_cost import StrategyTables
+from gbmw.space.stock_partitions import accounted_blocks_per_stage
 from gbmw.space.strategy import Strategy
 
 
@@ -119,8 +120,11 @@ def interleaved_only_counts(micro_batch: int, pp: int, fixed_batch: int | None, 
 def virtual_stage_choices(interleaves: bool, blocks: int, pp: int, count: int) -> list[int]:
     """Model chunks per device to try: 1, and where the pipeline `interleaves` (a target running Megatron's virtual
     pipeline stages with 1F1B, pp ≥ 2, a micro-batch count that is a multiple of pp, as gbmw.space.targets accepts) every
-    v > 1 that splits the even share of the `blocks` Transformer blocks per stage into equal chunks."""
+    v > 1 that splits the even share of the `blocks` Transformer blocks per stage into equal chunks, or the share of
+    megatron-core's split counting the embedding and the loss as layers (gbmw.space.stock_partitions)."""
     if not interleaves or pp < 2 or count % pp:
         return [1]
-    per_stage = blocks // pp if blocks % pp == 0 else 0
-    return [1] + [v for v in range(2, per_stage + 1) if per_stage % v == 0]
+    shares = {blocks // pp} if blocks % pp == 0 else set()
+    if accounted_blocks_per_stage(blocks, pp) is not None:  # the embedding and the loss counted as layers
+        shares.add((blocks + 2) // pp)
+    return [1] + [v for v in range(2, max(shares, default=0) + 1) if any(share % v == 0 for share in shares)]

@@ -5,8 +5,10 @@ for the targets (gbmw.space.targets) and the emitters name (a PipelineModule's `
 DeepSpeed's PipelineModule: `uniform` (equal layer counts, the remainder on the first stages) and
 `parameters` / `type:REGEX` (the contiguous split whose stage weights differ least). Megatron: an equal
 number of Transformer blocks per stage, or (megatron-core) other block counts on the first and last stages
-with the middle stages equal; embeddings sit on the stage of the block that follows them, heads on the
-stage of the block before them. tests/test_deepspeed_adapter.py checks the DeepSpeed rules against
+with the middle stages equal, or (megatron-core, `--account-for-embedding-in-pipeline-split
+--account-for-loss-in-pipeline-split`) an equal split of the blocks plus two layers standing for the embedding
+and the loss; embeddings sit on the stage of the block that follows them, heads on the stage of the block
+before them. tests/test_deepspeed_adapter.py checks the DeepSpeed rules against
 DeepSpeed's own functions.
 """
 
@@ -131,6 +133,37 @@ def is_first_last_split(model: ModelSpec, partition: Sequence[int]) -> bool:
             and megatron_stage_partition(model, counts) == list(partition))
 
 
+def accounted_blocks_per_stage(num_blocks: int, pp: int) -> list[int] | None:
+    """Transformer blocks per stage under megatron-core's `--account-for-embedding-in-pipeline-split
+    --account-for-loss-in-pipeline-split` (`get_num_layers_to_build`, transformer_block.py): the blocks plus one
+    layer for the embedding and one for the loss split equally, the first stage building one block fewer (its
+    first chunk holds the embedding) and the last one fewer (its last chunk holds the loss). None where
+    num_blocks + 2 is not a multiple of pp or a stage would build no block."""
+    if pp < 2 or (num_blocks + 2) % pp or (num_blocks + 2) // pp < 2:
+        return None
+    share = (num_blocks + 2) // pp
+    return [share - 1] + [share] * (pp - 2) + [share - 1]
+
+
+def interleaved_split(blocks: Sequence[int], virtual_stages: int) -> str | None:
+    """How stages holding `blocks` Transformer blocks build `virtual_stages` equal chunks each, as megatron-core's
+    interleaved pipeline does: `even` (the same multiple of v blocks on every stage), `accounted` (the split of
+    `accounted_blocks_per_stage` with (blocks + 2) / pp a multiple of v), or None where they cannot."""
+    blocks = list(blocks)
+    if len(set(blocks)) == 1 and blocks[0] % virtual_stages == 0:
+        return "even"
+    if blocks == accounted_blocks_per_stage(sum(blocks), len(blocks)) and (blocks[0] + 1) % virtual_stages == 0:
+        return "accounted"
+    return None
+
+
+def accounted_candidates(model: ModelSpec, pp: int) -> list[tuple[int, ...]]:
+    """megatron-core's split with the embedding and the loss each counted as a layer (`accounted_blocks_per_stage`),
+    or none where it does not divide."""
+    counts = accounted_blocks_per_stage(sum(layer.is_block for layer in model.layers), pp)
+    return [] if counts is None else [tuple(megatron_stage_partition(model, counts))]
+
+
 def first_last_candidates(model: ModelSpec, pp: int, spread: int = 4) -> list[tuple[int, ...]]:
     """The uneven pipelines the planner tries for megatron-core: the first and last stages take up to `spread`
     blocks more or fewer than an even share, the middle stages an equal share of the rest (embeddings and
@@ -164,6 +197,7 @@ PARTITION_RULES: dict[str, Callable[[ModelSpec, int], list[tuple[int, ...]]]] = 
     "parameters": lambda model, pp: [tuple(least_spread_partition(model.arrays.parameter_count, pp))],
     "even": _even_or_none,
     "first-last": first_last_candidates,
+    "accounted": accounted_candidates,
 }
 """Closed-form partition rules by name → (model, pp) → the partitions the planner tries (none if the rule
 cannot split this model over pp stages)."""
@@ -172,4 +206,5 @@ RULE_DESCRIPTIONS = {
     "parameters": "DeepSpeed's `parameters` split",
     "even": "Megatron's even split of Transformer blocks",
     "first-last": "megatron-core's uneven first/last stages with equal middles",
+    "accounted": "megatron-core's split counting the embedding and the loss as layers",
 }

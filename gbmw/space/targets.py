@@ -33,7 +33,8 @@ import numpy as np
 
 from gbmw.errors import GbmwError, PlanError
 from gbmw.space.sequence_split import sequence_split_problem
-from gbmw.space.stock_partitions import PARTITION_RULES, RULE_DESCRIPTIONS, is_first_last_split
+from gbmw.space.stock_partitions import (PARTITION_RULES, RULE_DESCRIPTIONS, accounted_blocks_per_stage,
+                                         is_first_last_split, interleaved_split)
 from gbmw.space.strategy import DATA_PARALLEL_AXES, Strategy
 from gbmw.space.technique_support import technique_problems
 from gbmw.specs.files import shown
@@ -297,9 +298,12 @@ class Target:
                             f"a multiple of pp={plan.pp}")
         ends = np.cumsum(plan.partition).tolist()
         blocks = [int(model.is_block[end - count:end].sum()) for count, end in zip(plan.partition, ends)]
-        if any(count % v for count in blocks):
-            problems.append(f"virtual_stages {v}: the stages hold {blocks} Transformer blocks; each must be a "
-                            f"multiple of {v} (equal chunks)")
+        if not interleaved_split(blocks, v):  # megatron-core's v equal chunks per stage
+            accounted = accounted_blocks_per_stage(sum(blocks), plan.pp)
+            problems.append(f"virtual_stages {v}: the stages hold {blocks} Transformer blocks; interleaving builds {v} "
+                            f"equal chunks per stage: an even split with a multiple of {v} blocks per stage, or the "
+                            f"split counting the embedding and the loss as layers ({accounted or 'none for this model'}) "
+                            f"with (blocks + 2) / pp a multiple of {v}")
         return problems
 
     def precision_refusal(self, precision: str) -> str | None:
@@ -359,7 +363,7 @@ TARGETS: dict[str, Target] = {
     ),
     "megatron-core": Target(
         "megatron-core", "Megatron-Core", "megatron", ("tp", "cp", "dp", "z1dp"),
-        partition_methods=(("even", "even"), ("first-last", "first-last")),
+        partition_methods=(("even", "even"), ("first-last", "first-last"), ("accounted", "accounted")),
         pipeline_scatter_gather=True, interleaved_pipeline=True, sequence_parallel=True, selective_recompute="any",
         expert_parallel=True, expert_parallel_needs_sequence_parallel=True, expert_parallel_axes=("dp", "z1dp"),
         expert_tensor_parallel=True,
