@@ -129,6 +129,29 @@ def test_exact_search_finds_the_interleaved_pipeline_at_m_equal_to_pp():
     assert interleaved_at_pp > 0
 
 
+def test_exact_search_interleaves_the_accounted_split():
+    """A GPT of 6 blocks on 8 devices: on 4 stages no even split exists, but 6 blocks + the embedding + the loss = 8
+    layers make megatron-core's accounted split [1, 2, 2, 1] blocks, in v = 2 chunks of one layer. On every boundary
+    budget the exact mode gives the brute force's answer, and somewhere the brute force's best plan is that
+    interleaved pipeline (the planner must offer it)."""
+    from gbmw.space.stock_partitions import blocks_per_stage
+
+    model = _tiny_gpt(layers=8, heads=3, hidden=768, sequence=128, vocab=8192)
+    job = make_job(model, make_cluster(nodes=1, devices_per_node=8), precision="bf16")
+    job = job.model_copy(update={"global_batch": None, "max_global_batch": 16})
+    oracle = UniformPlanOracle(job, "megatron-core")
+    tiny = TinyJob(job, "gpt, 6 blocks, 8 devices, sweep ≤ 16")
+    accounted = 0
+    for peak in oracle.peaks():
+        for budget in (math.ceil(peak), math.ceil(peak) - 1):
+            verdict = check_uniform_planner(UniformCase(tiny, "megatron-core", budget, "boundary", oracle), exact=True)
+            assert verdict.kind == AGREE, f"{verdict.kind}: budget {budget} B"
+            best = verdict.oracle.plan if verdict.oracle is not None else None
+            accounted += best is not None and best.virtual_stages > 1 and blocks_per_stage(
+                job.model, best.partition) == [1, 2, 2, 1]
+    assert accounted > 0
+
+
 @pytest.mark.parametrize("space_name, seed", list(itertools.product(UNIFORM_SPACES, range(2))))
 def test_exact_search_on_every_boundary_budget_in_uniform_spaces(space_name, seed):
     """On every budget where the brute-force answer changes — each frontier plan's exact peak, and one byte under
