@@ -73,6 +73,7 @@ FOUND = [  # what the property (and a longer run of it) found, kept as cases: ea
     ("Qwen2-57B-A14B", "num_hidden_layers", 2**63),  # listed 2**63 blocks before any check: a hang
     ("Qwen3-30B-A3B", "num_hidden_layers", 2**31),
     ("DeepSeek-V3", "num_hidden_layers", 2**70),
+    ("Qwen3-14B", "head_dim", 18725),  # pydantic's ValidationError: the fused QKV projection 56 × 18725 > 2^20 wide
 ]
 
 
