@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/search_scale.py                 # every case (10-30 minutes on one core)
     .venv/bin/python benchmarks/search_scale.py --devices 1024  # the target case alone
+    .venv/bin/python benchmarks/search_scale.py --base /tmp/base   # each case beside another checkout's gbmw
 
 GPT-3 175B (Brown et al. 2020, Table 2.1: 96 layers, hidden 12288, 96 heads, 2048 tokens, the GPT-2 vocabulary) at
 its published batch of 1536 sequences, bf16 Adam, on A100-80GB nodes of 8 (the bundled a100-80g-x32 cluster's
@@ -74,11 +75,13 @@ def run_one(devices: int, layers: int) -> dict:
             "samples_per_s": None if plan is None else plan.estimate.samples_per_s}
 
 
-def run_child(devices: int, layers: int, limit_s: float) -> dict | None:
-    """`run_one` in a fresh process (its own peak memory), stopped after `limit_s` (None then)."""
+def run_child(devices: int, layers: int, limit_s: float, checkout: str | None = None) -> dict | None:
+    """`run_one` in a fresh process (its own peak memory), with the gbmw of `checkout` if given (first on its
+    PYTHONPATH), stopped after `limit_s` (None then)."""
     command = [sys.executable, __file__, "--one", str(devices), str(layers)]
+    env = dict(os.environ, PYTHONPATH=os.path.abspath(checkout)) if checkout else None
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=limit_s, check=True)
+        done = subprocess.run(command, capture_output=True, text=True, timeout=limit_s, check=True, env=env)
     except subprocess.TimeoutExpired:
         return None
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -91,28 +94,33 @@ def main() -> int:
     parser.add_argument("--layers", type=int, nargs="*", default=list(LAYER_COUNTS),
                         help=f"other layer counts at {TARGET_DEVICES} devices")
     parser.add_argument("--limit-s", type=float, default=600.0, help="stop a case after this many seconds")
+    parser.add_argument("--base", help="also run every case with the gbmw of this checkout (e.g. `git worktree add "
+                                           "/tmp/base main`), case by case beside this one")
     parser.add_argument("--one", type=int, nargs=2, metavar=("DEVICES", "LAYERS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
         print(json.dumps(run_one(*args.one)))
         return 0
     console = Console(highlight=False, width=140)
-    run_child(8, 4, args.limit_s)  # numba's cache loaded or compiled once, not counted below
+    for checkout in (None, args.base) if args.base else (None,):
+        run_child(8, 4, args.limit_s, checkout)  # numba's cache loaded or compiled once, not counted below
     cases = [(devices, TARGET_LAYERS) for devices in args.devices]
     cases += [(TARGET_DEVICES, layers) for layers in args.layers if args.devices == list(DEVICE_COUNTS)]
     table = Table(title=f"GPT-3 175B widths, batch {GLOBAL_BATCH}: the default (exact) search on one core")
-    for column in ("devices", "layers", "settings", "search s", "peak MiB", "samples/s", "plan"):
-        table.add_column(column, justify="left" if column == "plan" else "right")
+    for column in ("devices", "layers", "gbmw", "settings", "search s", "peak MiB", "samples/s", "plan"):
+        table.add_column(column, justify="left" if column in ("gbmw", "plan") else "right")
     results = {}
     for devices, layers in cases:
-        result = run_child(devices, layers, args.limit_s)
-        results[devices, layers] = result
-        if result is None:
-            table.add_row(str(devices), str(layers), "", f"> {args.limit_s:.0f}", "", "", "stopped")
-            continue
-        table.add_row(str(devices), str(layers), str(result["settings"]), f"{result['seconds']:.2f}",
-                      f"{result['peak_mib']:.0f}",
-                      "OOM" if result["plan"] is None else f"{result['samples_per_s']:.2f}", result["plan"] or "")
+        for label, checkout in [("this checkout", None)] + ([(f"base {args.base}", args.base)] if args.base else []):
+            result = run_child(devices, layers, args.limit_s, checkout)
+            if checkout is None:
+                results[devices, layers] = result
+            if result is None:
+                table.add_row(str(devices), str(layers), label, "", f"> {args.limit_s:.0f}", "", "", "stopped")
+                continue
+            table.add_row(str(devices), str(layers), label, str(result["settings"]), f"{result['seconds']:.2f}",
+                          f"{result['peak_mib']:.0f}",
+                          "OOM" if result["plan"] is None else f"{result['samples_per_s']:.2f}", result["plan"] or "")
     console.print(table)
     target = results.get((TARGET_DEVICES, TARGET_LAYERS))
     if target is not None:

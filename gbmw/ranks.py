@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
+import numpy as np
+
 from gbmw.errors import PlanError
 from gbmw.plan import Plan
 from gbmw.space.strategy import DATA_PARALLEL_AXES, SEQUENCE_AXES, Strategy
@@ -102,8 +104,11 @@ def transition_fraction(previous: Strategy, current: Strategy) -> float:
 
 @lru_cache(maxsize=None)
 def _transition_fraction_of_dims(previous_dims: tuple, current_dims: tuple) -> float:
+    if not any(axis in SEQUENCE_AXES for axis, _ in previous_dims + current_dims):
+        return _whole_sample_transition_fraction(previous_dims, current_dims)
     worst = 0.0
-    for held, needed in zip(data_layout(Strategy(previous_dims)), data_layout(Strategy(current_dims))):
+    # ranks with the same (held, needed) entries (TP peers, say) receive the same: each distinct pair once
+    for held, needed in set(zip(data_layout(Strategy(previous_dims)), data_layout(Strategy(current_dims)))):
         # a rank holds (samples × token pieces); what it lacks of the needed ones comes from the others
         tokens_in_common = sum(_overlap(*held_piece, *needed_piece)
                                for held_piece in held[2] for needed_piece in needed[2])
@@ -112,6 +117,23 @@ def _transition_fraction_of_dims(previous_dims: tuple, current_dims: tuple) -> f
         backward = _held_fraction(held) - overlap
         worst = max(worst, forward + backward)
     return worst
+
+
+def _whole_sample_transition_fraction(previous_dims: tuple, current_dims: tuple) -> float:
+    """`_transition_fraction_of_dims` where every rank holds whole samples (no sequence axis), over all ranks at once:
+    the same float operations, rank by rank, as the general loop (one token piece (0, 1), whose overlap is 1.0)."""
+    held_index, held_count = _batch_shards(previous_dims)
+    needed_index, needed_count = _batch_shards(current_dims)
+    overlap = np.maximum(0.0, np.minimum((held_index + 1) / held_count, (needed_index + 1) / needed_count)
+                         - np.maximum(held_index / held_count, needed_index / needed_count))
+    return float(max(0.0, ((1 / needed_count - overlap) + (1 / held_count - overlap)).max()))
+
+
+@lru_cache(maxsize=None)
+def _batch_shards(dims: tuple[tuple[str, int], ...]) -> tuple[np.ndarray, int]:
+    """`batch_shard` of every local rank, as (indices, count): the count is the same for every rank."""
+    layout = _data_layout_of_dims(dims)
+    return np.array([index for index, _, _ in layout], dtype=np.int64), layout[0][1]
 
 
 def _held_fraction(shard: tuple[int, int, tuple[tuple[int, int], ...]]) -> float:

@@ -105,3 +105,17 @@ def test_a_sequence_split_strategy_is_offered_only_where_its_gradient_view_is_no
         for strategy in split:
             undominated = micro_batch % strategy.data_parallel == 0 and micro_batch % strategy.gradient_view.data_parallel
             assert (strategy in offered) == bool(undominated)
+
+
+@pytest.mark.parametrize("group", [1, 2, 8, 64, 256])
+def test_single_data_parallel_axis_trees_are_the_filtered_ones(group):
+    """Building only the trees with at most one data-parallel axis gives the same strategies, in the same order, as
+    building them all and filtering (the gbmw variants' filter), recomputation, +sp and +ep variants included."""
+    from gbmw.space.strategy import DATA_PARALLEL_AXES, enumerate_strategies
+
+    options = dict(axes=("dp", "z1dp", "z2dp", "sdp", "tp"), prune_dp_with_sdp=False, sequence_parallel=True,
+                   expert_parallel=True)
+    every = enumerate_strategies(group, **options)
+    kept = [s for s in every if sum(axis in DATA_PARALLEL_AXES for axis, _ in s.dims) <= 1]
+    assert enumerate_strategies(group, single_data_parallel_axis=True, **options) == kept
+    assert len(kept) < len(every) or group <= 2

@@ -53,7 +53,7 @@ from gbmw.search.bounds.stage_knapsack_bound import memory_aware_throughput_boun
 from gbmw.search.exact.whole_plan_search import WholePlanSearch
 from gbmw.search.layer_cost_cache import cached_strategy_tables, cost_key
 from gbmw.search.nothing_fits import NothingFitsError, nothing_fits_message
-from gbmw.search.stage_dp.grid_frontier import default_granularity_bytes
+from gbmw.search.stage_dp.grid_frontier import INCUMBENT_GRID_CELLS, default_granularity_bytes
 from gbmw.search.stage_dp.step_reserve_search import StepReserveSearch
 from gbmw.search.units import (Candidate, SearchStats, Setting, interleaved_only_counts, micro_batch_counts,
                                micro_batch_sizes, tp_allowed, used_somewhere, virtual_stage_choices)
@@ -196,17 +196,16 @@ class Planner:
         return candidates
 
     def _search_group(self, setting: Setting, allowed: np.ndarray) -> list[Candidate]:
-        model, pp, m = self.job.model, setting.pp, setting.num_micro_batches
-        tables, chunks = setting.tables, setting.virtual_stages
-        costs = self._costs(tables, pp, m, chunks)
-        fixed = allowed.sum(axis=0) == 1
-        stage_search = None
+        model, pp, m, tables, chunks = self.job.model, setting.pp, setting.num_micro_batches, setting.tables, setting.virtual_stages
+        costs, fixed, stage_search = self._costs(tables, pp, m, chunks), allowed.sum(axis=0) == 1, None
         if fixed.all():  # every layer has one choice: no DP, just check the memory
             fixed_choice = allowed.argmax(axis=0)
         else:
-            # with whole plans to search exactly, this pass only finds the incumbent: the grid is enough
-            pareto = self.exact and not self.searches_whole_plans
-            stage_search = StepReserveSearch(costs, self.budget, self.granularity_bytes, allowed, pareto)
+            # with whole plans to search exactly, this pass only finds the incumbent: a coarser grid is enough
+            incumbent_only = self.exact and self.searches_whole_plans
+            granularity = self.granularity_bytes or (
+                default_granularity_bytes(self.budget, INCUMBENT_GRID_CELLS) if incumbent_only else None)
+            stage_search = StepReserveSearch(costs, self.budget, granularity, allowed, self.exact and not incumbent_only)
         candidates: list[Candidate] = []
         searched: dict[tuple[int, ...], StageOutcome] = {}
         stage_cache: dict[tuple, object] = {}

@@ -296,25 +296,27 @@ def _ordered_factorisations(group_size: int, parts: int) -> tuple[tuple[int, ...
 def enumerate_strategies(
     group_size: int, axes: tuple[str, ...] = SEARCH_AXES, prune_dp_with_sdp: bool = True, ckpt: bool = True,
     selective: bool = False, sequence_parallel: bool = False, expert_parallel: bool = False,
-    expert_tensor_parallel: bool = False,
+    expert_tensor_parallel: bool = False, single_data_parallel_axis: bool = False,
 ) -> list[Strategy]:
     """The decision trees over one stage's `group_size` devices (see `_enumerated_strategies`), a new list each call
     of the same (frozen) Strategy objects: searches of one process share them and what they cache."""
     return list(_enumerated_strategies(group_size, tuple(axes), prune_dp_with_sdp, ckpt, selective, sequence_parallel,
-                                       expert_parallel, expert_tensor_parallel))
+                                       expert_parallel, expert_tensor_parallel, single_data_parallel_axis))
 
 
 @cache
 def _enumerated_strategies(
     group_size: int, axes: tuple[str, ...], prune_dp_with_sdp: bool, ckpt: bool, selective: bool,
     sequence_parallel: bool, expert_parallel: bool, expert_tensor_parallel: bool = False,
+    single_data_parallel_axis: bool = False,
 ) -> tuple[Strategy, ...]:
     """The decision trees over one stage's `group_size` devices (Sec. 3.2 construction rules).
 
     Each tree uses each axis at most once, innermost first, degrees from {2, 4, 8, …}; each tree
     appears without and (if `ckpt`) with activation checkpointing, and (if `selective`) with selective
     recomputation; with `sequence_parallel`, every tree with TP appears again with +sp at each level.
-    Takeaway #3 drops trees that hold both dp and sdp unless `prune_dp_with_sdp` is False. With
+    Takeaway #3 drops trees that hold both dp and sdp unless `prune_dp_with_sdp` is False;
+    `single_data_parallel_axis` drops every tree with more than one data-parallel axis (dp, z1dp, z2dp, sdp). With
     `expert_parallel` (a mixture-of-experts model), every strategy with one data-parallel axis of degree d appears
     again with +epN for each power of two N from 2 to d; with `expert_tensor_parallel` too, every +sp strategy whose
     layout megatron-core's expert ranks follow (TP innermost, at most one data-parallel axis) appears again with
@@ -330,6 +332,8 @@ def _enumerated_strategies(
     for count in range(1, len(axes) + 1):
         for chosen in itertools.permutations(axes, count):
             if prune_dp_with_sdp and "dp" in chosen and "sdp" in chosen:
+                continue
+            if single_data_parallel_axis and sum(axis in DATA_PARALLEL_AXES for axis in chosen) > 1:
                 continue
             if not _sequence_axis_placed(chosen):
                 continue
