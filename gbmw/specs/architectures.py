@@ -17,6 +17,7 @@ from pydantic import Field, TypeAdapter, ValidationError, model_validator
 from gbmw.errors import SpecError
 from gbmw.specs.files import shown
 from gbmw.specs.latent_attention_spec import MultiLatentAttention
+from gbmw.specs.projection_widths import check_fused_projection_widths
 from gbmw.specs.schema import MAX_LAYERS, MAX_SEQUENCE, MAX_WIDTH, Frozen, Items, check_kind, describe_validation_error
 
 
@@ -203,7 +204,7 @@ class GPTArchitecture(_Architecture):
         if self.num_kv_heads is not None and self.num_heads % self.num_kv_heads:
             raise ValueError(f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}: "
                              "grouped-query attention shares each key/value head among equal groups")
-        self._check_projection_widths()
+        check_fused_projection_widths(self)
         if self.moe is not None and any(index >= self.num_layers for index in self.moe.dense_blocks):
             raise ValueError(f"moe.dense_blocks {list(self.moe.dense_blocks)} names a block past the last of "
                              f"{self.num_layers} (blocks count from 0)")
@@ -231,25 +232,6 @@ class GPTArchitecture(_Architecture):
             if bad:
                 raise ValueError(f"{field} {getattr(self, field)!r} {why}")
         return self
-
-    def _check_projection_widths(self) -> None:
-        """The widest projections a block fuses (Q, K and V in one matmul; a gated MLP's gate and up projections) stay
-        within MAX_WIDTH output features, as each of the widths they are built from does."""
-        up = 2 if self.gated_mlp else 1
-        head_dim = self.head_dim or self.hidden_size // self.num_heads
-        kv_heads = self.num_kv_heads or self.num_heads
-        widths = [("ffn_hidden_size", self.ffn_hidden_size or 4 * self.hidden_size, up)]
-        if self.latent_attention is None:
-            widths.append(("head_dim", head_dim, self.num_heads + 2 * kv_heads))
-        if self.moe is not None:
-            widths += [("moe.expert_ffn_hidden_size", self.moe.expert_ffn_hidden_size, up),
-                       ("moe.shared_expert_ffn_hidden_size", self.moe.shared_ffn_hidden_size,
-                        up * self.moe.shared_experts)]
-        for field, width, copies in widths:
-            if width * copies > MAX_WIDTH:
-                raise ValueError(f"{field} {width}: the block's fused projection would be {copies} × {width} = "
-                                 f"{width * copies} wide, over gbmw's limit of {MAX_WIDTH}; give at most "
-                                 f"{MAX_WIDTH // copies}")
 
     def _check_latent_attention(self) -> None:
         """What multi-head latent attention leaves no room for, one value at a time."""
