@@ -167,14 +167,13 @@ def check(arguments, job: gbmw.JobSpec, plan: gbmw.Plan, extra: tuple[str, ...] 
         return "argparse: " + printed.getvalue().strip().splitlines()[-1]
     except (AssertionError, RuntimeError, ValueError, TypeError) as error:
         return f"validate_args: {type(error).__name__}: {error}"
-    strategy = plan.strategies[1]
+    strategy, accounted = plan.strategies[1], megatron_layout(plan, job, "megatron-core").accounted
     expected = dict(tensor_model_parallel_size=strategy.tp, pipeline_model_parallel_size=plan.pp,
                     data_parallel_size=strategy.data_parallel, sequence_parallel=strategy.sp,
                     recompute_granularity=None if strategy.recompute == "none" else strategy.recompute,
                     use_distributed_optimizer=strategy.degree("z1dp") > 1,
                     virtual_pipeline_model_parallel_size=plan.virtual_stages if plan.virtual_stages > 1 else None,
-                    account_for_embedding_in_pipeline_split=megatron_layout(plan, job, "megatron-core").accounted,
-                    account_for_loss_in_pipeline_split=megatron_layout(plan, job, "megatron-core").accounted,
+                    account_for_embedding_in_pipeline_split=accounted, account_for_loss_in_pipeline_split=accounted,
                     context_parallel_size=strategy.degree("cp"), bf16=plan.precision in ("bf16", "fp8"),
                     fp8="hybrid" if plan.precision == "fp8" else None)
     if job.model.is_mixture_of_experts:

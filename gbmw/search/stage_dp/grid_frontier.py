@@ -34,7 +34,7 @@ MAX_GRID_CELLS = 2**18
 INCUMBENT_GRID_CELLS = 1024
 """The grid of the pass that only finds the exact search's incumbent (a feasible plan whose speed prunes): a quarter
 of GRID_CELLS. Any feasible incumbent keeps the exact search exact; a coarser grid finds it sooner (GPT-3 175B on
-1024 devices: 10.6 s → 8.1 s, the same plan; benchmarks/search_scale.py)."""
+1024 devices: benchmarks/search_scale.py)."""
 
 
 def default_granularity_bytes(budget_bytes: float, cells: int = GRID_CELLS) -> int:
