@@ -58,6 +58,7 @@ from gbmw.errors import PlanError
 from gbmw.space.strategy import Strategy
 
 from .gated_mlp import swiglu
+from .grouped_experts import grouped_expert_mlps
 from .tensor_parallel import TensorParallel
 
 _EXPERT_KEY = re.compile(r"^moe\.experts\.(\d+)\.(.+)$")
@@ -130,9 +131,14 @@ class LocalExperts(nn.ModuleDict):
     """The routed experts this rank holds, by their global index (`"<e>"`), run in one call: its forward is what
     FSDP2 hooks when it shards them over the expert-data-parallel group (gbmw.adapters.runtime.expert_data_parallel)."""
 
-    def forward(self, parts: list[torch.Tensor]) -> torch.Tensor:
-        """parts[i]: the copies for the i-th local expert → their outputs, concatenated in the same order."""
-        return torch.cat([expert(part) for expert, part in zip(self.values(), parts)])
+    def forward(self, rows: torch.Tensor, counts: list[int]) -> torch.Tensor:
+        """Expert-major rows, counts[i] of them for the i-th local expert → their outputs in the same order: as grouped
+        products where they run (gbmw.adapters.runtime.grouped_experts), else expert by expert."""
+        experts = list(self.values())
+        grouped = grouped_expert_mlps(experts, rows, counts)
+        if grouped is not None:
+            return grouped
+        return torch.cat([expert(part) for expert, part in zip(experts, rows.split(counts))])
 
 
 class MixtureOfExpertsMLP(nn.Module):
@@ -192,11 +198,11 @@ class MixtureOfExpertsMLP(nn.Module):
         # (EP) or become the experts' input (EP 1), and the received copies are regrouped; only what backward saves
         # stays (the forward peak at the experts' SwiGLU: gbmw.cost.framework_memory.gated_activation_peak_bytes)
         del tokens, copies
-        regroup, parts = self._grouped_by_expert(
+        regroup, rows, per_expert = self._grouped_by_expert(
             received, received_counts, count * top_k // self.num_experts if balanced else None)
         del received
-        outputs = self.experts(parts)
-        del parts
+        outputs = self.experts(rows, per_expert)
+        del rows
         if regroup is not None:
             outputs = outputs[torch.argsort(regroup)]
         if splits is not None:
@@ -223,20 +229,20 @@ class MixtureOfExpertsMLP(nn.Module):
         return _AllToAll.apply(copies, splits[0], splits[1], self.ep.group), received_counts, splits
 
     def _grouped_by_expert(self, received: torch.Tensor, counts: torch.Tensor, balanced_count: int | None = None
-                           ) -> tuple[torch.Tensor | None, list[torch.Tensor]]:
-        """(the row of `received` each expert-major row came from — None when they already are —, each local
-        expert's rows). `received` is source-major ([source][expert] blocks); `balanced_count`: every entry of
-        `counts` (balanced routing), which is then not read."""
+                           ) -> tuple[torch.Tensor | None, torch.Tensor, list[int]]:
+        """(the row of `received` each expert-major row came from — None when they already are —, the expert-major
+        rows, each local expert's count of them). `received` is source-major ([source][expert] blocks);
+        `balanced_count`: every entry of `counts` (balanced routing), which is then not read."""
         sources, local = counts.shape
         per_expert = counts.sum(0).tolist() if balanced_count is None else [balanced_count * sources] * local
         if sources == 1:
-            return None, list(received.split(per_expert))
+            return None, received, per_expert
         sizes = counts.t().reshape(-1)  # expert-major blocks: (expert, source)
         starts = (counts.reshape(-1).cumsum(0) - counts.reshape(-1)).view(sources, local).t().reshape(-1)
         total = int(sizes.sum()) if balanced_count is None else balanced_count * sources * local
         regroup = torch.repeat_interleave(starts - (sizes.cumsum(0) - sizes), sizes, output_size=total) + torch.arange(
             total, device=counts.device)
-        return regroup, list(received[regroup].split(per_expert))
+        return regroup, received[regroup], per_expert
 
 
 def route(logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
