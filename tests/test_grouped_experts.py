@@ -38,26 +38,26 @@ def _run(experts, rows, counts, grouped: bool, dtype):
     for expert in experts:
         expert.zero_grad(set_to_none=True)
     rows = rows.clone().requires_grad_()
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bfloat16"):
+    with torch.autocast(rows.device.type, dtype=torch.bfloat16, enabled=dtype == "bfloat16"):
         if grouped:
             output = grouped_expert_mlps(experts, rows, counts)
             assert output is not None
         else:
             output = torch.cat([expert(part) for expert, part in zip(experts, rows.split(counts))])
     torch.manual_seed(1)
-    (output.float() * torch.randn(output.shape)).sum().backward()
+    (output.float() * torch.randn(output.shape).to(output.device)).sum().backward()
     return output.float(), rows.grad.float(), [parameter.grad.float() for e in experts for parameter in e.parameters()]
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("gated, bias", [(True, False), (False, True)])
 @pytest.mark.parametrize("counts", [[3, 0, 5, 1], [8, 0, 16, 8]], ids=["unaligned", "aligned"])
-def test_grouped_products_equal_the_expert_loop(dtype, gated, bias, counts):
+def test_grouped_products_equal_the_expert_loop(dtype, gated, bias, counts, device="cpu"):
     import torch
 
-    experts = _experts(gated, bias, len(counts))
+    experts = [expert.to(device) for expert in _experts(gated, bias, len(counts))]
     torch.manual_seed(2)
-    rows = torch.randn(sum(counts), 32)
+    rows = torch.randn(sum(counts), 32).to(device)
     grouped = _run(experts, rows, counts, True, dtype)
     loop = _run(experts, rows, counts, False, dtype)
     tolerance = TOLERANCES[dtype]
@@ -70,6 +70,18 @@ def test_grouped_products_equal_the_expert_loop(dtype, gated, bias, counts):
     weights_per_expert = len(list(experts[0].parameters()))
     for index in empty:  # an expert without tokens has a zero gradient, not None
         assert all(grad.abs().max() == 0 for grad in grouped[2][index * weights_per_expert:(index + 1) * weights_per_expert])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("gated, bias", [(True, False), (False, True)])
+@pytest.mark.parametrize("counts", [[3, 0, 5, 1], [8, 0, 16, 8]], ids=["unaligned", "aligned"])
+def test_grouped_products_equal_the_expert_loop_on_cuda(gated, bias, counts):
+    """The same check with CUDA's grouped kernel (bf16 under autocast; fp32 runs the loop there)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    test_grouped_products_equal_the_expert_loop("bfloat16", gated, bias, counts, device="cuda")
 
 
 def test_experts_whose_rows_are_not_16_byte_aligned_run_one_by_one():
