@@ -76,15 +76,17 @@ def test_expert_states_by_hand():
 
 def test_dispatch_and_combine_by_hand():
     """Forward and backward each add a dispatch and a combine all-to-all of the rank's routed tokens over the EP
-    group: (e − 1)/e · M / B + (e − 1) · α with M = samples · 40 B / TP (catches a missing direction, the wrong
-    group size or link, and TP not dividing the dispatch)."""
+    group: (e − 1)/e · M / B + (e − 1) · α with M = samples · 40 B, / TP under +sp, where each TP rank routes its
+    sequence slice; without +sp every TP rank routes the replica's tokens (gbmw's runtime, DeepSpeed-MoE). Catches a
+    missing direction, the wrong group size or link, and TP dividing the dispatch where it does not, or not where
+    it does."""
     cluster = make_cluster(latency_us=5.0)
     layer = make_layer(**EXPERT_FIELDS)
-    for name, ep, tp in (("dp8+ep4", 4, 1), ("tp2-dp4+ep2", 2, 2)):
+    for name, ep, divisor in (("dp8+ep4", 4, 1), ("tp2-dp4+ep2", 2, 1), ("tp2-dp4+ep2+sp", 2, 2)):
         samples = 8 / Strategy.parse(name).data_parallel
-        message = samples * 40.0 / tp
+        message = samples * 40.0 / divisor
         one = (ep - 1) / ep * message / 100e9 + (ep - 1) * 5e-6
-        without = costs(name.split("+")[0], layer, cluster=cluster)
+        without = costs(name.replace("+ep2", "").replace("+ep4", ""), layer, cluster=cluster)
         with_ep = costs(name, layer, cluster=cluster)
         # plain DP synchronises on the last micro-batch only: the others differ by the four all-to-alls alone
         assert with_ep.time_no_grad_sync_s[0] - without.time_no_grad_sync_s[0] == pytest.approx(4 * one, rel=1e-9)

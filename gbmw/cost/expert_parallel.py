@@ -8,9 +8,11 @@ whose TP is the layer's) are split over the e ranks of an EP group, E / e on eac
 * parameters: a rank holds E / e experts, 1/t of each; their gradients are synchronised over the
   expert-data-parallel group, d / e ranks whose neighbours are t·e ranks apart (EP sits inside DP), with the
   ZeRO flavour of S's data-parallel axis over that group (`expert_view`);
-* communication: the tokens a rank routes (samples · s · k copies, 1/t of them per TP rank: megatron-core's
-  dispatcher splits the tokens over TP before the dispatch) go to the ranks holding their experts in one
-  all-to-all over the EP group and come back in another — two in forward, two in backward, two more in a full
+* communication: the tokens a rank routes (samples · s · k copies; under +sp 1/t of them per TP rank, its
+  sequence slice: megatron-core, which needs +sp where EP meets TP; without +sp every TP rank of a replica routes
+  all of them — gbmw's runtime, whose TP peers hold the same tokens and routing, and DeepSpeed-MoE's experts under
+  TP, which keep the duplicate tokens) go to the ranks holding their experts in one all-to-all over the EP group
+  and come back in another — two in forward, two in backward, two more in a full
   recomputation — blocking, not overlapped with compute (megatron-core overlaps them only with
   `--overlap-moe-expert-parallel-comm`, which gbmw does not assume);
 * load: the busiest rank of the EP group receives `expert_load_factor` times the mean of the routed tokens (the
@@ -133,7 +135,7 @@ def expert_parallel_costs(model: ModelSpec, strategy: Strategy, samples: float, 
     size, stride = expert_alltoall_group(strategy)
     per_byte = comm.alltoall_s(1.0, size, stride) - comm.alltoall_s(0.0, size, stride)
     latency = comm.alltoall_s(0.0, size, stride)
-    received = arrays.expert_dispatch_bytes_per_sample * samples / tp * load
+    received = arrays.expert_dispatch_bytes_per_sample * samples / (tp if strategy.sp else 1) * load
     alltoall = np.where(received > 0, 2 * (received * per_byte + latency), 0.0)
     extra_compute = (load - 1) * arrays.expert_forward_flops_per_sample * samples / tp / sustained_flops
     extra_memory = (load - 1) * (arrays.expert_activation_bytes_per_sample

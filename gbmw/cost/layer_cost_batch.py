@@ -103,7 +103,7 @@ def layer_costs_of_strategies(model: ModelSpec, strategies: list[Strategy], micr
     alltoall_forward, extra_forward_compute, extra_activation = zeros, zeros, zeros
     if columns.routed.any():
         load, routed = arrays.expert_load_factor, columns.routed
-        received = arrays.expert_dispatch_bytes_per_sample * samples / tp * load
+        received = arrays.expert_dispatch_bytes_per_sample * samples / np.where(sp, tp, 1) * load
         alltoall_forward = np.where(routed & (received > 0), 2 * (
             received * columns.alltoall_per_byte_s + columns.alltoall_latency_s), 0.0)
         extra_forward_compute = np.where(
