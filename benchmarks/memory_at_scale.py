@@ -103,6 +103,15 @@ def mixtral_sharded_plan(job):
     return plan_from_strategy_names(job.model, 64, names, [5, 4, 4, 4, 4, 4, 4, 5], 256, 32, cluster=job.cluster.name)
 
 
+def mixtral_sequence_parallel_plan(job):
+    """Mixtral-8x7B on 64 devices in eight stages of 8 with +sp in its MoE blocks beside EP degrees 4 and 2, TP 2–8
+    and checkpointing (gbmw.adapters.runtime.expert_sequence_parallel: each TP rank routes its sequence slice, the TP
+    group's received copies gathered for the experts' shards)."""
+    names = (["z1dp8"] + ["tp2-dp4+ep4+sp"] * 8 + ["tp4-dp2+ep2+sp"] * 8 + ["tp2-dp4+ep2+sp+ckpt"] * 8
+             + ["tp8+sp"] * 8 + ["sdp8"])
+    return plan_from_strategy_names(job.model, 64, names, [5, 4, 4, 4, 4, 4, 4, 5], 256, 32, cluster=job.cluster.name)
+
+
 def llama31_ulysses_mixed_plan(job):
     """Llama 3.1 8B on 64 devices in two stages of 32, each layer's strategy chosen by hand to mix Ulysses degrees
     (2, 4, 8) with TP (tp × ulysses divides the 8 key/value heads), ZeRO-1/2/3 and checkpointing."""
@@ -128,7 +137,9 @@ def moe_cases():
     mixtral = load_job("mixtral-8x7b_h100-80g-x64")
     return [("gbmw's plan, Mixtral-8x7B, 64 × H100", mixtral, Planner(mixtral).run()),
             ("mixed per-layer MoE plan, Mixtral-8x7B, 64 devices", mixtral, mixtral_mixed_plan(mixtral)),
-            ("the same with ZeRO-1/2/3 beside EP, Mixtral-8x7B", mixtral, mixtral_sharded_plan(mixtral))]
+            ("the same with ZeRO-1/2/3 beside EP, Mixtral-8x7B", mixtral, mixtral_sharded_plan(mixtral)),
+            ("a per-layer MoE plan with +sp in the MoE blocks, Mixtral-8x7B", mixtral,
+             mixtral_sequence_parallel_plan(mixtral))]
 
 
 def long_cases():

@@ -164,9 +164,8 @@ def _usable(space: OracleSpace, strategy: Strategy, micro_batch: int) -> bool:
 
 
 def _runtime_runs(strategy: Strategy, layer: LayerSpec, sequence_length: int) -> bool:
-    """TP divides the layer's heads; +sp only in a dense Transformer block whose sequence TP divides (the runtime
-    runs no +sp in MoE blocks yet); +ep with TP and any data-parallel flavour (no sequence axis), in a
-    mixture-of-experts block whose experts EP divides; ulysses u: tp·u divides the heads, u the sequence, and the
+    """TP divides the layer's heads; +sp only in a Transformer block (dense or MoE) whose sequence TP divides; +ep
+    with TP and any data-parallel flavour (no sequence axis), in a mixture-of-experts block whose experts EP divides; ulysses u: tp·u divides the heads, u the sequence, and the
     layer reads no second sequence."""
     experts_ok = strategy.ep == 1 or (layer.num_experts > 0 and layer.num_experts % strategy.ep == 0
                                       and all(axis in ("tp", "dp", "z1dp", "z2dp", "sdp") for axis, _ in strategy.dims))
@@ -174,7 +173,7 @@ def _runtime_runs(strategy: Strategy, layer: LayerSpec, sequence_length: int) ->
     ulysses_ok = u == 1 or (sequence_length % u == 0 and not layer.side_input_bytes_per_sample and all(
         heads == 0 or heads % (strategy.tp * u) == 0 for heads in (layer.attention_heads, layer.kv_heads)))
     return _tp_divides_heads(strategy, layer) and experts_ok and ulysses_ok and (
-        not strategy.sp or (layer.is_block and not layer.num_experts and sequence_length % strategy.tp == 0))
+        not strategy.sp or (layer.is_block and sequence_length % strategy.tp == 0))
 
 
 def compositions(layers: int, parts: int) -> list[tuple[int, ...]]:

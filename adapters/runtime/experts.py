@@ -45,7 +45,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -57,8 +57,11 @@ from torch._subclasses.fake_tensor import FakeTensor
 from gbmw.errors import PlanError
 from gbmw.space.strategy import Strategy
 
+from .expert_sequence_parallel import (fc2_bias_rows, gather_rows, partial_expert_mlps, peer_counts,
+                                       reduce_scatter_rows)
 from .gated_mlp import swiglu
 from .grouped_experts import grouped_expert_mlps
+from .sequence_parallel import sum_gradient_over_group
 from .tensor_parallel import TensorParallel
 
 _EXPERT_KEY = re.compile(r"^moe\.experts\.(\d+)\.(.+)$")
@@ -131,14 +134,37 @@ class LocalExperts(nn.ModuleDict):
     """The routed experts this rank holds, by their global index (`"<e>"`), run in one call: its forward is what
     FSDP2 hooks when it shards them over the expert-data-parallel group (gbmw.adapters.runtime.expert_data_parallel)."""
 
-    def forward(self, rows: torch.Tensor, counts: list[int]) -> torch.Tensor:
+    def forward(self, rows: torch.Tensor, counts: list[int], sequence_parallel_group: Any = None,
+                balanced: bool = False) -> torch.Tensor:
         """Expert-major rows, counts[i] of them for the i-th local expert → their outputs in the same order: as grouped
-        products where they run (gbmw.adapters.runtime.grouped_experts), else expert by expert."""
+        products where they run (gbmw.adapters.runtime.grouped_experts), else expert by expert. With
+        `sequence_parallel_group` (+sp, TP > 1) the rows are this TP rank's, and the experts' TP shards run on the
+        rows of every rank of the group (gbmw.adapters.runtime.expert_sequence_parallel)."""
         experts = list(self.values())
+        if sequence_parallel_group is not None:
+            return _over_tp_group(experts, rows, counts, sequence_parallel_group, balanced)
         grouped = grouped_expert_mlps(experts, rows, counts)
         if grouped is not None:
             return grouped
         return torch.cat([expert(part) for expert, part in zip(experts, rows.split(counts))])
+
+
+def _over_tp_group(experts: list[ExpertMLP], rows: torch.Tensor, counts: list[int], group: Any, balanced: bool
+                   ) -> torch.Tensor:
+    """gbmw.adapters.runtime.expert_sequence_parallel's steps: all-gather the TP group's rows, run the experts'
+    shards on them expert-major, sum the partial outputs back to the rows' ranks, add fc2's bias."""
+    by_rank = peer_counts(counts, group, balanced, rows.device)
+    rows_per_rank = [sum(counts)] * by_rank.size(0) if balanced else by_rank.sum(1).tolist()
+    gathered = gather_rows(rows, rows_per_rank, group)
+    regroup, expert_rows, per_expert = expert_major_rows(gathered, by_rank, counts[0] if balanced else None)
+    partial = partial_expert_mlps(experts, expert_rows, per_expert)
+    del gathered, expert_rows
+    if regroup is not None:
+        partial = partial[torch.argsort(regroup)]
+    outputs = reduce_scatter_rows(partial, rows_per_rank, group)
+    if experts[0].fc2.bias is None:
+        return outputs
+    return outputs + fc2_bias_rows(experts, counts, group, outputs.dtype, rows.device)
 
 
 class MixtureOfExpertsMLP(nn.Module):
@@ -150,10 +176,13 @@ class MixtureOfExpertsMLP(nn.Module):
         if moe.num_experts % experts.size:
             raise PlanError(f"expert parallelism +ep{experts.size} must divide the {moe.num_experts} experts")
         self.num_experts, self.top_k, self.ep = moe.num_experts, moe.top_k, experts
+        self.sequence_parallel_group = tp.group if tp.sequence_parallel and tp.size > 1 else None
+        """+sp: the TP group whose ranks hold sequence slices (gbmw.adapters.runtime.expert_sequence_parallel)."""
         self.router = nn.Linear(hidden, moe.num_experts, bias=False, dtype=dtype)
         local = moe.num_experts // experts.size
+        routed_tp = replace(tp, sequence_parallel=False)  # under +sp the routed experts' shards run without collectives
         self.experts = LocalExperts({
-            str(index): ExpertMLP(hidden, moe.expert_ffn_hidden_size, bias, gated, tp, dtype)
+            str(index): ExpertMLP(hidden, moe.expert_ffn_hidden_size, bias, gated, routed_tp, dtype)
             for index in range(experts.rank * local, (experts.rank + 1) * local)})
         shared_width = moe.shared_experts * moe.shared_ffn_hidden_size
         self.shared = ExpertMLP(hidden, shared_width, bias, gated, tp, dtype) if shared_width else None
@@ -168,14 +197,23 @@ class MixtureOfExpertsMLP(nn.Module):
                             "gbmw.adapters.runtime.experts.balanced_routing(), which routes n·k/E copies to each expert")
         if balanced:
             _check_balanced(tokens.size(0), self.top_k, self.num_experts)
-        weights, chosen = (balanced_route if balanced else route)(self.router(tokens), self.top_k)
+        logits = self._replicated_linear(self.router, tokens)
+        weights, chosen = (balanced_route if balanced else route)(logits, self.top_k)
         output = self._routed(tokens, weights, chosen, balanced)
         if self.shared is not None:
-            shared = self.shared(tokens)
+            shared = self.shared(tokens)  # +sp: its TP linears gather and reduce-scatter the slices
             if self.shared_gate is not None:
-                shared = torch.sigmoid(_at_least_fp32(self.shared_gate(tokens))).to(shared.dtype) * shared
+                gate = self._replicated_linear(self.shared_gate, tokens)
+                shared = torch.sigmoid(_at_least_fp32(gate)).to(shared.dtype) * shared
             output = output + shared
         return output.view(*x.shape[:-1], output.size(-1))
+
+    def _replicated_linear(self, linear: nn.Linear, tokens: torch.Tensor) -> torch.Tensor:
+        """A linear replicated over the TP group (the router, the shared experts' gate); under +sp it sees this rank's
+        slice only, so its weight's gradient is summed over the group."""
+        if self.sequence_parallel_group is None:
+            return linear(tokens)
+        return F.linear(tokens, sum_gradient_over_group(linear.weight, self.sequence_parallel_group))
 
     def _routed(self, tokens: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor, balanced: bool = False
                 ) -> torch.Tensor:
@@ -198,10 +236,10 @@ class MixtureOfExpertsMLP(nn.Module):
         # (EP) or become the experts' input (EP 1), and the received copies are regrouped; only what backward saves
         # stays (the forward peak at the experts' SwiGLU: gbmw.cost.framework_memory.gated_activation_peak_bytes)
         del tokens, copies
-        regroup, rows, per_expert = self._grouped_by_expert(
+        regroup, rows, per_expert = expert_major_rows(
             received, received_counts, count * top_k // self.num_experts if balanced else None)
         del received
-        outputs = self.experts(rows, per_expert)
+        outputs = self.experts(rows, per_expert, self.sequence_parallel_group, balanced)
         del rows
         if regroup is not None:
             outputs = outputs[torch.argsort(regroup)]
@@ -228,21 +266,21 @@ class MixtureOfExpertsMLP(nn.Module):
             splits = (received_counts.sum(1).tolist(), sent_counts.sum(1).tolist())
         return _AllToAll.apply(copies, splits[0], splits[1], self.ep.group), received_counts, splits
 
-    def _grouped_by_expert(self, received: torch.Tensor, counts: torch.Tensor, balanced_count: int | None = None
-                           ) -> tuple[torch.Tensor | None, torch.Tensor, list[int]]:
-        """(the row of `received` each expert-major row came from — None when they already are —, the expert-major
-        rows, each local expert's count of them). `received` is source-major ([source][expert] blocks);
-        `balanced_count`: every entry of `counts` (balanced routing), which is then not read."""
-        sources, local = counts.shape
-        per_expert = counts.sum(0).tolist() if balanced_count is None else [balanced_count * sources] * local
-        if sources == 1:
-            return None, received, per_expert
-        sizes = counts.t().reshape(-1)  # expert-major blocks: (expert, source)
-        starts = (counts.reshape(-1).cumsum(0) - counts.reshape(-1)).view(sources, local).t().reshape(-1)
-        total = int(sizes.sum()) if balanced_count is None else balanced_count * sources * local
-        regroup = torch.repeat_interleave(starts - (sizes.cumsum(0) - sizes), sizes, output_size=total) + torch.arange(
-            total, device=counts.device)
-        return regroup, received[regroup], per_expert
+def expert_major_rows(received: torch.Tensor, counts: torch.Tensor, balanced_count: int | None = None
+                      ) -> tuple[torch.Tensor | None, torch.Tensor, list[int]]:
+    """(the row of `received` each expert-major row came from — None when they already are —, the expert-major
+    rows, each local expert's count of them). `received` is source-major ([source][expert] blocks);
+    `balanced_count`: every entry of `counts` (balanced routing), which is then not read."""
+    sources, local = counts.shape
+    per_expert = counts.sum(0).tolist() if balanced_count is None else [balanced_count * sources] * local
+    if sources == 1:
+        return None, received, per_expert
+    sizes = counts.t().reshape(-1)  # expert-major blocks: (expert, source)
+    starts = (counts.reshape(-1).cumsum(0) - counts.reshape(-1)).view(sources, local).t().reshape(-1)
+    total = int(sizes.sum()) if balanced_count is None else balanced_count * sources * local
+    regroup = torch.repeat_interleave(starts - (sizes.cumsum(0) - sizes), sizes, output_size=total) + torch.arange(
+        total, device=counts.device)
+    return regroup, received[regroup], per_expert
 
 
 def route(logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:

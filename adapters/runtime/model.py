@@ -102,9 +102,6 @@ def build_layer(architecture: Any, name: str, tp: TensorParallel, dtype: torch.d
     if name == "head":
         return (BERTHead if bert else GPTHead)(architecture, tp, dtype, sequence)
     moe = architecture.moe if not bert and architecture.is_moe_block(int(name.split(".")[1])) else None
-    if moe is not None and tp.sequence_parallel:
-        raise PlanError(f"layer {name}: gbmw's runtime runs mixture-of-experts blocks without sequence parallelism "
-                        "(+sp) for now; leave +sp out of this layer's strategy")
     return TransformerBlock(
         hidden=architecture.hidden_size,
         heads=architecture.num_heads,

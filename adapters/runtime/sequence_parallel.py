@@ -179,6 +179,15 @@ def column_linear_forward(module: Any, x: torch.Tensor, group: Any) -> torch.Ten
         return _Linear.apply(x, module.weight, module.bias, group, True, False, dtype)
 
 
+def local_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x·Wᵀ (+ b) on this rank's weight shard with neither collective, computed as `_Linear` computes (autocast's type
+    where it is on), keeping the weight itself for backward: the routed experts' shards under +sp
+    (gbmw.adapters.runtime.expert_sequence_parallel)."""
+    dtype = _compute_dtype(x, weight)
+    with torch.autocast(x.device.type, enabled=False):
+        return _Linear.apply(x, weight, bias, None, False, False, dtype)
+
+
 def row_linear_forward(module: Any, x: torch.Tensor, group: Any) -> torch.Tensor:
     """A megatron-core RowParallelLinear's weights applied with ḡ: input the whole sequence's split features, output
     this rank's sequence slice of the sum (+ the replicated bias, its gradient summed over the group)."""

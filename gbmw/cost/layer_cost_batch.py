@@ -245,7 +245,8 @@ def _memory_rows(model: ModelSpec, columns: StrategyColumns, settings: CostSetti
     boundary = np.where(sp & not_embedding, boundary / tp, boundary)
     split_part = arrays.intermediate_tp_split_activation_bytes_per_sample * samples / tp
     intermediate = np.where(sp, (intermediate - split_part) / tp + split_part, intermediate)
-    if framework == "megatron":  # the experts' inputs gathered over the expert TP group (gbmw.cost.expert_parallel)
+    if framework in ("megatron", "gbmw-runtime"):  # the experts' inputs gathered over the expert TP group
+        # (gbmw.cost.expert_parallel; gbmw's runtime: gbmw.adapters.runtime.expert_sequence_parallel, ETP = TP)
         intermediate = intermediate + np.where(sp, expert_input_gathered_bytes(
             arrays.expert_input_activation_bytes_per_sample * samples, tp, columns.expert_tp), 0.0)
     core = np.where(selective, arrays.attention_core_activation_bytes_per_sample * samples / tp, 0.0)

@@ -5,7 +5,7 @@ The runtime (gbmw.adapters.runtime.model) builds GPT-style decoders — GPT-2/3 
 GELU MLP, biases) and LLaMA-style (RMSNorm, SwiGLU, rotary positions, grouped-query attention, no biases,
 tied or untied head), mixture-of-experts ones among them (dropless top-k routing, shared experts, expert parallelism
 +epN with any data-parallel flavour — dp, z1dp, z2dp, sdp, the experts sharded over their expert-data-parallel group;
-not a capacity factor; in an MoE block not +sp — the engine refuses that strategy), not with multi-head latent
+not a capacity factor; +sp as megatron-core runs it, gbmw.adapters.runtime.expert_sequence_parallel), not with multi-head latent
 attention, attention sinks or a router bias, nor BLOOM's, OPT's, Falcon's or Gemma's layouts (`dense_layout_refusal`)
 — and
 BERT encoders. It trains in fp32 or bf16 (fp16 would need loss

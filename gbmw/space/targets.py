@@ -106,8 +106,6 @@ class Target:
     """The data-parallel axes EP composes with: the ZeRO stages its framework shards expert states under over the
     expert-data-parallel group (gbmw's runtime: all four, its FSDP2 sharding the experts over that group,
     gbmw.adapters.runtime.expert_data_parallel)."""
-    sequence_parallel_in_expert_blocks: bool = True
-    """It runs +sp in mixture-of-experts blocks (gbmw's runtime: not yet)."""
     expert_tensor_parallel: bool = False
     """It runs the experts at a TP degree of their own (`+etpN`, gbmw.space.expert_tensor_parallel: megatron-core's
     --expert-tensor-parallel-size). Megatron-DeepSpeed's one alternative to the layer's TP, experts whole without
@@ -182,8 +180,6 @@ class Target:
         if sp.any():
             divides = np.array([model.sequence_length % strategy.tp == 0 for strategy in strategies], bool)
             blocks = model.is_block if self.sequence_parallel_blocks_only else np.ones(model.num_layers, bool)
-            if not self.sequence_parallel_in_expert_blocks:
-                blocks = blocks & (model.arrays.num_experts == 0)
             allowed[sp] &= blocks[None, :] & divides[sp, None]
         return allowed
 
@@ -346,7 +342,7 @@ TARGETS: dict[str, Target] = {
     "runtime": Target("runtime", "gbmw runtime", "gbmw-runtime", ("dp", "z1dp", "z2dp", "sdp", "tp", "ulysses", "cp"),
                       per_layer=True, fused_attention=True, sequence_parallel=True, sequence_parallel_blocks_only=True,
                       selective_recompute="any", search_offers_selective=False, context_parallel_dropout=False,
-                      expert_parallel=True, sequence_parallel_in_expert_blocks=False,
+                      expert_parallel=True,
                       sequence_axes=("ulysses", "cp"), sequence_split_with_sequence_parallel=False),
     "deepspeed": Target(
         "deepspeed", "DeepSpeed (ZeRO + pipeline engine)", "deepspeed", ("dp", "z1dp", "z2dp", "sdp"),

@@ -51,10 +51,6 @@ def technique_problems(target, plan, model: ModelSpec) -> list[str]:
     if expert_degrees and target.expert_parallel and sharded:
         problems.append(f"expert parallelism with {sharded[0]}: {target.name} composes EP with "
                         f"{' or '.join(target.expert_parallel_axes)} only")
-    if not target.sequence_parallel_in_expert_blocks and any(
-            strategy.sp and layer.num_experts for strategy, layer in zip(plan.strategies, model.layers)):
-        problems.append(f"sequence parallelism (+sp) in a mixture-of-experts block: {target.name} does not run it "
-                        "there yet")
     if any(strategy.selective for strategy in plan.strategies):
         if target.selective_recompute is None:
             problems.append(f"selective recomputation (+sel): {target.name} does not run it — use --target "
