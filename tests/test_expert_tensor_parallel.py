@@ -141,15 +141,17 @@ def test_megatron_cores_gathered_expert_input_is_etp_over_tp_of_the_copies():
     first linear keeps what it was given: ETP/TP of the TP group's copies (the layer's 16 B of expert input per
     sample), where the sequence slice's share is 1/TP. TP 4 on 8 samples / DP 2 = 4 per rank: ETP 4 (megatron-core's
     default) keeps 16 · 4 · (4 − 1)/4 = 48 B more than ETP 1, ETP 2 16 · 4 · 1/4 = 16 B; a checkpointed layer keeps its
-    boundary alone, and for gbmw's runtime (which gathers nothing) ETP changes no stash. (ETP without +sp is refused.)
-    Catches: the gathered input left at the slice's share, the share applied to another framework or to a
-    checkpointed layer's forward stash."""
+    boundary alone, and gbmw's runtime (gbmw.adapters.runtime.expert_sequence_parallel: the experts at the layer's
+    TP, their input gathered over the TP group) keeps the 48 B of megatron-core's default. (ETP without +sp is
+    refused.) Catches: the gathered input left at the slice's share, the share left out for the runtime, applied to
+    DeepSpeed or to a checkpointed layer's forward stash."""
     layer = make_layer(**EXPERT_FIELDS, expert_input_activation_bytes_per_sample=16.0)
+    without_field = make_layer(**EXPERT_FIELDS, expert_input_activation_bytes_per_sample=0.0)
     cluster = make_cluster(**TWO_NODES)
 
-    def forward_memory(name, framework="megatron"):
+    def forward_memory(name, framework="megatron", of=layer):
         settings = CostSettings(cluster, "fp32", framework=framework)
-        return layer_costs(make_model([layer]), Strategy.parse(name), 8, settings, CommModel(cluster)
+        return layer_costs(make_model([of]), Strategy.parse(name), 8, settings, CommModel(cluster)
                            ).forward_memory_bytes[0]
 
     assert forward_memory("tp4-dp2+ep2+sp") - forward_memory("tp4-dp2+ep2+etp1+sp") == pytest.approx(48.0, rel=1e-12)
@@ -157,7 +159,10 @@ def test_megatron_cores_gathered_expert_input_is_etp_over_tp_of_the_copies():
                                                                                                       rel=1e-12)
     assert forward_memory("tp4-dp2+ep2+ckpt+sp") == forward_memory("tp4-dp2+ep2+etp1+ckpt+sp")
     runtime = "gbmw-runtime"
-    assert forward_memory("tp4-dp2+ep2+sp", runtime) == forward_memory("tp4-dp2+ep2+etp1+sp", runtime)
+    assert forward_memory("tp4-dp2+ep2+sp", runtime) - forward_memory("tp4-dp2+ep2+sp", runtime, without_field
+                                                                      ) == pytest.approx(48.0, rel=1e-12)
+    assert forward_memory("tp4-dp2+ep2+sp", "deepspeed") == forward_memory("tp4-dp2+ep2+sp", "deepspeed",
+                                                                           without_field)
 
 
 def test_a_dense_layer_is_unchanged_by_etp():

@@ -47,7 +47,6 @@ PLANS = [  # (job, processes, per-layer strategies (embedding, 4 blocks, head), 
     # or, at ep = dp, left unsharded by the layer's unit
     ("llama-moe-tiny", 4, ["z1dp4", "z1dp4", "sdp4+ep2", "z2dp4+ep2+ckpt", "sdp4+ep4", "z1dp4+ep2"], [6], 2),
     # +sp in MoE blocks: a slice's copies routed, the TP group's received copies gathered for the experts' shards
-    ("llama-moe-tiny", 2, ["tp2", "tp2+sp", "tp2+sp", "tp2+sp+ckpt", "tp2+sp", "tp2"], [6], 2),
     ("llama-moe-tiny", 4, ["tp2-dp2", "tp2-dp2+sp", "tp2-dp2+ep2+sp", "tp2-sdp2+ep2+sp+ckpt", "dp2-tp2+ep2+sp",
                            "tp2-dp2"], [6], 2),
 ]
