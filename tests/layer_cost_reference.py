@@ -166,7 +166,7 @@ def reference_layer_costs(
         boundary = np.where(not_embedding, boundary / sp_divisor, boundary)
         split_part = arrays.intermediate_tp_split_activation_bytes_per_sample * samples / tp
         intermediate = (intermediate - split_part) / sp_divisor + split_part
-        if settings.framework == "megatron":
+        if settings.framework in ("megatron", "gbmw-runtime"):  # the runtime: ETP = TP (expert_sequence_parallel)
             intermediate = intermediate + expert_input_gathered_bytes(
                 arrays.expert_input_activation_bytes_per_sample * samples, tp, strategy.expert_tensor_parallel)
     core = selective_freed_bytes(model, samples, strategy)

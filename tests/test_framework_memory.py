@@ -161,13 +161,17 @@ def test_one_routed_expert_runs_its_gated_activation_on_the_copies_of_its_ep_gro
     # 1000 elements per sample for one expert's share of a rank's own copies; the shared experts' 3000 per sample
     moe = make_layer("block", kind="decoder", num_experts=8, experts_per_token=2, expert_parameter_count=400,
                      expert_gated_activation_elements_per_sample=1000.0, gated_activation_elements_per_sample=3000.0)
-    # EP 1: each expert on the rank's own copies; the shared experts' larger call is the peak
-    assert _backward(moe, "dp8", "bf16") == pytest.approx(3000 * 14)
-    # EP 8: each of the rank's experts receives the copies of 8 ranks — 8000 elements in one call (not the sum over
-    # experts, which run one after another)
+    # expert by expert (under TP, where the runtime does not group them): at EP 1 each expert on the rank's own copies,
+    # the shared experts' larger call the peak; at EP 8 each of the rank's experts receives the copies of 8 ranks —
+    # 8000 elements in one call (not the sum over experts, which run one after another)
+    assert _backward(moe, "tp2-dp4", "bf16") == pytest.approx(3000 / 2 * 14 * 2)
+    assert _backward(moe, "tp2-dp4+ep4", "bf16") == pytest.approx(4 * 1000 / 2 * 14 * 2)
+    # grouped (TP 1: gbmw.adapters.runtime.grouped_experts): one call on all the rank's copies — the 8 experts' shares
+    # at EP 1 and at EP 8 alike, × the busiest rank's load under EP
+    assert _backward(moe, "dp8", "bf16") == pytest.approx(8 * 1000 * 14)
     assert _backward(moe, "dp8+ep8", "bf16") == pytest.approx(8 * 1000 * 14)
     loaded = moe.model_copy(update={"expert_load_factor": 1.5})  # the busiest rank of the group: 1.5 × the mean
-    assert _backward(loaded, "dp8+ep4", "bf16") == pytest.approx(max(3000, 4 * 1.5 * 1000) * 14)
+    assert _backward(loaded, "dp8+ep4", "bf16") == pytest.approx(8 * 1.5 * 1000 * 14)
 
 
 def test_a_mixture_of_experts_keeps_one_fp32_residual_input_per_sub_block():

@@ -9,11 +9,14 @@ cumulative counts (the group ends), as megatron-core's GroupedMLP and torchtitan
 one parameter per expert under their global names (checkpoints, FSDP2 over the expert-data-parallel group and the
 per-name initialisation are unchanged): `grouped_linear` stacks them inside its forward.
 
-Backward (Y = X·Wᵀ per group): ∂X = ∂Y·W, a grouped product of the same shape; ∂W_e = ∂Y_eᵀ·X_e. The latter groups
-along the contraction (the tokens), which the CUDA kernel accepts only where each group's byte length is a multiple
-of 16 (its TMA loads), so it runs as one grouped product where every count is a multiple of 16 / element bytes and
-expert by expert otherwise. An expert with no tokens gets a zero gradient, as in the loop (every expert's weight has
-one in every arrangement).
+Backward (Y = X·Wᵀ per group): ∂X = ∂Y·W, a grouped product of the same shape; ∂W_e = ∂Y_eᵀ·X_e expert by expert,
+each cast to the weight's type before the next, so one expert's 16-bit weight gradient is alive at a time, as in the
+loop (a grouped product would hold all of them, and CUDA's kernel groups along the contraction only where each
+count's bytes are a multiple of 16). An expert with no tokens gets a zero gradient, as in the loop (every expert's
+weight has one in every arrangement).
+
+What differs from the loop in memory: the gated activation (SwiGLU) runs once on all the rank's copies, so its
+working set is all local experts' (gbmw.cost.framework_memory.expert_call_rows prices it).
 
 Memory is the loop's: under autocast the loop's linears keep each expert's 16-bit weight copy for backward, and this
 keeps the stacked 16-bit copy (the same bytes); without a cast it keeps the parameters themselves and stacks them
@@ -94,7 +97,8 @@ class _GroupedLinear(torch.autograd.Function):
     def forward(ctx, rows, ends, counts, dtype, *weights):
         stack = _stacked(weights, dtype)
         cast = weights[0].dtype != dtype
-        ctx.counts, ctx.dtype, ctx.cast, ctx.weight_dtype = counts, dtype, cast, weights[0].dtype
+        ctx.counts, ctx.dtype, ctx.cast = counts, dtype, cast
+        ctx.weight_dtype, ctx.weight_shape = weights[0].dtype, weights[0].shape
         ctx.save_for_backward(rows, ends, *((stack,) if cast else weights))
         return _grouped_mm(rows, stack.transpose(-2, -1), ends)
 
@@ -104,17 +108,16 @@ class _GroupedLinear(torch.autograd.Function):
         stack = kept[0] if ctx.cast else _stacked(tuple(kept), ctx.dtype)
         grad_output = grad_output.to(ctx.dtype).contiguous()
         grad_rows = _grouped_mm(grad_output, stack, ends) if ctx.needs_input_grad[0] else None
-        element = grad_output.element_size()
-        if all((count * element) % ALIGNMENT_BYTES == 0 for count in ctx.counts):
-            grad_stack = _grouped_mm(grad_output.t(), rows, ends)  # [E, out, in]
-        else:
-            grad_stack = stack.new_zeros(stack.shape)
-            start = 0
-            for index, count in enumerate(ctx.counts):
-                if count:
-                    torch.mm(grad_output[start:start + count].t(), rows[start:start + count], out=grad_stack[index])
-                start += count
-        return grad_rows, None, None, None, *(grad.to(ctx.weight_dtype) for grad in grad_stack.unbind(0))
+        del stack
+        grads, start = [], 0
+        for count in ctx.counts:  # one expert at a time: one 16-bit weight gradient alive beside the outputs
+            if count:
+                grads.append(torch.mm(grad_output[start:start + count].t(), rows[start:start + count]
+                                      ).to(ctx.weight_dtype))
+            else:
+                grads.append(rows.new_zeros(ctx.weight_shape, dtype=ctx.weight_dtype))
+            start += count
+        return grad_rows, None, None, None, *grads
 
 
 def grouped_expert_mlps(experts: list[nn.Module], rows: torch.Tensor, counts: list[int]) -> torch.Tensor | None:

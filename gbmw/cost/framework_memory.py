@@ -184,12 +184,31 @@ def sequence_parallel_gather_share(framework: str, strategy: Strategy) -> float:
     return 1.0 if framework == "gbmw-runtime" and strategy.sp else 0.0
 
 
+def groups_experts(framework: str, precision: str) -> bool:
+    """Whether gbmw's runtime runs a rank's routed experts as grouped products at TP 1 (gbmw.adapters.runtime
+    .grouped_experts: bf16 products, and fp32 ones on a CPU), so that one gated activation call covers the copies of
+    all its local experts, not one expert's."""
+    return framework == "gbmw-runtime" and precision in ("bf16", "fp32")
+
+
+def expert_call_rows(framework: str, precision: str, tp, ep, load, num_experts):
+    """Copies of one gated activation call of the routed experts, in units of one expert's share of a rank's own
+    copies: one expert (the loop) receives the copies of its EP group's ep ranks (the busiest `load` times the mean;
+    its own rank's alone at EP 1); grouped (`groups_experts` at TP 1) all the rank's E/ep experts' at once — E shares
+    (× load under EP). Arrays broadcast."""
+    one_expert = np.where(ep > 1, ep * load, 1.0)
+    if not groups_experts(framework, precision):
+        return one_expert
+    return np.where(tp == 1, num_experts * np.where(ep > 1, load, 1.0), one_expert)
+
+
 def gated_activation_peak_bytes(framework: str, precision: str, model: ModelSpec, strategy: Strategy, samples: float,
                                 activation_bytes: int, held_bytes: np.ndarray) -> np.ndarray:
     """[layer] what a layer holds beyond its forward stash (O_f) while its gated activation runs
     (`gated_activation_working_bytes_per_element`): the working set on the largest call —
     the dense MLP or the shared experts on the rank's tokens, or one routed expert on its copies (under EP e, each of
-    a rank's experts receives the copies of e ranks, the busiest rank `expert_load_factor` times the mean) — less the
+    a rank's experts receives the copies of e ranks, the busiest rank `expert_load_factor` times the mean; all of a
+    rank's experts at once where the runtime groups them, `expert_call_rows`) — less the
     activation's own output, which is part of O_f but not made yet, plus `held_bytes`: what else exists then (the
     gathered weights and the gather buffer; in a checkpointed layer's recomputation, its rebuilt stash and its
     output's gradient). 0 for layers without a gated MLP, and where the framework's working set is not priced."""
@@ -197,7 +216,8 @@ def gated_activation_peak_bytes(framework: str, precision: str, model: ModelSpec
     arrays = model.arrays
     if not per_element:
         return np.zeros(model.num_layers)
-    expert_rows = strategy.ep * arrays.expert_load_factor if strategy.ep > 1 else 1.0
+    expert_rows = expert_call_rows(framework, precision, strategy.tp, strategy.ep, arrays.expert_load_factor,
+                                   arrays.num_experts)
     elements = np.maximum(arrays.gated_activation_elements_per_sample,
                           arrays.expert_gated_activation_elements_per_sample * expert_rows) * samples / strategy.tp
     return np.where(elements > 0, elements * (per_element - activation_bytes) + held_bytes, 0.0)

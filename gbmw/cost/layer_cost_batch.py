@@ -24,7 +24,8 @@ from gbmw.cost.comm import CommModel
 from gbmw.cost.context_parallel import context_parallel_costs
 from gbmw.cost.expert_parallel import expert_input_gathered_bytes
 from gbmw.cost.fp8 import amax_reductions_s, fp8_cast_s, fp8_weight_copy_bytes
-from gbmw.cost.framework_memory import (fp32_residual_extra_share, gated_activation_working_bytes_per_element,
+from gbmw.cost.framework_memory import (expert_call_rows, fp32_residual_extra_share,
+                                        gated_activation_working_bytes_per_element,
                                         prices_backward_workspace, runs_autocast)
 from gbmw.cost.layer_cost import CostSettings, LayerCosts, framework_overheads_s
 from gbmw.cost.matmul_waves import linear_wave_loss_s
@@ -292,7 +293,7 @@ def _memory_rows(model: ModelSpec, columns: StrategyColumns, settings: CostSetti
     if per_element:
         held = gathered_parameters * parameter_bytes + prefetched_buffer + np.where(
             ckpt, intermediate + weight_copy + output_gradient, 0.0)
-        expert_rows = np.where(ep > 1, ep * arrays.expert_load_factor, 1.0)
+        expert_rows = expert_call_rows(framework, precision, tp, ep, arrays.expert_load_factor, arrays.num_experts)
         elements = np.maximum(arrays.gated_activation_elements_per_sample,
                               arrays.expert_gated_activation_elements_per_sample * expert_rows) * samples / tp
         peak = np.where(elements > 0, elements * (per_element - d) + held, 0.0)
