@@ -26,8 +26,8 @@ tests/test_fake_memory.py shows the fake trace's peak equals the real step's on 
 Prints estimated and tracked peak per rank and the error; the target (issue 12) is |error| ≤ 3 %.
 
 Last runs (2026-11-27, one command per case set, docs/cost-model.md): dense 2.3 % largest (PASS); mixture of experts
-1.9 % (PASS: gbmw's Mixtral plan +0.3 % to +1.6 %, the mixed plan −1.7 % to +1.9 %, with ZeRO beside EP −1.9 % to
-+1.4 %); long sequences 2.5 % (PASS: the mixed 32k plan's first stage). What is still not priced: a stage's output per
+3.1 % (FAIL by one stage: gbmw's Mixtral plan +1.4 %, the mixed plan −1.7 % to +1.9 %, with ZeRO beside EP −3.1 % to
++1.4 %, with +sp in the MoE blocks −2.2 % to +1.8 %; the runtime's grouped experts, docs/cost-model.md); long sequences 2.5 % (PASS: the mixed 32k plan's first stage). What is still not priced: a stage's output per
 micro-batch in flight (the 16-bit tensor it sent, kept as the graph's root) and its received input at the previous
 stage's layout; docs/cost-model.md has the figures.
 """
