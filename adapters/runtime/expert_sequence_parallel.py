@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .gated_mlp import swiglu
+from .grouped_experts import bias_rows
 from .sequence_parallel import local_linear, sum_gradient_over_group
 
 
@@ -108,9 +109,6 @@ def partial_expert_mlps(experts: list[nn.Module], rows: torch.Tensor, counts: li
 
 
 
-def fc2_bias_rows(experts: list[nn.Module], counts: list[int], group: Any, dtype: torch.dtype, device) -> torch.Tensor:
+def fc2_bias_rows(experts: list[nn.Module], counts: list[int], group: Any, dtype: torch.dtype) -> torch.Tensor:
     """[Σ counts, hidden]: each expert-major row's expert's fc2 bias (replicated, its gradient summed over the group)."""
-    biases = torch.stack([sum_gradient_over_group(expert.fc2.bias, group) for expert in experts]).to(dtype)
-    expert_of_row = torch.repeat_interleave(torch.arange(len(counts), device=device),
-                                            torch.tensor(counts, device=device), output_size=sum(counts))
-    return biases[expert_of_row]
+    return bias_rows([sum_gradient_over_group(expert.fc2.bias, group) for expert in experts], counts, dtype)

@@ -164,7 +164,7 @@ def _over_tp_group(experts: list[ExpertMLP], rows: torch.Tensor, counts: list[in
     outputs = reduce_scatter_rows(partial, rows_per_rank, group)
     if experts[0].fc2.bias is None:
         return outputs
-    return outputs + fc2_bias_rows(experts, counts, group, outputs.dtype, rows.device)
+    return outputs + fc2_bias_rows(experts, counts, group, outputs.dtype)
 
 
 class MixtureOfExpertsMLP(nn.Module):

@@ -69,9 +69,15 @@ def grouped_linear(rows: torch.Tensor, counts: list[int], linears: list[nn.Linea
     output = _GroupedLinear.apply(rows.to(dtype).contiguous(), ends, tuple(counts), dtype, *weights)
     if linears[0].bias is None:
         return output
-    expert_of_row = torch.repeat_interleave(torch.arange(len(counts), device=rows.device),
-                                            torch.tensor(counts, device=rows.device), output_size=rows.size(0))
-    return output + torch.stack([linear.bias for linear in linears]).to(dtype)[expert_of_row]
+    return output + bias_rows([linear.bias for linear in linears], counts, dtype)
+
+
+def bias_rows(biases: list[torch.Tensor], counts: list[int], dtype: torch.dtype) -> torch.Tensor:
+    """[Σ counts, out]: each expert-major row's expert's bias (counts[e] rows of expert e), in `dtype`."""
+    stacked = torch.stack(biases).to(dtype)
+    expert_of_row = torch.repeat_interleave(torch.arange(len(counts), device=stacked.device),
+                                            torch.tensor(counts, device=stacked.device), output_size=sum(counts))
+    return stacked[expert_of_row]
 
 
 def _stacked(weights: tuple[torch.Tensor, ...], dtype: torch.dtype) -> torch.Tensor:
