@@ -14,7 +14,8 @@ from gbmw.cost.expert_parallel import (expert_data_parallel_group, expert_input_
                                       expert_tp_bytes_per_sample, expert_view)
 from gbmw.cost.fp8 import amax_reductions_s, fp8_cast_s, fp8_weight_copy_bytes, rank_fp8_parameters
 from gbmw.cost.framework_memory import (autocast_weight_copy_bytes, cross_entropy_workspace_bytes_per_logit,
-                                        fp32_residual_extra_share, gated_activation_peak_bytes,
+                                        fp32_residual_extra_share, gated_activation_forward_bytes,
+                                        gated_activation_peak_bytes,
                                         fp32_tp_input_extra_share, gather_buffer_bytes_per_parameter,
                                         prices_backward_workspace, sequence_parallel_gather_share)
 from gbmw.cost.matmul_waves import layer_wave_loss_s
@@ -217,11 +218,20 @@ def reference_layer_costs(
                                  np.where(experts_apart, dense_buffer, gather_buffer))
     backward_memory = gathered_parameters * parameter_bytes + np.maximum(gather_buffer - prefetched_buffer,
                                                                          backward_memory + prefetched_buffer)
-    # the gated activation's working set, in forward or in a checkpointed layer's recomputation, where it holds more
-    backward_memory = np.maximum(backward_memory, gated_activation_peak_bytes(
-        settings.framework, settings.precision, model, strategy, samples, d,
-        gathered_parameters * parameter_bytes + prefetched_buffer
-        + (intermediate + weight_copy + output_gradient if strategy.ckpt else 0.0)))
+    # the gated activation's working set, in a checkpointed layer's recomputation and in forward, where it holds more
+    if strategy.ckpt:
+        backward_memory = np.maximum(backward_memory, gated_activation_peak_bytes(
+            settings.framework, settings.precision, model, strategy, samples, d,
+            gathered_parameters * parameter_bytes + prefetched_buffer + intermediate + weight_copy + output_gradient))
+    # in forward, beside the all-gather buffer of the FSDP2 unit running it (the routed experts' own
+    # unit under EP with an expert-data-parallel group to shard over, else the whole layer's)
+    experts_buffer = rank_experts * gather_buffer_bytes_per_parameter(settings.framework, expert_strategy,
+                                                                      parameter_bytes)
+    experts_own_unit = (strategy.ep > 1) & (experts_buffer > 0)
+    backward_memory = np.maximum(backward_memory, gated_activation_forward_bytes(
+        settings.framework, settings.precision, model, strategy.tp, strategy.ep, samples, d, strategy.ckpt,
+        gathered_parameters * parameter_bytes, np.where(experts_own_unit, gather_buffer - experts_buffer, gather_buffer),
+        np.where(experts_own_unit, experts_buffer, gather_buffer)))
     held_states = (dense_parameters * model_state_bytes_per_parameter(weights, settings)
                    + rank_experts * model_state_bytes_per_parameter(expert_strategy, settings)
                    + fp8_parameters * fp8_weight_copy_bytes(settings.precision))

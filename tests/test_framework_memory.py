@@ -151,9 +151,19 @@ def test_gated_activation_working_set_is_the_peak_where_it_exceeds_the_backward(
     assert _backward(gated, "tp2-dp4", "bf16") == pytest.approx(2 * 10_000 / 2 * (16 - 2))
     # fp32: σ(gate) and gate·σ(gate) (8 bytes), less the 4-byte output
     assert _backward(gated, "dp8", "fp32") == pytest.approx(10_000 * (8 - 4))
-    # recomputed in a checkpointed layer's backward, beside its rebuilt stash (the 250-byte intermediates and a 16-bit
-    # copy of its 1000 weights) and its output's gradient (100 bytes in fp32: 200)
-    assert _backward(gated, "dp8+ckpt", "bf16") == pytest.approx(10_000 * 14 + 250 + 2 * 1000 + 200)
+    # a checkpointed layer's forward keeps nothing: its 16-bit gate and up (2 × 2 bytes) exist beside the four fp32
+    # tensors there, and nothing of the call is in the stash (20 bytes each); this toy's 250-byte intermediates do
+    # not hold them, so that moment is the larger (the recomputation's below would catch an estimate without it)
+    assert _backward(gated, "dp8+ckpt", "bf16") == pytest.approx(10_000 * (16 + 4))
+    # with a rebuilt stash that holds them (100 000 + 200 bytes of intermediates) the recomputation is the larger:
+    # the call less its output beside that stash, a 16-bit copy of its 1000 weights and its output's gradient (100
+    # bytes in fp32: 200)
+    stashed = make_layer("block", kind="decoder", gated_activation_elements_per_sample=10_000.0,
+                         intermediate_activation_bytes_per_sample=100_000.0)
+    assert _backward(stashed, "dp8+ckpt", "bf16") == pytest.approx(10_000 * 14 + 100_200 + 2 * 1000 + 200)
+    # ZeRO-2 (FSDP2): in forward the layer computes beside its own all-gather buffer (freed only at the next unit's
+    # copy-out): its 1000 fp32 weights, 4000 bytes; its recomputation gathers nothing (the weights stay gathered)
+    assert _backward(gated, "z2dp8+ckpt", "bf16") == pytest.approx(10_000 * (16 + 4) + 4 * 1000)
     assert _backward(gated, "dp8", "bf16", "megatron") == 0  # Megatron's fused SwiGLU keeps no fp32 tensors
 
 
@@ -172,6 +182,12 @@ def test_one_routed_expert_runs_its_gated_activation_on_the_copies_of_its_ep_gro
     assert _backward(moe, "dp8+ep8", "bf16") == pytest.approx(8 * 1000 * 14)
     loaded = moe.model_copy(update={"expert_load_factor": 1.5})  # the busiest rank of the group: 1.5 × the mean
     assert _backward(loaded, "dp8+ep4", "bf16") == pytest.approx(8 * 1.5 * 1000 * 14)
+    # in a checkpointed layer's forward (8000 elements × (16 + 2 × 2), its 16-bit gate and up beside the call) the
+    # routed experts run beside their own FSDP2 unit's all-gather buffer — ZeRO-2 over an expert-data-parallel group
+    # of 2: the rank's 2 of 8 experts, 100 fp32 weights, 400 bytes — and beside the whole layer's where nothing shards
+    # them apart (EP 8 = DP: the layer's 600 other weights, 2400 bytes)
+    assert _backward(moe, "z2dp8+ep4+ckpt", "bf16") == pytest.approx(8000 * 20 + 4 * 100)
+    assert _backward(moe, "z2dp8+ep8+ckpt", "bf16") == pytest.approx(8000 * 20 + 4 * 600)
 
 
 def test_a_mixture_of_experts_keeps_one_fp32_residual_input_per_sub_block():

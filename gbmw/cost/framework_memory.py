@@ -23,7 +23,11 @@ gbmw.adapters.profile.fake_memory):
   and holds less than the unsharded gradients priced.
 * A sharded layer (FSDP2: ZeRO-1/2/3) gathers its weights into one flat buffer of the whole layer's weights and
   copies them out to the layer's parameters: while the layer gathers, the buffer and the copies exist at once
-  (`gather_buffer_bytes_per_parameter`). The buffer is freed once copied out, before the layer computes; a block's
+  (`gather_buffer_bytes_per_parameter`). In forward FSDP2 frees a unit's buffer only at the next unit's copy-out
+  (to overlap that copy-out with the next all-gather), so a layer computes its forward beside its own buffer — the
+  routed experts' own unit's while they run (`gated_activation_forward_bytes`; traced, stage 3 of the Mixtral plan
+  with ZeRO-2 beside EP and recomputation: its peak is the experts' forward, beside their 1.3 GiB buffer — −3.1 %
+  before this was priced, −2.3 % after). In backward the buffer is freed once copied out, before the layer computes; a block's
   backward is charged a buffer of its own size beside what it computes (FSDP2 prefetches the next layer's all-gather
   in backward, about the layer's own size in a run of like blocks; the traces agree: charging the larger of buffer
   and backward instead put GPT-3 65B's ZeRO-2 stages 1.7–3.3 % under them). A ZeRO-3 head is the first layer of its
@@ -53,10 +57,12 @@ gbmw.adapters.profile.fake_memory):
   inputs it holds four fp32 tensors of the activation's size at once — gate and up cast to fp32, gate·σ(gate), the
   product — beside the 16-bit gate and up it keeps, before its 16-bit output exists (16 bytes per element); with
   fp32 inputs σ(gate) and gate·σ(gate), then gate·σ(gate) and the product (8; `gated_activation_working_bytes_per
-  _element`). It runs in forward, and again in a checkpointed layer's recomputation, where the layer's output
-  gradient waits beside it; a mixture of experts runs it once per expert on that expert's copies. Where that
-  moment holds more than the layer's backward (`gated_activation_peak_bytes`), it is the
-  layer's peak.
+  _element`). It runs in forward (`gated_activation_forward_bytes`: beside the unit's all-gather buffer; in a
+  checkpointed layer, whose forward keeps nothing, beside its own 16-bit gate and up too), and again in a checkpointed
+  layer's recomputation, where the rebuilt stash and the layer's output gradient wait beside it
+  (`gated_activation_peak_bytes`); a mixture of experts runs it once per expert on that expert's copies, or once on
+  all the rank's copies where the runtime groups them. Where either moment holds more than the layer's backward, it
+  is the layer's peak.
 * A head's cross-entropy holds, beside the fp32 softmax of the logits it keeps for backward, a working set that
   depends on who computes it (`cross_entropy_workspace_bytes_per_logit`, per TP-local logit): on one device torch's
   `F.cross_entropy` on the fp32 logits, whose backward holds nll_loss's fp32 gradient and log_softmax's fp32
@@ -204,14 +210,14 @@ def expert_call_rows(framework: str, precision: str, tp, ep, load, num_experts):
 
 def gated_activation_peak_bytes(framework: str, precision: str, model: ModelSpec, strategy: Strategy, samples: float,
                                 activation_bytes: int, held_bytes: np.ndarray) -> np.ndarray:
-    """[layer] what a layer holds beyond its forward stash (O_f) while its gated activation runs
-    (`gated_activation_working_bytes_per_element`): the working set on the largest call —
+    """[layer] what a checkpointed layer holds beyond its forward stash (O_f) while its gated activation runs again
+    in the recomputation (`gated_activation_working_bytes_per_element`): the working set on the largest call —
     the dense MLP or the shared experts on the rank's tokens, or one routed expert on its copies (under EP e, each of
     a rank's experts receives the copies of e ranks, the busiest rank `expert_load_factor` times the mean; all of a
     rank's experts at once where the runtime groups them, `expert_call_rows`) — less the
     activation's own output, which is part of O_f but not made yet, plus `held_bytes`: what else exists then (the
-    gathered weights and the gather buffer; in a checkpointed layer's recomputation, its rebuilt stash and its
-    output's gradient). 0 for layers without a gated MLP, and where the framework's working set is not priced."""
+    gathered weights, the prefetched gather buffer, the rebuilt stash and the output's gradient). 0 for layers
+    without a gated MLP, and where the framework's working set is not priced."""
     per_element = gated_activation_working_bytes_per_element(framework, precision)
     arrays = model.arrays
     if not per_element:
@@ -221,3 +227,28 @@ def gated_activation_peak_bytes(framework: str, precision: str, model: ModelSpec
     elements = np.maximum(arrays.gated_activation_elements_per_sample,
                           arrays.expert_gated_activation_elements_per_sample * expert_rows) * samples / strategy.tp
     return np.where(elements > 0, elements * (per_element - activation_bytes) + held_bytes, 0.0)
+
+
+def gated_activation_forward_bytes(framework: str, precision: str, model: ModelSpec, tp, ep, samples,
+                                   activation_bytes: int, recomputes, gathered_bytes, dense_call_buffer_bytes,
+                                   expert_call_buffer_bytes):
+    """[layer] what a layer holds beyond the stash before it while its gated activation runs in forward (the
+    module docstring): the working set of each call (the dense MLP or shared experts on the rank's tokens, the routed
+    experts on `expert_call_rows` shares of its copies) — less its output, part of O_f but not made yet; in a
+    checkpointed layer, whose forward keeps nothing, plus its 16-bit gate and up — beside the gathered ZeRO-3 weights
+    (`gathered_bytes`) and the all-gather buffer of the FSDP2 unit running the call (FSDP2 frees a unit's buffer in
+    forward only at the next unit's copy-out): the whole layer's, or the experts' own unit's for the routed experts
+    (`expert_call_buffer_bytes`). The larger call; 0 without a gated MLP or where the working set is not priced.
+    Arrays broadcast over layers."""
+    per_element = gated_activation_working_bytes_per_element(framework, precision)
+    arrays = model.arrays
+    if not per_element:
+        return np.zeros(model.num_layers)
+    own_bytes = np.where(recomputes, per_element + 2 * activation_bytes, per_element - activation_bytes)
+    expert_rows = expert_call_rows(framework, precision, tp, ep, arrays.expert_load_factor, arrays.num_experts)
+    dense_elements = arrays.gated_activation_elements_per_sample * samples / tp
+    expert_elements = arrays.expert_gated_activation_elements_per_sample * expert_rows * samples / tp
+    dense_call = np.where(dense_elements > 0, dense_elements * own_bytes + dense_call_buffer_bytes, 0.0)
+    expert_call = np.where(expert_elements > 0, expert_elements * own_bytes + expert_call_buffer_bytes, 0.0)
+    calls = np.maximum(dense_call, expert_call)
+    return np.where(calls > 0, calls + gathered_bytes, 0.0)

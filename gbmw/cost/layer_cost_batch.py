@@ -24,7 +24,7 @@ from gbmw.cost.comm import CommModel
 from gbmw.cost.context_parallel import context_parallel_costs
 from gbmw.cost.expert_parallel import expert_input_gathered_bytes
 from gbmw.cost.fp8 import amax_reductions_s, fp8_cast_s, fp8_weight_copy_bytes
-from gbmw.cost.framework_memory import (expert_call_rows, fp32_residual_extra_share,
+from gbmw.cost.framework_memory import (expert_call_rows, fp32_residual_extra_share, gated_activation_forward_bytes,
                                         gated_activation_working_bytes_per_element,
                                         prices_backward_workspace, runs_autocast)
 from gbmw.cost.layer_cost import CostSettings, LayerCosts, framework_overheads_s
@@ -288,15 +288,23 @@ def _memory_rows(model: ModelSpec, columns: StrategyColumns, settings: CostSetti
         gather_buffer))
     backward_memory = gathered_parameters * parameter_bytes + np.maximum(
         gather_buffer - prefetched_buffer, backward_memory + prefetched_buffer)
-    # gbmw.cost.framework_memory.gated_activation_peak_bytes
+    # the gated activation's working set (gbmw.cost.framework_memory): gated_activation_peak_bytes in a checkpointed
+    # layer's recomputation, beside its rebuilt stash; gated_activation_forward_bytes in forward
     per_element = gated_activation_working_bytes_per_element(framework, precision)
     if per_element:
-        held = gathered_parameters * parameter_bytes + prefetched_buffer + np.where(
-            ckpt, intermediate + weight_copy + output_gradient, 0.0)
+        held = (gathered_parameters * parameter_bytes + prefetched_buffer + intermediate + weight_copy
+                + output_gradient)
         expert_rows = expert_call_rows(framework, precision, tp, ep, arrays.expert_load_factor, arrays.num_experts)
         elements = np.maximum(arrays.gated_activation_elements_per_sample,
                               arrays.expert_gated_activation_elements_per_sample * expert_rows) * samples / tp
-        peak = np.where(elements > 0, elements * (per_element - d) + held, 0.0)
+        peak = np.where(ckpt & (elements > 0), elements * (per_element - d) + held, 0.0)  # in the recomputation
+        # in forward, beside the all-gather buffer of the FSDP2 unit running the call
+        experts_buffer = rank_experts * columns.gather_buffer_expert_bytes
+        experts_own_unit = (ep > 1) & (experts_buffer > 0)
+        peak = np.maximum(peak, gated_activation_forward_bytes(
+            framework, precision, model, tp, ep, samples, d, ckpt, gathered_parameters * parameter_bytes,
+            np.where(experts_own_unit, gather_buffer - experts_buffer, gather_buffer),
+            np.where(experts_own_unit, experts_buffer, gather_buffer)))
     else:
         peak = np.zeros(model.num_layers)
     return forward_memory, np.maximum(backward_memory, peak)
