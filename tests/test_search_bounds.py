@@ -146,3 +146,25 @@ def test_memory_grid_keeps_terms_on_it_and_rounds_others_up():
     rng = random.Random(0)
     terms = [rng.randrange(2**40) * 2.0**-12 for _ in range(8)]
     assert sum(terms) == sum(reversed(terms)) == sum(sorted(terms))
+
+
+def test_the_sweeps_shared_bound_parts_equal_what_each_setting_computes_alone():
+    """Under 1F1B the throughput bound's knapsack part and the stage-bound tables depend on the micro-batch count only
+    through the stages' in-flight counts, so the planner computes them once per micro-batch size and P (and per
+    in-flight counts) — the bounds must be bit for bit those each setting computes alone (a shared part keyed too
+    loosely, e.g. by m ≥ 1 for the stage tables, would differ at m < P)."""
+    from gbmw.search.bounds.setting_bounds import throughput_upper_bound
+    from gbmw.search.bounds.stage_knapsack_bound import memory_aware_throughput_bound
+
+    # activations that make the stash, so the in-flight counts change the stage bounds (with the tables shared by m
+    # alone, about a sixth of this sweep's memory-aware bounds differ)
+    job = make_job(make_model([make_layer(f"b{i}", parameter_count=1000 * (1 + i % 3),
+                                          intermediate_activation_bytes_per_sample=20_000.0) for i in range(8)]),
+                   make_cluster(), budget=2**22)
+    planner = Planner(job, "gbmw", explain_failure=False, sweep=True)
+    settings = planner._settings()
+    assert len({s.num_micro_batches for s in settings if s.pp == 4}) > 2  # counts below and at or above P
+    for setting in settings:
+        costs = planner._costs(setting.tables, setting.pp, setting.num_micro_batches, setting.virtual_stages)
+        assert setting.throughput_bound == throughput_upper_bound(costs, setting.allowed, planner.budget)
+        assert planner._memory_bound(setting) == memory_aware_throughput_bound(costs, setting.allowed, planner.budget)

@@ -48,8 +48,8 @@ from gbmw.cost.stage_cost import StageCosts, StrategyTables, stage_estimate
 from gbmw.errors import GbmwError
 from gbmw.plan import Plan
 from gbmw.search.balance import StageOutcome, bi_objective_adjustment, memory_balanced_partition, time_balanced_partition
-from gbmw.search.bounds.setting_bounds import cannot_fit, throughput_upper_bound
-from gbmw.search.bounds.stage_knapsack_bound import memory_aware_throughput_bound
+from gbmw.search.bounds.setting_bounds import cannot_fit, least_total_no_sync_s, throughput_upper_bound
+from gbmw.search.bounds.stage_knapsack_bound import memory_aware_throughput_bound, shared_stage_bound_tables
 from gbmw.search.exact.whole_plan_search import WholePlanSearch
 from gbmw.search.layer_cost_cache import cached_strategy_tables, cost_key
 from gbmw.search.nothing_fits import NothingFitsError, nothing_fits_message
@@ -96,11 +96,12 @@ class Planner:
     """Cost the attention the model declares even where the target fuses it (gbmw.specs.models.model_as_run): for
     costing another system's runs, e.g. the paper's testbed (benchmarks/paper_table3.py)."""
     stats: SearchStats = field(default_factory=SearchStats)
+    _stage_bound_cache: dict = field(default_factory=dict, init=False, repr=False)
+    """gbmw.search.bounds.stage_knapsack_bound.shared_stage_bound_tables's, for the settings of one run."""
 
     def __post_init__(self) -> None:
         self.spec: SearchSpace = search_space(self.variant, self.target)
-        target = get_target(self.spec.target)
-        target.check_precision(self.job.precision)
+        (target := get_target(self.spec.target)).check_precision(self.job.precision)
         fused = target.fused_attention and not self.attention_as_declared
         self.job = job = self.job.model_copy(update={"model": model_as_run(self.job.model, fused)})
         self.settings = CostSettings(job.cluster, job.precision, job.optimizer, target.framework, job.fp8_recipe)
@@ -155,10 +156,12 @@ class Planner:
                             self._costs(self._tables(strategies, micro_batch), pp, 1), heads_ok, self.budget):
                         break
                     continue
+                total_no_sync_s = (None if self.spec.schedule == "gpipe" else  # m-free under 1F1B: once for all m
+                                   least_total_no_sync_s(self._costs(tables, pp, 1), allowed, self.budget))
                 for count, interleaved_only in self._micro_batch_counts(micro_batch, pp):
                     for chunks in virtual_stage_choices(self._interleaves, int(model.is_block.sum()), pp,
                                                         count)[interleaved_only:]:
-                        bound = self._throughput_bound(tables, allowed, pp, micro_batch, count, chunks)
+                        bound = self._throughput_bound(tables, allowed, pp, micro_batch, count, chunks, total_no_sync_s)
                         result.append(Setting(pp, micro_batch, count, tables, allowed, bound, chunks))
         return result
 
@@ -171,9 +174,9 @@ class Planner:
         """The target interleaves 1F1B (Megatron's virtual pipeline stages; gbmw.search.units.virtual_stage_choices)."""
         return get_target(self.spec.target).interleaved_pipeline and self.spec.schedule == "1f1b"
 
-    def _throughput_bound(self, tables: StrategyTables, allowed: np.ndarray, pp: int, micro_batch: int,
-                          count: int, virtual_stages: int = 1) -> float:
-        return throughput_upper_bound(self._costs(tables, pp, count, virtual_stages), allowed, self.budget)
+    def _throughput_bound(self, tables: StrategyTables, allowed: np.ndarray, pp: int, micro_batch: int, count: int,
+                          virtual_stages: int = 1, total_no_sync_s: float | None = None) -> float:
+        return throughput_upper_bound(self._costs(tables, pp, count, virtual_stages), allowed, self.budget, total_no_sync_s)
 
     def _costs(self, tables: StrategyTables, pp: int, count: int, virtual_stages: int = 1) -> StageCosts:
         return StageCosts(self.job.model, tables, pp, count, self.spec.schedule, self.comm, virtual_stages,
@@ -316,15 +319,19 @@ class Planner:
         """The setting's memory-aware throughput bound (gbmw.search.bounds.stage_knapsack_bound), computed once."""
         if setting.memory_bound is None:
             costs = self._costs(setting.tables, setting.pp, setting.num_micro_batches, setting.virtual_stages)
-            setting.memory_bound = memory_aware_throughput_bound(costs, setting.allowed, self.budget)
+            setting.memory_bound = memory_aware_throughput_bound(costs, setting.allowed, self.budget, None if (
+                setting.virtual_stages != 1) else self._stage_bounds(costs, setting.allowed))
         return setting.memory_bound
+
+    def _stage_bounds(self, costs: StageCosts, allowed: np.ndarray) -> list[np.ndarray]:
+        return shared_stage_bound_tables(self._stage_bound_cache, costs, allowed, self.budget)
 
     def _search_whole_plans(self, setting: Setting, best_samples_per_s: float) -> list[Candidate]:
         """The exact search of one setting (gbmw.search.exact.whole_plan_search) for plans faster than `best_samples_per_s`."""
         model, tables, m = self.job.model, setting.tables, setting.num_micro_batches
         costs = self._costs(tables, setting.pp, m)
         limit_s = setting.global_batch / best_samples_per_s if best_samples_per_s > 0 else np.inf
-        found = WholePlanSearch(costs, self.budget, setting.allowed).solve(limit_s)
+        found = WholePlanSearch(costs, self.budget, setting.allowed, self._stage_bounds(costs, setting.allowed)).solve(limit_s)
         if found is None:
             return []
         _, partition, chosen = found
@@ -344,20 +351,11 @@ class Planner:
     def _plan_from(self, best: Candidate) -> Plan:
         setting = best.setting
         plan = Plan(
-            model=self.job.model.name,
-            cluster=self.job.cluster.name,
-            num_devices=self.job.cluster.num_devices,
-            precision=self.job.precision,
-            fp8_recipe=self.job.fp8_recipe,
-            global_batch=setting.global_batch,
-            micro_batch=setting.micro_batch,
-            num_micro_batches=setting.num_micro_batches,
-            pp=setting.pp,
-            partition=best.partition,
-            strategies=best.strategies,
-            target=self.spec.target,
-            schedule=self.spec.schedule,
-            virtual_stages=setting.virtual_stages,
+            model=self.job.model.name, cluster=self.job.cluster.name, num_devices=self.job.cluster.num_devices,
+            precision=self.job.precision, fp8_recipe=self.job.fp8_recipe, global_batch=setting.global_batch,
+            micro_batch=setting.micro_batch, num_micro_batches=setting.num_micro_batches, pp=setting.pp,
+            partition=best.partition, strategies=best.strategies, target=self.spec.target,
+            schedule=self.spec.schedule, virtual_stages=setting.virtual_stages,
             provenance={
                 "gbmw_version": __version__,
                 "variant": self.variant if self.spec.target == "runtime" else None,

@@ -48,7 +48,20 @@ def cannot_fit(costs: StageCosts, allowed: np.ndarray, budget_bytes: float) -> b
     return bool(alone.min(axis=0).max() > budget_bytes or lightest.sum() > costs.pp * budget_bytes)
 
 
-def throughput_upper_bound(costs: StageCosts, allowed: np.ndarray, budget_bytes: float) -> float:
+def least_total_no_sync_s(costs: StageCosts, allowed: np.ndarray, budget_bytes: float) -> float:
+    """The knapsack part of `throughput_upper_bound`: a lower bound of the stages' summed no-sync time over the plans
+    whose memory fits all stages together (inf where none can). Under 1F1B it does not depend on the micro-batch
+    count (each stage holds at least one micro-batch's activations whatever m is), so a sweep computes it once per
+    micro-batch size and pipeline degree; under GPipe every micro-batch is held."""
+    tables = costs.tables
+    no_sync = np.where(allowed, tables.time_no_grad_sync_s, np.inf)
+    k = costs.num_micro_batches if costs.schedule == "gpipe" else 1
+    memory = least_state_bytes(costs) + k * tables.forward_memory_bytes
+    return knapsack_lower_bound(no_sync, memory, costs.pp * budget_bytes)
+
+
+def throughput_upper_bound(costs: StageCosts, allowed: np.ndarray, budget_bytes: float,
+                           total_no_sync_s: float | None = None) -> float:
     """B / (a lower bound of Eq. (9) over every plan of this setting that fits).
 
     The iteration time (gbmw.cost.pipeline_schedules; synchronisation and optimizer steps only add to it) is at least
@@ -56,13 +69,13 @@ def throughput_upper_bound(costs: StageCosts, allowed: np.ndarray, budget_bytes:
     stages' average and at least one layer's least): the stages' no-sync times sum to at
     least the least total no-sync time of plans whose memory fits all stages together —
     Σ_l (O_ms + O_f) ≤ P · E, since every stage holds at least one micro-batch, with O_ms from `least_state_bytes`
-    (a tied weight counted once) — which the Lagrangian dual of that knapsack bounds from below.
+    (a tied weight counted once) — which the Lagrangian dual of that knapsack bounds from below
+    (`least_total_no_sync_s`; pass its value as `total_no_sync_s` where it is known for these costs' tables).
     """
     tables, pp, count = costs.tables, costs.pp, costs.num_micro_batches
     no_sync = np.where(allowed, tables.time_no_grad_sync_s, np.inf)
-    k = count if costs.schedule == "gpipe" else 1
-    memory = least_state_bytes(costs) + k * tables.forward_memory_bytes
-    total_no_sync = knapsack_lower_bound(no_sync, memory, pp * budget_bytes)
+    total_no_sync = (least_total_no_sync_s(costs, allowed, budget_bytes) if total_no_sync_s is None
+                     else total_no_sync_s)
     slowest_stage = max(total_no_sync / pp, no_sync.min(axis=0).max())
     # Synchronisation: the slowest stage's is at least the stages' average and at least any one layer's least (a
     # stage's is the sum over its layers of their non-negative extras). The optimizer step is left out: a stage

@@ -162,13 +162,28 @@ def stage_bound_tables(costs: StageCosts, allowed: np.ndarray, budget_bytes: flo
             for j, k in enumerate(costs.in_flight)]
 
 
-def memory_aware_throughput_bound(costs: StageCosts, allowed: np.ndarray, budget_bytes: float) -> float:
+def shared_stage_bound_tables(cache: dict, costs: StageCosts, allowed: np.ndarray, budget_bytes: float
+                              ) -> list[np.ndarray]:
+    """`stage_bound_tables`, kept in `cache` by all they depend on: the strategy tables and the mask (by identity;
+    the entry holds them, so no other object takes their ids while it lives), the budget, P and the stages'
+    in-flight micro-batches — the micro-batch count m enters only through those, so the settings of a sweep with
+    m ≥ P share one."""
+    key = (id(costs.tables), id(allowed), budget_bytes, costs.pp, tuple(costs.in_flight))
+    if key not in cache:
+        cache[key] = (costs.tables, allowed, stage_bound_tables(costs, allowed, budget_bytes))
+    return cache[key][2]
+
+
+def memory_aware_throughput_bound(costs: StageCosts, allowed: np.ndarray, budget_bytes: float,
+                                  stage_bounds: list[np.ndarray] | None = None) -> float:
     """B / T_lower for the setting of `costs` among the strategies `allowed` per layer (see the module); 0 when no
-    partition can fit."""
+    partition can fit. `stage_bounds`: its `stage_bound_tables`, where known."""
     tables, pp, count = costs.tables, costs.pp, costs.num_micro_batches
     if costs.virtual_stages != 1:  # interleaved stages hold several chunks each: not this model
         return np.inf
-    slowest, stages = partition_bounds(stage_bound_tables(costs, allowed, budget_bytes))
+    if stage_bounds is None:
+        stage_bounds = stage_bound_tables(costs, allowed, budget_bytes)
+    slowest, stages = partition_bounds(stage_bounds)
     if not np.isfinite(slowest):  # no partition fits (checked before (m − 1) · inf, NaN for m = 1)
         return 0.0
     sync = np.where(allowed, tables.time_s - tables.time_no_grad_sync_s, np.inf).min(axis=0)

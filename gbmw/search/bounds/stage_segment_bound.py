@@ -111,15 +111,17 @@ class StageCompletionBound:
         if key not in self._pairs:
             before_max, before_sum, after_max, after_sum = self.tables
             parts = []
-            for i in stage_indices:
+            for i in stage_indices:  # every (f, e) of stage i, f-major then e ascending, as one broadcast
                 last_end = self.layers - (self.pp - 1 - i)
                 firsts = np.nonzero(np.isfinite(before_max[i, :last_end]))[0]
-                for f in firsts[firsts + done <= last_end]:
-                    ends = np.arange(f + done, last_end + 1)
-                    other_max = np.maximum(before_max[i, f], after_max[i + 1, ends])
-                    other_sum = before_sum[i, f] + after_sum[i + 1, ends]
-                    finite = np.isfinite(other_max) & np.isfinite(other_sum)
-                    parts.append(np.stack([np.full(ends.shape, f + done), ends, other_max, other_sum])[:, finite])
+                firsts = firsts[firsts + done <= last_end][:, None]
+                ends = np.arange(last_end + 1)[None, :]
+                other_max = np.maximum(before_max[i, firsts], after_max[i + 1, ends])
+                other_sum = before_sum[i, firsts] + after_sum[i + 1, ends]
+                valid = (ends >= firsts + done) & np.isfinite(other_max) & np.isfinite(other_sum)
+                rows, columns = np.nonzero(valid)
+                parts.append(np.stack([(firsts[:, 0] + done)[rows], ends[0, columns], other_max[valid],
+                                       other_sum[valid]]).astype(float))
             pairs = np.concatenate(parts, axis=1) if parts else np.zeros((4, 0))
             starts, ends = pairs[0].astype(np.int64), pairs[1].astype(np.int64)
             least = self.least_prefix_s[ends] - self.least_prefix_s[starts]

@@ -79,7 +79,9 @@ each, fewer than 10^3 terms), far below this; a plan faster than the incumbent b
 class WholePlanSearch:
     """The exact search of one setting (see the module docstring), among the strategies `allowed` per layer."""
 
-    def __init__(self, costs: StageCosts, budget_bytes: float, allowed: np.ndarray):
+    def __init__(self, costs: StageCosts, budget_bytes: float, allowed: np.ndarray,
+                 stage_bounds: list[np.ndarray] | None = None):
+        """`stage_bounds`: the setting's gbmw.search.bounds.stage_knapsack_bound.stage_bound_tables, where known."""
         tables, model = costs.tables, costs.model
         self.costs, self.tables, self.allowed = costs, tables, allowed
         self.pp, self.m, self.layers = costs.pp, costs.num_micro_batches, model.num_layers
@@ -144,7 +146,8 @@ class WholePlanSearch:
         self.least_params_suffix = suffix(params)
         # [i, layer]: min max and min Σ of LB_j over the stages before stage i (layers [0, layer)) and from stage i
         # on (layers [layer, L)), under the budget every stage of a plan fits
-        partitions = partition_tables(stage_bound_tables(costs, allowed, float(budget_bytes)))
+        partitions = partition_tables(stage_bounds if stage_bounds is not None
+                                      else stage_bound_tables(costs, allowed, float(budget_bytes)))
         self.before_max, self.before_sum, self.after_max, self.after_sum = partitions
         self._completion = StageCompletionBound(costs, allowed, partitions, boundary_floors_s(costs, allowed)[1])
         self._suffix: SuffixTimeBound | None = None
