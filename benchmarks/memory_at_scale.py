@@ -25,9 +25,11 @@ tests/test_fake_memory.py shows the fake trace's peak equals the real step's on 
   nothing, so a 128k trace takes about as long as a 32k one.
 Prints estimated and tracked peak per rank and the error; the target (issue 12) is |error| ≤ 3 %.
 
-Last runs (2026-11-27, one command per case set, docs/cost-model.md): dense 2.3 % largest (PASS); mixture of experts
-3.1 % (FAIL by one stage: gbmw's Mixtral plan +1.4 %, the mixed plan −1.7 % to +1.9 %, with ZeRO beside EP −3.1 % to
-+1.4 %, with +sp in the MoE blocks −2.2 % to +1.8 %; the runtime's grouped experts, docs/cost-model.md); long sequences 2.5 % (PASS: the mixed 32k plan's first stage). What is still not priced: a stage's output per
+Last runs (2026-11-27, sixth session, one command per case set, docs/cost-model.md): dense 2.3 % largest (PASS);
+mixture of experts 2.3 % (PASS: gbmw's Mixtral plan +1.3 %, the mixed plan −1.7 % to +1.9 %, with ZeRO beside EP
+−2.3 % to +1.4 %, with +sp in the MoE blocks −2.2 % to +1.8 %; it was 3.1 % before a checkpointed block's forward,
+beside its FSDP2 unit's all-gather buffer, was priced); long sequences 2.5 % (PASS: the mixed 32k plan's first
+stage). What is still not priced: a stage's output per
 micro-batch in flight (the 16-bit tensor it sent, kept as the graph's root) and its received input at the previous
 stage's layout; docs/cost-model.md has the figures.
 """
