@@ -15,8 +15,9 @@ tests/test_fake_memory.py shows the fake trace's peak equals the real step's on 
   parallelism (+sp) in every block, and that with selective recomputation (+sel) in the blocks without +ckpt;
 - mixture of experts: gbmw's plan for Mixtral-8x7B on 64 H100-80GB (`mixtral-8x7b_h100-80g-x64`: expert parallelism
   with plain DP in the MoE blocks), a mixed per-layer plan for it (EP degrees 2–8 beside TP, ZeRO and
-  checkpointing), and that plan with ZeRO-1/2/3 in the MoE blocks beside EP (experts sharded over their
-  expert-data-parallel group). Their MoE layers route by the balanced assignment (every expert n·k/E copies), the estimator's
+  checkpointing), that plan with ZeRO-1/2/3 in the MoE blocks beside EP (experts sharded over their
+  expert-data-parallel group), one with +sp in its MoE blocks and one with the experts at a TP degree of their own
+  (+etpN: whole beside TP 2 and 4, ETP 2 inside TP 4; `--plans +etpN` traces it alone). Their MoE layers route by the balanced assignment (every expert n·k/E copies), the estimator's
   stated assumption (`moe.load_imbalance` = 1; gbmw.adapters.profile.fake_memory says what that leaves unchecked);
 - long sequences (`--only long`): gbmw's plans of the `gbmw+ulysses` variant (`gbmw plan JOB --variant gbmw+ulysses`)
   for Llama 3.1 8B at 32768-token samples (`llama3.1-8b-32k_h100-80g-x64`) and at 131072-token samples
@@ -28,8 +29,9 @@ Prints estimated and tracked peak per rank and the error; the target (issue 12) 
 Last runs (2026-11-27, sixth session, one command per case set, docs/cost-model.md): dense 2.3 % largest (PASS);
 mixture of experts 2.3 % (PASS: gbmw's Mixtral plan +1.3 %, the mixed plan −1.7 % to +1.9 %, with ZeRO beside EP
 −2.3 % to +1.4 %, with +sp in the MoE blocks −2.2 % to +1.8 %; it was 3.1 % before a checkpointed block's forward,
-beside its FSDP2 unit's all-gather buffer, was priced); long sequences 2.5 % (PASS: the mixed 32k plan's first
-stage). What is still not priced: a stage's output per
+beside its FSDP2 unit's all-gather buffer, was priced; the +etpN plan, later that day: −2.0 % to +1.3 %, −28.7 % to
++1.3 % before whole experts beside TP were priced as grouped and keeping their 16-bit copies); long sequences 2.5 %
+(PASS: the mixed 32k plan's first stage). What is still not priced: a stage's output per
 micro-batch in flight (the 16-bit tensor it sent, kept as the graph's root) and its received input at the previous
 stage's layout; docs/cost-model.md has the figures.
 """
@@ -114,6 +116,17 @@ def mixtral_sequence_parallel_plan(job):
     return plan_from_strategy_names(job.model, 64, names, [5, 4, 4, 4, 4, 4, 4, 5], 256, 32, cluster=job.cluster.name)
 
 
+def mixtral_expert_tensor_parallel_plan(job):
+    """Mixtral-8x7B on 64 devices in eight stages of 8 with the experts at a TP degree of their own (+etpN, megatron-
+    core's ETP · EP · EDP grid): whole experts (+etp1) beside TP 2 and 4 with plain DP, ZeRO-1/2/3 and
+    checkpointing, and ETP 2 inside TP 4 (gbmw.adapters.runtime.experts: at ETP 1 no gather, the rank's own copies
+    through its whole experts, grouped)."""
+    names = (["z1dp8"] + ["tp2-dp4+ep8+etp1+sp"] * 8 + ["tp4-z1dp2+ep4+etp1+sp"] * 4 + ["tp2-sdp4+ep4+etp1+sp"] * 4
+             + ["tp2-z2dp4+ep2+etp1+sp+ckpt"] * 8 + ["tp4-dp2+ep2+etp2+sp"] * 4 + ["tp4-dp2+ep4+etp2+sp+ckpt"] * 4
+             + ["sdp8"])
+    return plan_from_strategy_names(job.model, 64, names, [5, 4, 4, 4, 4, 4, 4, 5], 256, 32, cluster=job.cluster.name)
+
+
 def llama31_ulysses_mixed_plan(job):
     """Llama 3.1 8B on 64 devices in two stages of 32, each layer's strategy chosen by hand to mix Ulysses degrees
     (2, 4, 8) with TP (tp × ulysses divides the 8 key/value heads), ZeRO-1/2/3 and checkpointing."""
@@ -141,7 +154,9 @@ def moe_cases():
             ("mixed per-layer MoE plan, Mixtral-8x7B, 64 devices", mixtral, mixtral_mixed_plan(mixtral)),
             ("the same with ZeRO-1/2/3 beside EP, Mixtral-8x7B", mixtral, mixtral_sharded_plan(mixtral)),
             ("a per-layer MoE plan with +sp in the MoE blocks, Mixtral-8x7B", mixtral,
-             mixtral_sequence_parallel_plan(mixtral))]
+             mixtral_sequence_parallel_plan(mixtral)),
+            ("the experts at their own TP degree (+etpN), Mixtral-8x7B", mixtral,
+             mixtral_expert_tensor_parallel_plan(mixtral))]
 
 
 def long_cases():
@@ -160,8 +175,10 @@ CASES = {"dense": dense_cases, "moe": moe_cases, "long": long_cases}
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", choices=sorted(CASES), help="trace only the dense, the mixture-of-experts or the long-sequence plans")
+    parser.add_argument("--plans", metavar="WORD", help="trace only the plans whose label holds WORD (e.g. +etpN)")
     args = parser.parse_args()
-    cases = [case for kind, make in CASES.items() if args.only in (None, kind) for case in make()]
+    cases = [case for kind, make in CASES.items() if args.only in (None, kind) for case in make()
+             if args.plans is None or args.plans in case[0]]
     console = Console(highlight=False, width=140)
     table = Table(title="peak memory per rank: estimate vs the runtime's step traced under fake tensors")
     for column in ("plan", "rank", "stage", "estimated GiB", "tracked GiB", "error", "trace s"):

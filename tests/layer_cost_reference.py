@@ -149,8 +149,9 @@ def reference_layer_costs(
     # What gbmw's runtime keeps beyond the 16-bit accounting under autocast (gbmw.cost.framework_memory; not for
     # embeddings, which keep token ids): the one-device layers' 16-bit weight copy, and fp32 residual-stream inputs.
     not_embedding = np.array([layer.kind != "embedding" for layer in model.layers])
-    weight_copy = device_parameters * autocast_weight_copy_bytes(settings.framework, settings.precision,
-                                                                strategy.tp) * not_embedding
+    weight_copy = (dense_parameters * autocast_weight_copy_bytes(settings.framework, settings.precision, strategy.tp)
+                   + rank_experts * autocast_weight_copy_bytes(settings.framework, settings.precision,
+                                                               strategy.expert_tensor_parallel)) * not_embedding
     d = ACTIVATION_DTYPE_BYTES[model.precision]
     residual_share = fp32_residual_extra_share(settings.framework, settings.precision, d)
     fp32_share = residual_share * not_embedding
@@ -229,7 +230,8 @@ def reference_layer_costs(
                                                                       parameter_bytes)
     experts_own_unit = (strategy.ep > 1) & (experts_buffer > 0)
     backward_memory = np.maximum(backward_memory, gated_activation_forward_bytes(
-        settings.framework, settings.precision, model, strategy.tp, strategy.ep, samples, d, strategy.ckpt,
+        settings.framework, settings.precision, model, strategy.tp, strategy.ep, strategy.expert_tensor_parallel,
+        samples, d, strategy.ckpt,
         gathered_parameters * parameter_bytes, np.where(experts_own_unit, gather_buffer - experts_buffer, gather_buffer),
         np.where(experts_own_unit, experts_buffer, gather_buffer)))
     held_states = (dense_parameters * model_state_bytes_per_parameter(weights, settings)

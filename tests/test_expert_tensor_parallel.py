@@ -215,13 +215,11 @@ def test_rank_groups_against_megatron_cores_rank_generator():
 # ------------------------------------------------------------------------------------------- targets and the search
 
 
-def test_only_megatron_core_runs_it_and_the_others_say_why_in_one_line():
+def test_megatron_core_and_the_runtime_run_it_and_megatron_deepspeed_says_why_in_one_line():
     strategy = Strategy.parse("tp2-dp4+ep4+etp1+sp")
-    assert get_target("megatron-core").allows(strategy, 1)
-    assert not get_target("megatron-deepspeed").allows(strategy, 1) and not get_target("runtime").allows(strategy, 1)
-    assert runtime_strategy_refusal(strategy) == (
-        "strategy tp2-dp4+ep4+etp1+sp: gbmw's runtime runs the experts at the layer's TP degree (2), not +etp1; leave "
-        "+etp out, or plan for --target megatron-core")
+    assert get_target("megatron-core").allows(strategy, 1) and get_target("runtime").allows(strategy, 1)
+    assert not get_target("megatron-deepspeed").allows(strategy, 1)
+    assert runtime_strategy_refusal(strategy) is None
     job = gbmw.load_job("mixtral-8x7b_h100-80g-x64")
     with pytest.raises(PlanError) as refused:
         gbmw.uniform_plan(job, "tp=2,pp=4,zero=1,ep=8,etp=1,sp=on,micro=1,target=megatron-deepspeed")
@@ -230,7 +228,7 @@ def test_only_megatron_core_runs_it_and_the_others_say_why_in_one_line():
         "runs the experts at the layer's TP degree — use --target megatron-core")
 
 
-def test_the_space_offers_etp1_beside_the_layers_tp_for_megatron_core_only():
+def test_the_space_offers_etp1_beside_the_layers_tp_where_the_target_runs_it():
     plain = enumerate_strategies(8, axes=("tp", "dp"), sequence_parallel=True, expert_parallel=True)
     offered = enumerate_strategies(8, axes=("tp", "dp"), sequence_parallel=True, expert_parallel=True,
                                    expert_tensor_parallel=True)
@@ -240,11 +238,11 @@ def test_the_space_offers_etp1_beside_the_layers_tp_for_megatron_core_only():
     assert all(Strategy.parse(name).expert_tp == 1 for name in added)
     assert not any("dp2-tp4" in name or "dp4-tp2" in name for name in added)  # TP innermost only
     cluster = tiny_moe_job(8).cluster
-    assert search_space(target="megatron-core").expert_tensor_parallel
-    assert any(s.expert_tp for s in search_space(target="megatron-core").strategies(cluster, 1, experts=True))
-    assert not any(s.expert_tp for s in search_space(target="megatron-core").strategies(cluster, 1, experts=False))
-    for target in ("runtime", "megatron-deepspeed"):
-        assert not any(s.expert_tp for s in search_space(target=target).strategies(cluster, 1, experts=True))
+    for target in ("megatron-core", "runtime"):
+        assert search_space(target=target).expert_tensor_parallel
+        assert any(s.expert_tp for s in search_space(target=target).strategies(cluster, 1, experts=True))
+        assert not any(s.expert_tp for s in search_space(target=target).strategies(cluster, 1, experts=False))
+    assert not any(s.expert_tp for s in search_space(target="megatron-deepspeed").strategies(cluster, 1, experts=True))
 
 
 def test_a_uniform_search_never_mixes_etp1_with_the_layers_tp():

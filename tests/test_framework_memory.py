@@ -46,6 +46,20 @@ def test_autocast_keeps_one_device_weight_copies_and_an_fp32_residual_stream():
         "dp8", "fp32", "megatron").forward_memory_bytes[1]  # no autocast in fp32
 
 
+def test_whole_experts_beside_tp_keep_their_16_bit_copies():
+    # +etp1: the rank's routed experts are nn.Linear (grouped), so they keep a 16-bit copy of their 400 / 4 = 100
+    # weights (200 bytes) where the layer's TP linears keep none; the rest of the layer as without +etp1
+    cluster = make_cluster()
+    moe = make_layer("block", kind="decoder", num_experts=8, experts_per_token=2, expert_parameter_count=400)
+
+    def forward(name, framework="gbmw-runtime"):
+        return layer_costs(make_model([moe], "bf16"), Strategy.parse(name), 8, CostSettings(cluster, "bf16",
+                           framework=framework), CommModel(cluster)).forward_memory_bytes[0]
+
+    assert forward("tp2-dp4+ep4+etp1+sp") - forward("tp2-dp4+ep4+sp") == pytest.approx(100 * 2)
+    assert forward("tp2-dp4+ep4+etp1+sp", "megatron") == forward("tp2-dp4+ep4+sp", "megatron")
+
+
 def test_the_runtime_backward_holds_the_gradients_in_and_out_and_the_layer_workspace():
     cluster = make_cluster()
     layer = make_layer("block", backward_workspace_tp_split_bytes_per_sample=300.0,
@@ -180,6 +194,10 @@ def test_one_routed_expert_runs_its_gated_activation_on_the_copies_of_its_ep_gro
     # at EP 1 and at EP 8 alike, × the busiest rank's load under EP
     assert _backward(moe, "dp8", "bf16") == pytest.approx(8 * 1000 * 14)
     assert _backward(moe, "dp8+ep8", "bf16") == pytest.approx(8 * 1000 * 14)
+    # the experts whole beside TP 2 (+etp1): grouped as at TP 1, on the rank's own copies (its sequence slice's, 2
+    # samples / TP 2 of them); the layer's TP experts (+sp without +etp) run one by one on the TP group's gathered copies
+    assert _backward(moe, "tp2-dp4+ep4+etp1+sp", "bf16") == pytest.approx(8 * 1000 * 2 / 2 * 14)
+    assert _backward(moe, "tp2-dp4+ep4+sp", "bf16") == pytest.approx(4 * 1000 * 2 / 2 * 14)
     loaded = moe.model_copy(update={"expert_load_factor": 1.5})  # the busiest rank of the group: 1.5 × the mean
     assert _backward(loaded, "dp8+ep4", "bf16") == pytest.approx(8 * 1.5 * 1000 * 14)
     # in a checkpointed layer's forward (8000 elements × (16 + 2 × 2), its 16-bit gate and up beside the call) the

@@ -26,6 +26,14 @@ PLANS = [
     ("tp2+sp", MODEL, 2, ["tp2", "tp2+sp", "tp2+sp", "tp2+sp+ckpt", "tp2+sp", "tp2"], [6], 2),
     ("tp2-dp2+ep2+sp", MODEL, 4, ["tp2-dp2", "tp2-dp2+sp", "tp2-dp2+ep2+sp", "dp2-tp2+ep2+sp", "tp2-dp2+ep2+sp+ckpt",
                                   "tp2-dp2"], [6], 2),
+    # +etpN: the experts at a TP degree of their own (megatron-core's ETP · EP · EDP grid over the stage's ranks): at
+    # ETP 1 whole experts on each rank's own copies, the EP group spanning TP ranks; at ETP 2 inside TP 4 the copies
+    # gathered over the ETP pair only
+    ("tp2+ep2+etp1+sp", MODEL, 2, ["tp2", "tp2+sp", "tp2+ep2+etp1+sp", "tp2+ep2+etp1+sp+ckpt", "tp2+sp", "tp2"], [6], 2),
+    ("tp2-dp2+etp1", MODEL, 4, ["tp2-dp2", "tp2-dp2+ep2+etp1+sp", "tp2-dp2+ep2+etp1+sp", "tp2-dp2+ep4+etp1+sp",
+                                "tp2-dp2+ep2+sp+ckpt", "tp2-dp2"], [6], 2),
+    ("tp4+ep2+etp2", MODEL, 4, ["tp4", "tp4+sp", "tp4+ep2+etp2+sp", "tp4+ep4+etp1+sp+ckpt", "tp4+ep2+etp2+sp", "tp4"],
+     [6], 2),
 ]
 # Tolerances: test_runtime_equivalence's (same fp32 reorderings: an expert sums its tokens' gradients in another
 # order when they arrive from several ranks; its argument holds unchanged). What they still catch here: expert
@@ -170,8 +178,9 @@ def test_the_routers_choices_are_the_same_in_every_expert_parallel_arrangement()
 @pytest.mark.dist
 def test_a_checkpoint_saved_under_ep2_resumes_under_ep1_and_ep4(tmp_path):
     """Checkpoints hold every expert's full tensors by name whatever the EP degree: saved after 2 steps under dp2+ep2
-    (2 experts per rank), resumed on one process and under dp4+ep4 (one per rank), the third step's loss and the
-    weights after it equal uninterrupted single-process training."""
+    (2 experts per rank), resumed on one process, under dp4+ep4 (one per rank) and with the experts at TP degrees of
+    their own (+etpN: shards of 1/2, whole), the third step's loss and the weights after it equal uninterrupted
+    single-process training."""
     from dist_fixture import run_distributed
     from runtime_reference import collect, distributed_training
     from test_runtime_equivalence import assert_same_training
@@ -180,22 +189,24 @@ def test_a_checkpoint_saved_under_ep2_resumes_under_ep1_and_ep4(tmp_path):
     run_distributed(2, distributed_training, MODEL, ["dp2+ep2"] * 6, [6], GLOBAL_BATCH, 2, 2, str(checkpoint),
                     timeout_s=150)
     expected_losses, expected_weights = _reference()
-    for processes, strategy in ((1, "single"), (4, "dp4+ep4")):
-        resumed = run_distributed(processes, distributed_training, MODEL, [strategy] * 6, [6], GLOBAL_BATCH, 2, 1,
+    etp = ["tp4", "tp4+sp", "tp4+ep2+etp2+sp", "tp4+ep4+etp1+sp", "tp2-dp2+ep2+etp1+sp", "tp4"]  # experts' own TP
+    for processes, strategies in ((1, ["single"] * 6), (4, ["dp4+ep4"] * 6), (4, etp)):
+        resumed = run_distributed(processes, distributed_training, MODEL, strategies, [6], GLOBAL_BATCH, 2, 1,
                                   None, str(checkpoint), timeout_s=150)
         assert_same_training(*collect(resumed), expected_losses[2:], expected_weights)
 
 
 @pytest.mark.dist
 def test_clipping_counts_each_expert_gradient_once():
-    """The global gradient norm weights a routed expert's gradient by its expert-data-parallel copies (dp / ep), the
-    others by their data-parallel copies: clipped training with different EP degrees per block (and TP on the
-    embedding) equals clipped single-process training."""
+    """The global gradient norm weights a routed expert's gradient by its expert-data-parallel copies (dp / ep, or
+    W / (ETP · EP) under +etpN, times the ETP copies of an unsplit one), the others by their data-parallel copies:
+    clipped training with different EP and ETP degrees per block (and TP on the embedding) equals clipped
+    single-process training."""
     from dist_fixture import run_distributed
     from runtime_reference import collect, distributed_training, reference_training
     from test_runtime_equivalence import CLIP_NORM, assert_same_training
 
-    strategies = ["tp4", "dp4+ep2", "dp4+ep2", "dp4+ep4", "dp4", "dp4"]
+    strategies = ["tp4", "dp4+ep2", "tp2-dp2+ep2+etp1+sp", "dp4+ep4", "tp4+ep2+etp2+sp", "dp4"]
     trained = run_distributed(4, distributed_training, MODEL, strategies, [6], GLOBAL_BATCH, 2, STEPS, None, None, 0,
                               CLIP_NORM, timeout_s=150)
     assert_same_training(*collect(trained), *reference_training(MODEL, GLOBAL_BATCH, STEPS, max_grad_norm=CLIP_NORM))

@@ -20,6 +20,10 @@ PLANS = [
     # layers z1dp
     ("mixed", MODEL, 4, ["z1dp4", "z1dp4", "sdp4+ep2", "tp2-sdp2+ep2+ckpt", "dp4+ep2", "z1dp4"], [6], 2),
     ("pp2", MODEL, 4, ["sdp2", "tp2", "sdp2+ep2", "z2dp2+ep2+ckpt", "z1dp2+ep2", "dp2"], [3, 3], 4),
+    # +etp1: the experts whole, sharded over their expert-data-parallel pair (ranks ETP · EP = 2 apart), the rest over
+    # the data-parallel pair
+    ("etp1", MODEL, 4, ["tp2-z1dp2", "tp2-z1dp2", "tp2-sdp2+ep2+etp1+sp", "tp2-z2dp2+ep2+etp1+sp+ckpt",
+                        "tp2-z1dp2+ep2+etp1+sp", "tp2-z1dp2"], [6], 2),
 ]
 # Tolerances: test_runtime_equivalence's, as in test_runtime_moe (the same fp32 reorderings: an expert's gradient
 # summed from copies that arrive from several ranks, a reduce-scatter in place of an all-reduce). What they still

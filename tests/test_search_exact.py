@@ -35,7 +35,7 @@ def test_oracle_enumerates_the_variants_strategies(variant, devices):
     space = search_space(variant)
     for pp, experts in itertools.product(space.pipeline_degrees(cluster, None), (False, True)):
         expected = space.strategies(cluster, pp, experts=experts)
-        found = oracle_strategies(ORACLE_SPACES[variant], devices // pp, experts)
+        found = oracle_strategies(ORACLE_SPACES[variant], devices // pp, experts, cluster.devices_per_node)
         assert sorted(s.name for s in found) == sorted(s.name for s in expected)
         assert len(set(found)) == len(found)
         assert space.schedule == ORACLE_SPACES[variant].schedule

@@ -18,7 +18,8 @@ plain loops rather than read from the search:
   recomputes, whose data-parallel degree divides b and whose TP degree divides the layer's attention and key/value
   heads; `gbmw` on a mixture-of-experts model: every tree with one data-parallel axis of degree d also with expert
   parallelism +epE for every power of two 2 ≤ E ≤ d, on the MoE blocks whose experts E divides (never on a dense
-  layer); `gbmw+ulysses` also offers a `ulysses` axis, placed immediately inside the one data-parallel axis (or outermost
+  layer), and every +sp tree whose innermost axis is TP (inside a node) with at most one data-parallel axis also with
+  the experts whole beside it, +epE+etp1, for every power of two 2 ≤ E ≤ N / P; `gbmw+ulysses` also offers a `ulysses` axis, placed immediately inside the one data-parallel axis (or outermost
   without one), never with +sp or +ep, on layers whose attention and key/value heads tp·u divides and whose sequence
   u divides, and — the dominance rule of gbmw.space.spaces.SearchSpace.usable — only at micro-batch sizes that
   u·d does not divide (d the data-parallel degree). `ORACLE_SPACES` writes these rules out; tests/test_search_exact.py
@@ -95,7 +96,8 @@ class OracleSpace:
     """`gbmw`: every tree with TP also with +sp (Korthikanti et al. Sec. 4.2.2), at each recomputation level; the
     runtime runs it in Transformer blocks whose sequence the TP degree divides (`_runtime_runs`)."""
     expert_parallel: bool = False
-    """`gbmw`: on a mixture-of-experts model, every strategy with one data-parallel axis also with +epE."""
+    """`gbmw`: on a mixture-of-experts model, every strategy with one data-parallel axis also with +epE, and every
+    +sp strategy whose TP (inside a node) is innermost, with at most one data-parallel axis, also with +epE+etp1."""
     ulysses_where_undominated: bool = False
     """`gbmw+ulysses`: a strategy with a ulysses axis of degree u and data-parallel degree d only where u·d does not divide
     the micro-batch (elsewhere the same tree with the ulysses axis folded into data parallelism, d·u ways, costs
@@ -116,9 +118,11 @@ ORACLE_SPACES: dict[str, OracleSpace] = {
 `bi-objective`), all on gbmw's runtime target with the 1F1B schedule."""
 
 
-def oracle_strategies(space: OracleSpace, group_size: int, experts: bool = False) -> list[Strategy]:
+def oracle_strategies(space: OracleSpace, group_size: int, experts: bool = False, devices_per_node: int | None = None
+                      ) -> list[Strategy]:
     """Every decision tree over `group_size` devices the variant allows, without and with CKPT (and with each EP
-    degree its one data-parallel axis allows, for a mixture-of-experts model)."""
+    degree its one data-parallel axis allows, for a mixture-of-experts model, and the experts whole beside a TP of at
+    most `devices_per_node` ranks, None: any)."""
     degrees = [2**e for e in range(1, group_size.bit_length()) if 2**e <= group_size]
     trees: list[tuple] = [()] if group_size == 1 else []
     for count in range(1, len(space.axes) + 1):
@@ -148,7 +152,11 @@ def oracle_strategies(space: OracleSpace, group_size: int, experts: bool = False
         if len(data) == 1 and strategy.sequence_axis is None:
             with_ep += [Strategy(strategy.dims, strategy.ckpt, sp=strategy.sp, ep=ep)
                         for ep in degrees if data[0] % ep == 0]
-    return strategies + with_ep
+    whole = [Strategy(strategy.dims, strategy.ckpt, sp=True, ep=ep, expert_tp=1)
+             for strategy in strategies if strategy.sp and strategy.dims[0][0] == "tp"
+             and (devices_per_node is None or strategy.tp <= devices_per_node) and len(strategy.dims) <= 2
+             for ep in degrees]
+    return strategies + with_ep + whole
 
 
 def _tp_divides_heads(strategy: Strategy, layer: LayerSpec) -> bool:
@@ -316,7 +324,8 @@ class WholePlanOracle:
 
     def _allowed(self, setting: Setting) -> tuple[list[Strategy], list[list[int]]] | None:
         group = self.job.cluster.num_devices // setting.pp
-        usable = [s for s in oracle_strategies(self.space, group, self.model.is_mixture_of_experts)
+        usable = [s for s in oracle_strategies(self.space, group, self.model.is_mixture_of_experts,
+                                               self.job.cluster.devices_per_node)
                   if _usable(self.space, s, setting.micro_batch)]
         allowed = [[i for i, s in enumerate(usable) if _runtime_runs(s, layer, self.model.sequence_length)]
                    for layer in self.model.layers]

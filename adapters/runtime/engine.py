@@ -1,24 +1,23 @@
 """The training engine: a Plan and a model architecture → this rank's pipeline stage and its train step.
 
-Composition, in a fixed order for every layer of the stage (torchtitan's order: TP → checkpointing →
-sharding):
+Composition, in a fixed order for every layer of the stage (torchtitan's order: TP → checkpointing → sharding):
 1. build the layer with its strategy's TP group (tensor_parallel, megatron-core layers);
-2. wrap it for activation checkpointing when the strategy says `+ckpt` (torch's checkpoint_wrapper:
-   only the layer input is stashed, the rest is recomputed in backward), or checkpoint its attention core alone
-   when it says `+sel` (attention_core_recompute);
+2. wrap it for activation checkpointing when the strategy says `+ckpt` (torch's checkpoint_wrapper: only the layer
+   input is stashed, the rest is recomputed in backward), or checkpoint its attention core alone when it says `+sel`
+   (attention_core_recompute);
 3. shard it over its data-parallel group when the strategy uses sdp/z1dp/z2dp (sharding, FSDP2), an MoE block's
    routed experts under +epN over their expert-data-parallel group (expert_data_parallel);
-4. set its weights from full tensors (initial values by parameter name, or a checkpoint), sliced for
-   this rank — so every plan, and single-process training, starts from the same model.
-A mixture-of-experts block holds the routed experts of its EP rank (`+epN`, experts: tokens reach them by all-to-all)
-and sums (or shards, with ZeRO) their gradients over its expert-data-parallel group, its other gradients over the
-data-parallel group (expert_data_parallel).
+4. set its weights from full tensors (initial values by parameter name, or a checkpoint), sliced for this rank — so
+   every plan, and single-process training, starts from the same model.
+A mixture-of-experts block holds the routed experts of its EP rank (`+epN`, experts: tokens reach them by all-to-all),
+split over their own TP group under `+etpN`, and sums (or shards, with ZeRO) their gradients over its
+expert-data-parallel group, its other gradients over the data-parallel group (expert_data_parallel).
 A layer with a `ulysses` or `cp` axis runs on its rank's part of each sample's tokens (ulysses: all-to-alls around the
 attention core; context_parallel: ring attention); its weights see those ranks as data-parallel ones (gradient_view):
 gradients are summed and parameters sharded over the data-parallel and sequence ranks together.
-Between layers whose strategies slice the micro-batch differently the activation is re-laid
-(redistribute, Slice-Gather); stages run 1F1B (pipeline); gradients are synchronised after the last
-micro-batch (sharding); tied weights are summed across their copies (tied_weights); Adam steps.
+Between layers whose strategies slice the micro-batch differently the activation is re-laid (redistribute,
+Slice-Gather); stages run 1F1B (pipeline); gradients are synchronised after the last micro-batch (sharding); tied
+weights are summed across their copies (tied_weights); Adam steps.
 
 Loss arithmetic: the objective is the mean over the global batch of each sample's loss, i.e. the mean
 over the m micro-batches of the mean over each micro-batch. A rank whose head sees 1/k of a micro-batch
@@ -46,6 +45,7 @@ from gbmw.space.strategy import Strategy
 from .context_parallel import ContextParallel
 from .expert_data_parallel import gradient_parts, shard_layer
 from .experts import ExpertParallel, gather_experts, is_expert_parameter
+from .gradient_norm import sum_of_squares_float64
 from .groups import GroupPool
 from .local_adam import LocalShardAdam
 from .model import TransformerBlock, build_layer, check_runtime_supports, initial_value, layer_names
@@ -90,6 +90,10 @@ class StageLayer:
     """Parameter name (inside the layer) → the dim TP splits it along (None: replicated)."""
     parameters: dict[str, nn.Parameter]
     """Parameter name (inside the layer, wrappers' prefixes removed) → this rank's parameter."""
+
+    def tensor_parallel_of(self, key: str) -> TensorParallel:
+        """The TP group that splits parameter `key`: the experts' own under +etpN for a routed expert's, else the layer's."""
+        return self.experts.tensor_parallel(self.tp) if is_expert_parameter(key) else self.tp
 
 
 class HybridEngine:
@@ -186,12 +190,12 @@ class HybridEngine:
         """Every parameter from `full_tensor(full name, full shape)`, sliced for this rank's TP and DP."""
         for layer in self.layers:
             for key, parameter in layer.parameters.items():
-                dim = layer.split_dims[key]
+                dim, tp = layer.split_dims[key], layer.tensor_parallel_of(key)
                 shape = list(parameter.shape)
                 if dim is not None:
-                    shape[dim] *= layer.tp.size
+                    shape[dim] *= tp.size
                 full = full_tensor(f"{layer.name}.{key}", torch.Size(shape))
-                local = shard_for_rank(full, dim, layer.tp)
+                local = shard_for_rank(full, dim, tp)
                 local_value(parameter).copy_(local_value(shard_like(local, parameter)))
 
     # ------------------------------------------------------------------ training
@@ -286,8 +290,9 @@ class HybridEngine:
                 if parameter.grad is None or self.tied.is_copy(f"{layer.name}.{key}"):
                     continue
                 data = layer.expert_data_parallel if is_expert_parameter(key) else layer.data_parallel
-                copies = (1 if data.sharded else data.size) * (layer.tp.size if layer.split_dims[key] is None else 1)
-                squares += _sum_of_squares_float64(local_value(parameter.grad)) / copies
+                copies = (1 if data.sharded else data.size) * (
+                    layer.tensor_parallel_of(key).size if layer.split_dims[key] is None else 1)
+                squares += sum_of_squares_float64(local_value(parameter.grad)) / copies
         dist.all_reduce(squares)
         norm = squares.sqrt()
         scale = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
@@ -328,12 +333,12 @@ class HybridEngine:
             for key, parameter in layer.parameters.items():
                 if self.tied.is_copy(f"{layer.name}.{key}"):
                     continue  # restored from the embedding's copy
-                dim = layer.split_dims[key]
-                tensors[key] = gather_full(full_value(parameter.detach()), dim, layer.tp).cpu()
+                dim, tp = layer.split_dims[key], layer.tensor_parallel_of(key)
+                tensors[key] = gather_full(full_value(parameter.detach()), dim, tp).cpu()
                 state = self.optimizer.state.get(parameter, {})
                 for moment in ("exp_avg", "exp_avg_sq"):
                     if moment in state:
-                        tensors[f"{key}#{moment}"] = gather_full(full_value(state[moment]), dim, layer.tp).cpu()
+                        tensors[f"{key}#{moment}"] = gather_full(full_value(state[moment]), dim, tp).cpu()
             result[layer.name] = gather_experts(tensors, layer.experts, self.device)  # every EP rank's experts
         return result
 
@@ -352,7 +357,8 @@ class HybridEngine:
                 for moment in ("exp_avg", "exp_avg_sq"):
                     full = _lookup(layers, f"{name}#{moment}", full_shape)
                     # clone: tied copies must not share one moment tensor (Adam updates it in place)
-                    moments[moment] = shard_like(shard_for_rank(full, dim, layer.tp), parameter).detach().clone()
+                    moments[moment] = shard_like(shard_for_rank(full, dim, layer.tensor_parallel_of(key)), parameter
+                                                 ).detach().clone()
                 self.optimizer.state[parameter] = {"step": torch.tensor(float(step)), **moments}
         self.step = step
         self.consumed_samples = step * self.plan.global_batch if consumed_samples is None else consumed_samples
@@ -385,16 +391,3 @@ def _canonical(name: str) -> str:
 
     return name.replace(_CHECKPOINT_PREFIX, "")
 
-
-NORM_CHUNK_ELEMENTS = 2**22
-"""Elements squared in float64 at a time for the gradient norm: its transient memory is 16 bytes per element
-of one chunk (64 MiB), not of the largest gradient (an embedding's 16 bytes × vocabulary × hidden)."""
-
-
-def _sum_of_squares_float64(tensor: torch.Tensor) -> torch.Tensor:
-    """Σ x² of every element, each squared and summed in float64, a chunk at a time."""
-    flat = tensor.reshape(-1)
-    total = torch.zeros((), dtype=torch.float64, device=tensor.device)
-    for start in range(0, flat.numel(), NORM_CHUNK_ELEMENTS):
-        total += flat[start:start + NORM_CHUNK_ELEMENTS].double().square().sum()
-    return total

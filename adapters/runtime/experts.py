@@ -16,9 +16,13 @@ local expert on the copies it received from all sources, returns the outputs by 
 and forms the weighted sum on the tokens' own rank. `_AllToAll`'s backward is the reverse all-to-all of the
 gradient. With TP > 1 each expert is column- then row-parallel on the layer's TP group (as the dense MLP,
 gbmw.adapters.runtime.tensor_parallel): the EP group is the ranks of one TP index, and the TP peers of a rank hold
-the same tokens and routing, so they receive the same copies. Every local expert runs even on no tokens, so each
-expert weight has a gradient (zero) in every arrangement — the same on every rank of a group, and in single-process
-training.
+the same tokens and routing, so they receive the same copies. Under `+etpN` (megatron-core's
+--expert-tensor-parallel-size, always with +sp: gbmw.space.expert_tensor_parallel) the experts are split over their
+own TP group of N consecutive ranks instead (`ExpertParallel.tensor`), the EP group is N ranks apart and spans TP
+ranks, each routing its own sequence slice; the copies an EP rank receives are gathered over its ETP group for the
+experts' shards (gbmw.adapters.runtime.expert_sequence_parallel), and at ETP 1 the whole experts run on the rank's
+own copies with no gather. Every local expert runs even on no tokens, so each expert weight has a gradient (zero) in
+every arrangement — the same on every rank of a group, and in single-process training.
 
 Parameter names are plan-independent (`moe.router.weight`, `moe.experts.<e>.fc1.weight` with e the global expert
 index, `moe.shared.fc1.weight`): a rank holds the experts it owns under their global names, and `gather_experts`
@@ -87,12 +91,15 @@ def routes_balanced() -> bool:
 
 @dataclass(frozen=True)
 class ExpertParallel:
-    """The EP group of one layer on this rank."""
+    """The EP group of one layer on this rank, and the experts' own TP group under `+etpN`."""
 
     group: Any
     """torch.distributed ProcessGroup, None for one rank (every expert local)."""
     size: int
     rank: int
+    tensor: TensorParallel | None = None
+    """The experts' TP group under `+etpN` (gbmw.ranks.RankLayout.expert_tensor_group: ETP consecutive ranks, this
+    rank's index among them); None: the layer's TP group."""
 
     @classmethod
     def single(cls) -> "ExpertParallel":
@@ -102,7 +109,15 @@ class ExpertParallel:
     def of(cls, pool, strategy: Strategy) -> "ExpertParallel":
         """This rank's EP group under `strategy`, from the process-group pool (gbmw.adapters.runtime.groups)."""
         ranks = pool.layout.expert_group(pool.rank, strategy)
-        return cls(pool.get(ranks), len(ranks), ranks.index(pool.rank))
+        tensor = None
+        if strategy.expert_tp is not None:
+            tensor_ranks = pool.layout.expert_tensor_group(pool.rank, strategy)
+            tensor = TensorParallel(pool.get(tensor_ranks), len(tensor_ranks), tensor_ranks.index(pool.rank))
+        return cls(pool.get(ranks), len(ranks), ranks.index(pool.rank), tensor)
+
+    def tensor_parallel(self, layer_tp: TensorParallel) -> TensorParallel:
+        """The TP group the routed experts are split over: their own under `+etpN`, else the layer's."""
+        return layer_tp if self.tensor is None else self.tensor
 
 
 def is_expert_parameter(key: str) -> bool:
@@ -134,15 +149,15 @@ class LocalExperts(nn.ModuleDict):
     """The routed experts this rank holds, by their global index (`"<e>"`), run in one call: its forward is what
     FSDP2 hooks when it shards them over the expert-data-parallel group (gbmw.adapters.runtime.expert_data_parallel)."""
 
-    def forward(self, rows: torch.Tensor, counts: list[int], sequence_parallel_group: Any = None,
+    def forward(self, rows: torch.Tensor, counts: list[int], expert_rows_group: Any = None,
                 balanced: bool = False) -> torch.Tensor:
         """Expert-major rows, counts[i] of them for the i-th local expert → their outputs in the same order: as grouped
         products where they run (gbmw.adapters.runtime.grouped_experts), else expert by expert. With
-        `sequence_parallel_group` (+sp, TP > 1) the rows are this TP rank's, and the experts' TP shards run on the
-        rows of every rank of the group (gbmw.adapters.runtime.expert_sequence_parallel)."""
+        `expert_rows_group` (+sp, the experts' TP group of more than one rank) the rows are this rank's, and the
+        experts' TP shards run on the rows of every rank of the group (gbmw.adapters.runtime.expert_sequence_parallel)."""
         experts = list(self.values())
-        if sequence_parallel_group is not None:
-            return _over_tp_group(experts, rows, counts, sequence_parallel_group, balanced)
+        if expert_rows_group is not None:
+            return _over_tp_group(experts, rows, counts, expert_rows_group, balanced)
         grouped = grouped_expert_mlps(experts, rows, counts)
         if grouped is not None:
             return grouped
@@ -178,9 +193,13 @@ class MixtureOfExpertsMLP(nn.Module):
         self.num_experts, self.top_k, self.ep = moe.num_experts, moe.top_k, experts
         self.sequence_parallel_group = tp.group if tp.sequence_parallel and tp.size > 1 else None
         """+sp: the TP group whose ranks hold sequence slices (gbmw.adapters.runtime.expert_sequence_parallel)."""
+        expert_tp = experts.tensor_parallel(tp)
+        self.expert_rows_group = expert_tp.group if tp.sequence_parallel and expert_tp.size > 1 else None
+        """+sp: the experts' TP group, over which the received copies are gathered for the experts' shards (the layer's
+        TP group, or the ETP group under +etpN; None at ETP 1: whole experts on this rank's own copies)."""
         self.router = nn.Linear(hidden, moe.num_experts, bias=False, dtype=dtype)
         local = moe.num_experts // experts.size
-        routed_tp = replace(tp, sequence_parallel=False)  # under +sp the routed experts' shards run without collectives
+        routed_tp = replace(expert_tp, sequence_parallel=False)  # under +sp the experts' shards run without collectives
         self.experts = LocalExperts({
             str(index): ExpertMLP(hidden, moe.expert_ffn_hidden_size, bias, gated, routed_tp, dtype)
             for index in range(experts.rank * local, (experts.rank + 1) * local)})
@@ -239,7 +258,7 @@ class MixtureOfExpertsMLP(nn.Module):
         regroup, rows, per_expert = expert_major_rows(
             received, received_counts, count * top_k // self.num_experts if balanced else None)
         del received
-        outputs = self.experts(rows, per_expert, self.sequence_parallel_group, balanced)
+        outputs = self.experts(rows, per_expert, self.expert_rows_group, balanced)
         del rows
         if regroup is not None:
             outputs = outputs[torch.argsort(regroup)]

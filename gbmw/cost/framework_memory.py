@@ -191,21 +191,21 @@ def sequence_parallel_gather_share(framework: str, strategy: Strategy) -> float:
 
 
 def groups_experts(framework: str, precision: str) -> bool:
-    """Whether gbmw's runtime runs a rank's routed experts as grouped products at TP 1 (gbmw.adapters.runtime
+    """Whether gbmw's runtime runs a rank's routed experts as grouped products at expert TP 1 (gbmw.adapters.runtime
     .grouped_experts: bf16 products, and fp32 ones on a CPU), so that one gated activation call covers the copies of
     all its local experts, not one expert's."""
     return framework == "gbmw-runtime" and precision in ("bf16", "fp32")
 
 
-def expert_call_rows(framework: str, precision: str, tp, ep, load, num_experts):
+def expert_call_rows(framework: str, precision: str, expert_tp, ep, load, num_experts):
     """Copies of one gated activation call of the routed experts, in units of one expert's share of a rank's own
     copies: one expert (the loop) receives the copies of its EP group's ep ranks (the busiest `load` times the mean;
-    its own rank's alone at EP 1); grouped (`groups_experts` at TP 1) all the rank's E/ep experts' at once — E shares
-    (× load under EP). Arrays broadcast."""
+    its own rank's alone at EP 1); grouped (`groups_experts` at expert TP 1: TP 1, or +etp1 beside the layer's TP)
+    all the rank's E/ep experts' at once — E shares (× load under EP). Arrays broadcast."""
     one_expert = np.where(ep > 1, ep * load, 1.0)
     if not groups_experts(framework, precision):
         return one_expert
-    return np.where(tp == 1, num_experts * np.where(ep > 1, load, 1.0), one_expert)
+    return np.where(expert_tp == 1, num_experts * np.where(ep > 1, load, 1.0), one_expert)
 
 
 def gated_activation_peak_bytes(framework: str, precision: str, model: ModelSpec, strategy: Strategy, samples: float,
@@ -222,14 +222,14 @@ def gated_activation_peak_bytes(framework: str, precision: str, model: ModelSpec
     arrays = model.arrays
     if not per_element:
         return np.zeros(model.num_layers)
-    expert_rows = expert_call_rows(framework, precision, strategy.tp, strategy.ep, arrays.expert_load_factor,
-                                   arrays.num_experts)
+    expert_rows = expert_call_rows(framework, precision, strategy.expert_tensor_parallel, strategy.ep,
+                                   arrays.expert_load_factor, arrays.num_experts)
     elements = np.maximum(arrays.gated_activation_elements_per_sample,
                           arrays.expert_gated_activation_elements_per_sample * expert_rows) * samples / strategy.tp
     return np.where(elements > 0, elements * (per_element - activation_bytes) + held_bytes, 0.0)
 
 
-def gated_activation_forward_bytes(framework: str, precision: str, model: ModelSpec, tp, ep, samples,
+def gated_activation_forward_bytes(framework: str, precision: str, model: ModelSpec, tp, ep, expert_tp, samples,
                                    activation_bytes: int, recomputes, gathered_bytes, dense_call_buffer_bytes,
                                    expert_call_buffer_bytes):
     """[layer] what a layer holds beyond the stash before it while its gated activation runs in forward (the
@@ -239,13 +239,13 @@ def gated_activation_forward_bytes(framework: str, precision: str, model: ModelS
     (`gathered_bytes`) and the all-gather buffer of the FSDP2 unit running the call (FSDP2 frees a unit's buffer in
     forward only at the next unit's copy-out): the whole layer's, or the experts' own unit's for the routed experts
     (`expert_call_buffer_bytes`). The larger call; 0 without a gated MLP or where the working set is not priced.
-    Arrays broadcast over layers."""
+    `expert_tp`: the experts' TP degree (where they are grouped). Arrays broadcast over layers."""
     per_element = gated_activation_working_bytes_per_element(framework, precision)
     arrays = model.arrays
     if not per_element:
         return np.zeros(model.num_layers)
     own_bytes = np.where(recomputes, per_element + 2 * activation_bytes, per_element - activation_bytes)
-    expert_rows = expert_call_rows(framework, precision, tp, ep, arrays.expert_load_factor, arrays.num_experts)
+    expert_rows = expert_call_rows(framework, precision, expert_tp, ep, arrays.expert_load_factor, arrays.num_experts)
     dense_elements = arrays.gated_activation_elements_per_sample * samples / tp
     expert_elements = arrays.expert_gated_activation_elements_per_sample * expert_rows * samples / tp
     dense_call = np.where(dense_elements > 0, dense_elements * own_bytes + dense_call_buffer_bytes, 0.0)

@@ -232,7 +232,8 @@ def _memory_rows(model: ModelSpec, columns: StrategyColumns, settings: CostSetti
     intermediate = (arrays.intermediate_activation_bytes_per_sample
                     + arrays.intermediate_tp_split_activation_bytes_per_sample / tp) * samples + extra_activation
     not_embedding = kinds != "embedding"
-    weight_copy = device_parameters * columns.weight_copy_bytes * not_embedding
+    weight_copy = (dense_parameters * columns.weight_copy_bytes
+                   + rank_experts * columns.expert_weight_copy_bytes) * not_embedding
     residual_share = fp32_residual_extra_share(framework, precision, d)
     fp32_share = residual_share * not_embedding
     tp_input_share = columns.tp_input_share * not_embedding
@@ -294,7 +295,8 @@ def _memory_rows(model: ModelSpec, columns: StrategyColumns, settings: CostSetti
     if per_element:
         held = (gathered_parameters * parameter_bytes + prefetched_buffer + intermediate + weight_copy
                 + output_gradient)
-        expert_rows = expert_call_rows(framework, precision, tp, ep, arrays.expert_load_factor, arrays.num_experts)
+        expert_rows = expert_call_rows(framework, precision, columns.expert_tp, ep, arrays.expert_load_factor,
+                                       arrays.num_experts)
         elements = np.maximum(arrays.gated_activation_elements_per_sample,
                               arrays.expert_gated_activation_elements_per_sample * expert_rows) * samples / tp
         peak = np.where(ckpt & (elements > 0), elements * (per_element - d) + held, 0.0)  # in the recomputation
@@ -302,7 +304,7 @@ def _memory_rows(model: ModelSpec, columns: StrategyColumns, settings: CostSetti
         experts_buffer = rank_experts * columns.gather_buffer_expert_bytes
         experts_own_unit = (ep > 1) & (experts_buffer > 0)
         peak = np.maximum(peak, gated_activation_forward_bytes(
-            framework, precision, model, tp, ep, samples, d, ckpt, gathered_parameters * parameter_bytes,
+            framework, precision, model, tp, ep, columns.expert_tp, samples, d, ckpt, gathered_parameters * parameter_bytes,
             np.where(experts_own_unit, gather_buffer - experts_buffer, gather_buffer),
             np.where(experts_own_unit, experts_buffer, gather_buffer)))
     else:

@@ -20,8 +20,8 @@ with what torch's code does, pass by pass:
   (read m, g; write m: 12), mul_ and addcmul_ of the second (8 + 12), its sqrt into a new tensor (8), div_ and
   add_ of ε on that tensor (8 + 8), addcdiv_ into the weights (read w, m, tmp; write w: 16) — 72 bytes per
   parameter;
-* the gradient norm in float64, a chunk at a time (engine's `_sum_of_squares_float64`): .double() (read 4,
-  write 8), square (16), sum (8) — 36 bytes; then the clip's scale, mul_ in place (8).
+* the gradient norm in float64, a chunk at a time (the runtime's `gradient_norm.sum_of_squares_float64`): .double()
+  (read 4, write 8), square (16), sum (8) — 36 bytes; then the clip's scale, mul_ in place (8).
 
 Its three unfused autograd functions (adapters/runtime/rms_norm.py, gated_mlp.py, rotary.py) make more passes over
 their activations than the one read and one write per tensor gbmw.specs.transformer_layers counts for every target

@@ -135,6 +135,8 @@ class StrategyColumns:
     overhead_flags: tuple[tuple[bool, bool, bool], ...]
     """Per strategy: (tp > 1, sdp > 1, ckpt), all that layer_cost.framework_overheads_s reads."""
     weight_copy_bytes: np.ndarray
+    expert_weight_copy_bytes: np.ndarray
+    """`weight_copy_bytes` of the routed experts under EP, at their own TP degree (whole experts at +etp1 keep it)."""
     tp_input_share: np.ndarray
     cross_entropy_bytes_per_logit: np.ndarray
     sequence_parallel_gather_share: np.ndarray
@@ -212,6 +214,8 @@ def _build(strategies: tuple[Strategy, ...], settings: CostSettings, comm: CommM
         expert_sync=SyncColumns.of(comm, expert_groups, [1] * len(strategies)) if any(expert_groups) else None,
         overhead_flags=tuple((s.tp > 1, s.degree("sdp") > 1, s.ckpt) for s in strategies),
         weight_copy_bytes=column([autocast_weight_copy_bytes(framework, precision, s.tp) for s in strategies], int),
+        expert_weight_copy_bytes=column(
+            [autocast_weight_copy_bytes(framework, precision, s.expert_tensor_parallel) for s in strategies], int),
         tp_input_share=column([fp32_tp_input_extra_share(framework, precision, d, s.tp) for s in strategies]),
         cross_entropy_bytes_per_logit=column(
             [cross_entropy_workspace_bytes_per_logit(framework, precision, s.tp) for s in strategies]),

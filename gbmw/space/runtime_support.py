@@ -5,7 +5,8 @@ The runtime (gbmw.adapters.runtime.model) builds GPT-style decoders — GPT-2/3 
 GELU MLP, biases) and LLaMA-style (RMSNorm, SwiGLU, rotary positions, grouped-query attention, no biases,
 tied or untied head), mixture-of-experts ones among them (dropless top-k routing, shared experts, expert parallelism
 +epN with any data-parallel flavour — dp, z1dp, z2dp, sdp, the experts sharded over their expert-data-parallel group;
-not a capacity factor; +sp as megatron-core runs it, gbmw.adapters.runtime.expert_sequence_parallel), not with multi-head latent
+not a capacity factor; +sp as megatron-core runs it, gbmw.adapters.runtime.expert_sequence_parallel; the experts at a
+TP degree of their own, +etpN, gbmw.space.expert_tensor_parallel), not with multi-head latent
 attention, attention sinks or a router bias, nor BLOOM's, OPT's, Falcon's or Gemma's layouts (`dense_layout_refusal`)
 — and
 BERT encoders. It trains in fp32 or bf16 (fp16 would need loss
@@ -105,13 +106,9 @@ def dense_layout_refusal(architecture: Any) -> str | None:
 
 
 def runtime_strategy_refusal(strategy) -> str | None:
-    """Why gbmw's runtime cannot run a layer's strategy's sequence axis or expert TP degree (one sentence), or None
-    when it can: `gbmw train` refuses such a plan before starting, and the engine refuses the layer with the same
-    words."""
+    """Why gbmw's runtime cannot run a layer's strategy's sequence axis (one sentence), or None when it can: `gbmw
+    train` refuses such a plan before starting, and the engine refuses the layer with the same words."""
     axis, name = strategy.sequence_axis, strategy.name
-    if strategy.expert_tp is not None:
-        return (f"strategy {name}: gbmw's runtime runs the experts at the layer's TP degree ({strategy.tp}), not "
-                f"+etp{strategy.expert_tp}; leave +etp out, or plan for --target megatron-core")
     what = {"cp": "context parallelism (cp)", "ulysses": "Ulysses"}.get(axis)
     if axis is not None and strategy.sp:
         return (f"strategy {name}: gbmw's runtime runs {what} without +sp (its tokens are already split over the "

@@ -69,7 +69,7 @@ class SearchSpace:
     """Offer expert parallelism (+epN) to mixture-of-experts models."""
     expert_tensor_parallel: bool = False
     """With `expert_parallel`: offer the experts whole (+epN+etp1) beside at the layer's TP degree, where the target
-    runs an expert TP degree of its own (megatron-core)."""
+    runs an expert TP degree of its own (megatron-core, gbmw's runtime)."""
     sequence_split_where_undominated: bool = False
     """Offer a strategy with a sequence axis (`ulysses`, `cp`) only at micro-batch sizes where its `gradient_view` is
     not usable (`usable`)."""
@@ -185,7 +185,7 @@ VARIANTS: dict[str, SearchSpace] = {
     "bmw": SearchSpace("Galvatron-BMW", partitioning=("time", "bi-objective")),
     "gbmw": SearchSpace(
         "gbmw (BMW + ZeRO-1/2)", axes=("dp", "z1dp", "z2dp", "sdp", "tp"), partitioning=("time", "bi-objective"),
-        single_data_parallel_axis=True, sequence_parallel=True, expert_parallel=True,
+        single_data_parallel_axis=True, sequence_parallel=True, expert_parallel=True, expert_tensor_parallel=True,
     ),
     # The default leaves Ulysses (and CP) out: offering Ulysses made GPT-3 65B's search on 64 H100s about 4x slower
     # (5 s -> 18-20 s, measured side by side) for a 1.4 % faster plan, and the dominance rule is exact per layer, not
@@ -193,12 +193,12 @@ VARIANTS: dict[str, SearchSpace] = {
     "gbmw+ulysses": SearchSpace(
         "gbmw + Ulysses", axes=("dp", "z1dp", "z2dp", "sdp", "tp", "ulysses"), partitioning=("time", "bi-objective"),
         strategy_filter=lambda s, pp: _runtime_runs(s), single_data_parallel_axis=True,
-        sequence_parallel=True, expert_parallel=True, sequence_split_where_undominated=True,
+        sequence_parallel=True, expert_parallel=True, expert_tensor_parallel=True, sequence_split_where_undominated=True,
     ),
     "gbmw+cp": SearchSpace(
         "gbmw + ring CP", axes=("dp", "z1dp", "z2dp", "sdp", "tp", "cp"), partitioning=("time", "bi-objective"),
         strategy_filter=lambda s, pp: _runtime_runs(s), single_data_parallel_axis=True,
-        sequence_parallel=True, expert_parallel=True, sequence_split_where_undominated=True,
+        sequence_parallel=True, expert_parallel=True, expert_tensor_parallel=True, sequence_split_where_undominated=True,
     ),
 }
 DEFAULT_VARIANT = "gbmw"

@@ -111,7 +111,7 @@ class Target:
     --expert-tensor-parallel-size). Megatron-DeepSpeed's one alternative to the layer's TP, experts whole without
     --enable-expert-tensor-parallelism, keeps DeepSpeed's EP groups inside one TP rank's data-parallel ranks and drops
     the TP ranks' duplicate tokens (deepspeed/utils/groups.py, deepspeed/moe/sharded_moe.py): another layout, not
-    costed; gbmw's runtime runs the layer's TP."""
+    costed. gbmw's runtime runs megatron-core's layout (gbmw.adapters.runtime.experts)."""
     expert_parallel_needs_sequence_parallel: bool = False
     """EP with TP needs sequence parallelism (megatron-core: "When using expert parallelism and tensor parallelism
     for training, sequence parallelism must be used", megatron/core/model_parallel_config.py)."""
@@ -342,7 +342,7 @@ TARGETS: dict[str, Target] = {
     "runtime": Target("runtime", "gbmw runtime", "gbmw-runtime", ("dp", "z1dp", "z2dp", "sdp", "tp", "ulysses", "cp"),
                       per_layer=True, fused_attention=True, sequence_parallel=True, sequence_parallel_blocks_only=True,
                       selective_recompute="any", search_offers_selective=False, context_parallel_dropout=False,
-                      expert_parallel=True,
+                      expert_parallel=True, expert_tensor_parallel=True,
                       sequence_axes=("ulysses", "cp"), sequence_split_with_sequence_parallel=False),
     "deepspeed": Target(
         "deepspeed", "DeepSpeed (ZeRO + pipeline engine)", "deepspeed", ("dp", "z1dp", "z2dp", "sdp"),
