@@ -49,7 +49,7 @@ from .gradient_norm import sum_of_squares_float64
 from .groups import GroupPool
 from .local_adam import LocalShardAdam
 from .model import TransformerBlock, build_layer, check_runtime_supports, initial_value, layer_names
-from .pipeline import PipelineLinks, run_schedule
+from .pipeline import PipelineLinks, backward_from_released, release_sent_output, run_schedule
 from .redistribute import BatchLayout, relayout
 from .sharding import (LayerDataParallel, ReduceScatterInFlight, data_parallel_flavour, full_value, local_value,
                        shard_like, synchronise_plain_gradients)
@@ -245,8 +245,11 @@ class HybridEngine:
                         stashed[index] = (leaf, loss)
                         return None
                     x = layer.module(x)
-            stashed[index] = (leaf, output := x.to(self.boundary_dtype).contiguous())  # root = what is sent (16 bits)
-            return output.detach()
+            # the root is a fresh copy of what is sent: once the send holds its storage, the root keeps only its
+            # graph (megatron-core's deallocate_output_tensor), not a micro-batch's output per micro-batch in flight
+            output = x.to(self.boundary_dtype, memory_format=torch.contiguous_format, copy=True)
+            stashed[index] = (leaf, output)
+            return release_sent_output(output)
 
         def backward(index: int, grad: torch.Tensor | None) -> torch.Tensor | None:
             for layer in self.layers:
@@ -257,7 +260,10 @@ class HybridEngine:
             with torch.autocast("cpu", self.autocast_dtype or torch.bfloat16,
                                 enabled=self.device.type == "cpu" and self.autocast_dtype is not None,
                                 cache_enabled=False):
-                torch.autograd.backward(output, None if grad is None else grad.to(output.dtype))
+                if grad is None:
+                    torch.autograd.backward(output)
+                else:
+                    backward_from_released(output, grad.to(self.boundary_dtype))
             if self.observer:
                 self.observer.backward_finished(index)
             return None if leaf is None else leaf.grad

@@ -6,6 +6,12 @@ micro-batches are in flight on stage i — what gbmw.cost.pipeline_schedules.in_
 Neighbouring stages exchange activations forward and gradients backward with paired non-blocking
 send/recv (Megatron's send_forward_recv_backward / send_backward_recv_forward), so two neighbours
 never both block in a send.
+
+A stage before the last keeps each micro-batch's output only as the root of its backward: once the tensor to send
+is handed over (it holds the storage), the root's data is replaced by one element (`release_sent_output`,
+megatron-core's `deallocate_output_tensor`) and backward starts from it through the autograd engine directly
+(`backward_from_released`, megatron-core's `custom_backward`: torch.autograd.backward would check the gradient's
+shape against the one-element root). So up to P − i micro-batches in flight do not each hold their sent output.
 """
 
 from __future__ import annotations
@@ -26,6 +32,23 @@ def one_f_one_b(stage: int, stages: int, micro_batches: int) -> Iterator[tuple[s
         yield "backward", step
     for index in range(micro_batches - warm_up, micro_batches):
         yield "backward", index
+
+
+def release_sent_output(output: torch.Tensor) -> torch.Tensor:
+    """The tensor to send (sharing `output`'s storage); `output` keeps its graph and one element of data. `output`
+    must be a tensor of its own, not a view (its storage is what is handed over)."""
+    from megatron.core.pipeline_parallel.schedules import deallocate_output_tensor
+
+    sent = output.detach()
+    deallocate_output_tensor(output, deallocate_pipeline_outputs=True)
+    return sent
+
+
+def backward_from_released(output: torch.Tensor, grad: torch.Tensor) -> None:
+    """Back-propagate `grad` (the full output's gradient) from a root released by `release_sent_output`."""
+    from megatron.core.pipeline_parallel.schedules import custom_backward
+
+    custom_backward(output, grad)
 
 
 class PipelineLinks:
