@@ -26,14 +26,12 @@ tests/test_fake_memory.py shows the fake trace's peak equals the real step's on 
   nothing, so a 128k trace takes about as long as a 32k one.
 Prints estimated and tracked peak per rank and the error; the target (issue 12) is |error| ≤ 3 %.
 
-Last runs (2026-11-27, sixth session, one command per case set, docs/cost-model.md): dense 2.3 % largest (PASS);
-mixture of experts 2.3 % (PASS: gbmw's Mixtral plan +1.3 %, the mixed plan −1.7 % to +1.9 %, with ZeRO beside EP
-−2.3 % to +1.4 %, with +sp in the MoE blocks −2.2 % to +1.8 %; it was 3.1 % before a checkpointed block's forward,
-beside its FSDP2 unit's all-gather buffer, was priced; the +etpN plan, later that day: −2.0 % to +1.3 %, −28.7 % to
-+1.3 % before whole experts beside TP were priced as grouped and keeping their 16-bit copies); long sequences 2.5 %
-(PASS: the mixed 32k plan's first stage). What is still not priced: a stage's output per
-micro-batch in flight (the 16-bit tensor it sent, kept as the graph's root) and its received input at the previous
-stage's layout; docs/cost-model.md has the figures.
+Last runs (2026-11-27, seventh session, one command per case set, after the runtime stopped keeping each in-flight
+micro-batch's sent output; docs/cost-model.md): dense 2.3 % largest (PASS: the mixed GPT-3 15B plan's second stage);
+mixture of experts 2.6 % (PASS: gbmw's Mixtral plan +1.3 %, the mixed plan −1.0 % to +2.6 %, with ZeRO beside EP
+−1.9 % to +1.4 %, with +sp in the MoE blocks −1.5 % to +1.9 %, the +etpN plan −1.6 % to +1.5 % — −28.7 % before
+whole experts beside TP were priced as grouped and keeping their 16-bit copies); long sequences 2.3 % (PASS). What is
+still not priced: a stage's received input at the previous stage's layout; docs/cost-model.md has the figures.
 """
 
 from __future__ import annotations
