@@ -92,7 +92,7 @@ class StageLayer:
     """Parameter name (inside the layer, wrappers' prefixes removed) → this rank's parameter."""
 
     def tensor_parallel_of(self, key: str) -> TensorParallel:
-        """The TP group that splits parameter `key`: the experts' own under +etpN for a routed expert's, else the layer's."""
+        """The TP group that splits parameter `key`: a routed expert's own under +etpN, else the layer's."""
         return self.experts.tensor_parallel(self.tp) if is_expert_parameter(key) else self.tp
 
 

@@ -154,7 +154,8 @@ class LocalExperts(nn.ModuleDict):
         """Expert-major rows, counts[i] of them for the i-th local expert → their outputs in the same order: as grouped
         products where they run (gbmw.adapters.runtime.grouped_experts), else expert by expert. With
         `expert_rows_group` (+sp, the experts' TP group of more than one rank) the rows are this rank's, and the
-        experts' TP shards run on the rows of every rank of the group (gbmw.adapters.runtime.expert_sequence_parallel)."""
+        experts' TP shards run on the rows of every rank of the group
+        (gbmw.adapters.runtime.expert_sequence_parallel)."""
         experts = list(self.values())
         if expert_rows_group is not None:
             return _over_tp_group(experts, rows, counts, expert_rows_group, balanced)
