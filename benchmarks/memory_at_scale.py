@@ -17,7 +17,8 @@ tests/test_fake_memory.py shows the fake trace's peak equals the real step's on 
   with plain DP in the MoE blocks), a mixed per-layer plan for it (EP degrees 2–8 beside TP, ZeRO and
   checkpointing), that plan with ZeRO-1/2/3 in the MoE blocks beside EP (experts sharded over their
   expert-data-parallel group), one with +sp in its MoE blocks and one with the experts at a TP degree of their own
-  (+etpN: whole beside TP 2 and 4, ETP 2 inside TP 4; `--plans +etpN` traces it alone). Their MoE layers route by the balanced assignment (every expert n·k/E copies), the estimator's
+  (+etpN: whole beside TP 2 and 4, ETP 2 inside TP 4; `--plans +etpN` traces it alone). Their MoE layers route by the
+  balanced assignment (every expert n·k/E copies), the estimator's
   stated assumption (`moe.load_imbalance` = 1; gbmw.adapters.profile.fake_memory says what that leaves unchecked);
 - long sequences (`--only long`): gbmw's plans of the `gbmw+ulysses` variant (`gbmw plan JOB --variant gbmw+ulysses`)
   for Llama 3.1 8B at 32768-token samples (`llama3.1-8b-32k_h100-80g-x64`) and at 131072-token samples

@@ -19,7 +19,8 @@ plain loops rather than read from the search:
   heads; `gbmw` on a mixture-of-experts model: every tree with one data-parallel axis of degree d also with expert
   parallelism +epE for every power of two 2 ≤ E ≤ d, on the MoE blocks whose experts E divides (never on a dense
   layer), and every +sp tree whose innermost axis is TP (inside a node) with at most one data-parallel axis also with
-  the experts whole beside it, +epE+etp1, for every power of two 2 ≤ E ≤ N / P; `gbmw+ulysses` also offers a `ulysses` axis, placed immediately inside the one data-parallel axis (or outermost
+  the experts whole beside it, +epE+etp1, for every power of two 2 ≤ E ≤ N / P; `gbmw+ulysses` also offers a `ulysses`
+  axis, placed immediately inside the one data-parallel axis (or outermost
   without one), never with +sp or +ep, on layers whose attention and key/value heads tp·u divides and whose sequence
   u divides, and — the dominance rule of gbmw.space.spaces.SearchSpace.usable — only at micro-batch sizes that
   u·d does not divide (d the data-parallel degree). `ORACLE_SPACES` writes these rules out; tests/test_search_exact.py

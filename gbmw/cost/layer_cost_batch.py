@@ -304,7 +304,8 @@ def _memory_rows(model: ModelSpec, columns: StrategyColumns, settings: CostSetti
         experts_buffer = rank_experts * columns.gather_buffer_expert_bytes
         experts_own_unit = (ep > 1) & (experts_buffer > 0)
         peak = np.maximum(peak, gated_activation_forward_bytes(
-            framework, precision, model, tp, ep, columns.expert_tp, samples, d, ckpt, gathered_parameters * parameter_bytes,
+            framework, precision, model, tp, ep, columns.expert_tp, samples, d, ckpt,
+            gathered_parameters * parameter_bytes,
             np.where(experts_own_unit, gather_buffer - experts_buffer, gather_buffer),
             np.where(experts_own_unit, experts_buffer, gather_buffer)))
     else:

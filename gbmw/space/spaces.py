@@ -193,12 +193,14 @@ VARIANTS: dict[str, SearchSpace] = {
     "gbmw+ulysses": SearchSpace(
         "gbmw + Ulysses", axes=("dp", "z1dp", "z2dp", "sdp", "tp", "ulysses"), partitioning=("time", "bi-objective"),
         strategy_filter=lambda s, pp: _runtime_runs(s), single_data_parallel_axis=True,
-        sequence_parallel=True, expert_parallel=True, expert_tensor_parallel=True, sequence_split_where_undominated=True,
+        sequence_parallel=True, expert_parallel=True, expert_tensor_parallel=True,
+        sequence_split_where_undominated=True,
     ),
     "gbmw+cp": SearchSpace(
         "gbmw + ring CP", axes=("dp", "z1dp", "z2dp", "sdp", "tp", "cp"), partitioning=("time", "bi-objective"),
         strategy_filter=lambda s, pp: _runtime_runs(s), single_data_parallel_axis=True,
-        sequence_parallel=True, expert_parallel=True, expert_tensor_parallel=True, sequence_split_where_undominated=True,
+        sequence_parallel=True, expert_parallel=True, expert_tensor_parallel=True,
+        sequence_split_where_undominated=True,
     ),
 }
 DEFAULT_VARIANT = "gbmw"
