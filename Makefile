@@ -27,12 +27,17 @@ train-demo: setup
 		--steps 20 --save out/train-demo/checkpoint
 
 # The unit tier (the planner) runs with torch, DeepSpeed and megatron-core made unimportable, which proves it needs
-# none of them; then the torch, dist and gpu tiers (tests/conftest.py). Each session lists its slowest tests.
+# none of them; then the torch, dist and gpu tiers (tests/conftest.py), on WORKERS pytest-xdist processes, and last,
+# alone, the tests that time how fast processes die (marker `serial`: a busy neighbour would slow what they time).
+# Each session lists its slowest tests.
+WORKERS ?= 2
+
 test: test-unit
-	$(BIN)/python -m pytest -q -m "not unit" --durations=15
+	$(BIN)/python -m pytest -q -m "not unit and not serial" -n $(WORKERS) --durations=15
+	$(BIN)/python -m pytest -q -m serial --durations=5
 
 test-unit: setup
-	$(BIN)/python -m pytest -q -m unit --without-torch --durations=15
+	$(BIN)/python -m pytest -q -m unit --without-torch -n $(WORKERS) --durations=15
 
 clean:
 	rm -rf $(VENV)

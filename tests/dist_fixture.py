@@ -1,5 +1,6 @@
-"""Spawn N CPU processes with torch.distributed (gloo) on a free port, run a test function in each, and return what
-each rank's call returned (the dist tier's fixture, as nanotron's and torchtitan's)."""
+"""Start N CPU processes with torch.distributed (gloo) on a free port, run a test function in each, and return what
+each rank's call returned (the dist tier's fixture, as nanotron's and torchtitan's). The processes are forked by
+multiprocessing's fork server, which imports torch and the runtime once (`PRELOADED_MODULES`)."""
 
 from __future__ import annotations
 
@@ -48,6 +49,13 @@ def _worker(rank: int, world_size: int, port: int, function, args, results) -> N
         os._exit(0 if completed else 1)
 
 
+PRELOADED_MODULES = ["torch", "torch.distributed", "gbmw.adapters.runtime.engine", "gbmw.adapters.runtime.launch",
+                     "gbmw.adapters.runtime.train"]
+"""What the fork server imports once, before it forks every rank of every test of this pytest process: importing torch,
+megatron-core and the runtime took about 7 s of CPU per process, most of the dist tier's time when each rank was a
+fresh interpreter (spawn). Each rank is still a new process whose modules are as imported (the server runs no test)."""
+
+
 def run_distributed(world_size: int, function, *args, timeout_s: float = 90.0) -> list:
     """Run `function(rank, world_size, *args)` on `world_size` processes; returns their return values in rank order
     (tensors, numbers, strings and containers of them); raises with the first rank's traceback if any failed."""
@@ -56,7 +64,8 @@ def run_distributed(world_size: int, function, *args, timeout_s: float = 90.0) -
     import torch
     import torch.multiprocessing as mp
 
-    context = mp.get_context("spawn")
+    context = mp.get_context("forkserver")
+    context.set_forkserver_preload(PRELOADED_MODULES)  # read when the server starts: the first call of the process
     results = context.Queue()
     port = free_port()
     processes = [context.Process(target=_worker, args=(rank, world_size, port, function, args, results))

@@ -19,7 +19,7 @@ torch = pytest.importorskip("torch")
 from runtime_reference import make_plan  # noqa: E402
 from test_launcher_errors import _alive, _descendants  # noqa: E402
 
-pytestmark = [pytest.mark.dist,
+pytestmark = [pytest.mark.dist, pytest.mark.serial,  # GONE_WITHIN_S is timed: `make test` runs these alone
               pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads worker ranks from /proc")]
 
 BIN = Path(sys.executable).parent
