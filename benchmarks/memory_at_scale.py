@@ -135,6 +135,16 @@ def llama31_ulysses_mixed_plan(job):
                                     cluster=job.cluster.name)
 
 
+def mixtral_long_mixed_plan(job):
+    """Mixtral-8x7B at 32k-token samples on 64 devices in four stages of 16, its MoE blocks' experts split beside a
+    sequence axis (EP over the cp or ulysses ranks, then the data-parallel ones: megatron-core's expert grid) — EP 4
+    and 8 with cp 4–8 and ulysses 4–8, TP 2, ZeRO-1/2/3 and checkpointing mixed; 16 micro-batches of 4 samples."""
+    names = (["tp2-cp8"] + ["tp2-cp8+ep8+ckpt"] * 8 + ["cp4-sdp4+ep8+ckpt"] * 8 + ["tp2-ulysses4-z2dp2+ep4+ckpt"] * 8
+             + ["ulysses8-z1dp2+ep8+ckpt"] * 8 + ["tp2-cp8"])
+    return plan_from_strategy_names(job.model, 64, names, [9, 8, 8, 9], job.global_batch, job.global_batch // 4,
+                                    cluster=job.cluster.name)
+
+
 def dense_cases():
     gpt15, gpt65 = load_job("gpt3-15b_a100-80g-x32"), load_job("gpt3-65b_h100-80g-x64")
     llama = load_job("llama-7b_a100-80g-x8")
@@ -160,12 +170,15 @@ def moe_cases():
 
 def long_cases():
     long32k, long128k = load_job("llama3.1-8b-32k_h100-80g-x64"), load_job("llama3.1-8b-128k_h100-80g-x64")
+    mixtral32k = load_job("mixtral-8x7b-32k_h100-80g-x64")
     return [("gbmw+ulysses plan, Llama 3.1 8B 32k, 64 × H100", long32k, Planner(long32k, variant="gbmw+ulysses").run()),
             ("mixed per-layer Ulysses plan, Llama 3.1 8B 32k", long32k, llama31_ulysses_mixed_plan(long32k)),
             ("gbmw+ulysses plan, Llama 3.1 8B 128k, 64 × H100", long128k,
              Planner(long128k, variant="gbmw+ulysses").run()),
             ("gbmw+cp plan (ring context parallelism), Llama 3.1 8B 128k", long128k,
-             Planner(long128k, variant="gbmw+cp").run())]
+             Planner(long128k, variant="gbmw+cp").run()),
+            ("mixed per-layer plan, EP beside cp and ulysses, Mixtral-8x7B 32k", mixtral32k,
+             mixtral_long_mixed_plan(mixtral32k))]
 
 
 CASES = {"dense": dense_cases, "moe": moe_cases, "long": long_cases}

@@ -222,8 +222,9 @@ class RankLayout:
         """The expert-parallel group: the ranks that exchange tokens for a mixture-of-experts layer's experts (each
         holds 1/ep of them). Same TP index; data-parallel indices that agree except their lowest ep-ary digit —
         `ep` consecutive data-parallel indices (EP innermost among the data-parallel ranks, megatron-core's tp-ep-dp
-        order). Under `+etpN` (gbmw.space.expert_tensor_parallel): the stage's local ranks r = a + ETP·(e + EP·d)
-        with the same a and d. (rank,) for ep = 1."""
+        order); with a sequence axis, indices of `gradient_view`'s data-parallel axis (sequence ranks first, as
+        megatron-core's expert grid folds cp into EP and EDP). Under `+etpN` (gbmw.space.expert_tensor_parallel):
+        the stage's local ranks r = a + ETP·(e + EP·d) with the same a and d. (rank,) for ep = 1."""
         return self._expert_split(rank, strategy, within=True)
 
     def expert_data_group(self, rank: int, strategy: Strategy) -> tuple[int, ...]:
@@ -252,6 +253,7 @@ class RankLayout:
             return tuple(base + local % (etp * ep) + index * etp * ep for index in range(strategy.expert_data_parallel))
         if strategy.ep == 1:
             return (rank,) if within else self.data_group(rank, strategy)
+        strategy = strategy.gradient_view  # a sequence axis merged into the data-parallel one, sequence ranks first
         (axis,) = [axis for axis, _ in strategy.dims if axis in DATA_PARALLEL_AXES]  # Strategy checks there is one
         index, stride, ep = self.digits(rank, strategy)[axis], strategy.stride(axis), strategy.ep
         base = rank - index * stride

@@ -119,7 +119,7 @@ def test_each_target_offers_its_own_sequence_axis_with_its_rules():
     standard = job.model.model_copy(update={"layers": tuple(layer.model_copy(
         update={"forward_flash_attention_flops_per_sample": 0.0}) for layer in job.model.layers)})
     assert "fused (flash)" in sequence_split_problem(Strategy.parse("cp2"), standard.layers[1], standard, core)
-    runtime = get_target("runtime")  # ring attention without attention dropout, +sp or +ep
+    runtime = get_target("runtime")  # ring attention without attention dropout or +sp
     assert runtime.allows(Strategy.parse("tp2-cp2-z1dp2"), 1) and not runtime.allows(Strategy.parse("tp2-cp2+sp"), 1)
     assert sequence_split_problem(Strategy.parse("cp2"), block, job.model, runtime) is None
     dropout = job.model.model_copy(update={"architecture": job.model.architecture.model_copy(update={"dropout": True})})

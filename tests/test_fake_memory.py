@@ -49,6 +49,9 @@ PLANS = [  # (job, processes, per-layer strategies (embedding, 4 blocks, head), 
     # +sp in MoE blocks: a slice's copies routed, the TP group's received copies gathered for the experts' shards
     ("llama-moe-tiny", 4, ["tp2-dp2", "tp2-dp2+sp", "tp2-dp2+ep2+sp", "tp2-sdp2+ep2+sp+ckpt", "dp2-tp2+ep2+sp",
                            "tp2-dp2"], [6], 2),
+    # EP beside cp and ulysses: each rank routes its own tokens over an EP group spanning the sequence ranks
+    ("llama-moe-tiny", 4, ["cp2-dp2", "cp2-dp2", "cp2-dp2+ep4", "ulysses2-sdp2+ep2+ckpt", "cp2-z1dp2+ep2", "cp2-dp2"],
+     [6], 2),
 ]
 MOE_MODELS = {"llama-moe-tiny": "llama-tiny_cpu-x4"}
 """MoE models of PLANS and the bundled job whose cluster and training settings they are traced with."""
@@ -124,7 +127,8 @@ def late_collective_bytes(job, plan, layer: int, strategy) -> int:
         late = max(late, whole_bytes + whole_bytes // strategy.tp)
     if strategy.ep > 1 and job.model.layers[layer].num_experts:
         architecture = job.model.architecture
-        copies = plan.micro_batch // strategy.data_parallel * architecture.seq_length * architecture.moe.top_k
+        tokens = architecture.seq_length // strategy.sequence_parallel_degree  # a rank's own, beside cp or ulysses
+        copies = plan.micro_batch // strategy.data_parallel * tokens * architecture.moe.top_k
         late = max(late, copies * architecture.hidden_size * 4)
     return late
 

@@ -1,6 +1,7 @@
 """Mixture-of-experts blocks in the runtime (gbmw.adapters.runtime.experts): the MoE MLP is Mixtral's routing with
 its exact gradient on one process, and plans with expert parallelism (+epN) on N gloo processes — alone, with TP,
-with pipeline stages and mixed with other per-layer strategies — train exactly what one process trains."""
+with pipeline stages, beside context parallelism and Ulysses, and mixed with other per-layer strategies — train
+exactly what one process trains."""
 
 import pytest
 
@@ -34,6 +35,12 @@ PLANS = [
                                 "tp2-dp2+ep2+sp+ckpt", "tp2-dp2"], [6], 2),
     ("tp4+ep2+etp2", MODEL, 4, ["tp4", "tp4+sp", "tp4+ep2+etp2+sp", "tp4+ep4+etp1+sp+ckpt", "tp4+ep2+etp2+sp", "tp4"],
      [6], 2),
+    # EP beside a sequence axis (cp, ulysses): every rank routes its own tokens, the EP group spans the sequence ranks
+    # first, then the data-parallel ones (megatron-core's expert grid folds cp into EP and EDP): EP 4 over cp2 × dp2
+    # (EDP 1), EP 2 over a TP pair's cp ranks, and Ulysses with the experts sharded over their EDP pair (ZeRO-3)
+    ("cp2+ep2", MODEL, 2, ["cp2", "cp2", "cp2+ep2", "cp2+ep2+ckpt", "ulysses2+ep2", "cp2"], [6], 2),
+    ("cp2-dp2+ep", MODEL, 4, ["cp2-dp2", "tp2-cp2", "cp2-dp2+ep4", "tp2-cp2+ep2+ckpt", "ulysses2-sdp2+ep2",
+                              "cp2-z1dp2"], [6], 2),
 ]
 # Tolerances: test_runtime_equivalence's (same fp32 reorderings: an expert sums its tokens' gradients in another
 # order when they arrive from several ranks; its argument holds unchanged). What they still catch here: expert

@@ -75,7 +75,10 @@ class TargetRules:
     divides every layer's heads, u the sequence; never with +sp); placed just inside the data-parallel axis."""
     expert_axes: tuple[str, ...] = ()
     """The data-parallel axes expert parallelism composes with (an MoE model: every power of two EP dividing the
-    data-parallel degree and every layer's experts; none with a sequence axis)."""
+    data-parallel degree and every layer's experts)."""
+    expert_with_sequence: bool = False
+    """EP also beside the sequence axis, over its ranks and the data-parallel ones (every power of two dividing their
+    product: megatron-core's expert grid folds cp into EP); without it, none with a sequence axis."""
     expert_needs_sp_with_tp: bool = False
     experts_whole: bool = False
     """An MoE model may also run its experts whole (+epN+etp1) where TP is the innermost axis, at least 2 and inside a
@@ -90,7 +93,7 @@ TARGET_RULES = {
     "megatron-core": TargetRules(("tp", "cp", "dp", "z1dp"), None, ("even", "first-last", "accounted"), True, "any",
                                  interleaved=True,
                                  sequence_axis="cp", expert_axes=("dp", "z1dp"), expert_needs_sp_with_tp=True,
-                                 experts_whole=True),
+                                 experts_whole=True, expert_with_sequence=True),
 }
 SEQUENCE = ("cp", "ulysses")
 ZERO_STAGE = {"dp": 0, "z1dp": 1, "z2dp": 2, "sdp": 3}
@@ -164,8 +167,11 @@ def space_layouts(space: str, job: JobSpec, pp: int) -> list[Layout]:
             has_tp = any(axis == "tp" for axis, _ in tree)
             has_sequence = any(axis in SEQUENCE for axis, _ in tree)
             data = [(axis, degree) for axis, degree in tree if axis != "tp" and axis not in SEQUENCE]
-            eps = [1] + ([2**e for e in range(1, data[0][1].bit_length()) if data[0][1] % 2**e == 0]
-                         if moe and data and data[0][0] in rules.expert_axes and not has_sequence else [])
+            other_tokens = math.prod(degree for axis, degree in tree if axis != "tp")  # sequence and data ranks
+            splits = moe and (not has_sequence or rules.expert_with_sequence) and (
+                data[0][0] in rules.expert_axes if data else has_sequence)
+            eps = [1] + ([2**e for e in range(1, other_tokens.bit_length()) if other_tokens % 2**e == 0]
+                         if splits else [])
             for sp in ((False, True) if rules.sequence_parallel and has_tp else (False,)):
                 if sp and rules.sequence_axis == "ulysses" and has_sequence:
                     continue  # Megatron-DeepSpeed's initialize refuses --sequence-parallel beside Ulysses

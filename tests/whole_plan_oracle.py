@@ -20,8 +20,8 @@ plain loops rather than read from the search:
   parallelism +epE for every power of two 2 ≤ E ≤ d, on the MoE blocks whose experts E divides (never on a dense
   layer), and every +sp tree whose innermost axis is TP (inside a node) with at most one data-parallel axis also with
   the experts whole beside it, +epE+etp1, for every power of two 2 ≤ E ≤ N / P; `gbmw+ulysses` also offers a `ulysses`
-  axis, placed immediately inside the one data-parallel axis (or outermost
-  without one), never with +sp or +ep, on layers whose attention and key/value heads tp·u divides and whose sequence
+  axis, placed immediately inside the one data-parallel axis (or outermost without one), never with +sp; with +epE
+  for every power of two E dividing u·d (u without a data-parallel axis: every rank holding other tokens), on layers whose attention and key/value heads tp·u divides and whose sequence
   u divides, and — the dominance rule of gbmw.space.spaces.SearchSpace.usable — only at micro-batch sizes that
   u·d does not divide (d the data-parallel degree). `ORACLE_SPACES` writes these rules out; tests/test_search_exact.py
   checks them against gbmw.space.spaces.
@@ -148,11 +148,11 @@ def oracle_strategies(space: OracleSpace, group_size: int, experts: bool = False
     if not (experts and space.expert_parallel):
         return strategies
     with_ep = []
-    for strategy in strategies:
-        data = [degree for axis, degree in strategy.dims if axis != "tp"]
-        if len(data) == 1 and strategy.sequence_axis is None:
+    for strategy in strategies:  # EP over the ranks holding other tokens: every axis but TP, one data axis at most
+        others = [(axis, degree) for axis, degree in strategy.dims if axis != "tp"]
+        if others and sum(axis != "ulysses" for axis, _ in others) <= 1:
             with_ep += [Strategy(strategy.dims, strategy.ckpt, sp=strategy.sp, ep=ep)
-                        for ep in degrees if data[0] % ep == 0]
+                        for ep in degrees if math.prod(degree for _, degree in others) % ep == 0]
     whole = [Strategy(strategy.dims, strategy.ckpt, sp=True, ep=ep, expert_tp=1)
              for strategy in strategies if strategy.sp and strategy.dims[0][0] == "tp"
              and (devices_per_node is None or strategy.tp <= devices_per_node) and len(strategy.dims) <= 2
@@ -174,10 +174,9 @@ def _usable(space: OracleSpace, strategy: Strategy, micro_batch: int) -> bool:
 
 def _runtime_runs(strategy: Strategy, layer: LayerSpec, sequence_length: int) -> bool:
     """TP divides the layer's heads; +sp only in a Transformer block (dense or MoE) whose sequence TP divides; +ep
-    with TP and any data-parallel flavour (no sequence axis), in a mixture-of-experts block whose experts EP divides; ulysses u: tp·u divides the heads, u the sequence, and the
-    layer reads no second sequence."""
-    experts_ok = strategy.ep == 1 or (layer.num_experts > 0 and layer.num_experts % strategy.ep == 0
-                                      and all(axis in ("tp", "dp", "z1dp", "z2dp", "sdp") for axis, _ in strategy.dims))
+    with TP, any data-parallel flavour and ulysses, in a mixture-of-experts block whose experts EP divides; ulysses u:
+    tp·u divides the heads, u the sequence, and the layer reads no second sequence."""
+    experts_ok = strategy.ep == 1 or (layer.num_experts > 0 and layer.num_experts % strategy.ep == 0)
     u = strategy.degree("ulysses")
     ulysses_ok = u == 1 or (sequence_length % u == 0 and not layer.side_input_bytes_per_sample and all(
         heads == 0 or heads % (strategy.tp * u) == 0 for heads in (layer.attention_heads, layer.kv_heads)))

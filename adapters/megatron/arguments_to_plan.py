@@ -269,8 +269,10 @@ def megatron_args_to_plan(args: Sequence[str], job: JobSpec, target: str = "mega
     plain = Strategy(dims, sp=namespace.sequence_parallel and tp > 1)  # Megatron turns SP off at TP 1
     expert_parallel = namespace.expert_parallel
     expert_tp = _expert_tensor_parallel(namespace, arch, target, tp)
-    # EP splits the data-parallel ranks, or under an expert TP of its own the stage's ranks over that TP
-    expert_ranks, what = (dp, "the data-parallel size") if expert_tp == tp else (
+    # EP splits the ranks holding other tokens (data-parallel, and context-parallel ones first: megatron-core's expert
+    # grid), or under an expert TP of its own the stage's ranks over that TP
+    expert_ranks, what = (sequence_degree * dp, "the data-parallel size" if sequence_degree == 1 else
+                          f"{sequence_axis}({sequence_degree}) * data({dp})") if expert_tp == tp else (
         tp * dp // expert_tp, f"tensor({tp}) * data({dp}) / expert tensor({expert_tp})")
     if expert_parallel > 1 and (arch.moe is None or expert_ranks % expert_parallel):
         flag = "--moe-expert-parallel-size" if target == "megatron-deepspeed" else "--expert-model-parallel-size"

@@ -76,7 +76,7 @@ def train(job_reference: str, plan_path: str, settings: TrainSettings) -> list[f
 def refuse_what_the_runtime_does_not_run(plan, plan_path: str) -> None:
     """One PlanError for a plan (planned for a Megatron target) with what gbmw's runtime does not run: an interleaved
     or GPipe schedule, sequence parallelism outside the Transformer blocks, context parallelism (cp) or Ulysses with +sp
-    or +ep, an expert TP degree of its own (+etpN) (gbmw.space.runtime_support.runtime_strategy_refusal). (Selective recomputation, +sel, it runs:
+    (gbmw.space.runtime_support.runtime_strategy_refusal). (Selective recomputation, +sel, it runs:
     gbmw.adapters.runtime.attention_core_recompute.)"""
     if plan.schedule != "1f1b" or plan.virtual_stages != 1:
         raise PlanError(f"{plan_path}: schedule {plan.schedule} with virtual_stages {plan.virtual_stages} — gbmw's runtime "

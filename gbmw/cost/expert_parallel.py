@@ -20,6 +20,11 @@ whose TP is the layer's) are split over the e ranks of an EP group, E / e on eac
   its expert compute, the tokens it holds and what it receives grow by that factor — the group waits for it.
   With e = 1 a rank computes all experts for its own tokens and the load does not matter.
 
+With a sequence axis of degree c (cp, ulysses) every rank routes its own 1/c of each sample's tokens (`samples`
+counts them: a micro-batch over data-parallel × sequence ranks), and the EP group is e ranks of the weights' merged
+data-parallel axis (Strategy.gradient_view, the experts' states and gradients too: `expert_view` is taken of it):
+megatron-core's expert grid, which folds the cp ranks into EP and EDP.
+
 A dense layer (num_experts 0) is unchanged by `+ep`: stock frameworks set one EP degree for the model and it
 touches its MoE layers only.
 
@@ -75,21 +80,25 @@ def expert_view(strategy: Strategy) -> Strategy:
 
 
 def expert_data_parallel_group(strategy: Strategy) -> tuple[str, int, int]:
-    """(axis, degree, stride) of the group the experts' gradients are synchronised over (EP > 1)."""
+    """(axis, degree, stride) of the group the experts' gradients are synchronised over (EP > 1); with a sequence
+    axis, over `gradient_view`'s data-parallel axis (the sequence ranks merged into it)."""
     if strategy.expert_tp is not None:
         axis = next((axis for axis, _ in strategy.dims if axis in DATA_PARALLEL_AXES), "dp")
         return axis, strategy.expert_data_parallel, strategy.expert_tp * strategy.ep
-    axis = next(axis for axis, _ in strategy.dims if axis in DATA_PARALLEL_AXES)
-    return axis, strategy.expert_data_parallel, strategy.stride(axis) * strategy.ep
+    weights = strategy.gradient_view
+    axis = next(axis for axis, _ in weights.dims if axis in DATA_PARALLEL_AXES)
+    return axis, strategy.expert_data_parallel, weights.stride(axis) * strategy.ep
 
 
 def expert_alltoall_group(strategy: Strategy) -> tuple[int, int]:
     """(size, stride) of the EP group the dispatch and combine all-to-alls run over (EP > 1): the EP ranks of the
-    data-parallel axis, or under `+etpN` EP ranks ETP apart."""
+    data-parallel axis (with a sequence axis, of `gradient_view`'s: sequence ranks first), or under `+etpN` EP ranks
+    ETP apart."""
     if strategy.expert_tp is not None:
         return strategy.ep, strategy.expert_tp
-    axis = next(axis for axis, _ in strategy.dims if axis in DATA_PARALLEL_AXES)
-    return strategy.ep, strategy.stride(axis)
+    weights = strategy.gradient_view
+    axis = next(axis for axis, _ in weights.dims if axis in DATA_PARALLEL_AXES)
+    return strategy.ep, weights.stride(axis)
 
 
 def expert_tp_bytes_per_sample(model: ModelSpec, strategy: Strategy) -> tuple[np.ndarray, np.ndarray]:

@@ -202,6 +202,10 @@ class UniformConfig:
                                 f"e.g. tp={self.tp},etp=1,ep=4,sp=on")
             ranks, what = self.tp * dp // expert_tp, f"tp * dp / etp = {self.tp} * {dp} / {expert_tp}"
             over = "the stage's ranks over the experts' TP degree"
+        elif sequence:  # the sequence ranks hold other tokens too: EP spans them first (gbmw.space.strategy)
+            (axis, degree), = sequence
+            ranks, what = degree * dp, f"{axis} * dp = {degree} * {dp}"
+            over = f"the {axis} and data-parallel ranks"
         else:
             ranks, what, over = dp, f"dp = {dp}", "data-parallel ranks"
         if self.ep > 1 and ranks % self.ep:

@@ -15,7 +15,7 @@ encoder-decoder, ViT's and Swin's image models are planned and emitted for DeepS
 runtime has no modules for them yet.
 
 Of the sequence axes it runs Ulysses (`ulysses`, gbmw.adapters.runtime.ulysses) and ring context parallelism (`cp`,
-gbmw.adapters.runtime.context_parallel) with any data-parallel flavour and TP, neither with +sp or +ep
+gbmw.adapters.runtime.context_parallel) with any data-parallel flavour, TP and +epN, neither with +sp
 (`runtime_strategy_refusal` says so in one line), and cp without attention dropout
 (gbmw.space.sequence_split.sequence_split_problem).
 """
@@ -113,9 +113,6 @@ def runtime_strategy_refusal(strategy) -> str | None:
     if axis is not None and strategy.sp:
         return (f"strategy {name}: gbmw's runtime runs {what} without +sp (its tokens are already split over the "
                 f"{axis} group); leave +sp out")
-    if axis is not None and strategy.ep > 1:
-        return (f"strategy {name}: gbmw's runtime does not run expert parallelism (+ep) with {what} yet; leave +ep "
-                f"or the {axis} axis out")
     return None
 
 

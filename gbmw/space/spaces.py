@@ -172,7 +172,7 @@ def _deepspeed_3d_pp(devices: int, cluster: ClusterSpec) -> list[int]:
 
 
 def _runtime_runs(strategy: Strategy) -> bool:
-    """Ulysses and CP without +sp or +ep (gbmw.space.runtime_support.runtime_strategy_refusal)."""
+    """Ulysses and CP without +sp (gbmw.space.runtime_support.runtime_strategy_refusal)."""
     return runtime_strategy_refusal(strategy) is None
 
 

@@ -15,6 +15,11 @@ the rank holding their experts by an all-to-all (dispatch) and come back by anot
 gradients are synchronised over the remaining data-parallel ranks only (the expert-data-parallel group of
 degree dp / ep); the experts' TP degree is the layer's TP (megatron-core's default expert-TP). EP is placed
 innermost among the data-parallel ranks (megatron-core's tp-ep-dp order), so it needs one data-parallel axis.
+With a sequence axis (cp, ulysses) the experts see the layer as its weights do (`gradient_view`: the sequence
+ranks merged into the data-parallel axis, `tp2-cp2-dp2+ep4` → `tp2-dp4+ep4`): every rank routes its own tokens,
+and EP splits the experts over the merged axis, sequence ranks innermost — megatron-core's expert grid, which lays
+the TP · CP · DP ranks out again as ETP · EP · EDP with no cp (megatron/core/parallel_state.py,
+`expert_decoder_rank_generator`); EP then divides cp · dp, and EDP = cp · dp / ep.
 
 An expert TP degree other than the layer's (`+etpN`, megatron-core's `--expert-tensor-parallel-size`) lays the
 experts out over the stage's ranks a second time: gbmw.space.expert_tensor_parallel.
@@ -128,7 +133,15 @@ class Strategy:
             raise PlanError(f"strategy {self.name}: the expert-parallel degree must be a whole number ≥ 1")
         if self.ep > 1 and self.expert_tp is None:
             data_axes = [(axis, degree) for axis, degree in self.dims if axis in DATA_PARALLEL_AXES]
-            if len(data_axes) != 1 or data_axes[0][1] % self.ep:
+            sequence_degree = dict(self.dims).get(sequence[0], 1) if sequence else 1
+            if sequence and sequence_degree * (data_axes[0][1] if data_axes else 1) % self.ep:  # one data axis at most
+                shown = " × ".join(f"{axis}{degree}" for axis, degree in ((sequence[0], sequence_degree),
+                                                                        *data_axes))
+                raise PlanError(f"strategy {self.name}: expert parallelism (+ep{self.ep}) splits the experts over the "
+                                f"ranks holding other tokens — the {sequence[0]} ranks, then at most one "
+                                f"data-parallel axis; {self.ep} must divide their product ({shown}), e.g. "
+                                "tp2-cp2-dp4+ep8")
+            if not sequence and (len(data_axes) != 1 or data_axes[0][1] % self.ep):
                 shown = " × ".join(f"{axis}{degree}" for axis, degree in data_axes) or "none"
                 raise PlanError(f"strategy {self.name}: expert parallelism (+ep{self.ep}) splits the experts over "
                                 f"data-parallel ranks; it needs one data-parallel axis whose degree {self.ep} divides "
@@ -264,11 +277,11 @@ class Strategy:
 
     @cached_property
     def expert_data_parallel(self) -> int:
-        """Ways a mixture-of-experts layer's expert gradients are synchronised: the data-parallel degree over EP, or
-        W / (ETP · EP) under `+etpN`."""
+        """Ways a mixture-of-experts layer's expert gradients are synchronised: the data-parallel degree (times the
+        sequence degree: `gradient_view`'s) over EP, or W / (ETP · EP) under `+etpN`."""
         if self.expert_tp is not None:
             return self.group_size // (self.expert_tp * self.ep)
-        return self.data_parallel // self.ep
+        return self.data_parallel * self.sequence_parallel_degree // self.ep
 
     def with_ckpt(self, ckpt: bool) -> "Strategy":
         """The same layout with full recomputation on, or with no recomputation."""
@@ -318,11 +331,12 @@ def _enumerated_strategies(
     Takeaway #3 drops trees that hold both dp and sdp unless `prune_dp_with_sdp` is False;
     `single_data_parallel_axis` drops every tree with more than one data-parallel axis (dp, z1dp, z2dp, sdp). With
     `expert_parallel` (a mixture-of-experts model), every strategy with one data-parallel axis of degree d appears
-    again with +epN for each power of two N from 2 to d; with `expert_tensor_parallel` too, every +sp strategy whose
-    layout megatron-core's expert ranks follow (TP innermost, at most one data-parallel axis) appears again with
-    +epN+etp1 — the experts whole, split over N consecutive ranks across TP and data-parallel ranks — for each power
-    of two N from 2 to the group size (gbmw.space.expert_tensor_parallel). The paper's candidates come first, in the
-    paper's order (of equally fast plans the first found wins).
+    again with +epN for each power of two N from 2 to d (to c · d with a sequence axis of degree c, and c without a
+    data-parallel axis: the ranks holding other tokens, `gradient_view`); with `expert_tensor_parallel` too, every
+    +sp strategy whose layout megatron-core's expert ranks follow (TP innermost, at most one data-parallel axis)
+    appears again with +epN+etp1 — the experts whole, split over N consecutive ranks across TP and data-parallel
+    ranks — for each power of two N from 2 to the group size (gbmw.space.expert_tensor_parallel). The paper's
+    candidates come first, in the paper's order (of equally fast plans the first found wins).
     """
     if not is_power_of_two(group_size):
         raise PlanError(f"group size {group_size} is not a power of two; the decision trees need 1, 2, 4, 8, …")
@@ -347,7 +361,7 @@ def _enumerated_strategies(
     if expert_parallel:
         plain = list(strategies)
         strategies += [strategy.with_expert_parallel(2**e) for strategy in plain
-                       for e in range(1, _single_data_parallel_degree(strategy).bit_length())]
+                       for e in range(1, _token_split_degree(strategy).bit_length())]
         if expert_tensor_parallel:
             strategies += [strategy.with_expert_parallel(2**e, expert_tp=1) for strategy in plain
                            if _expert_ranks_follow_megatron(strategy) for e in range(1, group_size.bit_length())]
@@ -372,9 +386,10 @@ def _sequence_axis_placed(axes: tuple[str, ...]) -> bool:
     return len(sequence) == 1 and (data == [sequence[0] + 1] if data else sequence[0] == len(axes) - 1)
 
 
-def _single_data_parallel_degree(strategy: Strategy) -> int:
-    """The degree of a strategy's one data-parallel axis; 1 where it has none or several (no EP then)."""
-    degrees = [degree for axis, degree in strategy.dims if axis in DATA_PARALLEL_AXES]
+def _token_split_degree(strategy: Strategy) -> int:
+    """Over how many ranks EP may split the experts: the degree of the one data-parallel axis of the strategy's
+    weights (`gradient_view`: a sequence axis merged into it); 1 where they have none or several (no EP then)."""
+    degrees = [degree for axis, degree in strategy.gradient_view.dims if axis in DATA_PARALLEL_AXES]
     return degrees[0] if len(degrees) == 1 else 1
 
 

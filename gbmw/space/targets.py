@@ -106,6 +106,10 @@ class Target:
     """The data-parallel axes EP composes with: the ZeRO stages its framework shards expert states under over the
     expert-data-parallel group (gbmw's runtime: all four, its FSDP2 sharding the experts over that group,
     gbmw.adapters.runtime.expert_data_parallel)."""
+    expert_parallel_sequence_axes: tuple[str, ...] = ()
+    """The sequence axes its EP composes with, folding their ranks into EP and EDP (gbmw.space.strategy:
+    megatron-core's expert grid for cp; gbmw's runtime for cp and ulysses, every rank routing its own tokens).
+    Megatron-DeepSpeed's Ulysses beside DeepSpeed-MoE is not modelled: refused."""
     expert_tensor_parallel: bool = False
     """It runs the experts at a TP degree of their own (`+etpN`, gbmw.space.expert_tensor_parallel: megatron-core's
     --expert-tensor-parallel-size). Megatron-DeepSpeed's one alternative to the layer's TP, experts whole without
@@ -153,7 +157,8 @@ class Target:
         data-parallel axis, at its expert TP degree, and with +sp where EP meets TP if it needs that."""
         if strategy.ep == 1:
             return True
-        return (self.expert_parallel and strategy.sequence_axis is None
+        return (self.expert_parallel
+                and (strategy.sequence_axis is None or strategy.sequence_axis in self.expert_parallel_sequence_axes)
                 and (strategy.expert_tp is None or self.expert_tensor_parallel)
                 and all(axis not in DATA_PARALLEL_AXES or axis in self.expert_parallel_axes for axis, _ in strategy.dims)
                 and not (self.expert_parallel_needs_sequence_parallel and strategy.tp > 1 and not strategy.sp))
@@ -343,6 +348,7 @@ TARGETS: dict[str, Target] = {
                       per_layer=True, fused_attention=True, sequence_parallel=True, sequence_parallel_blocks_only=True,
                       selective_recompute="any", search_offers_selective=False, context_parallel_dropout=False,
                       expert_parallel=True, expert_tensor_parallel=True,
+                      expert_parallel_sequence_axes=("ulysses", "cp"),
                       sequence_axes=("ulysses", "cp"), sequence_split_with_sequence_parallel=False),
     "deepspeed": Target(
         "deepspeed", "DeepSpeed (ZeRO + pipeline engine)", "deepspeed", ("dp", "z1dp", "z2dp", "sdp"),
@@ -362,7 +368,7 @@ TARGETS: dict[str, Target] = {
         partition_methods=(("even", "even"), ("first-last", "first-last"), ("accounted", "accounted")),
         pipeline_scatter_gather=True, interleaved_pipeline=True, sequence_parallel=True, selective_recompute="any",
         expert_parallel=True, expert_parallel_needs_sequence_parallel=True, expert_parallel_axes=("dp", "z1dp"),
-        expert_tensor_parallel=True,
+        expert_tensor_parallel=True, expert_parallel_sequence_axes=("cp",),
         sequence_axes=("cp",), precisions=("fp32", "fp16", "bf16", "fp8"),
     ),
 }
