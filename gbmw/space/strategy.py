@@ -8,18 +8,8 @@ parallelism, `+etpN` for an expert TP degree other than the layer's, `+sp` for s
 (full recomputation) or `+sel` (selective): `tp2-dp4`, `sdp8+ckpt`, `tp4-z1dp2+sp+sel`, `tp2-z1dp8+ep4+sp`,
 `tp2-z1dp16+ep32+etp1+sp`. A group of one device is `single`.
 
-Expert parallelism (Lepikhin et al., "GShard", 2020; Rajbhandari et al., "DeepSpeed-MoE", 2022; megatron-core's
-`--expert-model-parallel-size`) splits a mixture-of-experts layer's routed experts over `ep` ranks of its
-data-parallel group: every rank still computes the attention of its own share of the batch, and the tokens reach
-the rank holding their experts by an all-to-all (dispatch) and come back by another (combine). The experts'
-gradients are synchronised over the remaining data-parallel ranks only (the expert-data-parallel group of
-degree dp / ep); the experts' TP degree is the layer's TP (megatron-core's default expert-TP). EP is placed
-innermost among the data-parallel ranks (megatron-core's tp-ep-dp order), so it needs one data-parallel axis.
-With a sequence axis (cp, ulysses) the experts see the layer as its weights do (`gradient_view`: the sequence
-ranks merged into the data-parallel axis, `tp2-cp2-dp2+ep4` → `tp2-dp4+ep4`): every rank routes its own tokens,
-and EP splits the experts over the merged axis, sequence ranks innermost — megatron-core's expert grid, which lays
-the TP · CP · DP ranks out again as ETP · EP · EDP with no cp (megatron/core/parallel_state.py,
-`expert_decoder_rank_generator`); EP then divides cp · dp, and EDP = cp · dp / ep.
+Expert parallelism (`+epN`) splits a mixture-of-experts layer's routed experts over `ep` ranks holding other tokens
+(data-parallel ones, and the sequence ranks first beside cp or ulysses): gbmw.space.expert_parallel.
 
 An expert TP degree other than the layer's (`+etpN`, megatron-core's `--expert-tensor-parallel-size`) lays the
 experts out over the stage's ranks a second time: gbmw.space.expert_tensor_parallel.
@@ -64,6 +54,7 @@ from dataclasses import dataclass
 from functools import cache, cached_property
 
 from gbmw.errors import PlanError
+from gbmw.space.expert_parallel import check_expert_parallel
 from gbmw.space.expert_tensor_parallel import check_expert_tp
 
 AXES = ("dp", "z1dp", "z2dp", "sdp", "tp", "cp", "ulysses")
@@ -132,20 +123,7 @@ class Strategy:
         if isinstance(self.ep, bool) or not isinstance(self.ep, int) or self.ep < 1:
             raise PlanError(f"strategy {self.name}: the expert-parallel degree must be a whole number ≥ 1")
         if self.ep > 1 and self.expert_tp is None:
-            data_axes = [(axis, degree) for axis, degree in self.dims if axis in DATA_PARALLEL_AXES]
-            sequence_degree = dict(self.dims).get(sequence[0], 1) if sequence else 1
-            if sequence and sequence_degree * (data_axes[0][1] if data_axes else 1) % self.ep:  # one data axis at most
-                shown = " × ".join(f"{axis}{degree}" for axis, degree in ((sequence[0], sequence_degree),
-                                                                        *data_axes))
-                raise PlanError(f"strategy {self.name}: expert parallelism (+ep{self.ep}) splits the experts over the "
-                                f"ranks holding other tokens — the {sequence[0]} ranks, then at most one "
-                                f"data-parallel axis; {self.ep} must divide their product ({shown}), e.g. "
-                                "tp2-cp2-dp4+ep8")
-            if not sequence and (len(data_axes) != 1 or data_axes[0][1] % self.ep):
-                shown = " × ".join(f"{axis}{degree}" for axis, degree in data_axes) or "none"
-                raise PlanError(f"strategy {self.name}: expert parallelism (+ep{self.ep}) splits the experts over "
-                                f"data-parallel ranks; it needs one data-parallel axis whose degree {self.ep} divides "
-                                f"(data-parallel axes: {shown}), e.g. tp2-dp8+ep4")
+            check_expert_parallel(self, DATA_PARALLEL_AXES, SEQUENCE_AXES)
         if self.sp and self.degree("tp") < 2:
             raise PlanError(f"strategy {self.name}: sequence parallelism (+sp) splits TP's replicated regions; it "
                             "needs a tp axis of degree >= 2")
