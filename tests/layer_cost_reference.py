@@ -130,7 +130,7 @@ def reference_layer_costs(
     # Context parallelism's ring and Ulysses' all-to-alls (gbmw.cost.context_parallel)
     context = context_parallel_costs(model, strategy, samples, comm, (
         arrays.attention_core_flops_per_sample - arrays.flash_attention_skipped_flops_per_sample) * samples / tp
-        / attention_rate)
+        / attention_rate, settings.framework)
     forward = forward_compute + blocking + forward_amax + forward_gather + call_overhead + context.forward_s
     full_recompute = forward_compute + blocking + forward_amax + recompute_overhead + context.forward_s
     recompute = full_recompute if strategy.ckpt else selective_recompute_s(

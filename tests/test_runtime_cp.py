@@ -53,6 +53,8 @@ def _ring_against_one_process(rank, world_size):
     """Ring attention of this rank's chunks (float64, 8 query heads on 4 key/value heads) and its gradients, against
     torch's attention over the whole sequence, on a ring of all ranks and on rings of two: {(ring size, causal): the
     largest absolute differences of O, dQ, dK and dV}."""
+    from dataclasses import replace
+
     import torch.distributed as dist
     import torch.nn.functional as F
 
@@ -68,6 +70,9 @@ def _ring_against_one_process(rank, world_size):
     pairs = [dist.new_group([first, first + 1]) for first in range(0, world_size, 2)]  # every rank creates every group
     rings = [ContextParallel(dist.new_group(list(whole_ring)), world_size, rank, whole_ring),
              ContextParallel(pairs[rank // 2], 2, rank % 2, (rank // 2 * 2, rank // 2 * 2 + 1))]
+    # the same rings attending one query row at a time, and 3 rows of a 4-row chunk (a last tile of 1)
+    rings += [replace(ring, score_tile_elements=1) for ring in rings]
+    rings.append(replace(rings[1], score_tile_elements=3 * batch * heads * 4))
     differences = {}
     for ring in rings:
         for causal in (True, False):
@@ -82,15 +87,18 @@ def _ring_against_one_process(rank, world_size):
             expected.backward(output_grad)
             compared = [(output, expected[:, mine])] + [(part.grad, full.grad[:, mine])
                                                         for part, full in zip(local, whole)]
-            differences[ring.size, causal] = [float((a - b).abs().max()) for a, b in compared]
+            tile = ring.tile_rows(batch, heads, chunk)
+            differences[ring.size, causal, tile] = [float((a - b).abs().max()) for a, b in compared]
     return differences
 
 
 def test_ring_attention_equals_attention_over_the_whole_sequence():
     """In float64, so the check is of the algorithm, not of fp32 rounding: rings of 4 and of 2, causal (the
-    load-balanced blocks) and bidirectional (BERT's), forward and every gradient, within 1e-12."""
+    load-balanced blocks) and bidirectional (BERT's), whole blocks and tiles of query rows (one row; three of a chunk's
+    four, so a diagonal tile starts mid-block), forward and every gradient, within 1e-12."""
     for differences in run_distributed(4, _ring_against_one_process, timeout_s=120):
-        assert set(differences) == {(4, True), (4, False), (2, True), (2, False)}
+        assert set(differences) == {(size, causal, tile) for causal in (True, False)
+                                    for size, tile in ((4, 2), (2, 4), (4, 1), (2, 1), (2, 3))}
         for case, values in differences.items():
             assert max(values) < 1e-12, (case, values)
 

@@ -30,7 +30,9 @@ Grouped-query attention: query heads of one key/value group are adjacent (gbmw.a
 layout), so queries are viewed as [batch, kv heads, group, tokens, head_dim] and each key/value head is read by its
 group without a copy. With TP the ring runs over the TP rank's heads (the CP group is one TP index). Compute is plain
 torch matmuls in fp32 (16-bit inputs under autocast are sent as they are and computed in fp32), the blockwise form of
-flash attention: a block's L × L scores (L = tokens / 2c) exist while it runs, never the s × s ones. Not run:
+flash attention: a block of L × L (L = tokens / 2c) runs in tiles of query rows whose scores hold at most
+SCORE_TILE_ELEMENTS (never the s × s ones, nor a whole block's at long sequences: 32k tokens on cp 4 made a block's
+fp32 scores 2 GiB a tensor for 32 heads, and the backward holds four such tensors at once). Not run:
 attention dropout (refused in one line: the ring would need each block's mask drawn again in backward), and the
 runtime offers no +sp with cp (gbmw.space.runtime_support).
 """
@@ -45,9 +47,16 @@ import torch
 import torch.distributed as dist
 import torch.utils.checkpoint
 
+from gbmw.cost.context_parallel import RUNTIME_SCORE_TILE_ELEMENTS
 from gbmw.errors import PlanError
 from gbmw.space.runtime_support import runtime_strategy_refusal
 from gbmw.space.strategy import Strategy
+
+SCORE_TILE_ELEMENTS = RUNTIME_SCORE_TILE_ELEMENTS
+"""The most score elements one (query tile, key chunk) block holds: a block of L query rows is attended R rows at a
+time, R = max(1, SCORE_TILE_ELEMENTS // (batch · heads · L)) — a tile's fp32 scores are at most 64 MiB, and the four
+score-sized tensors the backward holds at once at most 256 MiB (gbmw.cost.context_parallel prices them: one home for
+the number). Rows are independent in forward; in backward each tile adds its share to dK and dV."""
 
 RING_ATTENTION_DROPOUT = ("gbmw's ring attention (cp) runs without attention dropout; train the model with `dropout: "
                           "false`, or use ulysses in place of cp")
@@ -65,6 +74,12 @@ class ContextParallel:
     """This rank's place j on the ring (its `cp` digit): it holds chunks j and 2c − 1 − j."""
     ranks: tuple[int, ...] = ()
     """The ring's global ranks in order of their `cp` digits."""
+    score_tile_elements: int = SCORE_TILE_ELEMENTS
+    """The most score elements a tile of query rows holds (SCORE_TILE_ELEMENTS; tests set fewer to tile tiny shapes)."""
+
+    def tile_rows(self, batch: int, heads: int, chunk: int) -> int:
+        """Query rows attended at once in a block of `chunk` × `chunk` (SCORE_TILE_ELEMENTS)."""
+        return max(1, min(chunk, self.score_tile_elements // max(1, batch * heads * chunk)))
 
     @classmethod
     def of(cls, pool, strategy: Strategy) -> "ContextParallel | None":
@@ -134,6 +149,12 @@ class _Pending:
         return self.received
 
 
+def _tiles(block_rows: slice, tile: int) -> list[tuple[slice, int]]:
+    """(rows, offset inside the block) of each tile of at most `tile` query rows of a block's `block_rows`."""
+    start, stop = block_rows.start, block_rows.stop
+    return [(slice(first, min(first + tile, stop)), first - start) for first in range(start, stop, tile)]
+
+
 def _blocks(query_chunks: tuple[int, int], key_chunks: tuple[int, int], causal: bool
             ) -> list[tuple[int, int, bool]]:
     """(local query chunk, local key chunk, diagonal) of every block a step attends: a key chunk before the query chunk
@@ -142,11 +163,12 @@ def _blocks(query_chunks: tuple[int, int], key_chunks: tuple[int, int], causal: 
             if not causal or key_chunks[k] <= query_chunks[q]]
 
 
-def _scores(query: torch.Tensor, key: torch.Tensor, diagonal: bool) -> torch.Tensor:
-    """Q·Kᵀ/√d of one block, [batch, kv heads, group, L, L]; the diagonal block masks keys after the query."""
+def _scores(query: torch.Tensor, key: torch.Tensor, diagonal: bool, offset: int = 0) -> torch.Tensor:
+    """Q·Kᵀ/√d of one tile of a block, [batch, kv heads, group, rows, L]; on the diagonal block the tile's row i (row
+    offset + i of the block) masks the keys after it."""
     scores = torch.matmul(query, key.unsqueeze(2).transpose(-1, -2)) * (1.0 / math.sqrt(query.size(-1)))
     if diagonal:
-        future = torch.ones(scores.shape[-2:], dtype=torch.bool, device=scores.device).triu(1)
+        future = torch.ones(scores.shape[-2:], dtype=torch.bool, device=scores.device).triu(1 + offset)
         scores = scores.masked_fill(future, float("-inf"))
     return scores
 
@@ -182,21 +204,26 @@ class _RingAttention(torch.autograd.Function):
         with torch.autocast(query.device.type, enabled=False):
             grouped, key_value = _grouped_queries(query, key.size(2)), _stacked(key, value)
             chunk = query.size(1) // 2
+            tile = ring.tile_rows(query.size(0), query.size(2), chunk)
             output = torch.zeros_like(grouped)
             log_sum_exp = torch.full(grouped.shape[:-1], float("-inf"), dtype=grouped.dtype, device=query.device)
             for step in range(ring.size):
                 pending = ring.exchange(key_value) if step < ring.size - 1 else None
                 key_chunks = ring.chunks_of((ring.part - step) % ring.size)
                 for q, k, diagonal in _blocks(ring.chunks_of(ring.part), key_chunks, causal):
-                    rows, keys = slice(q * chunk, (q + 1) * chunk), slice(k * chunk, (k + 1) * chunk)
-                    scores = _scores(grouped[..., rows, :], _computed(key_value[0, ..., keys, :]), diagonal)
-                    block_lse = torch.logsumexp(scores, dim=-1)
-                    block_output = torch.matmul(torch.exp(scores - block_lse.unsqueeze(-1)),
-                                                _computed(key_value[1, ..., keys, :]).unsqueeze(2))
-                    merged = torch.logaddexp(log_sum_exp[..., rows], block_lse)
-                    output[..., rows, :] = (output[..., rows, :] * torch.exp(log_sum_exp[..., rows] - merged)[..., None]
-                                            + block_output * torch.exp(block_lse - merged)[..., None])
-                    log_sum_exp[..., rows] = merged
+                    keys = slice(k * chunk, (k + 1) * chunk)
+                    block_key, block_value = (_computed(key_value[0, ..., keys, :]),
+                                              _computed(key_value[1, ..., keys, :]).unsqueeze(2))
+                    for rows, offset in _tiles(slice(q * chunk, (q + 1) * chunk), tile):
+                        scores = _scores(grouped[..., rows, :], block_key, diagonal, offset)
+                        block_lse = torch.logsumexp(scores, dim=-1)
+                        block_output = torch.matmul(torch.exp(scores - block_lse.unsqueeze(-1)), block_value)
+                        del scores
+                        merged = torch.logaddexp(log_sum_exp[..., rows], block_lse)
+                        output[..., rows, :] = (output[..., rows, :]
+                                                * torch.exp(log_sum_exp[..., rows] - merged)[..., None]
+                                                + block_output * torch.exp(block_lse - merged)[..., None])
+                        log_sum_exp[..., rows] = merged
                 if pending is not None:
                     key_value = pending.wait()
             result = _token_layout(output).to(query.dtype)
@@ -215,21 +242,27 @@ class _RingAttention(torch.autograd.Function):
             grad_query = torch.zeros_like(grouped)
             grad_key_value = torch.zeros(key_value.shape, dtype=grouped.dtype, device=query.device)  # ≥ fp32
             scale, chunk = 1.0 / math.sqrt(query.size(-1)), query.size(1) // 2
+            tile = ring.tile_rows(query.size(0), query.size(2), chunk)
             for step in range(ring.size):
                 pending = ring.exchange(key_value) if step < ring.size - 1 else None
                 key_chunks = ring.chunks_of((ring.part - step) % ring.size)
                 for q, k, diagonal in _blocks(ring.chunks_of(ring.part), key_chunks, causal):
-                    rows, keys = slice(q * chunk, (q + 1) * chunk), slice(k * chunk, (k + 1) * chunk)
-                    block_query, block_grad = grouped[..., rows, :], grad_grouped[..., rows, :]
+                    keys = slice(k * chunk, (k + 1) * chunk)
                     block_key = _computed(key_value[0, ..., keys, :])
                     block_value = _computed(key_value[1, ..., keys, :]).unsqueeze(2)
-                    probabilities = torch.exp(_scores(block_query, block_key, diagonal)
-                                              - log_sum_exp[..., rows].unsqueeze(-1))
-                    grad_key_value[1, ..., keys, :] += torch.matmul(probabilities.transpose(-1, -2), block_grad).sum(2)
-                    grad_probabilities = torch.matmul(block_grad, block_value.transpose(-1, -2))
-                    grad_scores = probabilities * (grad_probabilities - row_dot[..., rows].unsqueeze(-1)) * scale
-                    grad_query[..., rows, :] += torch.matmul(grad_scores, block_key.unsqueeze(2))
-                    grad_key_value[0, ..., keys, :] += torch.matmul(grad_scores.transpose(-1, -2), block_query).sum(2)
+                    for rows, offset in _tiles(slice(q * chunk, (q + 1) * chunk), tile):
+                        block_query, block_grad = grouped[..., rows, :], grad_grouped[..., rows, :]
+                        probabilities = torch.exp(_scores(block_query, block_key, diagonal, offset)
+                                                  - log_sum_exp[..., rows].unsqueeze(-1))
+                        grad_key_value[1, ..., keys, :] += torch.matmul(probabilities.transpose(-1, -2),
+                                                                        block_grad).sum(2)
+                        grad_probabilities = torch.matmul(block_grad, block_value.transpose(-1, -2))
+                        grad_scores = probabilities * (grad_probabilities - row_dot[..., rows].unsqueeze(-1)) * scale
+                        del probabilities, grad_probabilities
+                        grad_query[..., rows, :] += torch.matmul(grad_scores, block_key.unsqueeze(2))
+                        grad_key_value[0, ..., keys, :] += torch.matmul(grad_scores.transpose(-1, -2),
+                                                                        block_query).sum(2)
+                        del grad_scores
                 if pending is not None:
                     key_value = pending.wait()
                 # the accumulators follow their K and V one hop; after the last step that hop takes them home

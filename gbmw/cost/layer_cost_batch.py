@@ -173,7 +173,8 @@ def layer_costs_of_strategies(model: ModelSpec, strategies: list[Strategy], micr
     blocking = tp_forward + alltoall_forward
     attention_core_s = ((arrays.attention_core_flops_per_sample - arrays.flash_attention_skipped_flops_per_sample)
                         * samples / tp / attention_rate)
-    context = {index: context_parallel_costs(model, s, samples_list[index], comm, attention_core_s[index])
+    context = {index: context_parallel_costs(model, s, samples_list[index], comm, attention_core_s[index],
+                                             settings.framework)
                for index, s in enumerate(strategies) if s.sequence_axis is not None}
     context_forward = _rows_of(count, {i: c.forward_s for i, c in context.items()}, layers)
     context_backward = _rows_of(count, {i: c.backward_s for i, c in context.items()}, layers)
