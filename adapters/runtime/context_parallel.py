@@ -54,8 +54,8 @@ from gbmw.space.strategy import Strategy
 
 SCORE_TILE_ELEMENTS = RUNTIME_SCORE_TILE_ELEMENTS
 """The most score elements one (query tile, key chunk) block holds: a block of L query rows is attended R rows at a
-time, R = max(1, SCORE_TILE_ELEMENTS // (batch · heads · L)) — a tile's fp32 scores are at most 64 MiB, and the four
-score-sized tensors the backward holds at once at most 256 MiB (gbmw.cost.context_parallel prices them: one home for
+time, R = max(1, SCORE_TILE_ELEMENTS // (batch · heads · L)) — a tile's fp32 scores are at most 256 MiB, and the four
+score-sized tensors the backward holds at once at most 1 GiB (gbmw.cost.context_parallel prices them: one home for
 the number). Rows are independent in forward; in backward each tile adds its share to dK and dV."""
 
 RING_ATTENTION_DROPOUT = ("gbmw's ring attention (cp) runs without attention dropout; train the model with `dropout: "

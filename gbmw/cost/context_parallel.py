@@ -38,7 +38,7 @@ from gbmw.space.strategy import Strategy
 from gbmw.specs.model_spec import ModelSpec
 
 
-RUNTIME_SCORE_TILE_ELEMENTS = 2**24
+RUNTIME_SCORE_TILE_ELEMENTS = 2**26
 """The most fp32 score elements one tile of gbmw's runtime ring holds (the module docstring; the runtime reads it)."""
 RUNTIME_SCORE_TENSORS = 4
 """Score-sized fp32 tensors a tile's backward holds at once in gbmw's runtime ring."""
