@@ -94,12 +94,13 @@ def test_a_sequence_split_strategy_is_offered_only_where_its_gradient_view_is_no
     for name in names:
         table = getattr(tables, name)
         assert np.all(table[len(split):] <= table[:len(split)] * (1 + 1e-12)), name
-    # Ulysses' blocking all-to-alls cost time; the ring's sends hide under the attention compute they overlap and its
-    # key/value buffers under the layer's larger SwiGLU working set (gbmw.cost.framework_memory), so on this job a cp
-    # strategy costs exactly its gradient view — which the dominance rule drops alike
-    strictly_dearer = any((getattr(tables, name)[len(split):] < getattr(tables, name)[:len(split)]).any()
-                          for name in names)
-    assert strictly_dearer == (axis == "ulysses")
+    # Ulysses' blocking all-to-alls cost time; the ring's sends hide under the attention compute they overlap, and its
+    # key/value buffers and the runtime's four fp32 score tiles (gbmw.cost.context_parallel) mostly under the layer's
+    # SwiGLU working set: a cp strategy costs its gradient view's time and at most more backward memory (some do on 8
+    # devices), which the dominance rule drops alike
+    dearer = {name for name in names
+              if (getattr(tables, name)[len(split):] < getattr(tables, name)[:len(split)]).any()}
+    assert dearer if axis == "ulysses" else dearer <= {"backward_memory_bytes"}, dearer
     for micro_batch in (1, 2, 4, 8):
         offered = set(space.usable(candidates, micro_batch))
         for strategy in split:
