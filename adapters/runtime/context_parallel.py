@@ -31,7 +31,7 @@ layout), so queries are viewed as [batch, kv heads, group, tokens, head_dim] and
 group without a copy. With TP the ring runs over the TP rank's heads (the CP group is one TP index). Compute is plain
 torch matmuls in fp32 (16-bit inputs under autocast are sent as they are and computed in fp32), the blockwise form of
 flash attention: a block of L × L (L = tokens / 2c) runs in tiles of query rows whose scores hold at most
-SCORE_TILE_ELEMENTS (never the s × s ones, nor a whole block's at long sequences: 32k tokens on cp 4 made a block's
+`score_tile_elements` (never the s × s ones, nor a whole block's at long sequences: 32k tokens on cp 4 made a block's
 fp32 scores 2 GiB a tensor for 32 heads, and the backward holds four such tensors at once). Not run:
 attention dropout (refused in one line: the ring would need each block's mask drawn again in backward), and the
 runtime offers no +sp with cp (gbmw.space.runtime_support).
@@ -52,12 +52,6 @@ from gbmw.errors import PlanError
 from gbmw.space.runtime_support import runtime_strategy_refusal
 from gbmw.space.strategy import Strategy
 
-SCORE_TILE_ELEMENTS = RUNTIME_SCORE_TILE_ELEMENTS
-"""The most score elements one (query tile, key chunk) block holds: a block of L query rows is attended R rows at a
-time, R = max(1, SCORE_TILE_ELEMENTS // (batch · heads · L)) — a tile's fp32 scores are at most 256 MiB, and the four
-score-sized tensors the backward holds at once at most 1 GiB (gbmw.cost.context_parallel prices them: one home for
-the number). Rows are independent in forward; in backward each tile adds its share to dK and dV."""
-
 RING_ATTENTION_DROPOUT = ("gbmw's ring attention (cp) runs without attention dropout; train the model with `dropout: "
                           "false`, or use ulysses in place of cp")
 
@@ -74,11 +68,15 @@ class ContextParallel:
     """This rank's place j on the ring (its `cp` digit): it holds chunks j and 2c − 1 − j."""
     ranks: tuple[int, ...] = ()
     """The ring's global ranks in order of their `cp` digits."""
-    score_tile_elements: int = SCORE_TILE_ELEMENTS
-    """The most score elements a tile of query rows holds (SCORE_TILE_ELEMENTS; tests set fewer to tile tiny shapes)."""
+    score_tile_elements: int = RUNTIME_SCORE_TILE_ELEMENTS
+    """The most score elements a tile of query rows holds (the estimator's number, gbmw.cost.context_parallel: a
+    tile's fp32 scores at most 256 MiB, the four score-sized tensors its backward holds at once at most 1 GiB; tests
+    set fewer to tile tiny shapes)."""
 
     def tile_rows(self, batch: int, heads: int, chunk: int) -> int:
-        """Query rows attended at once in a block of `chunk` × `chunk` (SCORE_TILE_ELEMENTS)."""
+        """Query rows R attended at once in a block of `chunk` × `chunk`: R = max(1, score_tile_elements // (batch ·
+        heads · chunk)), at most the block. Rows are independent in forward; in backward each tile adds its share to
+        dK and dV."""
         return max(1, min(chunk, self.score_tile_elements // max(1, batch * heads * chunk)))
 
     @classmethod
