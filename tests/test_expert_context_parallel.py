@@ -3,7 +3,6 @@ its weights do (Strategy.gradient_view), so EP splits them over the sequence ran
 ones — megatron-core's expert grid, which folds cp into EP and EDP. Names, rank groups (by hand and against
 megatron-core's RankGenerator), costs by hand, the space, the targets, uniform configs and Megatron arguments."""
 
-import numpy as np
 import pytest
 from conftest import make_cluster, make_layer
 from test_expert_parallel import EXPERT_FIELDS, costs, tiny_moe_job
@@ -42,14 +41,11 @@ def test_groups_by_hand():
     assert layout.expert_group(4, ep2) == (4, 6) and layout.expert_data_group(4, ep2) == (0, 4)
     assert layout.expert_group(3, ep4) == (1, 3, 5, 7) and layout.expert_data_group(3, ep4) == (3,)
     ulysses = Strategy.parse("ulysses2-dp2+ep2")  # r = u + 2·d
-    assert layout_of(4).expert_group(2, ulysses) == (2, 3) and layout_of(4).expert_data_group(2, ulysses) == (0, 2)
+    four = RankLayout(4, 1)
+    assert four.expert_group(2, ulysses) == (2, 3) and four.expert_data_group(2, ulysses) == (0, 2)
     # the cost prices the same groups
     assert expert_alltoall_group(ep2) == (2, 2) and expert_data_parallel_group(ep2) == ("dp", 2, 4)
     assert expert_alltoall_group(ep4) == (4, 2) and expert_view(ep4.gradient_view) == Strategy.parse("tp2+sp")
-
-
-def layout_of(devices: int) -> RankLayout:
-    return RankLayout(devices, 1)
 
 
 @pytest.mark.torch
@@ -123,4 +119,3 @@ def test_uniform_configs_and_megatron_arguments():
     assert str(refused.value) == ("--uniform ep=16: expert parallelism splits the experts over the cp and "
                                   "data-parallel ranks, so it must divide cp * dp = 2 * 4; EP degrees that do: "
                                   "[2, 4, 8]")
-    np.testing.assert_array_equal([s.ep for s in plan.strategies if s.ep > 1], 8)
