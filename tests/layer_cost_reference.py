@@ -17,7 +17,8 @@ from gbmw.cost.framework_memory import (autocast_weight_copy_bytes, cross_entrop
                                         fp32_residual_extra_share, gated_activation_forward_bytes,
                                         gated_activation_peak_bytes,
                                         fp32_tp_input_extra_share, gather_buffer_bytes_per_parameter,
-                                        prices_backward_workspace, sequence_parallel_gather_share)
+                                        prices_backward_workspace, recomputation_weight_bytes,
+                                        sequence_parallel_gather_share)
 from gbmw.cost.matmul_waves import layer_wave_loss_s
 from gbmw.cost.runtime_passes import autocast_pass_times_s, unfused_pass_times_s
 from gbmw.space.strategy import DATA_PARALLEL_AXES, Strategy
@@ -220,15 +221,25 @@ def reference_layer_costs(
     backward_memory = gathered_parameters * parameter_bytes + np.maximum(gather_buffer - prefetched_buffer,
                                                                          backward_memory + prefetched_buffer)
     # the gated activation's working set, in a checkpointed layer's recomputation and in forward, where it holds more
-    if strategy.ckpt:
-        backward_memory = np.maximum(backward_memory, gated_activation_peak_bytes(
-            settings.framework, settings.precision, model, strategy, samples, d,
-            gathered_parameters * parameter_bytes + prefetched_buffer + intermediate + weight_copy + output_gradient))
-    # in forward, beside the all-gather buffer of the FSDP2 unit running it (the routed experts' own
-    # unit under EP with an expert-data-parallel group to shard over, else the whole layer's)
+    # (the routed experts are their own FSDP2 unit under EP with an expert-data-parallel group to shard over)
     experts_buffer = rank_experts * gather_buffer_bytes_per_parameter(settings.framework, expert_strategy,
                                                                       parameter_bytes)
     experts_own_unit = (strategy.ep > 1) & (experts_buffer > 0)
+    if strategy.ckpt:
+        # the recomputation, a forward again: ZeRO-3 gathers whole weights beside the running unit's buffer; ZeRO-2/3
+        # recompute beside the reduce-scatter input of the unit above
+        dense_regathered = weights.degree("sdp") > 1
+        experts_sharded = gather_buffer_bytes_per_parameter(settings.framework, expert_strategy, parameter_bytes) > 0
+        held_weights = recomputation_weight_bytes(
+            dense_regathered, weights.degree("sdp") * weights.degree("z2dp") > 1, experts_own_unit,
+            dense_parameters * parameter_bytes * dense_regathered,
+            rank_experts * parameter_bytes * (expert_strategy.degree("sdp") > 1), gather_buffer, experts_buffer,
+            dense_parameters * gradient_bytes, rank_experts * gradient_bytes * experts_sharded)
+        backward_memory = np.maximum(backward_memory, gated_activation_peak_bytes(
+            settings.framework, settings.precision, model, strategy, samples, d,
+            held_weights + intermediate + weight_copy + output_gradient))
+    # in forward, beside the all-gather buffer of the FSDP2 unit running it (the routed experts' own
+    # unit, else the whole layer's)
     backward_memory = np.maximum(backward_memory, gated_activation_forward_bytes(
         settings.framework, settings.precision, model, strategy.tp, strategy.ep, strategy.expert_tensor_parallel,
         samples, d, strategy.ckpt,

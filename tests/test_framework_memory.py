@@ -208,6 +208,28 @@ def test_one_routed_expert_runs_its_gated_activation_on_the_copies_of_its_ep_gro
     assert _backward(moe, "z2dp8+ep8+ckpt", "bf16") == pytest.approx(8000 * 20 + 4 * 600)
 
 
+
+def test_a_zero_3_recomputation_gathers_whole_weights_beside_the_running_units_buffer_and_a_reduce_scatter():
+    # the MoE layer above with a rebuilt stash large enough that the recomputation is the layer's peak; its 600 dense
+    # and 400 expert weights, fp32 (4 bytes), gradients too. ZeRO-1 recomputes beside no weight buffer (its weights
+    # stay gathered from forward, priced as states), so each line is what the flavour adds at that moment
+    moe = make_layer("block", kind="decoder", num_experts=8, experts_per_token=2, expert_parameter_count=400,
+                     expert_gated_activation_elements_per_sample=1000.0, intermediate_activation_bytes_per_sample=1e6)
+
+    def beyond_zero_1(name: str) -> float:
+        zero_1 = name.replace("sdp", "z1dp").replace("z2dp", "z1dp")
+        return _backward(moe, name, "bf16") - _backward(moe, zero_1, "bf16")
+
+    # ZeRO-3 with EP 4 (the rank's 2 experts, 100 weights, their own unit over EDP 2): the dense part whole (2400 bytes,
+    # not 7/8 of it) and the experts whole (400, not 1/2) beside the experts' flat all-gather buffer (400), and the
+    # reduce-scatter input of the unit above — a dense part's gradients (2400). An estimate with (1 − 1/n) weights
+    # and a dense buffer in their place (4700) fails here
+    assert beyond_zero_1("sdp8+ep4+ckpt") == pytest.approx(2400 + 400 + 400 + 2400)
+    # one unit (no EP): the layer whole (4000), its buffer (4000), the layer above's gradients (4000)
+    assert beyond_zero_1("sdp8+ckpt") == pytest.approx(3 * 4000)
+    # ZeRO-2 gathers nothing in the recomputation but reduce-scatters every micro-batch: the dense part's gradients
+    assert beyond_zero_1("z2dp8+ep4+ckpt") == pytest.approx(2400)
+
 def test_a_mixture_of_experts_keeps_one_fp32_residual_input_per_sub_block():
     from gbmw.specs.transformer_layers import BlockShape, block_layer
 

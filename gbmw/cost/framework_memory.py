@@ -62,7 +62,15 @@ gbmw.adapters.profile.fake_memory):
   layer's recomputation, where the rebuilt stash and the layer's output gradient wait beside it
   (`gated_activation_peak_bytes`); a mixture of experts runs it once per expert on that expert's copies, or once on
   all the rank's copies where the runtime groups them. Where either moment holds more than the layer's backward, it
-  is the layer's peak.
+  is the layer's peak. The recomputation is a forward again, so a ZeRO-3 layer (FSDP2, resharded after forward)
+  gathers its weights whole — copies beside its own shard, not the (1 − 1/n) the layer's backward is charged — and
+  keeps the flat all-gather buffer of the unit running the call (the routed experts' own unit under EP, else the
+  layer's) to the next unit's copy-out, as in forward; and a layer under ZeRO-3 or ZeRO-2 recomputes beside the
+  reduce-scatter input of the unit above it in backward (its dense part where the experts are a unit of their own),
+  the one buffer in flight (gbmw.adapters.runtime.sharding.ReduceScatterInFlight). `recomputation_weight_bytes`.
+  Traced (benchmarks/memory_at_scale.py, the long-context Mixtral plan's `cp4-sdp4+ep8+ckpt` stage at 32k tokens,
+  its peak in the experts' SwiGLU recomputed): the experts' 0.66 GiB buffer, their whole weights and the dense part's
+  reduce-scatter input were 1.0 GiB above the estimate's (1 − 1/n) weights and one dense buffer (−5.9 % before).
 * A head's cross-entropy holds, beside the fp32 softmax of the logits it keeps for backward, a working set that
   depends on who computes it (`cross_entropy_workspace_bytes_per_logit`, per TP-local logit): on one device torch's
   `F.cross_entropy` on the fp32 logits, whose backward holds nll_loss's fp32 gradient and log_softmax's fp32
@@ -227,6 +235,20 @@ def gated_activation_peak_bytes(framework: str, precision: str, model: ModelSpec
     elements = np.maximum(arrays.gated_activation_elements_per_sample,
                           arrays.expert_gated_activation_elements_per_sample * expert_rows) * samples / strategy.tp
     return np.where(elements > 0, elements * (per_element - activation_bytes) + held_bytes, 0.0)
+
+
+def recomputation_weight_bytes(regathers, reduce_scatters, experts_own_unit, dense_weight_bytes, expert_weight_bytes,
+                               gather_buffer_bytes, experts_buffer_bytes, dense_gradient_bytes, expert_gradient_bytes):
+    """[layer] weight and gradient buffers beside a checkpointed layer's recomputation (the module docstring): under
+    ZeRO-3 (`regathers`) its whole gathered weights (`dense_weight_bytes`, `expert_weight_bytes`: the sharded parts,
+    whole) and the running unit's all-gather buffer (`experts_buffer_bytes` where the experts are a unit of their own,
+    else the layer's `gather_buffer_bytes`); under ZeRO-3 or ZeRO-2 (`reduce_scatters`: every micro-batch) the reduce-
+    scatter input of the unit above, taken as this layer's dense part (`dense_gradient_bytes`) where the experts are
+    their own unit, else the whole layer's sharded gradients. Arrays broadcast."""
+    unit_buffer = np.where(experts_own_unit, experts_buffer_bytes, gather_buffer_bytes)
+    in_flight = np.where(experts_own_unit, dense_gradient_bytes, dense_gradient_bytes + expert_gradient_bytes)
+    return (np.where(regathers, dense_weight_bytes + expert_weight_bytes + unit_buffer, 0.0)
+            + np.where(reduce_scatters, in_flight, 0.0))
 
 
 def gated_activation_forward_bytes(framework: str, precision: str, model: ModelSpec, tp, ep, expert_tp, samples,

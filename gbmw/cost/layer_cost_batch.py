@@ -25,7 +25,7 @@ from gbmw.cost.context_parallel import context_parallel_costs
 from gbmw.cost.expert_parallel import expert_input_gathered_bytes
 from gbmw.cost.fp8 import amax_reductions_s, fp8_cast_s, fp8_weight_copy_bytes
 from gbmw.cost.framework_memory import (expert_call_rows, fp32_residual_extra_share, gated_activation_forward_bytes,
-                                        gated_activation_working_bytes_per_element,
+                                        gated_activation_working_bytes_per_element, recomputation_weight_bytes,
                                         prices_backward_workspace, runs_autocast)
 from gbmw.cost.layer_cost import CostSettings, LayerCosts, framework_overheads_s
 from gbmw.cost.matmul_waves import linear_wave_loss_s
@@ -293,17 +293,22 @@ def _memory_rows(model: ModelSpec, columns: StrategyColumns, settings: CostSetti
     # the gated activation's working set (gbmw.cost.framework_memory): gated_activation_peak_bytes in a checkpointed
     # layer's recomputation, beside its rebuilt stash; gated_activation_forward_bytes in forward
     per_element = gated_activation_working_bytes_per_element(framework, precision)
+    experts_buffer = rank_experts * columns.gather_buffer_expert_bytes
+    experts_own_unit = (ep > 1) & (experts_buffer > 0)
     if per_element:
-        held = (gathered_parameters * parameter_bytes + prefetched_buffer + intermediate + weight_copy
-                + output_gradient)
+        experts_sharded = columns.gather_buffer_expert_bytes > 0
+        held = recomputation_weight_bytes(
+            columns.gathered_share > 0, columns.kept_gradient_shards > 1, experts_own_unit,
+            dense_parameters * parameter_bytes * (columns.gathered_share > 0),
+            rank_experts * parameter_bytes * (columns.gathered_expert_share > 0), gather_buffer, experts_buffer,
+            dense_parameters * gradient_bytes, rank_experts * gradient_bytes * experts_sharded,
+        ) + intermediate + weight_copy + output_gradient
         expert_rows = expert_call_rows(framework, precision, columns.expert_tp, ep, arrays.expert_load_factor,
                                        arrays.num_experts)
         elements = np.maximum(arrays.gated_activation_elements_per_sample,
                               arrays.expert_gated_activation_elements_per_sample * expert_rows) * samples / tp
         peak = np.where(ckpt & (elements > 0), elements * (per_element - d) + held, 0.0)  # in the recomputation
         # in forward, beside the all-gather buffer of the FSDP2 unit running the call
-        experts_buffer = rank_experts * columns.gather_buffer_expert_bytes
-        experts_own_unit = (ep > 1) & (experts_buffer > 0)
         peak = np.maximum(peak, gated_activation_forward_bytes(
             framework, precision, model, tp, ep, columns.expert_tp, samples, d, ckpt,
             gathered_parameters * parameter_bytes,
