@@ -35,8 +35,15 @@ mixture of experts 2.6 % (PASS: gbmw's Mixtral plan +1.3 %, the mixed plan −1.
 −1.9 % to +1.4 %, with +sp in the MoE blocks −1.5 % to +1.9 %, the +etpN plan −1.6 % to +1.5 % — −28.7 % before
 whole experts beside TP were priced as grouped and keeping their 16-bit copies); long sequences 2.3 % (PASS). Eighth
 session (2026-12-02, `--only long`): the Llama plans unchanged, the new Mixtral 32k plan −1.1, −5.9, −1.7, −0.7 %
-(largest 5.9 %: FAIL on its cp-4 stage, −23.1 % before the ring's score tiles; docs/cost-model.md). What is
-still not priced: a stage's received input at the previous stage's layout; docs/cost-model.md has the figures.
+(its cp-4 stage −23.1 % before the ring's score tiles); ninth (2026-12-02, `--only long --plans "mixed per-layer"`,
+after a ZeRO-3 recomputation's whole weights and buffers were priced): Llama 32k mixed −1.4 / +0.8 %, Mixtral 32k
+−1.1, −1.3, −1.4, −0.7 % (PASS). What is still not priced: a stage's received input at the previous stage's layout;
+docs/cost-model.md has the figures.
+
+    .venv/bin/python benchmarks/memory_at_scale.py --only long --plans Mixtral --attribute 12
+
+also prints, for each traced stage, the 12 largest groups of storages alive at its peak by the source lines that
+made them (gbmw.adapters.profile.peak_attribution; about twice as slow): where an estimate's missing bytes live.
 """
 
 from __future__ import annotations
@@ -52,6 +59,7 @@ from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from gbmw.adapters.profile.fake_memory import track_rank, with_traced_micro_batches  # noqa: E402
+from gbmw.adapters.profile.peak_attribution import PeakAttributingTracker  # noqa: E402
 from gbmw.cost.estimate import estimate_plan  # noqa: E402
 from gbmw.plan import plan_from_strategy_names  # noqa: E402
 from gbmw.search.planner import Planner  # noqa: E402
@@ -188,10 +196,25 @@ def long_cases():
 CASES = {"dense": dense_cases, "moe": moe_cases, "long": long_cases}
 
 
+def print_attribution(console: Console, title: str, predicted: float, tracked: float, tracker, count: int) -> None:
+    """The `count` largest groups of storages alive at a traced peak (gbmw.adapters.profile.peak_attribution)."""
+    table = Table(title=f"{title}: estimated {predicted / GIB:.2f} GiB, traced {tracked / GIB:.2f} GiB at "
+                        f"{tracker.peak_operator} ({'backward' if tracker.peak_in_backward else 'forward'})")
+    for column in ("GiB", "category", "made by", "operator", "first shape", "dtype"):
+        table.add_column(column, justify="right" if column == "GiB" else "left")
+    for group in tracker.peak_groups[:count]:
+        table.add_row(f"{group.bytes / GIB:.3f}", group.category, group.lines, group.operator.removeprefix("aten."),
+                      str(group.shape), group.dtype)
+    console.print(table)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", choices=sorted(CASES), help="trace only the dense, the mixture-of-experts or the long-sequence plans")
     parser.add_argument("--plans", metavar="WORD", help="trace only the plans whose label holds WORD (e.g. +etpN)")
+    parser.add_argument("--attribute", metavar="N", type=int, default=0,
+                        help="also print the N largest groups of storages alive at each stage's peak, by the source "
+                             "lines that made them")
     args = parser.parse_args()
     cases = [case for kind, make in CASES.items() if args.only in (None, kind) for case in make()
              if args.plans is None or args.plans in case[0]]
@@ -204,8 +227,12 @@ def main() -> int:
         estimate = estimate_plan(job, with_traced_micro_batches(plan))  # 1F1B: the same peak as the plan's m
         for stage in range(plan.pp):
             started = time.perf_counter()
-            tracked = track_rank(job, plan, stage * plan.devices_per_stage)
+            tracker = PeakAttributingTracker() if args.attribute else None
+            tracked = track_rank(job, plan, stage * plan.devices_per_stage, tracker=tracker)
             predicted = estimate.stage_peak_memory_bytes[stage]
+            if tracker is not None:
+                print_attribution(console, f"{label or 'the same plan'}, stage {stage}", predicted, tracked.peak_bytes,
+                                  tracker, args.attribute)
             error = (predicted - tracked.peak_bytes) / tracked.peak_bytes
             errors.append(error)
             table.add_row(label, str(tracked.rank), str(stage), f"{predicted / GIB:.2f}", f"{tracked.peak_bytes / GIB:.2f}",

@@ -104,17 +104,18 @@ def with_traced_micro_batches(plan: Plan) -> Plan:
 
 
 def step_peak(plan: Plan, architecture, pool: GroupPool, adam: AdamSettings, seed: int = 0,
-              fake: bool = True) -> TrackedPeak:
+              fake: bool = True, tracker: StepPeakTracker | None = None) -> TrackedPeak:
     """Build this rank's engine for `plan` and trace two iterations (see the module docstring) under fake tensors,
     or with real tensors when `fake` is False (on an initialised process group: what the fake trace is checked
-    against). MoE layers route by the balanced assignment in both (the module docstring)."""
+    against). MoE layers route by the balanced assignment in both (the module docstring). `tracker`: a fresh
+    StepPeakTracker of the caller's (gbmw.adapters.profile.peak_attribution's, say), read after the call."""
     import contextlib
 
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     with FakeTensorMode() if fake else contextlib.nullcontext(), balanced_routing():
         engine = HybridEngine(plan, architecture, pool, "cpu", seed=seed, adam=adam)
-        tracker = StepPeakTracker()
+        tracker = StepPeakTracker() if tracker is None else tracker
         tracker.track_external(*[layer.module for layer in engine.layers], engine.optimizer)
         with tracker:
             for step in range(2):
@@ -125,7 +126,7 @@ def step_peak(plan: Plan, architecture, pool: GroupPool, adam: AdamSettings, see
 
 
 def track_rank(job: JobSpec, plan: Plan, rank: int, adam: AdamSettings = AdamSettings(max_grad_norm=1.0),
-               seed: int = 0) -> TrackedPeak:
+               seed: int = 0, tracker: StepPeakTracker | None = None) -> TrackedPeak:
     """The peak memory of `rank` running two iterations of `plan`'s train step with as many micro-batches as
     reach its peak, under fake tensors. Initialises torch.distributed with the fake backend as that rank and
     destroys it afterwards: call it in a process with no other process group."""
@@ -135,6 +136,7 @@ def track_rank(job: JobSpec, plan: Plan, rank: int, adam: AdamSettings = AdamSet
     traced = with_traced_micro_batches(plan)
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=plan.num_devices)
     try:
-        return step_peak(traced, architecture, GroupPool(traced), adam, seed)  # the pool's meshes: real tensors
+        return step_peak(traced, architecture, GroupPool(traced), adam, seed,  # the pool's meshes: real tensors
+                         tracker=tracker)
     finally:
         dist.destroy_process_group()
