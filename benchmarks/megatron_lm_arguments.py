@@ -52,7 +52,8 @@ REACH_CONFIGS = {  # issue 26's experts and issue 27's context parallelism, besi
                                       "tp=8,pp=1,zero=1,cp=4,sp=on,micro=1"),
     "mixtral-8x7b-32k_h100-80g-x64": ("tp=2,pp=2,zero=1,cp=4,ep=8,sp=on,micro=1",  # EP over cp · dp (expert grid)
                                       "tp=1,pp=4,zero=1,cp=8,ep=4,ckpt=full,micro=1",
-                                      "tp=2,pp=1,zero=0,cp=8,ep=2,sp=on,ckpt=full,micro=1"),
+                                      "tp=2,pp=1,zero=0,cp=8,ep=2,sp=on,ckpt=full,micro=1",
+                                      "tp=2,pp=4,zero=1,cp=4,ep=8,etp=1,sp=on,ckpt=full,micro=1"),  # +etp1 beside cp
 }
 FP8_JOBS = ("gpt3-65b_h100-80g-x64", "llama3.1-8b-128k_h100-80g-x64", "mixtral-8x7b_h100-80g-x64")
 """Jobs also checked with `precision: fp8` (issue 28: --bf16 --fp8-format hybrid --fp8-recipe delayed)."""

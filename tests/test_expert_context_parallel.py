@@ -28,8 +28,11 @@ def test_names_degrees_and_refusals():
     assert str(refused.value) == (
         "strategy cp2-dp2+ep8: expert parallelism (+ep8) splits the experts over the ranks holding other tokens — the "
         "cp ranks, then at most one data-parallel axis; 8 must divide their product (cp2 × dp2), e.g. tp2-cp2-dp4+ep8")
-    with pytest.raises(PlanError, match="no sequence axis|at most one data-parallel axis"):
-        Strategy.parse("tp2-cp2-dp2+ep4+etp1+sp")  # experts at a TP of their own beside cp: not a layout gbmw writes
+    # the experts at a TP of their own beside cp: megatron-core's ETP · EP · EDP over the TP · CP · DP ranks
+    assert Strategy.parse("tp2-cp2-dp2+ep4+etp1+sp").expert_data_parallel == 2  # 8 / (1 · 4)
+    assert Strategy.parse("tp2-cp2-dp2+ep4+etp1+sp").name == "tp2-cp2-dp2+ep4+etp1+sp"
+    with pytest.raises(PlanError, match="TP innermost"):
+        Strategy.parse("cp2-dp2-tp2+ep2+etp1+sp")
 
 
 def test_groups_by_hand():
@@ -54,16 +57,21 @@ def test_groups_against_megatron_cores_rank_generator():
     expert_decoder_rank_generator); its dense grid keeps cp between TP and DP (order tp-cp-ep-dp-pp)."""
     parallel_state = pytest.importorskip("megatron.core.parallel_state")
     layout = RankLayout(32, 2)
-    for tp, cp, dp, ep in ((2, 2, 4, 4), (2, 4, 2, 2), (1, 2, 8, 16), (4, 2, 2, 4), (1, 4, 4, 8)):
+    for tp, cp, dp, ep, etp in ((2, 2, 4, 4, None), (2, 4, 2, 2, None), (1, 2, 8, 16, None), (4, 2, 2, 4, None),
+                                (1, 4, 4, 8, None), (2, 2, 4, 8, 1), (4, 2, 2, 2, 2), (2, 4, 2, 16, 1)):
         name = "-".join(f"{axis}{degree}" for axis, degree in (("tp", tp), ("cp", cp), ("dp", dp)) if degree > 1)
-        strategy = Strategy.parse(f"{name}+ep{ep}" + ("+sp" if tp > 1 else ""))
+        strategy = Strategy.parse(f"{name}+ep{ep}" + (f"+etp{etp}" if etp else "") + ("+sp" if tp > 1 else ""))
+        expert_tp = etp or tp
         dense = parallel_state.RankGenerator(tp=tp, ep=1, dp=dp, pp=2, cp=cp, order="tp-cp-ep-dp-pp")
-        experts = parallel_state.RankGenerator(tp=tp, ep=ep, dp=16 // (tp * ep), pp=2, cp=1, order="tp-cp-ep-dp-pp")
+        experts = parallel_state.RankGenerator(tp=expert_tp, ep=ep, dp=16 // (expert_tp * ep), pp=2, cp=1,
+                                               order="tp-cp-ep-dp-pp")
         assert sorted({layout.group(rank, strategy, ("cp",)) for rank in range(32)}) == sorted(
             tuple(ranks) for ranks in dense.get_ranks("cp")), strategy.name
         for group_name, group in (("ep", layout.expert_group), ("dp", layout.expert_data_group)):
             assert sorted({group(rank, strategy) for rank in range(32)}) == sorted(
                 tuple(ranks) for ranks in experts.get_ranks(group_name)), (strategy.name, group_name)
+        assert sorted({layout.expert_tensor_group(rank, strategy) for rank in range(32)}) == sorted(
+            tuple(ranks) for ranks in experts.get_ranks("tp")), strategy.name
 
 
 def test_costs_by_hand():
@@ -97,6 +105,10 @@ def test_targets_run_what_their_frameworks_run():
         strategy = Strategy.parse(name)
         assert runtime.allows(strategy, 1) and runtime_strategy_refusal(strategy) is None, name
     assert core.allows(Strategy.parse("tp2-cp2-z1dp2+ep4+sp"), 1)
+    assert core.allows(Strategy.parse("tp2-cp2-z1dp2+ep8+etp1+sp"), 1)  # the experts whole beside cp
+    assert runtime_strategy_refusal(Strategy.parse("tp2-cp2-z1dp2+ep8+etp1+sp")) == (
+        "strategy tp2-cp2-z1dp2+ep8+etp1+sp: gbmw's runtime runs context parallelism (cp) without +sp, which +etp1 "
+        "needs; leave +etp1 out (the experts at the layer's TP) or plan for megatron-core (--target megatron-core)")
     assert not core.allows(Strategy.parse("tp2-cp2-z1dp2+ep4"), 1)  # EP with TP needs +sp in megatron-core
     assert not deepspeed.allows(Strategy.parse("ulysses2-z1dp2+ep2"), 1)  # not modelled there
     job = tiny_moe_job(8)
@@ -114,6 +126,13 @@ def test_uniform_configs_and_megatron_arguments():
     args = " ".join(plan_to_megatron_args(plan, job, "megatron-core")) + " "
     assert " --context-parallel-size 2 " in args and " --expert-model-parallel-size 8 " in args
     assert megatron_args_to_plan(args.split(), job, "megatron-core").strategies == plan.strategies
+    # the experts whole beside cp: EP 8 over the stage's 16 ranks at ETP 1 (EDP 2), read back from the flags
+    whole = gbmw.uniform_plan(job, "tp=2,pp=4,zero=1,cp=2,ep=8,etp=1,sp=on,micro=1,target=megatron-core")
+    assert {s.name for s, layer in zip(whole.strategies, job.model.layers) if layer.num_experts} == {
+        "tp2-cp2-z1dp4+ep8+etp1+sp"}
+    args = plan_to_megatron_args(whole, job, "megatron-core")
+    assert args[args.index("--expert-tensor-parallel-size") + 1] == "1"
+    assert megatron_args_to_plan(args, job, "megatron-core").strategies == whole.strategies
     with pytest.raises(PlanError) as refused:
         UniformConfig.parse("tp=2,pp=4,cp=2,ep=16,sp=on,micro=1").to_plan(job)
     assert str(refused.value) == ("--uniform ep=16: expert parallelism splits the experts over the cp and "

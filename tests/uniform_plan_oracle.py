@@ -82,8 +82,9 @@ class TargetRules:
     expert_needs_sp_with_tp: bool = False
     experts_whole: bool = False
     """An MoE model may also run its experts whole (+epN+etp1) where TP is the innermost axis, at least 2 and inside a
-    node, with +sp, no sequence axis and at most one data-parallel axis: every power of two EP from 2 to the stage's
-    devices (megatron-core's --expert-tensor-parallel-size 1)."""
+    node, with +sp and at most one data-parallel axis (a cp axis beside them: the expert grid takes the TP · CP · DP
+    ranks as they are): every power of two EP from 2 to the stage's devices (megatron-core's
+    --expert-tensor-parallel-size 1)."""
 
 
 TARGET_RULES = {
@@ -176,7 +177,7 @@ def space_layouts(space: str, job: JobSpec, pp: int) -> list[Layout]:
                 if sp and rules.sequence_axis == "ulysses" and has_sequence:
                     continue  # Megatron-DeepSpeed's initialize refuses --sequence-parallel beside Ulysses
                 whole = (moe and rules.experts_whole and sp and tree[0][0] == "tp"
-                         and tree[0][1] <= job.cluster.devices_per_node and not has_sequence and len(data) <= 1)
+                         and tree[0][1] <= job.cluster.devices_per_node and len(data) <= 1)
                 expert_layouts = [(ep, None) for ep in eps] + (
                     [(2**e, 1) for e in range(1, (devices // pp).bit_length())] if whole else [])
                 for ep, expert_tp in expert_layouts:

@@ -273,7 +273,9 @@ def megatron_args_to_plan(args: Sequence[str], job: JobSpec, target: str = "mega
     # grid), or under an expert TP of its own the stage's ranks over that TP
     expert_ranks, what = (sequence_degree * dp, "the data-parallel size" if sequence_degree == 1 else
                           f"{sequence_axis}({sequence_degree}) * data({dp})") if expert_tp == tp else (
-        tp * dp // expert_tp, f"tensor({tp}) * data({dp}) / expert tensor({expert_tp})")
+        tp * sequence_degree * dp // expert_tp,
+        f"tensor({tp}) * {sequence_axis}({sequence_degree}) * data({dp}) / expert tensor({expert_tp})"
+        if sequence_degree > 1 else f"tensor({tp}) * data({dp}) / expert tensor({expert_tp})")
     if expert_parallel > 1 and (arch.moe is None or expert_ranks % expert_parallel):
         flag = "--moe-expert-parallel-size" if target == "megatron-deepspeed" else "--expert-model-parallel-size"
         raise GbmwError(f"{flag} {expert_parallel}: " + (f"model {job.model.name} has no experts" if arch.moe is None

@@ -200,7 +200,10 @@ class UniformConfig:
                 raise PlanError(f"--uniform etp={self.etp}: the experts' own TP degree must divide tp = {self.tp} and "
                                 f"goes with ep >= 2 and sp=on (given ep={self.ep}, sp={'on' if self.sp else 'off'}), "
                                 f"e.g. tp={self.tp},etp=1,ep=4,sp=on")
-            ranks, what = self.tp * dp // expert_tp, f"tp * dp / etp = {self.tp} * {dp} / {expert_tp}"
+            tokens = sequence[0][1] * dp if sequence else dp  # the expert grid takes the cp ranks as they are
+            ranks = self.tp * tokens // expert_tp
+            what = (f"tp * {sequence[0][0]} * dp / etp = {self.tp} * {sequence[0][1]} * {dp} / {expert_tp}" if sequence
+                    else f"tp * dp / etp = {self.tp} * {dp} / {expert_tp}")
             over = "the stage's ranks over the experts' TP degree"
         elif sequence:  # the sequence ranks hold other tokens too: EP spans them first (gbmw.space.strategy)
             (axis, degree), = sequence

@@ -6,9 +6,12 @@ TP ranks and data-parallel ranks — ETP 1 with TP 2 (Qwen3-235B's and DeepSeek-
 among all EP consecutive ranks, each holding its own 1/TP of its replica's tokens under sequence parallelism; the
 experts' gradients are synchronised over EDP = W / (ETP · EP) ranks, ETP · EP apart. That layout is megatron's only
 where TP is innermost and one data-parallel axis lies outside it, so `+etpN` needs: ETP dividing TP, TP the
-innermost axis, at most one data-parallel axis and no sequence axis, ETP · EP dividing W, expert parallelism
-(+epN, N >= 2) and sequence parallelism (+sp, each rank's tokens its own). `+etpN` is shown only where N differs
-from TP: `tp2-dp4+ep2` and `tp2-dp4+ep2+etp2` are one strategy.
+innermost axis, at most one data-parallel axis, ETP · EP dividing W, expert parallelism (+epN, N >= 2) and sequence
+parallelism (+sp, each rank's tokens its own). A sequence axis (cp, ulysses) may lie between TP and the data-parallel
+axis: megatron-core's expert grid has no cp, its TP · CP · DP ranks laid out again as ETP · EP · EDP
+(parallel_state.py, `expert_decoder_rank_generator`), which is the same W ranks in the same order — each rank routes
+its own tokens (its TP slice of its sequence chunk). `+etpN` is shown only where N differs from TP: `tp2-dp4+ep2` and
+`tp2-dp4+ep2+etp2` are one strategy.
 """
 
 from __future__ import annotations
@@ -34,10 +37,11 @@ def check_expert_tp(strategy, data_parallel_axes: tuple[str, ...]) -> None:
                         "parallelism with it (+epN, N ≥ 2), e.g. tp2-dp4+ep8+etp1+sp")
     axes = [axis for axis, _ in strategy.dims]
     data = [axis for axis in axes if axis in data_parallel_axes]
-    if axes[0] != "tp" or len(data) > 1 or len(axes) > 1 + len(data):
+    sequence = [axis for axis in axes if axis == strategy.sequence_axis]
+    if axes[0] != "tp" or len(data) > 1 or len(axes) > 1 + len(data) + len(sequence):
         raise PlanError(f"strategy {name}: +etp{etp} lays the experts out as megatron-core does (ETP, then EP, then "
-                        "expert-data-parallel ranks over the layer's TP and data-parallel ranks); it needs TP "
-                        "innermost and at most one data-parallel axis outside it, e.g. tp2-dp8+ep8+etp1+sp")
+                        "expert-data-parallel ranks over the layer's TP, sequence and data-parallel ranks); it needs "
+                        "TP innermost and at most one data-parallel axis outside it, e.g. tp2-dp8+ep8+etp1+sp")
     if strategy.group_size % (etp * ep):
         raise PlanError(f"strategy {name}: etp({etp}) * ep({ep}) = {etp * ep} must divide the {strategy.group_size} "
                         "ranks of the stage (they are the experts' ETP · EP · EDP)")

@@ -110,6 +110,10 @@ def runtime_strategy_refusal(strategy) -> str | None:
     train` refuses such a plan before starting, and the engine refuses the layer with the same words."""
     axis, name = strategy.sequence_axis, strategy.name
     what = {"cp": "context parallelism (cp)", "ulysses": "Ulysses"}.get(axis)
+    if axis is not None and strategy.expert_tp is not None:
+        return (f"strategy {name}: gbmw's runtime runs {what} without +sp, which +etp{strategy.expert_tp} needs; leave "
+                f"+etp{strategy.expert_tp} out (the experts at the layer's TP) or plan for megatron-core "
+                "(--target megatron-core)")
     if axis is not None and strategy.sp:
         return (f"strategy {name}: gbmw's runtime runs {what} without +sp (its tokens are already split over the "
                 f"{axis} group); leave +sp out")

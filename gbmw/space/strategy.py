@@ -348,10 +348,11 @@ def _enumerated_strategies(
 
 def _expert_ranks_follow_megatron(strategy: Strategy) -> bool:
     """Whether `strategy` may take `+etpN` (gbmw.space.expert_tensor_parallel): +sp, TP innermost and at least 2, at
-    most one data-parallel axis and no other."""
+    most one data-parallel axis and a sequence axis (folded into the expert grid's ranks), no other."""
     axes = [axis for axis, _ in strategy.dims]
+    others = [axis for axis in axes[1:] if axis not in DATA_PARALLEL_AXES and axis != strategy.sequence_axis]
     data = [axis for axis in axes if axis in DATA_PARALLEL_AXES]
-    return strategy.sp and strategy.tp > 1 and axes[0] == "tp" and len(data) <= 1 and len(axes) == 1 + len(data)
+    return strategy.sp and strategy.tp > 1 and axes[0] == "tp" and len(data) <= 1 and not others
 
 
 def _sequence_axis_placed(axes: tuple[str, ...]) -> bool:
