@@ -51,9 +51,9 @@ def test_names_round_trip_and_etp_equal_to_tp_is_the_plain_strategy():
                      "leave +etpN out"),
     ("tp2-dp4+etp1+sp", "strategy tp2-dp4+etp1+sp: +etp1 sets the TP degree of experts split over ranks; give expert "
                         "parallelism with it (+epN, N ≥ 2), e.g. tp2-dp4+ep8+etp1+sp"),
-    ("dp4-tp2+ep2+etp1+sp", "strategy dp4-tp2+ep2+etp1+sp: +etp1 lays the experts out as megatron-core does (ETP, then "
-                            "EP, then expert-data-parallel ranks over the layer's TP, sequence and data-parallel ranks); "
-                            "it needs TP innermost and at most one data-parallel axis outside it, e.g. "
+    ("dp4-tp2+ep2+etp1+sp", "strategy dp4-tp2+ep2+etp1+sp: +etp1 lays the experts out as megatron-core does (ETP, "
+                            "then EP, then expert-data-parallel ranks over the layer's TP, sequence and data-parallel "
+                            "ranks); it needs TP innermost and at most one data-parallel axis outside it, e.g. "
                             "tp2-dp8+ep8+etp1+sp"),
     ("cp2-dp2-tp2+ep2+etp1+sp", "it needs TP innermost and at most one data-parallel axis outside it"),
     ("tp2-dp4+ep16+etp1+sp", "strategy tp2-dp4+ep16+etp1+sp: etp(1) * ep(16) = 16 must divide the 8 ranks of the stage "
