@@ -9,7 +9,9 @@ it, so what it keeps is fixed by that order alone (gbmw.search.exact.whole_plan_
 rows of one layout are made in that very order: the options of the layout are a handful of blocks, each sorted by
 stash (the parents are visited by stash and an option adds one stash to all of them); a merge of the blocks' heads
 gives, stash by stash, the run of rows with that stash, which is sorted by (total, key) as `merged_order` sorts it,
-then filtered row by row with the same float operations (`_plan_rows`) and the same comparisons. So the kept rows,
+then filtered row by row with the same float operations (`_plan_rows`) and the same comparisons. (A row that a kept
+row of an earlier stash matches or beats is dropped before its run is sorted: that row comes before it in any order,
+so the filter drops it wherever it lies in its run, and a dropped row never decides another's fate.) So the kept rows,
 their values and their keys are exactly those of `nondominated_plans(*extend_candidates(...))`
 (tests/test_frontier_step.py checks it on random steps, ties included); the caller sorts them by key as before.
 """
@@ -24,31 +26,35 @@ from gbmw.search.exact.whole_plan_frontier import BLOCK_ROWS, BLOCKS_PER_SPAN, _
 
 
 @njit(cache=True)
-def _next_candidate(position, o, parent_order, stash, excess, no_sync, sync, params, layout, o_no_sync, o_sync,
-                    o_stash, o_forward, o_backward, o_params, o_layout, transition, budget, reserve_per_parameter,
-                    chunk, m, step_s, rest_s, limit_s, rest_stash, rest_carry, rest_params, later_s, sharing_stages):
-    """The first position from `position` on in `parent_order` whose parent with option `o` passes
-    `extend_candidates`' memory and incumbent tests (the same float operations), or the parents' count."""
-    points = parent_order.shape[0]
-    while position < points:
-        p = parent_order[position]
-        s = stash[p] + o_stash[o]
-        x = excess[p] - o_forward[o]
+def _fill_block(block, o, stash, excess, no_sync, sync, params, layout, o_no_sync, o_sync, o_stash, o_forward,
+                o_backward, o_params, o_layout, transition, budget, reserve_per_parameter, chunk, m, step_s, rest_s,
+                limit_s, rest_stash, rest_carry, rest_params, later_s, sharing_stages, values, positions):
+    """Row `block` of `values` ([block, plan, (s, x, t, y, q)]) and `positions`: the parents (given in stash order)
+    that pass `extend_candidates`' memory and incumbent tests with option `o` (the same float operations), each
+    with its new terms; returns their count."""
+    count = 0
+    for i in range(stash.shape[0]):
+        s = stash[i] + o_stash[o]
+        x = excess[i] - o_forward[o]
         if x < o_backward[o]:
             x = o_backward[o]
-        q = params[p] + o_params[o]
+        q = params[i] + o_params[o]
         least = max(s + x + rest_carry, s + rest_stash)
-        if least + reserve_per_parameter * min(q + rest_params, chunk) <= budget:
-            t = no_sync[p] + o_no_sync[o] + transition[layout[p], o_layout[o]]
-            y = sync[p] + o_sync[o]
-            if m * t + y + step_s * (q + rest_params) + rest_s <= limit_s:
-                if sharing_stages <= 0:
-                    return position
-                slowest = max(t, (t + later_s) / sharing_stages)
-                if (m - 1) * slowest + t + later_s + y + step_s * q <= limit_s:
-                    return position
-        position += 1
-    return points
+        if least + reserve_per_parameter * min(q + rest_params, chunk) > budget:
+            continue
+        t = no_sync[i] + o_no_sync[o] + transition[layout[i], o_layout[o]]
+        y = sync[i] + o_sync[o]
+        if m * t + y + step_s * (q + rest_params) + rest_s > limit_s:
+            continue
+        if sharing_stages > 0:
+            slowest = max(t, (t + later_s) / sharing_stages)
+            if (m - 1) * slowest + t + later_s + y + step_s * q > limit_s:
+                continue
+        values[block, count, 0], values[block, count, 1], values[block, count, 2] = s, x, t
+        values[block, count, 3], values[block, count, 4] = y, q
+        positions[block, count] = i
+        count += 1
+    return count
 
 
 @njit(cache=True)
@@ -119,6 +125,13 @@ def extend_and_filter(stash, excess, no_sync, sync, params, layout, parent_order
     kept = np.empty((group_rows, width))
     block_least = np.empty((group_rows // BLOCK_ROWS + 1, width))
     span_least = np.empty((group_rows // span_rows + 1, width))
+    # the parents in stash order, contiguous; each option's new rows (a block) compacted, in that order
+    by_stash = (stash[parent_order], excess[parent_order], no_sync[parent_order], sync[parent_order],
+                params[parent_order], layout[parent_order])
+    block_values = np.empty((largest, points, 5))  # s, x, t, y, q
+    block_positions = np.empty((largest, points), np.int64)
+    block_rows = np.empty(largest, np.int64)
+    heads = np.empty(largest, np.int64)
     run_values = np.empty((group_rows, 5))  # s, x, t, y, q of the rows of one stash
     run_columns = np.empty((group_rows, width))
     run_total = np.empty(group_rows)
@@ -126,8 +139,6 @@ def extend_and_filter(stash, excess, no_sync, sync, params, layout, parent_order
     run_option = np.empty(group_rows, np.int64)
     run_parent = np.empty(group_rows, np.int64)
     run_order = np.empty(group_rows, np.int64)
-    heads = np.empty(largest, np.int64)
-    head_stash = np.empty(largest)
     row_values = np.empty(width)
     capacity = points * options
     n_stash, n_excess, n_no_sync = np.empty(capacity), np.empty(capacity), np.empty(capacity)
@@ -142,48 +153,39 @@ def extend_and_filter(stash, excess, no_sync, sync, params, layout, parent_order
             end += 1
         blocks = end - start
         for b in range(blocks):
-            heads[b] = _next_candidate(0, option_order[start + b], parent_order, stash, excess, no_sync, sync, params,
-                                       layout, o_no_sync, o_sync, o_stash, o_forward, o_backward, o_params, o_layout,
-                                       transition, budget, reserve_per_parameter, chunk, m, step_s, rest_s, limit_s,
-                                       rest_stash, rest_carry, rest_params, later_s, sharing_stages)
-            if heads[b] < points:
-                head_stash[b] = stash[parent_order[heads[b]]] + o_stash[option_order[start + b]]
+            block_rows[b] = _fill_block(b, option_order[start + b], *by_stash, o_no_sync, o_sync, o_stash, o_forward,
+                                        o_backward, o_params, o_layout, transition, budget, reserve_per_parameter,
+                                        chunk, m, step_s, rest_s, limit_s, rest_stash, rest_carry, rest_params,
+                                        later_s, sharing_stages, block_values, block_positions)
+            heads[b] = 0
         kept_count = 0
         last = -1
         while True:
             least_stash, found = 0.0, False
             for b in range(blocks):
-                if heads[b] < points and (not found or head_stash[b] < least_stash):
-                    least_stash, found = head_stash[b], True
+                if heads[b] < block_rows[b] and (not found or block_values[b, heads[b], 0] < least_stash):
+                    least_stash, found = block_values[b, heads[b], 0], True
             if not found:
                 break
             run = 0
             for b in range(blocks):  # every row of that stash, block by block
                 o = option_order[start + b]
-                while heads[b] < points and head_stash[b] == least_stash:
-                    p = parent_order[heads[b]]
-                    s = least_stash
-                    x = excess[p] - o_forward[o]
-                    if x < o_backward[o]:
-                        x = o_backward[o]
-                    t = no_sync[p] + o_no_sync[o] + transition[layout[p], o_layout[o]]
-                    y, q = sync[p] + o_sync[o], params[p] + o_params[o]
+                h = heads[b]
+                while h < block_rows[b] and block_values[b, h, 0] == least_stash:
+                    s, x, t = least_stash, block_values[b, h, 1], block_values[b, h, 2]
+                    y, q = block_values[b, h, 3], block_values[b, h, 4]
                     total = _write_columns(run_columns, run, s, x, t, y, q, step_s, chunk, single_stage_m, width)
                     # a row a kept row of an earlier stash beats is dropped whatever the order within the run:
                     # try the last row found to beat one before sorting (most rows: the filter keeps ~6 %)
                     if last < 0 or not _beaten_row(kept, last, run_columns, run, width):
+                        p = parent_order[block_positions[b, h]]
                         run_values[run, 0], run_values[run, 1], run_values[run, 2] = s, x, t
                         run_values[run, 3], run_values[run, 4] = y, q
                         run_total[run] = total
                         run_key[run], run_option[run], run_parent[run], run_order[run] = o * points + p, o, p, run
                         run += 1
-                    heads[b] = _next_candidate(heads[b] + 1, o, parent_order, stash, excess, no_sync, sync, params,
-                                               layout, o_no_sync, o_sync, o_stash, o_forward, o_backward, o_params,
-                                               o_layout, transition, budget, reserve_per_parameter, chunk, m, step_s,
-                                               rest_s, limit_s, rest_stash, rest_carry, rest_params, later_s,
-                                               sharing_stages)
-                    if heads[b] < points:
-                        head_stash[b] = stash[parent_order[heads[b]]] + o_stash[o]
+                    h += 1
+                heads[b] = h
             _order_run(run_order, run_total, run_key, run)
             for position in range(run):  # `_nondominated`'s test, the layout's kept rows from 0
                 r = run_order[position]
