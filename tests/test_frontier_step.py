@@ -33,8 +33,8 @@ def _random_step(seed: int):
     limit_s = float(rng.choice([np.inf, rng.integers(20, 80) * 0.25]))
     return (stash, excess, no_sync, sync, params, layout, stash_order(stash), np.argsort(o_layout, kind="stable"),
             o_no_sync, o_sync, o_stash, o_forward, o_backward, o_params, o_layout, transition, budget, 4.0,
-            float(ADAM_CHUNK_ELEMENTS), float(rng.integers(1, 9)), 2.0**-30, 0.5, limit_s, float(rng.integers(0, 3)) * unit,
-            0.0, 0.0, float(rng.integers(0, 4)) * 0.5, sharing)
+            float(ADAM_CHUNK_ELEMENTS), float(rng.integers(1, 9)), 2.0**-30, 0.5, limit_s,
+            float(rng.integers(0, 3)) * unit, 0.0, 0.0, float(rng.integers(0, 4)) * 0.5, sharing)
 
 
 @pytest.mark.parametrize("single_stage", [False, True])
