@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from whole_plan_oracle import Choices, Setting, WholePlanOracle, oracle_settings, random_tiny_job, with_budget
 
 from gbmw.cost.stage_cost import stage_estimate
-from gbmw.search.bounds.setting_bounds import cannot_fit, least_state_bytes
+from gbmw.search.bounds.setting_bounds import _numpy_sum, cannot_fit, knapsack_lower_bound, least_state_bytes
 from gbmw.search.exact.whole_plan_frontier import MemoryGrid
 from gbmw.search.planner import Planner
 from gbmw.search.stage_dp.step_reserve_search import StepReserveSearch
@@ -168,3 +168,52 @@ def test_the_sweeps_shared_bound_parts_equal_what_each_setting_computes_alone():
         costs = planner._costs(setting.tables, setting.pp, setting.num_micro_batches, setting.virtual_stages)
         assert setting.throughput_bound == throughput_upper_bound(costs, setting.allowed, planner.budget)
         assert planner._memory_bound(setting) == memory_aware_throughput_bound(costs, setting.allowed, planner.budget)
+
+
+def _numpy_knapsack_lower_bound(time, memory, capacity, iterations=40):
+    """The numpy form `knapsack_lower_bound` had before it was compiled: the reference it must equal bit for bit."""
+    allowed = np.isfinite(time)
+    if np.where(allowed, memory, np.inf).min(axis=0).sum() > capacity:
+        return np.inf
+
+    def dual(weight):
+        combined = np.where(allowed, time + weight * memory, np.inf)
+        pick = combined.argmin(axis=0)
+        columns = np.arange(time.shape[1])
+        used = memory[pick, columns].sum()
+        return combined[pick, columns].sum() - weight * capacity, used - capacity
+
+    value, excess = dual(0.0)
+    if excess <= 0:
+        return value
+    low, high = 0.0, 1e-12
+    while dual(high)[1] > 0:
+        low, high = high, high * 4
+    best = max(value, dual(high)[0])
+    for _ in range(iterations):
+        middle = (low + high) / 2
+        value, excess = dual(middle)
+        best = max(best, value)
+        if excess > 0:
+            low = middle
+        else:
+            high = middle
+    return best
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_knapsack_lower_bound_equals_its_numpy_form(seed):
+    """Bit for bit, on tables like a search's (1–300 layers: numpy's pairwise sums of every length class; forbidden
+    strategies; capacities that bind, do not bind, and fit nothing) — and numpy's sum itself on random vectors."""
+    rng = np.random.default_rng(seed)
+    strategies, layers = int(rng.integers(1, 40)), int(rng.choice([1, 5, 8, 9, 17, 64, 127, 128, 129, 300]))
+    time = rng.random((strategies, layers)) * 10.0 ** rng.integers(-4, 1, layers)
+    memory = rng.random((strategies, layers)) * 10.0 ** rng.integers(6, 11, layers)
+    time = np.where(rng.random((strategies, layers)) < 0.3, np.inf, time)
+    time[0] = np.where(np.isfinite(time).any(axis=0), time[0], 1.0)  # every layer allows a strategy
+    lightest = np.where(np.isfinite(time), memory, np.inf).min(axis=0).sum()
+    for capacity in (lightest * 0.9, lightest, lightest * 1.5, memory.sum() * 2):
+        assert knapsack_lower_bound(time, memory, capacity) == _numpy_knapsack_lower_bound(time, memory, capacity)
+    for count in range(1, 300):
+        values = rng.random(count) * 10.0 ** rng.integers(-3, 9, count)
+        assert _numpy_sum(values) == values.sum()

@@ -223,3 +223,42 @@ def test_trade_rates_equal_every_pair_of_every_layer():
                  if np.isfinite(time_s[a, l]) and np.isfinite(time_s[b, l])
                  and time_s[a, l] > time_s[b, l] and memory[b, l] > memory[a, l]]
         assert trade_rates(time_s, memory) == ((min(rates), max(rates)) if rates else (0.0, 0.0))
+
+
+def _numpy_stage_time_lower_bounds(time_s, memory_bytes, budget_bytes, lambdas):
+    """The numpy form `stage_time_lower_bounds` had before it was compiled: the reference it must equal bit for bit."""
+    layers = time_s.shape[1]
+    epsilon = np.finfo(np.float64).eps
+    allowed = np.isfinite(time_s)
+    combined = np.where(allowed[None], time_s[None] + lambdas[:, None, None] * memory_bytes[None], np.inf).min(axis=1)
+    prefix = np.concatenate((np.zeros((len(lambdas), 1)), np.cumsum(combined, axis=1)), axis=1)
+    prefix_abs = np.concatenate((np.zeros((len(lambdas), 1)), np.cumsum(np.abs(combined), axis=1)), axis=1)
+    penalty = lambdas * budget_bytes
+    values = prefix[:, None, :] - prefix[:, :, None] - penalty[:, None, None]
+    error = (4 * layers + 16) * epsilon * (prefix_abs[:, None, :] + penalty[:, None, None])
+    bounds = (values - error).max(axis=0)
+    lightest = np.where(allowed, memory_bytes, np.inf).min(axis=0)
+    lightest_prefix = np.concatenate(([0.0], np.cumsum(lightest)))
+    heavy = lightest_prefix[None, :] - lightest_prefix[:, None] - (4 * layers + 16) * epsilon * lightest_prefix[None, :]
+    bounds = np.where(heavy > budget_bytes, np.inf, bounds)
+    upper = np.triu(np.ones((layers + 1, layers + 1), bool), k=1)
+    return np.where(upper, bounds, -np.inf)
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_stage_lower_bounds_equal_their_numpy_form(seed):
+    """Bit for bit, on tables like a search's (times of ~1e-3 s, memory of ~1e9 B, forbidden strategies, a layer
+    with none allowed, budgets that fit some stages and not others) and on the λ grid the search uses."""
+    rng = np.random.default_rng(seed)
+    strategies, layers = int(rng.integers(1, 30)), int(rng.integers(1, 60))
+    time_s = rng.random((strategies, layers)) * 1e-3 * 10.0 ** rng.integers(-2, 2)
+    memory = rng.random((strategies, layers)) * 1e9 * 10.0 ** rng.integers(-2, 2)
+    time_s = np.where(rng.random((strategies, layers)) < 0.3, np.inf, time_s)
+    if seed % 5 == 0:
+        time_s[:, layers // 2] = np.inf
+    budget = float(memory.min(axis=0).sum() * rng.choice([0.1, 0.5, 1.0, 3.0]))
+    lambdas = lambda_grid(*trade_rates(time_s, memory))
+    ours = stage_time_lower_bounds(time_s, memory, budget, lambdas)
+    with np.errstate(invalid="ignore"):
+        theirs = _numpy_stage_time_lower_bounds(time_s, memory, budget, lambdas)
+    assert np.array_equal(ours, theirs, equal_nan=True)

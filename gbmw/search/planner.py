@@ -127,6 +127,7 @@ class Planner:
         model, cluster, target = self.job.model, self.job.cluster, get_target(self.spec.target)
         result = []
         self.exclusions: dict[str, None] = {}
+        blocks = int(model.is_block.sum())
         for pp in self.spec.pipeline_degrees(cluster, self.max_pp):
             if pp > model.num_layers:
                 self.exclusions[f"pp={pp} exceeds the model's {model.num_layers} layers"] = None
@@ -159,8 +160,7 @@ class Planner:
                 total_no_sync_s = (None if self.spec.schedule == "gpipe" else  # m-free under 1F1B: once for all m
                                    least_total_no_sync_s(self._costs(tables, pp, 1), allowed, self.budget))
                 for count, interleaved_only in self._micro_batch_counts(micro_batch, pp):
-                    for chunks in virtual_stage_choices(self._interleaves, int(model.is_block.sum()), pp,
-                                                        count)[interleaved_only:]:
+                    for chunks in virtual_stage_choices(self._interleaves, blocks, pp, count)[interleaved_only:]:
                         bound = self._throughput_bound(tables, allowed, pp, micro_batch, count, chunks, total_no_sync_s)
                         result.append(Setting(pp, micro_batch, count, tables, allowed, bound, chunks))
         return result

@@ -4,6 +4,7 @@ no partition of a setting can fit, and an upper bound of the throughput any plan
 from __future__ import annotations
 
 import numpy as np
+from numba import njit
 
 from gbmw.cost.framework_memory import ADAM_CHUNK_ELEMENTS
 from gbmw.cost.stage_cost import StageCosts
@@ -92,29 +93,130 @@ def throughput_upper_bound(costs: StageCosts, allowed: np.ndarray, budget_bytes:
 def knapsack_lower_bound(time: np.ndarray, memory: np.ndarray, capacity: float, iterations: int = 40) -> float:
     """A lower bound of min Σ_l time[s_l, l] subject to Σ_l memory[s_l, l] ≤ capacity (one choice s_l
     per layer; inf time = not allowed): the Lagrangian dual max_λ Σ_l min_s (time + λ·memory) − λ·capacity,
-    maximised by bisection on its subgradient. inf when even the lightest choices exceed the capacity."""
-    allowed = np.isfinite(time)
-    if np.where(allowed, memory, np.inf).min(axis=0).sum() > capacity:
+    maximised by bisection on its subgradient. inf when even the lightest choices exceed the capacity.
+
+    Compiled (`_knapsack_dual_bound`): the numpy form it replaced, float for float (tests/test_search_bounds.py keeps
+    it as the reference) — each λ's terms, the first least strategy per layer (`argmin`) and the sums as numpy forms
+    them (`_numpy_sum`)."""
+    time, memory = np.ascontiguousarray(time, float), np.ascontiguousarray(memory, float)
+    return float(_knapsack_dual_bound(time, memory, float(capacity), iterations))
+
+
+@njit(cache=True)
+def _block_sum(values, first, count):
+    """numpy's sum of at most 128 terms values[first:first + count]: below 8 one by one from 0, else in eight
+    interleaved partial sums, combined pairwise, then the rest one by one."""
+    if count < 8:
+        total = 0.0
+        for i in range(count):
+            total += values[first + i]
+        return total
+    partial = np.empty(8)
+    for j in range(8):
+        partial[j] = values[first + j]
+    i = 8
+    while i < count - count % 8:
+        for j in range(8):
+            partial[j] += values[first + i + j]
+        i += 8
+    total = ((partial[0] + partial[1]) + (partial[2] + partial[3])) + ((partial[4] + partial[5])
+                                                                       + (partial[6] + partial[7]))
+    while i < count:
+        total += values[first + i]
+        i += 1
+    return total
+
+
+@njit(cache=True)
+def _pairwise_sum(values, first, count):
+    """numpy's pairwise summation of values[first:first + count] (`np.add.reduce` of a contiguous float64 row):
+    blocks of at most 128 terms by `_block_sum`; a longer range is the sum of its two halves (the first a multiple of
+    8 long), each summed apart — walked with an explicit stack (numba does not cache recursive functions safely)."""
+    if count <= 128:
+        return _block_sum(values, first, count)
+    firsts, counts, stages = np.empty(64, np.int64), np.empty(64, np.int64), np.empty(64, np.int64)
+    results = np.empty(64)
+    top, done = 0, 0
+    firsts[0], counts[0], stages[0] = first, count, 0
+    while top >= 0:
+        start, length = firsts[top], counts[top]
+        if length <= 128:
+            results[done] = _block_sum(values, start, length)
+            done += 1
+            top -= 1
+            continue
+        half = length // 2
+        half -= half % 8
+        if stages[top] == 0:  # the first half
+            stages[top] = 1
+            top += 1
+            firsts[top], counts[top], stages[top] = start, half, 0
+        elif stages[top] == 1:  # then the second
+            stages[top] = 2
+            top += 1
+            firsts[top], counts[top], stages[top] = start + half, length - half, 0
+        else:  # both summed: first + second
+            results[done - 2] = results[done - 2] + results[done - 1]
+            done -= 1
+            top -= 1
+    return results[0]
+
+
+@njit(cache=True)
+def _numpy_sum(values):
+    """`values.sum()` for a contiguous float64 vector, as numpy adds it."""
+    return _pairwise_sum(values, 0, values.shape[0])
+
+
+@njit(cache=True)
+def _dual(time, memory, weight, capacity, picked_time, picked_memory):
+    """(Σ_l min_s (time + weight · memory) − weight · capacity, Σ_l memory of those choices − capacity): the first
+    least choice per layer as `argmin` takes it (inf where not allowed; a NaN wins)."""
+    strategies, layers = time.shape
+    for layer in range(layers):
+        best, pick = np.inf, 0
+        for s in range(strategies):
+            value = time[s, layer] + weight * memory[s, layer] if np.isfinite(time[s, layer]) else np.inf
+            if s == 0 or value < best or (np.isnan(value) and not np.isnan(best)):
+                best, pick = value, s
+            if np.isnan(best):
+                break
+        picked_time[layer], picked_memory[layer] = best, memory[pick, layer]
+    return _numpy_sum(picked_time) - weight * capacity, _numpy_sum(picked_memory) - capacity
+
+
+@njit(cache=True)
+def _knapsack_dual_bound(time, memory, capacity, iterations):
+    """`knapsack_lower_bound` (its numpy form, step for step)."""
+    strategies, layers = time.shape
+    lightest = np.empty(layers)
+    for layer in range(layers):
+        least = np.inf
+        for s in range(strategies):
+            value = memory[s, layer] if np.isfinite(time[s, layer]) else np.inf
+            if value < least or np.isnan(value):
+                least = value
+                if np.isnan(least):
+                    break
+        lightest[layer] = least
+    if _numpy_sum(lightest) > capacity:
         return np.inf
-
-    def dual(weight: float) -> tuple[float, float]:
-        combined = np.where(allowed, time + weight * memory, np.inf)
-        pick = combined.argmin(axis=0)
-        columns = np.arange(time.shape[1])
-        used = memory[pick, columns].sum()
-        return combined[pick, columns].sum() - weight * capacity, used - capacity
-
-    value, excess = dual(0.0)
+    picked_time, picked_memory = np.empty(layers), np.empty(layers)
+    value, excess = _dual(time, memory, 0.0, capacity, picked_time, picked_memory)
     if excess <= 0:
         return value
     low, high = 0.0, 1e-12
-    while dual(high)[1] > 0:
+    while _dual(time, memory, high, capacity, picked_time, picked_memory)[1] > 0:
         low, high = high, high * 4
-    best = max(value, dual(high)[0])
+    best = value
+    candidate = _dual(time, memory, high, capacity, picked_time, picked_memory)[0]
+    if candidate > best:  # Python's max(value, candidate): the first unless the second is greater
+        best = candidate
     for _ in range(iterations):
         middle = (low + high) / 2
-        value, excess = dual(middle)
-        best = max(best, value)
+        value, excess = _dual(time, memory, middle, capacity, picked_time, picked_memory)
+        if value > best:
+            best = value
         if excess > 0:
             low = middle
         else:

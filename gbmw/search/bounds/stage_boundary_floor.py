@@ -35,19 +35,21 @@ def boundary_floors_s(costs, allowed: np.ndarray) -> tuple[np.ndarray, np.ndarra
     unique_pairs, strategy_pair = np.unique(pairs, axis=0, return_inverse=True)
     strategy_pair = strategy_pair.reshape(-1)
     by_bytes: dict[float, np.ndarray] = {}
-
-    def least_send_s(layer: int, strategies: np.ndarray) -> float:
-        """min over `strategies` of the send of `layer`'s input (per distinct message size and (DP, TP) pair)."""
+    # [pair, layer]: the send of each layer's input per (DP, TP) pair, computed once per distinct message size
+    per_pair = np.empty((unique_pairs.shape[0], layers))
+    for layer in range(layers):
         message = float(costs.boundary_bytes[layer] + costs.side_bytes[layer])
         if message not in by_bytes:
             by_bytes[message] = np.atleast_1d(costs.boundary_send_s(layer, unique_pairs[:, 0], unique_pairs[:, 1]))
-        return float(by_bytes[message][strategy_pair[strategies]].min())
-
+        per_pair[:, layer] = by_bytes[message]
+    if not allowed.any(axis=0).all():
+        raise ValueError("boundary_floors_s: a layer allows no strategy")
+    per_strategy = per_pair[strategy_pair]
+    # the least over the strategies allowed at the layer (receive) or at the layer before it (send): a minimum,
+    # the same number whichever way it is taken
     receive, send = np.zeros(layers + 1), np.zeros(layers + 1)
-    for layer in range(layers):
-        receive[layer] = least_send_s(layer, np.nonzero(allowed[:, layer])[0])
-    for end in range(1, layers):
-        send[end] = least_send_s(end, np.nonzero(allowed[:, end - 1])[0])
+    receive[:layers] = np.where(allowed, per_strategy, np.inf).min(axis=0)
+    send[1:layers] = np.where(allowed[:, :-1], per_strategy[:, 1:], np.inf).min(axis=0)
     return receive, send
 
 

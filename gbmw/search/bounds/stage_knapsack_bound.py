@@ -47,6 +47,7 @@ by stage_estimate. Stages whose lightest choices exceed E by more than that marg
 from __future__ import annotations
 
 import numpy as np
+from numba import njit
 
 from gbmw.cost.stage_cost import StageCosts
 from gbmw.search.bounds.setting_bounds import BOUND_SLACK, least_state_bytes
@@ -91,27 +92,67 @@ def stage_time_lower_bounds(time_s: np.ndarray, memory_bytes: np.ndarray, budget
                             lambdas: np.ndarray) -> np.ndarray:
     """[a, c]: LB(a, c) for layers [a, c) (see the module; -inf where a ≥ c), at the best λ of `lambdas`:
     a lower bound of Σ_l time_s[s_l, l] over every choice s with Σ_l memory_bytes[s_l, l] ≤ budget_bytes (inf
-    where even the lightest choices exceed it). `time_s` is inf where a strategy is not allowed."""
-    layers = time_s.shape[1]
-    allowed = np.isfinite(time_s)
-    # [λ, layer]: each layer's least time + λ · memory
-    combined = np.where(allowed[None], time_s[None] + lambdas[:, None, None] * memory_bytes[None], np.inf).min(axis=1)
-    prefix = np.concatenate((np.zeros((len(lambdas), 1)), np.cumsum(combined, axis=1)), axis=1)
-    prefix_abs = np.concatenate((np.zeros((len(lambdas), 1)), np.cumsum(np.abs(combined), axis=1)), axis=1)
-    penalty = lambdas * budget_bytes
-    values = prefix[:, None, :] - prefix[:, :, None] - penalty[:, None, None]
-    # each combined term: 2 roundings; the prefix sums: ≤ layers roundings of partial sums ≤ prefix_abs; the
-    # difference and the penalty: 2 more of magnitude ≤ prefix_abs + penalty (a generous factor of 2 on all)
-    error = (4 * layers + 16) * _EPSILON * (prefix_abs[:, None, :] + penalty[:, None, None])
-    bounds = (values - error).max(axis=0)
-    # a stage whose lightest choices do not fit holds no plan (the dual is unbounded there: λ → ∞)
-    lightest = np.where(allowed, memory_bytes, np.inf).min(axis=0)
-    lightest_prefix = np.concatenate(([0.0], np.cumsum(lightest)))
-    heavy = lightest_prefix[None, :] - lightest_prefix[:, None] - (4 * layers + 16) * _EPSILON * lightest_prefix[None, :]
-    too_heavy = heavy > budget_bytes
-    bounds = np.where(too_heavy, np.inf, bounds)
-    upper = np.triu(np.ones((layers + 1, layers + 1), bool), k=1)
-    return np.where(upper, bounds, -np.inf)
+    where even the lightest choices exceed it). `time_s` is inf where a strategy is not allowed. Compiled
+    (`_lower_bounds`): the same float operations as the numpy expressions its docstring gives, element by element."""
+    time_s, memory_bytes = np.ascontiguousarray(time_s, float), np.ascontiguousarray(memory_bytes, float)
+    return _lower_bounds(time_s, memory_bytes, float(budget_bytes), np.ascontiguousarray(lambdas, float),
+                         (4 * time_s.shape[1] + 16) * _EPSILON)
+
+
+@njit(cache=True)
+def _lower_bounds(time_s, memory_bytes, budget_bytes, lambdas, margin):
+    """`stage_time_lower_bounds`, operation for operation the numpy form it replaced (tests/test_stage_knapsack_bound.py
+    keeps it as the reference), without its [λ, a, c] temporaries:
+
+        combined = np.where(allowed, time_s + λ · memory_bytes, inf).min(over strategies)         [λ, layer]
+        prefix, prefix_abs = 0 and the running sums of combined, of |combined|                   [λ, layer + 1]
+        bounds = max over λ of (prefix[c] − prefix[a] − λ · E) − margin · (prefix_abs[c] + λ · E)   (NaN kept)
+        inf where (lightest[c] − lightest[a]) − margin · lightest[c] > E (lightest: running sums of each layer's
+        least memory), −inf where a ≥ c
+
+    (margin = (4 L + 16) ulps: the module's rounding allowance)."""
+    strategies, layers = time_s.shape
+    points = lambdas.shape[0]
+    prefix = np.zeros((points, layers + 1))
+    prefix_abs = np.zeros((points, layers + 1))
+    penalty = np.empty(points)
+    for j in range(points):
+        penalty[j] = lambdas[j] * budget_bytes
+        for layer in range(layers):
+            least = np.inf
+            for s in range(strategies):
+                if np.isfinite(time_s[s, layer]):
+                    value = time_s[s, layer] + lambdas[j] * memory_bytes[s, layer]
+                    if value < least or np.isnan(value):
+                        least = value
+                    if np.isnan(least):
+                        break
+            # np.cumsum: a running sum, its first term the term itself
+            prefix[j, layer + 1] = least if layer == 0 else prefix[j, layer] + least
+            prefix_abs[j, layer + 1] = abs(least) if layer == 0 else prefix_abs[j, layer] + abs(least)
+    lightest = np.zeros(layers + 1)
+    for layer in range(layers):
+        least = np.inf
+        for s in range(strategies):
+            if np.isfinite(time_s[s, layer]) and (memory_bytes[s, layer] < least or np.isnan(memory_bytes[s, layer])):
+                least = memory_bytes[s, layer]
+                if np.isnan(least):
+                    break
+        lightest[layer + 1] = least if layer == 0 else lightest[layer] + least
+    bounds = np.full((layers + 1, layers + 1), -np.inf)
+    for a in range(layers + 1):
+        for c in range(a + 1, layers + 1):
+            best = 0.0
+            for j in range(points):
+                value = (prefix[j, c] - prefix[j, a] - penalty[j]) - margin * (prefix_abs[j, c] + penalty[j])
+                if j == 0 or value > best or np.isnan(value):
+                    best = value
+                if np.isnan(best):
+                    break
+            if lightest[c] - lightest[a] - margin * lightest[c] > budget_bytes:
+                best = np.inf
+            bounds[a, c] = best
+    return bounds
 
 
 def partition_bounds(stage_bounds: list[np.ndarray]) -> tuple[float, float]:

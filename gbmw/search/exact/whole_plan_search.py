@@ -63,8 +63,9 @@ from gbmw.search.bounds.stage_boundary_floor import boundary_floors_s
 from gbmw.search.bounds.stage_knapsack_bound import fill_s, partition_tables, stage_bound_tables
 from gbmw.search.bounds.stage_segment_bound import StageCompletionBound
 from gbmw.search.bounds.stage_suffix_bound import SuffixTimeBound
-from gbmw.search.exact.whole_plan_frontier import (MemoryGrid, PartialPlans, StageOptions, extend_candidates,
-                                                   nondominated, nondominated_plans, option_columns, time_columns)
+from gbmw.search.exact.frontier_step import extend_and_filter
+from gbmw.search.exact.whole_plan_frontier import (MemoryGrid, PartialPlans, StageOptions, nondominated, option_columns,
+                                                   time_columns)
 from gbmw.search.stage_dp.stage_search import cost_classes
 
 INCUMBENT_SLACK = 1e-12
@@ -212,17 +213,16 @@ class WholePlanSearch:
                 rest: tuple = (0.0, 0.0, 0.0, 0.0, 0), lower_bound=None) -> PartialPlans:
         strategy, no_sync, sync, stash, forward, backward, params, layout = options
         budget = self.budget
-        columns = extend_candidates(
+        # every new partial plan and the Pareto filter in one pass (gbmw.search.exact.frontier_step: the rows
+        # `nondominated_plans` keeps of `extend_candidates`' rows), then the incumbent bound on the kept ones: the two
+        # commute, and the filter keeps the fewer (GPT-3 65B on 64 H100s: ~6 % of ~8.5M new plans in a batch sweep)
+        columns = extend_and_filter(
             node.stash, node.excess, node.no_sync, node.sync, node.params, node.layout, node.by_stash(),
             np.argsort(layout, kind="stable"), no_sync, sync, stash, forward, backward, params, layout, transition, budget,
             self.reserve_per_parameter, float(ADAM_CHUNK_ELEMENTS), float(self.m), self.step_s, rest_s,
-            self.limit_s * (1 + INCUMBENT_SLACK), *rest)
-        # The Pareto filter and the incumbent bound (next two methods) commute; the filter goes first: merging the
-        # option blocks (gbmw.search.exact.frontier_order) makes it cheaper per plan than the bound, and it keeps the
-        # fewer (GPT-3 65B on 64 H100s: ~5 % of up to ~600,000 new plans; Mixtral-8x7B: see docs/search.md).
+            self.limit_s * (1 + INCUMBENT_SLACK), *rest, float(self.m) if self.pp == 1 else -1.0)
         n_stash, n_excess, n_no_sync, n_sync, n_params, n_layout, n_option, n_parent, n_key = columns
-        keep = nondominated_plans(n_stash, n_excess, n_no_sync, n_sync, n_params, n_layout, n_key, self.step_s,
-                                  self.m if self.pp == 1 else None)
+        keep = np.argsort(n_key)
         if lower_bound is not None:
             keep = keep[lower_bound(n_no_sync[keep], n_sync[keep], n_params[keep], n_stash[keep])]
         return PartialPlans(n_stash[keep], n_excess[keep], n_no_sync[keep], n_sync[keep], n_params[keep], n_layout[keep],

@@ -131,8 +131,24 @@ class StageSearch:
         return StageSolution(tuple(node.backtrack(index)), objective, node.memory_at(index))
 
 
+_CLASSES_KEPT = 64
+"""Models whose cost classes `cost_classes` keeps (the searches of one process use a few)."""
+_classes: dict[int, tuple[ModelSpec, np.ndarray]] = {}
+
+
 def cost_classes(model: ModelSpec) -> np.ndarray:
-    """Layers with identical costs (every field but the name) share a class id."""
+    """Layers with identical costs (every field but the name) share a class id. Read-only, kept per model object
+    (each stage DP and exact search of a setting asks; comparing every field of every layer took ~1 ms a call for
+    GPT-3 65B): the entry holds the model, so no other object takes its id while it is kept."""
+    entry = _classes.get(id(model))
+    if entry is None or entry[0] is not model:
+        if len(_classes) >= _CLASSES_KEPT:
+            _classes.pop(next(iter(_classes)))
+        entry = _classes[id(model)] = (model, _cost_classes(model))
+    return entry[1]
+
+
+def _cost_classes(model: ModelSpec) -> np.ndarray:
     kinds = {layer.name: layer.kind for layer in model.layers}
     classes: dict[tuple, int] = {}
     ids = []
@@ -141,4 +157,6 @@ def cost_classes(model: ModelSpec) -> np.ndarray:
         signature = tuple(getattr(layer, name) for name in type(layer).model_fields if name not in ("name", "tied_to"))
         signature += (kinds.get(layer.tied_to),)
         ids.append(classes.setdefault(signature, len(classes)))
-    return np.array(ids)
+    ids = np.array(ids)
+    ids.setflags(write=False)
+    return ids
