@@ -370,7 +370,8 @@ class Planner:
                 "search_s": round(self.stats.search_s, 4),
             },
         )
-        return replace(plan, estimate=estimate_plan(self.job, plan))
+        return replace(plan, estimate=estimate_plan(self.job, plan,
+                                                    attention_as_declared=self.attention_as_declared))
 
     def _nothing_fits_message(self, settings_found: bool) -> str:
         job = self.job
