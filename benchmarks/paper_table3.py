@@ -31,6 +31,7 @@ import argparse
 import os
 import statistics
 import sys
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -48,7 +49,7 @@ from gbmw.specs.jobs import JobSpec
 from gbmw.specs.model_spec import ModelSpec
 from gbmw.specs.models import build_model, load_model
 from gbmw.specs.schema import parse_bytes
-from paper_gpipe_runs import GPIPE_ROW, as_script_ran
+from paper_pipeline_runs import GPIPE_ROW, SEARCHED_PIPE_ROWS, as_script_ran, searched_micro_batch_count
 
 DATA = Path(__file__).with_name("paper_table3.yaml")
 ROW_VARIANTS = {
@@ -90,11 +91,12 @@ def job_for(model_name: str, budget: str) -> JobSpec:
                    max_global_batch=MAX_GLOBAL_BATCH, memory_budget_bytes=parse_bytes(budget, "budget"))
 
 
-def estimated_plan(job: JobSpec, variant: str, batch: int | None = None) -> Plan | None:
-    """gbmw's best plan for the row at its best batch, or at `batch` (None: nothing fits)."""
+def estimated_plan(job: JobSpec, variant: str, batch: int | None = None, count_rule=None) -> Plan | None:
+    """gbmw's best plan for the row at its best batch, or at `batch` (None: nothing fits); `count_rule`: the
+    micro-batch count per pipeline degree (gbmw.search.planner.Planner.micro_batch_count_rule)."""
     try:
         return Planner(job, variant, batch, batch is None, accumulate=False, explain_failure=False,
-                       attention_as_declared=True).run()
+                       attention_as_declared=True, micro_batch_count_rule=count_rule).run()
     except NothingFitsError:
         return None
 
@@ -129,8 +131,9 @@ def at_paper_batch(data: dict, progress: Progress) -> tuple[float, dict[str, lis
     """Every row searched at the batch the paper measured it at: (the mean per-column Spearman over the rows that
     fit, {row: estimated / measured samples/s per cell}, the cells where nothing fits at that batch, and the PyTorch
     GPipe row's ratios at gbmw's own micro-batch count with recomputation). Unlike the best-batch comparison, this
-    compares time for the same workload, as benchmarks/published_runs.py does; the GPipe row's plan is costed as the
-    paper's training script ran it (benchmarks/paper_gpipe_runs.py: its micro-batch count, no recomputation)."""
+    compares time for the same workload, as benchmarks/published_runs.py does; the rows the paper ran with torch's
+    Pipe run its scripts' micro-batch counts (benchmarks/paper_pipeline_runs.py): the GPipe row's plan costed without
+    recomputation, the Galvatron rows searched with one count per pipeline degree."""
     correlations, ratios, too_big, gpipe_as_searched = [], {label: [] for label in ROW_VARIANTS}, [], []
     task = progress.add_task("at the paper's batches", total=len(data["budgets"]) * len(data["models"]))
     for budget, rows in data["budgets"].items():
@@ -140,7 +143,10 @@ def at_paper_batch(data: dict, progress: Progress) -> tuple[float, dict[str, lis
                 published = rows[label][column]
                 if published is None:
                     continue
-                plan = estimated_plan(job, variant, published[1])
+                count_rule = None
+                if label in SEARCHED_PIPE_ROWS:
+                    count_rule = partial(searched_micro_batch_count, model, job.cluster.num_devices)
+                plan = estimated_plan(job, variant, published[1], count_rule)
                 if plan is None:
                     too_big.append(f"{model} {budget} {label} at batch {published[1]}")
                     continue

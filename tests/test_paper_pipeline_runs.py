@@ -1,4 +1,4 @@
-"""The paper's PyTorch GPipe runs as its training scripts ran them (benchmarks/paper_gpipe_runs.py): the scripts'
+"""The paper's PyTorch GPipe runs as its training scripts ran them (benchmarks/paper_pipeline_runs.py): the scripts'
 micro-batch counts and no recomputation, checked by hand."""
 
 import os
@@ -9,11 +9,12 @@ from conftest import make_cluster, make_job, make_layer, make_model
 
 from gbmw.cost.estimate import estimate_plan, plan_stage_estimates
 from gbmw.plan import Plan
+from gbmw.search.planner import Planner
 from gbmw.space.strategy import Strategy
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks"))
 
-from paper_gpipe_runs import as_script_ran, script_micro_batch_count  # noqa: E402
+from paper_pipeline_runs import as_script_ran, script_micro_batch_count, searched_micro_batch_count  # noqa: E402
 
 pytestmark = pytest.mark.unit
 
@@ -30,9 +31,9 @@ def test_micro_batch_counts_are_the_scripts_get_chunks(model, local_batch, pp, c
 
 
 def test_gpipe_plan_is_costed_at_the_scripts_count_without_recomputation():
-    """8 equal one-layer stages, batch 8: gbmw's search would run 8 micro-batches of 1 sample recomputing every layer;
-    BERT's script runs ceil(8/8 + 2) = 3 of ceil(8/3) = 3 samples (the last one 2) and recomputes nothing, so
-    Eq. (9) gives (m − 1)·C + Σ C_i = (3 + 7)·C for one micro-batch's stage time C, and samples/s is 8 over that."""
+    """8 equal one-layer stages, batch 8: gbmw's search would run 8 micro-batches of 1 sample recomputing every
+    layer; BERT's script runs ceil(8/8 + 2) = 3 of ceil(8/3) = 3 samples (the last one 2) and recomputes nothing, so
+    Eq. (9) gives (m − 1)·C + Σ C_i = (3 + 7)·C for one micro-batch's stage time C; samples/s is 8 over that."""
     layers = [make_layer(f"block{i}", forward_flops_per_sample=1e12) for i in range(8)]
     job = make_job(make_model(layers), make_cluster(latency_us=0.0))
     searched = Plan(model="test-model", cluster=job.cluster.name, num_devices=8, precision="fp32", global_batch=8,
@@ -52,3 +53,24 @@ def test_gpipe_plan_is_costed_at_the_scripts_count_without_recomputation():
     # gbmw's own count with recomputation is faster here: 15 slots of a 1-sample micro-batch (4/3 the compute) against
     # 10 slots of a 3-sample one
     assert estimate_plan(job, searched).samples_per_s > 1.2 * samples_per_s
+
+
+def test_searched_count_is_the_divisor_nearest_the_scripts_count():
+    # BERT at 8 on 2 stages of dp4: local batch 2 -> 1 micro-batch; on 8 stages: local 8 -> 3, not a divisor of 8:
+    # 2 and 4 are equally near, the smaller is taken; ViT at 120 on 4 stages of dp2: local 60 -> 2 (60 per micro-batch)
+    assert searched_micro_batch_count("BERT-Huge-32", 8, 8, 2) == 1
+    assert searched_micro_batch_count("BERT-Huge-32", 8, 8, 8) == 2
+    assert searched_micro_batch_count("ViT-Huge-32", 8, 120, 4) == 2
+    # Swin at 136 on 2 stages of dp4: local 34 -> 3; 3 does not divide 136 and 4 leaves 34, not a multiple of 4
+    assert searched_micro_batch_count("Swin-Huge-32", 8, 136, 2) == 2
+
+
+def test_planner_searches_only_the_rules_micro_batch_count():
+    """Planner.micro_batch_count_rule: every pipelined setting runs the rule's count, pp = 1 one micro-batch."""
+    layers = [make_layer(f"block{i}", forward_flops_per_sample=1e12) for i in range(8)]
+    job = make_job(make_model(layers), make_cluster(latency_us=0.0), budget=2**34)
+    free = Planner(job, "dp+pp", batch=16, accumulate=False, explain_failure=False, max_pp=8).run()
+    ruled = Planner(job, "dp+pp", batch=16, accumulate=False, explain_failure=False,
+                    micro_batch_count_rule=lambda batch, pp: 2).run()
+    assert ruled.num_micro_batches == (2 if ruled.pp > 1 else 1)
+    assert free.num_micro_batches != 2 or free.pp == 1

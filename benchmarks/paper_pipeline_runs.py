@@ -1,4 +1,4 @@
-"""The paper's PyTorch GPipe rows as its training scripts ran them: few micro-batches, no recomputation.
+"""The paper's torch-Pipe pipelines as its training scripts ran them: few micro-batches, GPipe without recomputation.
 
 The Galvatron artifact released with the paper's first version (github.com/anonymous-cs-system/Galvatron, commit
 2a09c265, `<model>/train_hp_layerwise.py`) runs a global strategy with pp_deg > 1 — the PyTorch GPipe baseline is
@@ -17,6 +17,12 @@ pp_deg 8, tp 1 — as `Pipe(model, chunks=get_chunks(args), checkpoint='never')`
   `pipe_with_microbatch` in utils/cost_model.py). torch's Pipe cuts the batch with torch.chunk: micro-batches of
   ceil(B / m) samples, the last one smaller; the full-size ones set the pipeline's pace, so a plan is costed at
   ceil(B / m) samples per micro-batch and its samples/s is B over that iteration time.
+
+The Galvatron (DP+PP) and Galvatron rows ran the same Pipe with plans the artifact's search chose knowing these
+counts: gbmw searches them at the paper's batch with one micro-batch count per pipeline degree
+(`searched_micro_batch_count`, gbmw.search.planner.Planner.micro_batch_count_rule), the rule's count for the local
+batch of the stage's whole data-parallel group, B / (8 / pp) — the per-layer strategies of a Galvatron plan may split
+it fewer ways, and a plan needs a count that divides B, so the count is the divisor of B nearest the rule's.
 """
 
 from __future__ import annotations
@@ -29,6 +35,8 @@ from gbmw.plan import Plan
 from gbmw.specs.jobs import JobSpec
 
 GPIPE_ROW = "PyTorch GPipe (PP)"
+SEARCHED_PIPE_ROWS = ("Galvatron (DP+PP)", "Galvatron")
+"""Rows the artifact's search planned and its torch Pipe ran (the VLDB version's Galvatron)."""
 ARTIFACT = "github.com/anonymous-cs-system/Galvatron@2a09c265"
 
 
@@ -57,3 +65,14 @@ def as_script_ran(job: JobSpec, plan: Plan, model_name: str) -> tuple[float, int
                      strategies=tuple(replace(strategy, ckpt=False) for strategy in plan.strategies), estimate=None)
     estimate = estimate_plan(job, as_ran, attention_as_declared=True)
     return batch / estimate.iteration_time_s, count
+
+
+def searched_micro_batch_count(model_name: str, devices: int, global_batch: int, pp: int) -> int:
+    """The count a search at `global_batch` tries at pipeline degree `pp` (the module's last paragraph): the divisor
+    of the batch nearest the script's count for a local batch of B / (devices / pp), the smaller one on a tie, among
+    those whose micro-batch splits over that data-parallel group."""
+    data_parallel = devices // pp
+    wanted = script_micro_batch_count(model_name, max(1, global_batch // data_parallel), pp)
+    counts = [count for count in range(1, global_batch + 1)
+              if global_batch % count == 0 and (global_batch // count) % data_parallel == 0]
+    return min(counts, key=lambda count: (abs(count - wanted), count))
