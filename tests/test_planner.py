@@ -306,6 +306,19 @@ def test_attention_as_declared_costs_the_models_attention_where_the_runtime_woul
         fused.estimate.stage_activation_bytes[0] / fused.global_batch)
 
 
+
+def test_attention_as_declared_plan_estimate_is_the_searched_value():
+    # The plan's estimate costs the attention the search costed: before 2026-12-02 estimate_plan re-costed the plan
+    # with the runtime's fused attention, so Table 3's estimates were of flash attention the testbed did not run.
+    job = load_job("bert-huge-32_rtx-titan-x8", memory_budget="16GiB")
+    calls = []
+    plan = Planner(job, "fsdp", batch=16, accumulate=False, explain_failure=False, attention_as_declared=True,
+                   progress=lambda done, total, best: calls.append(best)).run()
+    searched_samples_per_s = [best for best in calls if best is not None][-1]
+    assert plan.estimate.samples_per_s == pytest.approx(searched_samples_per_s, rel=1e-9)
+    fused = estimate_plan(job, plan)  # the same plan with the runtime's flash attention is faster
+    assert fused.samples_per_s > plan.estimate.samples_per_s
+
 def test_progress_reports_settings_done_and_the_best_plan_so_far():
     """Long searches show progress (issue 29): settings done of all, and the fastest plan found so far."""
     calls = []

@@ -15,9 +15,11 @@ from gbmw.specs.jobs import JobSpec
 from gbmw.specs.models import model_as_run
 
 
-def plan_stage_estimates(job: JobSpec, plan: Plan, fused_elementwise: bool = False) -> list[StageEstimate]:
+def plan_stage_estimates(job: JobSpec, plan: Plan, fused_elementwise: bool = False,
+                         attention_as_declared: bool = False) -> list[StageEstimate]:
     """Every stage of `plan` costed by the stage model the search uses, over the plan's own strategies
-    (`fused_elementwise`: gbmw.cost.layer_cost.CostSettings.fused_elementwise)."""
+    (`fused_elementwise`: gbmw.cost.layer_cost.CostSettings.fused_elementwise; `attention_as_declared`: the model's
+    own attention even where the target fuses it, as gbmw.search.planner.Planner.attention_as_declared searches)."""
     plan.check_against(job.model, job.cluster.num_devices)
     comm = CommModel(job.cluster)
     strategies = list(dict.fromkeys(plan.strategies))
@@ -25,7 +27,7 @@ def plan_stage_estimates(job: JobSpec, plan: Plan, fused_elementwise: bool = Fal
     target.check_precision(job.precision)
     settings = CostSettings(job.cluster, job.precision, job.optimizer, target.framework, plan.fp8_recipe,
                             fused_elementwise)
-    model = model_as_run(job.model, target.fused_attention)
+    model = model_as_run(job.model, target.fused_attention and not attention_as_declared)
     tables = strategy_tables(model, strategies, plan.micro_batch, settings, comm)
     costs = StageCosts(model, tables, plan.pp, plan.num_micro_batches, plan.schedule, comm,
                        virtual_stages=plan.virtual_stages, scatter_gather=target.pipeline_scatter_gather)
@@ -35,10 +37,10 @@ def plan_stage_estimates(job: JobSpec, plan: Plan, fused_elementwise: bool = Fal
 
 
 def estimate_plan(job: JobSpec, plan: Plan, memory_budget_bytes: float | None = None,
-                  fused_elementwise: bool = False) -> Estimate:
+                  fused_elementwise: bool = False, attention_as_declared: bool = False) -> Estimate:
     """Iteration time (Eq. (9)), throughput, per-stage time and peak memory of `plan` for `job`
-    (`fused_elementwise`: gbmw.cost.layer_cost.CostSettings.fused_elementwise)."""
-    stages = plan_stage_estimates(job, plan, fused_elementwise)
+    (`fused_elementwise`, `attention_as_declared`: as plan_stage_estimates)."""
+    stages = plan_stage_estimates(job, plan, fused_elementwise, attention_as_declared)
     iteration_s = pipeline_time_s(stages, plan.num_micro_batches, plan.virtual_stages)
     if iteration_s <= 0:
         raise PlanError(

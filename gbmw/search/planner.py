@@ -95,6 +95,8 @@ class Planner:
     attention_as_declared: bool = False
     """Cost the attention the model declares even where the target fuses it (gbmw.specs.models.model_as_run): for
     costing another system's runs, e.g. the paper's testbed (benchmarks/paper_table3.py)."""
+    micro_batch_count_rule: object = None
+    """(fixed batch, pp > 1) → the one micro-batch count that a framework sets; None: the counts the search tries."""
     stats: SearchStats = field(default_factory=SearchStats)
     _stage_bound_cache: dict = field(default_factory=dict, init=False, repr=False)
     """gbmw.search.bounds.stage_knapsack_bound.shared_stage_bound_tables's, for the settings of one run."""
@@ -117,6 +119,9 @@ class Planner:
         return micro_batch_sizes(self.fixed_batch, self.job.max_global_batch)
 
     def _micro_batch_counts(self, micro_batch: int, pp: int) -> list[tuple[int, bool]]:  # (count, interleaved only)
+        rule, batch = self.micro_batch_count_rule, self.fixed_batch
+        if rule is not None and batch is not None and pp > 1:
+            return [(batch // micro_batch, False)] if batch // micro_batch == rule(batch, pp) else []
         counts = micro_batch_counts(micro_batch, pp, self.fixed_batch, self.job.max_global_batch, self.accumulate,
                                     self.spec.schedule, self.exact)
         extra = interleaved_only_counts(micro_batch, pp, self.fixed_batch, self.job.max_global_batch) if (
@@ -370,7 +375,8 @@ class Planner:
                 "search_s": round(self.stats.search_s, 4),
             },
         )
-        return replace(plan, estimate=estimate_plan(self.job, plan))
+        return replace(plan, estimate=estimate_plan(self.job, plan,
+                                                    attention_as_declared=self.attention_as_declared))
 
     def _nothing_fits_message(self, settings_found: bool) -> str:
         job = self.job
@@ -382,10 +388,7 @@ class Planner:
     def _peak_with(self, budget_bytes: float) -> float | None:
         """The peak bytes of the plan this search finds with `budget_bytes` (whole bytes, rounded down), or None."""
         job = self.job.model_copy(update={"memory_budget_bytes": int(budget_bytes)})
-        planner = Planner(job, variant=self.variant, batch=self.batch, sweep=self.sweep,
-                          granularity_bytes=self.granularity_bytes, exact=self.exact, max_pp=self.max_pp,
-                          accumulate=self.accumulate, target=self.target, explain_failure=False,
-                          attention_as_declared=self.attention_as_declared)
+        planner = replace(self, job=job, explain_failure=False, progress=None, stats=SearchStats())
         try:
             return max(planner.run().estimate.stage_peak_memory_bytes)
         except NothingFitsError:

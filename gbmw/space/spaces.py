@@ -15,7 +15,9 @@ Baselines (paper Sec. 7.1): PyTorch DDP (pure DP), Megatron (pure TP over all de
 GPipe (pure PP, one device per stage), FSDP/ZeRO-3 (pure SDP) and DeepSpeed 3D (2-way DP × TP × PP).
 PyTorch GPipe recomputes every Transformer block: PyTorch's `Pipe` and torchgpipe checkpoint every micro-batch
 but the last by default (`checkpoint='except_last'`); gbmw recomputes the last one too, so it charges one
-micro-batch's recomputation more per stage and one micro-batch's stash less.
+micro-batch's recomputation more per stage and one micro-batch's stash less. The paper's own training scripts pass
+`checkpoint='never'` with a few hand-set micro-batches (benchmarks/paper_pipeline_runs.py, which costs Table 3's
+GPipe row that way); this baseline keeps the default (docs/cost-model.md, "The paper's own measurements").
 
 Targets (gbmw.space.targets): the same search restricted to what a stock framework can configure — one
 strategy for all layers from the target's axes, the target's strategy filter and its pipeline partitions.
