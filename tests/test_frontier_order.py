@@ -1,13 +1,14 @@
-"""gbmw.search.exact.frontier_order and the stage DP step's filter built on it (whole_plan_frontier
+"""The reference form of the stage DP step's order and filter (tests/frontier_step_reference.py: `merged_order`,
 `nondominated_plans`): the merged order is lexsort's, row for row, and the filter keeps what `nondominated` of
 `plan_columns` keeps, whatever order the rows come in."""
 
 import numpy as np
 import pytest
+from frontier_step_reference import _plan_rows, merged_order, nondominated_plans
 
-from gbmw.search.exact.frontier_order import SHORT_RUN, merged_order
 from gbmw.cost.framework_memory import ADAM_CHUNK_ELEMENTS
-from gbmw.search.exact.whole_plan_frontier import _plan_rows, nondominated, nondominated_plans, plan_columns
+from gbmw.search.exact.frontier_order import SHORT_RUN
+from gbmw.search.exact.whole_plan_frontier import nondominated, plan_columns
 
 pytestmark = pytest.mark.unit
 

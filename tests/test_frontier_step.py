@@ -4,11 +4,11 @@ rows, options sharing a layout) and with the memory and incumbent tests pruning 
 
 import numpy as np
 import pytest
+from frontier_step_reference import extend_candidates, nondominated_plans
 
 from gbmw.cost.framework_memory import ADAM_CHUNK_ELEMENTS
 from gbmw.search.exact.frontier_order import stash_order
 from gbmw.search.exact.frontier_step import extend_and_filter
-from gbmw.search.exact.whole_plan_frontier import extend_candidates, nondominated_plans
 
 pytestmark = pytest.mark.unit
 

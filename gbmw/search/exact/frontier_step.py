@@ -2,6 +2,7 @@
 every option of the next layer, pruned as `extend_candidates` prunes, and filtered as `nondominated_plans` filters —
 the same rows kept, the same of equal ones — without writing the rows the filter drops.
 
+The two-pass form this replaced is the tests' reference (tests/frontier_step_reference.py): there
 `extend_candidates` writes every new partial plan (GPT-3 65B on 64 H100s: ~8.5M in a batch sweep), `_plan_rows` their
 filter columns, `merged_order` their order and `_nondominated` keeps ~6 % of them. The filter visits each layout's
 rows by (stash, total of the columns, key) and keeps a row when no kept row of its layout before it matches or beats

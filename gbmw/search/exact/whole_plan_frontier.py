@@ -1,6 +1,7 @@
-"""The exact search's frontier machinery (gbmw.search.exact.whole_plan_search): memory on an exact grid, the numba kernel that
-extends a stage's partial plans by one layer, the non-dominated filter with the time columns Eq. (9) allows, and the
-partial plans (a trie node: `PartialPlans`) and stage options the search keeps."""
+"""The exact search's frontier machinery (gbmw.search.exact.whole_plan_search): memory on an exact grid, the
+non-dominated filter with the time columns Eq. (9) allows, and the partial plans (a trie node: `PartialPlans`) and
+stage options the search keeps (the compiled step that extends partial plans by one layer:
+gbmw.search.exact.frontier_step)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import numpy as np
 from numba import njit
 
 from gbmw.cost.framework_memory import ADAM_CHUNK_ELEMENTS
-from gbmw.search.exact.frontier_order import merged_order, stash_order
+from gbmw.search.exact.frontier_order import stash_order
 from gbmw.search.stage_dp.pareto import backtrack
 
 # ---------------------------------------------------------------------------------------------------- memory
@@ -35,61 +36,6 @@ class MemoryGrid:
 
 
 # ---------------------------------------------------------------------------------------------------- kernels
-
-
-@njit(cache=True)
-def extend_candidates(stash, excess, no_sync, sync, params, layout, parent_order, option_order,
-                       o_no_sync, o_sync, o_stash, o_forward, o_backward, o_params, o_layout,
-                       transition, budget, reserve_per_parameter, chunk, m, step_s, rest_s, limit_s,
-                       rest_stash, rest_carry, rest_params, later_s, sharing_stages):
-    """Every kept partial plan × every option of the next layer that can still fit and still beat the incumbent.
-    `rest_s` bounds from below what the layers outside the partial plan add to Eq. (9); `rest_stash`, `rest_carry`
-    and `rest_params` what later layers of the same stage surely add to its stash, to E (each adds at least
-    O_ms + (k − 1) · O_f: its forward memory can lower the excess by at most O_f) and to its parameters (0 when the
-    stage may end here). `later_s` bounds the no-sync time of layers outside the partial plan that `sharing_stages`
-    stages, this one included, share with it (the first stage: the layers after it, over this and the later
-    stages; a middle stage: every other layer, over all P): the slowest of them takes at least the average,
-    (N + later_s) / sharing_stages (0: not used). Options are visited in `option_order` (by layout) and parents in
-    `parent_order` (by stash: gbmw.search.exact.frontier_order); each new plan's `key`, option · parents + parent, is its
-    place in the option-major, parent-minor order."""
-    points, options = stash.shape[0], o_no_sync.shape[0]
-    capacity = points * options
-    n_stash = np.empty(capacity)
-    n_excess = np.empty(capacity)
-    n_no_sync = np.empty(capacity)
-    n_sync = np.empty(capacity)
-    n_params = np.empty(capacity)
-    n_layout = np.empty(capacity, np.int64)
-    n_option = np.empty(capacity, np.int64)
-    n_parent = np.empty(capacity, np.int64)
-    n_key = np.empty(capacity, np.int64)
-    count = 0
-    for visited in range(options):
-        o = option_order[visited]
-        for i in range(points):
-            p = parent_order[i]
-            s = stash[p] + o_stash[o]
-            x = excess[p] - o_forward[o]
-            if x < o_backward[o]:
-                x = o_backward[o]
-            q = params[p] + o_params[o]
-            least = max(s + x + rest_carry, s + rest_stash)
-            if least + reserve_per_parameter * min(q + rest_params, chunk) > budget:
-                continue
-            t = no_sync[p] + o_no_sync[o] + transition[layout[p], o_layout[o]]
-            y = sync[p] + o_sync[o]
-            if m * t + y + step_s * (q + rest_params) + rest_s > limit_s:
-                continue
-            if sharing_stages > 0:
-                slowest = max(t, (t + later_s) / sharing_stages)
-                if (m - 1) * slowest + t + later_s + y + step_s * q > limit_s:
-                    continue
-            n_stash[count], n_excess[count], n_no_sync[count], n_sync[count] = s, x, t, y
-            n_params[count], n_layout[count], n_option[count], n_parent[count] = q, o_layout[o], o, p
-            n_key[count] = o * points + p
-            count += 1
-    return (n_stash[:count], n_excess[:count], n_no_sync[:count], n_sync[:count], n_params[:count],
-            n_layout[:count], n_option[:count], n_parent[:count], n_key[:count])
 
 
 BLOCK_ROWS = 32
@@ -181,49 +127,6 @@ def nondominated(columns: np.ndarray, group: np.ndarray | None = None) -> np.nda
         total += columns[:, c]
     order = np.lexsort((total, columns[:, 0], group))
     return np.nonzero(_nondominated(np.ascontiguousarray(columns), group, order))[0]
-
-
-def nondominated_plans(stash, excess, no_sync, sync, params, layout, key, step_s: float,
-                       single_stage_m: float | None) -> np.ndarray:
-    """`nondominated(plan_columns(...), layout)` of a stage DP step's new partial plans listed in the order of their
-    distinct `key`s (`extend_candidates`), as indices sorted by key: the columns and their sums are written in one
-    compiled pass (`_plan_rows`, the same float operations as `plan_columns`), and the filter's order is found by
-    merging the options' blocks (gbmw.search.exact.frontier_order) instead of lexsort."""
-    rows = stash.shape[0]
-    if rows <= 1:
-        return np.arange(rows)
-    columns, total = _plan_rows(stash, excess, no_sync, sync, params, step_s, float(ADAM_CHUNK_ELEMENTS),
-                                single_stage_m if single_stage_m is not None else -1.0)
-    order = merged_order(layout, stash, total, key)
-    kept = np.nonzero(_nondominated(columns, layout, order))[0]
-    return kept[np.argsort(key[kept])]
-
-
-@njit(cache=True)
-def _plan_rows(stash, excess, no_sync, sync, params, step_s, chunk, single_stage_m):
-    """`plan_columns` (single_stage_m < 0: None) and each row's sum of them, left to right as `nondominated` adds
-    them."""
-    rows = stash.shape[0]
-    width = 4 if single_stage_m >= 0 else 7
-    columns = np.empty((rows, width))
-    total = np.empty(rows)
-    for i in range(rows):
-        optimizer = params[i] * step_s
-        columns[i, 0] = stash[i]
-        columns[i, 1] = stash[i] + excess[i]
-        columns[i, 2] = min(params[i], chunk)
-        if single_stage_m >= 0:
-            columns[i, 3] = single_stage_m * no_sync[i] + sync[i] + optimizer
-        else:
-            columns[i, 3] = no_sync[i]
-            columns[i, 4] = no_sync[i] + sync[i]
-            columns[i, 5] = no_sync[i] + optimizer
-            columns[i, 6] = columns[i, 4] + optimizer
-        value = columns[i, 0]
-        for c in range(1, width):
-            value += columns[i, c]
-        total[i] = value
-    return columns, total
 
 
 def time_columns(no_sync: np.ndarray, sync: np.ndarray, optimizer: np.ndarray) -> np.ndarray:
