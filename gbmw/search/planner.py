@@ -21,10 +21,10 @@ Settings are visited best-first with a bound, in both modes:
 * A setting is (pp, micro-batch size b, micro-batch count m); the global batch is B = b · m.
   Its throughput cannot exceed B / T_lower, where T_lower is Eq. (9) with every layer at its
   fastest strategy and no transitions, under a relaxed memory limit, and the stages perfectly balanced
-  (gbmw.search.bounds.setting_bounds, a tied weight counted once). Settings are searched in decreasing order of that
-  bound, until it falls to the best plan found.
-* Before a setting is searched, a second, memory-aware bound (gbmw.search.bounds.stage_knapsack_bound: each stage's time under
-  its own budget and 1F1B stash, over every partition) skips it if no plan of it can beat the best found.
+  (gbmw.search.bounds.setting_bounds, a tied weight counted once).
+* A second, memory-aware bound (gbmw.search.bounds.stage_knapsack_bound: each stage's time under its own budget and
+  1F1B stash, over every partition) orders the visits: settings are searched in decreasing order of it, each computed
+  only when the first bound says it could come first (gbmw.search.setting_order), until it falls to the best found.
 * With 1F1B, once m ≥ P the memory no longer grows with m while B / T grows (Eq. (9):
   d/dm [m·b / ((m-1)·a + c)] > 0 as c = Σ C_i ≥ a = max C_no_sync), so a batch sweep only needs m < P and the
   largest m the batch limit allows (`--exact` with interleaving: also m = P, gbmw.search.units.interleaved_only_counts).
@@ -53,6 +53,7 @@ from gbmw.search.bounds.stage_knapsack_bound import memory_aware_throughput_boun
 from gbmw.search.exact.whole_plan_search import WholePlanSearch
 from gbmw.search.layer_cost_cache import cached_strategy_tables, cost_key
 from gbmw.search.nothing_fits import NothingFitsError, nothing_fits_message
+from gbmw.search.setting_order import SettingsBestFirst
 from gbmw.search.stage_dp.grid_frontier import INCUMBENT_GRID_CELLS, default_granularity_bytes
 from gbmw.search.stage_dp.step_reserve_search import StepReserveSearch
 from gbmw.search.units import (Candidate, SearchStats, Setting, interleaved_only_counts, micro_batch_counts,
@@ -305,15 +306,12 @@ class Planner:
         return not self.spec.uniform and set(self.spec.partitioning) <= {"time", "bi-objective"}
 
     def _best_of(self, settings: list[Setting], search, best: Candidate | None = None) -> Candidate | None:
-        """The fastest candidate `search(setting, best samples/s)` finds, settings visited best-first until their
-        throughput bound falls to the best found (or to `best`, an incumbent)."""
-        for done, setting in enumerate(settings):
+        """The fastest candidate `search(setting, best samples/s)` finds, settings visited by decreasing memory-aware
+        bound while it exceeds the best found or `best`, an incumbent (gbmw.search.setting_order)."""
+        order = SettingsBestFirst(settings, self._memory_bound, lambda: best.samples_per_s if best else 0.0)
+        for setting in order:
             if self.progress is not None:
-                self.progress(done, len(settings), best.samples_per_s if best else None)
-            if best is not None and setting.throughput_bound <= best.samples_per_s:
-                break
-            if best is not None and self._memory_bound(setting) <= best.samples_per_s:
-                continue
+                self.progress(order.examined, len(settings), best.samples_per_s if best else None)
             self.stats.settings_searched += 1
             for candidate in search(setting, best.samples_per_s if best else 0.0):
                 if best is None or candidate.samples_per_s > best.samples_per_s:
