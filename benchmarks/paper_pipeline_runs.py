@@ -32,6 +32,7 @@ from dataclasses import replace
 
 from gbmw.cost.estimate import estimate_plan
 from gbmw.plan import Plan
+from gbmw.search.planner import NothingFitsError, Planner
 from gbmw.specs.jobs import JobSpec
 
 GPIPE_ROW = "PyTorch GPipe (PP)"
@@ -70,9 +71,30 @@ def as_script_ran(job: JobSpec, plan: Plan, model_name: str) -> tuple[float, int
 def searched_micro_batch_count(model_name: str, devices: int, global_batch: int, pp: int) -> int:
     """The count a search at `global_batch` tries at pipeline degree `pp` (the module's last paragraph): the divisor
     of the batch nearest the script's count for a local batch of B / (devices / pp), the smaller one on a tie, among
-    those whose micro-batch splits over that data-parallel group."""
+    those whose micro-batch splits over that data-parallel group (0 if none does)."""
     data_parallel = devices // pp
     wanted = script_micro_batch_count(model_name, max(1, global_batch // data_parallel), pp)
     counts = [count for count in range(1, global_batch + 1)
               if global_batch % count == 0 and (global_batch // count) % data_parallel == 0]
-    return min(counts, key=lambda count: (abs(count - wanted), count))
+    return min(counts, key=lambda count: (abs(count - wanted), count), default=0)  # 0: no count splits this batch
+
+
+def script_gpipe_best(job: JobSpec, model_name: str, batch_step: int) -> tuple[float, int] | None:
+    """(samples/s, global batch) of the PyTorch GPipe row at its best batch as the artifact ran it, the batch growing
+    by `batch_step` until nothing fits (None if the first does not): one device per stage, no recomputation
+    (`checkpoint='never'`), `script_micro_batch_count` micro-batches of ceil(B / m) samples, the full-size ones setting
+    the pace (as `as_script_ran`)."""
+    best = None
+    for batch in range(batch_step, job.max_global_batch + 1, batch_step):
+        count = min(script_micro_batch_count(model_name, batch, job.cluster.num_devices), batch)
+        micro_batch = math.ceil(batch / count)
+        planner = Planner(job, "gpipe", micro_batch * count, accumulate=False, explain_failure=False,
+                          attention_as_declared=True, micro_batch_count_rule=lambda _batch, _pp: count)
+        planner.spec = replace(planner.spec, recompute_always=False)
+        try:
+            samples_per_s = batch / planner.run().estimate.iteration_time_s
+        except NothingFitsError:
+            break
+        if best is None or samples_per_s > best[0]:
+            best = (samples_per_s, batch)
+    return best

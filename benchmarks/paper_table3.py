@@ -4,8 +4,8 @@
 
 For each model and memory budget of Table 3 (8 x TITAN RTX, fp32, Adam; benchmarks/paper_table3.yaml) every row —
 the four pure parallelisms, DeepSpeed 3D and the Galvatron variants — is searched in its own space by gbmw's
-planner at its best batch (the sweep `gbmw compare` runs), on the bundled rtx-titan-x8 cluster, as the paper ran
-them: without gradient accumulation when there is no pipeline (the table's pp = 1 rows report the largest batch
+planner at its best batch on the paper's batch grid (multiples of 8: PAPER_BATCH_STEP), on the bundled rtx-titan-x8
+cluster, as the paper ran them (the torch-Pipe rows as its scripts did: benchmarks/paper_pipeline_runs.py): without gradient accumulation when there is no pipeline (the table's pp = 1 rows report the largest batch
 that fits as their best, e.g. PyTorch DDP on BERT-Huge-32 at 16 GB: batch 8, where accumulating micro-batches
 would only have been faster). Per column (a model at a budget) it prints the Spearman rank correlation between
 gbmw's estimated samples/s and the paper's measured samples/s over the rows both call fitting, and over all cells
@@ -49,9 +49,14 @@ from gbmw.specs.jobs import JobSpec
 from gbmw.specs.model_spec import ModelSpec
 from gbmw.specs.models import build_model, load_model
 from gbmw.specs.schema import parse_bytes
-from paper_pipeline_runs import GPIPE_ROW, SEARCHED_PIPE_ROWS, as_script_ran, searched_micro_batch_count
+from paper_pipeline_runs import (GPIPE_ROW, SEARCHED_PIPE_ROWS, as_script_ran, script_gpipe_best,
+                                 searched_micro_batch_count)
 
 DATA = Path(__file__).with_name("paper_table3.yaml")
+PAPER_BATCH_STEP = 8
+"""The batches the paper's sweep tried: 302 of Table 3's 305 measured batches are multiples of 8 (the other three,
+Swin-Huge Galvatron variants at 292–436, are multiples of 4), and every row's smallest is 8 — an OOM cell is one where
+batch 8 did not fit (BERT-Huge-32's GPipe: OOM at 8 GiB, batch 8 at 12 GiB)."""
 ROW_VARIANTS = {
     "PyTorch DDP (DP)": "ddp", "Megatron (TP)": "megatron-tp", "PyTorch GPipe (PP)": "gpipe",
     "FSDP/ZeRO-3 (SDP)": "fsdp", "DeepSpeed 3D": "deepspeed-3d", "Galvatron (DP+TP)": "dp+tp",
@@ -91,19 +96,28 @@ def job_for(model_name: str, budget: str) -> JobSpec:
                    max_global_batch=MAX_GLOBAL_BATCH, memory_budget_bytes=parse_bytes(budget, "budget"))
 
 
-def estimated_plan(job: JobSpec, variant: str, batch: int | None = None, count_rule=None) -> Plan | None:
-    """gbmw's best plan for the row at its best batch, or at `batch` (None: nothing fits); `count_rule`: the
-    micro-batch count per pipeline degree (gbmw.search.planner.Planner.micro_batch_count_rule)."""
+def estimated_plan(job: JobSpec, variant: str, batch: int | None = None, count_rule=None,
+                   batch_step: int = 1) -> Plan | None:
+    """gbmw's best plan for the row at its best batch among the multiples of `batch_step`, or at `batch` (None: nothing
+    fits); `count_rule`: the micro-batch count per pipeline degree (Planner.micro_batch_count_rule)."""
     try:
         return Planner(job, variant, batch, batch is None, accumulate=False, explain_failure=False,
-                       attention_as_declared=True, micro_batch_count_rule=count_rule).run()
+                       attention_as_declared=True, micro_batch_count_rule=count_rule, batch_multiple=batch_step).run()
     except NothingFitsError:
         return None
 
 
-def estimated_samples_per_s(job: JobSpec, variant: str, batch: int | None = None) -> float | None:
-    """gbmw's samples/s for the row's best plan at its best batch, or at `batch` (None: nothing fits)."""
-    plan = estimated_plan(job, variant, batch)
+def best_as_the_paper_ran(job: JobSpec, model_name: str, label: str, variant: str) -> float | None:
+    """gbmw's samples/s for the row's best plan over the batch sweep (None: nothing fits), the rows the paper ran with
+    torch's Pipe as its scripts ran them (benchmarks/paper_pipeline_runs.py): the GPipe row without recomputation at
+    the script's micro-batch count, the Galvatron rows with one count per batch and pipeline degree."""
+    if label == GPIPE_ROW:
+        best = script_gpipe_best(job, model_name, PAPER_BATCH_STEP)
+        return None if best is None else best[0]
+    count_rule = None
+    if label in SEARCHED_PIPE_ROWS:
+        count_rule = partial(searched_micro_batch_count, model_name, job.cluster.num_devices)
+    plan = estimated_plan(job, variant, None, count_rule, PAPER_BATCH_STEP)
     return None if plan is None else plan.estimate.samples_per_s
 
 
@@ -186,7 +200,7 @@ def main() -> int:
                 measured, estimated = [], []
                 for label, variant in ROW_VARIANTS.items():
                     published = rows[label][column]
-                    estimate = estimated_samples_per_s(job, variant)
+                    estimate = best_as_the_paper_ran(job, model, label, variant)
                     progress.advance(task)
                     cells += 1
                     if (published is None) == (estimate is None):

@@ -74,3 +74,25 @@ def test_planner_searches_only_the_rules_micro_batch_count():
                     micro_batch_count_rule=lambda batch, pp: 2).run()
     assert ruled.num_micro_batches == (2 if ruled.pp > 1 else 1)
     assert free.num_micro_batches != 2 or free.pp == 1
+
+
+def test_a_sweep_runs_the_rules_count_for_each_batch():
+    """In a batch sweep the rule gives the count per global batch: every pipelined setting is a batch b·m the rule
+    gives m for, and the sweep's plan is at least as fast as the ruled search at one such batch."""
+    layers = [make_layer(f"block{i}", forward_flops_per_sample=1e12) for i in range(8)]
+    job = make_job(make_model(layers), make_cluster(latency_us=0.0), budget=2**34).model_copy(
+        update={"max_global_batch": 64})
+
+    def rule(batch, pp):
+        return 1 if batch < 8 else 2 if batch < 32 else 4
+
+    planner = Planner(job, "dp+pp", sweep=True, accumulate=False, explain_failure=False, micro_batch_count_rule=rule)
+    settings = planner._settings()
+    assert any(setting.pp > 1 for setting in settings)
+    for setting in settings:
+        if setting.pp > 1:
+            assert setting.num_micro_batches == rule(setting.global_batch, setting.pp)
+    swept = planner.run()
+    assert swept.pp == 1 or swept.num_micro_batches == rule(swept.global_batch, swept.pp)
+    fixed = Planner(job, "dp+pp", batch=48, accumulate=False, explain_failure=False, micro_batch_count_rule=rule).run()
+    assert swept.estimate.samples_per_s >= fixed.estimate.samples_per_s * (1 - 1e-12)

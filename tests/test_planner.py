@@ -331,3 +331,20 @@ def test_progress_reports_settings_done_and_the_best_plan_so_far():
     bests = [best for _, _, best in calls if best is not None]
     assert bests == sorted(bests)  # the best so far never gets worse
     assert all(done <= total for done, total, _ in calls)
+
+
+@pytest.mark.parametrize("variant", ["dp+pp", "base", "gbmw"])
+def test_a_sweep_on_a_batch_grid_tries_only_its_multiples(variant):
+    """Planner.batch_multiple (gbmw.search.units.on_batch_grid): every setting of the sweep has a global batch that is a
+    multiple of 8, the largest count on the grid is kept, and the free sweep is never slower."""
+    layers = [make_layer(f"block{i}", forward_flops_per_sample=1e12) for i in range(8)]
+    job = make_job(make_model(layers), make_cluster(latency_us=0.0), budget=2**34).model_copy(
+        update={"max_global_batch": 44})
+    planner = Planner(job, variant, sweep=True, explain_failure=False, batch_multiple=8)
+    settings = planner._settings()
+    assert settings and all(setting.global_batch % 8 == 0 for setting in settings)
+    assert any(setting.global_batch == 40 for setting in settings)  # the largest multiple of 8 under 44
+    on_grid = planner.run()
+    free = Planner(job, variant, sweep=True, explain_failure=False).run()
+    assert on_grid.global_batch % 8 == 0
+    assert free.estimate.samples_per_s >= on_grid.estimate.samples_per_s * (1 - 1e-12)

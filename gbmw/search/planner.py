@@ -56,8 +56,8 @@ from gbmw.search.nothing_fits import NothingFitsError, nothing_fits_message
 from gbmw.search.setting_order import SettingsBestFirst
 from gbmw.search.stage_dp.grid_frontier import INCUMBENT_GRID_CELLS, default_granularity_bytes
 from gbmw.search.stage_dp.step_reserve_search import StepReserveSearch
-from gbmw.search.units import (Candidate, SearchStats, Setting, interleaved_only_counts, micro_batch_counts,
-                               micro_batch_sizes, tp_allowed, used_somewhere, virtual_stage_choices)
+from gbmw.search.units import (Candidate, SearchStats, Setting, counts_to_try, micro_batch_sizes, tp_allowed,
+                               used_somewhere, virtual_stage_choices)
 from gbmw.space.spaces import DEFAULT_VARIANT, SearchSpace, search_space
 from gbmw.space.stock_partitions import PARTITION_RULES, blocks_per_stage, interleaved_split
 from gbmw.space.strategy import Strategy
@@ -96,8 +96,11 @@ class Planner:
     attention_as_declared: bool = False
     """Cost the attention the model declares even where the target fuses it (gbmw.specs.models.model_as_run): for
     costing another system's runs, e.g. the paper's testbed (benchmarks/paper_table3.py)."""
+    batch_multiple: int = 1
+    """A sweep tries only global batches that are multiples of it (e.g. the paper's Table 3 grid: 8, 16, 24, ...)."""
     micro_batch_count_rule: object = None
-    """(fixed batch, pp > 1) → the one micro-batch count that a framework sets; None: the counts the search tries."""
+    """(global batch, pp > 1) → the one micro-batch count that a framework sets (a sweep: the batches b·m for which it is
+    m); None: the counts the search tries."""
     stats: SearchStats = field(default_factory=SearchStats)
     _stage_bound_cache: dict = field(default_factory=dict, init=False, repr=False)
     """gbmw.search.bounds.stage_knapsack_bound.shared_stage_bound_tables's, for the settings of one run."""
@@ -120,14 +123,9 @@ class Planner:
         return micro_batch_sizes(self.fixed_batch, self.job.max_global_batch)
 
     def _micro_batch_counts(self, micro_batch: int, pp: int) -> list[tuple[int, bool]]:  # (count, interleaved only)
-        rule, batch = self.micro_batch_count_rule, self.fixed_batch
-        if rule is not None and batch is not None and pp > 1:
-            return [(batch // micro_batch, False)] if batch // micro_batch == rule(batch, pp) else []
-        counts = micro_batch_counts(micro_batch, pp, self.fixed_batch, self.job.max_global_batch, self.accumulate,
-                                    self.spec.schedule, self.exact)
-        extra = interleaved_only_counts(micro_batch, pp, self.fixed_batch, self.job.max_global_batch) if (
-            self.exact and self._interleaves) else []
-        return [(count, False) for count in counts] + [(count, True) for count in extra if count not in counts]
+        return counts_to_try(micro_batch, pp, self.fixed_batch, self.job.max_global_batch, self.accumulate,
+                             self.spec.schedule, self.exact, self.exact and self._interleaves, self.batch_multiple,
+                             self.micro_batch_count_rule)
 
     def _settings(self) -> list[Setting]:
         model, cluster, target = self.job.model, self.job.cluster, get_target(self.spec.target)

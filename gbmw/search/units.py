@@ -102,6 +102,37 @@ def micro_batch_counts(micro_batch: int, pp: int, fixed_batch: int | None, max_g
     return sorted(counts)
 
 
+def counts_to_try(micro_batch: int, pp: int, fixed_batch: int | None, max_global_batch: int, accumulate: bool,
+                  schedule: str, exact: bool, interleaves: bool, batch_multiple: int = 1,
+                  rule=None) -> list[tuple[int, bool]]:
+    """(count, for interleaved pipelines only) pairs the outer search tries with `micro_batch` at pipeline degree
+    `pp`: `micro_batch_counts` and, where `interleaves`, `interleaved_only_counts`; a sweep keeps the global batches
+    that are multiples of `batch_multiple` (`on_batch_grid`). `rule(global batch, pp)`, where given, is a framework's
+    one count per batch for pp > 1: a fixed batch runs its count, a sweep each batch b · m it gives m for."""
+    if rule is not None and pp > 1:
+        batches = [fixed_batch] if fixed_batch is not None else range(micro_batch, max_global_batch + 1, micro_batch)
+        return [(batch // micro_batch, False) for batch in batches if batch % micro_batch == 0
+                and (fixed_batch is not None or batch % batch_multiple == 0) and batch // micro_batch == rule(batch, pp)]
+    counts = micro_batch_counts(micro_batch, pp, fixed_batch, max_global_batch, accumulate, schedule, exact)
+    extra = interleaved_only_counts(micro_batch, pp, fixed_batch, max_global_batch) if interleaves else []
+    if fixed_batch is None:
+        counts = on_batch_grid(counts, micro_batch, max_global_batch, batch_multiple)
+        extra = [count for count in extra if micro_batch * count % batch_multiple == 0]
+    return [(count, False) for count in counts] + [(count, True) for count in extra if count not in counts]
+
+
+def on_batch_grid(counts: list[int], micro_batch: int, max_global_batch: int, multiple: int) -> list[int]:
+    """`counts` (micro_batch_counts of a sweep) restricted to global batches b · m that are multiples of `multiple` (a
+    study's or a framework's batch grid); where they held the largest count, the largest on the grid too (B / T grows
+    with m where the stash no longer does: gbmw.search.planner's module docstring)."""
+    if multiple <= 1:
+        return counts
+    kept = {count for count in counts if micro_batch * count % multiple == 0}
+    if counts and counts[-1] == max_global_batch // micro_batch:
+        kept.add(next((m for m in range(counts[-1], 0, -1) if micro_batch * m % multiple == 0), 0))
+    return sorted(kept - {0})
+
+
 def interleaved_only_counts(micro_batch: int, pp: int, fixed_batch: int | None, max_global_batch: int) -> list[int]:
     """The counts a 1F1B batch sweep adds for interleaved pipelines alone (v > 1), beside `micro_batch_counts`: pp,
     and the largest power of two where the largest count is not a multiple of pp.
