@@ -115,6 +115,16 @@ def estimated_plan(job: JobSpec, variant: str, batch: int | None = None, count_r
         return None
 
 
+def count_rule(job: JobSpec, model_name: str, label: str, deepspeed_3d_count: int = DEEPSPEED_3D_COUNTS[0]):
+    """The micro-batch count a row ran with (Planner.micro_batch_count_rule), where the paper fixed one: the searched
+    count of the Galvatron rows its torch Pipe ran, DeepSpeed 3D's fixed count; None: the counts gbmw searches."""
+    if label in SEARCHED_PIPE_ROWS:
+        return partial(searched_micro_batch_count, model_name, job.cluster.num_devices)
+    if label == DEEPSPEED_3D_ROW:
+        return lambda _batch, _pp: deepspeed_3d_count
+    return None
+
+
 def best_as_the_paper_ran(job: JobSpec, model_name: str, label: str, variant: str,
                           deepspeed_3d_count: int = DEEPSPEED_3D_COUNTS[0]) -> float | None:
     """gbmw's samples/s for the row's best plan over the batch sweep (None: nothing fits), the rows the paper ran with
@@ -123,12 +133,7 @@ def best_as_the_paper_ran(job: JobSpec, model_name: str, label: str, variant: st
     if label == GPIPE_ROW:
         best = script_gpipe_best(job, model_name, PAPER_BATCH_STEP)
         return None if best is None else best[0]
-    count_rule = None
-    if label in SEARCHED_PIPE_ROWS:
-        count_rule = partial(searched_micro_batch_count, model_name, job.cluster.num_devices)
-    elif label == DEEPSPEED_3D_ROW:
-        count_rule = partial(lambda count, _batch, _pp: count, deepspeed_3d_count)
-    plan = estimated_plan(job, variant, None, count_rule, PAPER_BATCH_STEP)
+    plan = estimated_plan(job, variant, None, count_rule(job, model_name, label, deepspeed_3d_count), PAPER_BATCH_STEP)
     return None if plan is None else plan.estimate.samples_per_s
 
 
@@ -168,12 +173,7 @@ def at_paper_batch(data: dict, progress: Progress) -> tuple[float, dict[str, lis
                 published = rows[label][column]
                 if published is None:
                     continue
-                count_rule = None
-                if label in SEARCHED_PIPE_ROWS:
-                    count_rule = partial(searched_micro_batch_count, model, job.cluster.num_devices)
-                elif label == DEEPSPEED_3D_ROW:
-                    count_rule = partial(lambda count, _batch, _pp: count, DEEPSPEED_3D_COUNTS[0])
-                plan = estimated_plan(job, variant, published[1], count_rule)
+                plan = estimated_plan(job, variant, published[1], count_rule(job, model, label))
                 if plan is None:
                     too_big.append(f"{model} {budget} {label} at batch {published[1]}")
                     continue
