@@ -30,7 +30,8 @@ def tiny_job(budget_bytes, layers=3):
 
 
 def brute_force_single_stage(job):
-    """Every strategy sequence and micro-batch count for pp = 1, costed by estimate_plan."""
+    """Every strategy sequence and micro-batch count for pp = 1 under the 1F1B schedule (micro-batches one at a time,
+    as the `bmw` variant runs them), costed by estimate_plan."""
     best = 0.0
     strategies = enumerate_strategies(4)
     for m in (1, 2, 4, 8):
@@ -50,7 +51,7 @@ def brute_force_single_stage(job):
 def test_exact_search_equals_brute_force_on_a_single_stage(budget_gib):
     job = tiny_job(budget_gib * 2**30)
     expected = brute_force_single_stage(job)
-    planner = Planner(job, "base", max_pp=1, exact=True, granularity_bytes=2**16, explain_failure=False)
+    planner = Planner(job, "bmw", max_pp=1, exact=True, granularity_bytes=2**16, explain_failure=False)
     if expected == 0.0:
         with pytest.raises(NothingFitsError):
             planner.run()
@@ -67,7 +68,7 @@ def test_grid_search_is_close_to_brute_force_and_fits(budget_gib):
     # engine does not; see test_exact_search_equals_brute_force_on_a_single_stage).
     job = tiny_job(budget_gib * 2**30)
     expected = brute_force_single_stage(job)
-    plan = Planner(job, "base", max_pp=1, granularity_bytes=2**16, explain_failure=False).run()
+    plan = Planner(job, "bmw", max_pp=1, granularity_bytes=2**16, explain_failure=False).run()
     assert plan.estimate.fits
     assert expected * 0.97 <= plan.estimate.samples_per_s <= expected * (1 + 1e-9)
 
@@ -259,7 +260,7 @@ def test_exact_search_equals_brute_force_with_profiled_call_costs(budget_gib):
 
     job = profiled_tiny_job(budget_gib * 2**30)
     expected = brute_force_single_stage(job)
-    plan = Planner(job, "base", max_pp=1, exact=True, granularity_bytes=2**16, explain_failure=False).run()
+    plan = Planner(job, "bmw", max_pp=1, exact=True, granularity_bytes=2**16, explain_failure=False).run()
     assert plan.estimate.samples_per_s == pytest.approx(expected, rel=1e-9)
     comm = CommModel(job.cluster)
     strategies = enumerate_strategies(4)

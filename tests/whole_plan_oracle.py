@@ -112,11 +112,13 @@ ORACLE_SPACES: dict[str, OracleSpace] = {
                                 no_dp_with_sdp=False, sequence_parallel=True, expert_parallel=True,
                                 ulysses_where_undominated=True),
     "bmw": OracleSpace(("dp", "sdp", "tp"), ckpt=True, one_data_parallel_axis=False, no_dp_with_sdp=True),
-    "base": OracleSpace(("dp", "sdp", "tp"), ckpt=True, one_data_parallel_axis=False, no_dp_with_sdp=True),
+    "base": OracleSpace(("dp", "sdp", "tp"), ckpt=True, one_data_parallel_axis=False, no_dp_with_sdp=True,
+                        schedule="gpipe"),
     "1f1b+bi-obj": OracleSpace(("dp", "sdp", "tp"), ckpt=False, one_data_parallel_axis=False, no_dp_with_sdp=True),
 }
 """The per-layer variants whose exact mode searches every partition (their partitioning is `time` and/or
-`bi-objective`), all on gbmw's runtime target with the 1F1B schedule."""
+`bi-objective`), all on gbmw's runtime target with the 1F1B schedule but `base` (Galvatron's GPipe, as the paper's
+Galvatron-Base ran)."""
 
 
 def oracle_strategies(space: OracleSpace, group_size: int, experts: bool = False, devices_per_node: int | None = None

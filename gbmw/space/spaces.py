@@ -7,9 +7,10 @@ search over any of them, so the paper's ablations (Table 3), the baselines and t
 DESIGN.md are costed alike.
 
 Variants (paper Sec. 7.1): DP+TP only and DP+PP only (Galvatron restricted to two axes), Galvatron
-(DP, SDP, TP, PP; no CKPT; GPipe-style pipeline; balanced partition), Galvatron-Base (adds CKPT and
-1F1B, Algorithm 1), 1F1B+Bi-obj (Base without CKPT but with the bi-objective partition, Algorithm 2) and
-Galvatron-BMW (everything).
+(DP, SDP, TP, PP; no CKPT; GPipe-style pipeline; balanced partition), Galvatron-Base (Galvatron with CKPT,
+Algorithm 1: the paper defines Galvatron as "a variant of Galvatron-Base that disables CKPT", so its
+pipeline is Galvatron's GPipe), 1F1B+Bi-obj (Galvatron with the 1F1B schedule and the bi-objective
+partition, Algorithm 2; "Galvatron-BMW but disables CKPT") and Galvatron-BMW (everything).
 
 Baselines (paper Sec. 7.1): PyTorch DDP (pure DP), Megatron (pure TP over all devices), PyTorch
 GPipe (pure PP, one device per stage), FSDP/ZeRO-3 (pure SDP) and DeepSpeed 3D (2-way DP × TP × PP).
@@ -182,7 +183,7 @@ VARIANTS: dict[str, SearchSpace] = {
     "dp+tp": SearchSpace("Galvatron (DP+TP)", axes=("dp", "tp"), ckpt=False, schedule="gpipe", max_pp=1),
     "dp+pp": SearchSpace("Galvatron (DP+PP)", axes=("dp",), ckpt=False, schedule="gpipe"),
     "galvatron": SearchSpace("Galvatron", ckpt=False, schedule="gpipe"),
-    "base": SearchSpace("Galvatron-Base"),
+    "base": SearchSpace("Galvatron-Base", schedule="gpipe"),
     "1f1b+bi-obj": SearchSpace("Galvatron (1F1B+Bi-obj)", ckpt=False, partitioning=("time", "bi-objective")),
     "bmw": SearchSpace("Galvatron-BMW", partitioning=("time", "bi-objective")),
     "gbmw": SearchSpace(
