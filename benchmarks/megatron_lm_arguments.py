@@ -56,7 +56,8 @@ REACH_CONFIGS = {  # issue 26's experts and issue 27's context parallelism, besi
                                       "tp=2,pp=4,zero=1,cp=4,ep=8,etp=1,sp=on,ckpt=full,micro=1"),  # +etp1 beside cp
 }
 FP8_JOBS = ("gpt3-65b_h100-80g-x64", "llama3.1-8b-128k_h100-80g-x64", "mixtral-8x7b_h100-80g-x64")
-"""Jobs also checked with `precision: fp8` (issue 28: --bf16 --fp8-format hybrid --fp8-recipe delayed)."""
+"""Jobs also checked with `precision: fp8` (issue 28: --bf16 --fp8-format hybrid --fp8-recipe delayed), and with
+`gradient_reduce_dtype: bf16` in bf16 and fp8 (--grad-reduce-in-bf16)."""
 ARCHITECTURES = {"A100": 8, "H100": 9, "H200": 9, "B200": 10, "GB200": 10}
 """GPU name → CUDA major version, as Megatron's get_device_arch_version would read it on that GPU."""
 
@@ -126,10 +127,10 @@ def argument_sets() -> list[tuple[str, gbmw.JobSpec, gbmw.Plan]]:
         cases += [(f"{name}: {config}", jobs[name], gbmw.uniform_plan(jobs[name], f"{config},target=megatron-core"))
                   for config in configs]
     for name in FP8_JOBS:
-        job = fp8_job(name)
-        cases.append((f"{job.name}: tp=4,pp=2,zero=1,sp=on", job,
-                      gbmw.uniform_plan(job, "tp=4,pp=2,zero=1,sp=on,micro=1" + (",ep=2" if "mixtral" in name else "")
-                                        + ",target=megatron-core")))
+        for job in (variant_job(name, "fp8"), variant_job(name, "bf16", "bf16"), variant_job(name, "fp8", "bf16")):
+            cases.append((f"{job.name}: tp=4,pp=2,zero=1,sp=on", job,
+                          gbmw.uniform_plan(job, "tp=4,pp=2,zero=1,sp=on,micro=1" + (",ep=2" if "mixtral" in name else "")
+                                            + ",target=megatron-core")))
     for name in GRID_JOBS:
         for tp, pp, zero in ((1, 1, 0), (2, 2, 1), (8, 1, 1), (4, 4, 0)):
             for ckpt in ("none", "full", "selective"):
@@ -140,13 +141,15 @@ def argument_sets() -> list[tuple[str, gbmw.JobSpec, gbmw.Plan]]:
     return cases
 
 
-def fp8_job(name: str) -> gbmw.JobSpec:
-    """The bundled job `name` with `precision: fp8`."""
+def variant_job(name: str, precision: str, gradient_reduce_dtype: str = "fp32") -> gbmw.JobSpec:
+    """The bundled job `name` (a bf16 job) in `precision`, its gradients reduced in `gradient_reduce_dtype`."""
     import tempfile
 
-    text = (RECIPES_DIR / "jobs" / f"{name}.yaml").read_text().replace("precision: bf16", "precision: fp8")
+    text = (RECIPES_DIR / "jobs" / f"{name}.yaml").read_text().replace(
+        "precision: bf16", f"precision: {precision}\ngradient_reduce_dtype: {gradient_reduce_dtype}")
+    suffix = precision + ("-bf16grads" if gradient_reduce_dtype == "bf16" else "")
     with tempfile.TemporaryDirectory() as folder:
-        path = Path(folder) / f"{name.replace('_', '-fp8_', 1)}.yaml"
+        path = Path(folder) / f"{name.replace('_', f'-{suffix}_', 1)}.yaml"
         path.write_text(text)
         return gbmw.load_job(path)
 
@@ -179,7 +182,9 @@ def check(arguments, job: gbmw.JobSpec, plan: gbmw.Plan, extra: tuple[str, ...] 
                     virtual_pipeline_model_parallel_size=plan.virtual_stages if plan.virtual_stages > 1 else None,
                     account_for_embedding_in_pipeline_split=accounted, account_for_loss_in_pipeline_split=accounted,
                     context_parallel_size=strategy.degree("cp"), bf16=plan.precision in ("bf16", "fp8"),
-                    fp8="hybrid" if plan.precision == "fp8" else None)
+                    fp8="hybrid" if plan.precision == "fp8" else None,
+                    accumulate_allreduce_grads_in_fp32=(plan.precision in ("bf16", "fp8")
+                                                        and plan.gradient_reduce_dtype == "fp32"))
     if job.model.is_mixture_of_experts:
         expert = next(layer for layer in job.model.layers if layer.num_experts)
         expected.update(num_experts=expert.num_experts, moe_router_topk=expert.experts_per_token,

@@ -140,7 +140,7 @@ def with_recipe_fields(run: dict) -> tuple[dict, list[str]]:
     filled = dict(run, parallelism=dict(run["parallelism"]), model=dict(run["model"]))
     lines = []
     for field, entry in taken.items():
-        if field == "fp8_recipe":  # the run's own, beside its precision
+        if field in ("fp8_recipe", "gradient_reduce_dtype"):  # the run's own, beside its precision
             if filled.get(field) is None:
                 filled[field] = entry["value"]
                 lines.append(f"{field}={entry['value']}")
@@ -207,6 +207,7 @@ def build_job(run: dict, cluster: ClusterSpec, assumptions: list[str]) -> JobSpe
             position_embedding="rotary" if "alibi" in str(model.get("architecture")).lower() else "learned")
     spec = build_model(architecture, precision)
     return JobSpec(name=run["name"], model=spec, cluster=cluster, precision=precision,
+                   gradient_reduce_dtype=run.get("gradient_reduce_dtype") or "fp32",
                    global_batch=run["parallelism"]["global_batch"], memory_budget_bytes=cluster.usable_memory_bytes)
 
 
@@ -429,6 +430,7 @@ def build_moe_job(run: dict, cluster: ClusterSpec, assumptions: list[str]) -> Jo
     precision = "fp8" if "fp8" in str(run.get("precision")).lower() else "bf16"
     spec = build_model(architecture, precision)
     return JobSpec(name=run["name"], model=spec, cluster=cluster, precision=precision, fp8_recipe=fp8_recipe(run),
+                   gradient_reduce_dtype=run.get("gradient_reduce_dtype") or "fp32",
                    global_batch=run["parallelism"]["global_batch"], memory_budget_bytes=cluster.usable_memory_bytes)
 
 
@@ -553,6 +555,7 @@ def cost_long_context(run: dict) -> MoECosted:
     precision = "fp8" if "fp8" in str(run["precision"]).lower() else "bf16"
     job = JobSpec(name=run["name"], model=build_model(llama_architecture(run), precision), cluster=cluster,
                   precision=precision, fp8_recipe=fp8_recipe(run), global_batch=parallelism["global_batch"],
+                  gradient_reduce_dtype=run.get("gradient_reduce_dtype") or "fp32",
                   memory_budget_bytes=cluster.usable_memory_bytes)
     zero = 3 if target == "runtime" else 1 if parallelism["distributed_optimizer"] else 0
     config = UniformConfig(tp=parallelism["tensor"], pp=parallelism["pipeline"], zero=zero, ckpt=parallelism["recompute"],

@@ -20,7 +20,7 @@ from gbmw.errors import GbmwError, PlanError
 from gbmw.space.strategy import Strategy
 from gbmw.space.targets import TARGETS
 from gbmw.specs.files import load_yaml_text, read_text, shown, write_new_file
-from gbmw.specs.model_spec import FP8_RECIPES, PRECISIONS, ModelSpec
+from gbmw.specs.model_spec import FP8_RECIPES, PRECISIONS, ModelSpec, gradient_reduce_dtype_problem
 from gbmw.specs.schema import MAX_DEVICES, MAX_GLOBAL_BATCH, MAX_LAYERS, check_kind
 
 PLAN_FORMAT_VERSION = 1
@@ -76,6 +76,8 @@ class Plan:
     stage's Transformer blocks cut into that many equal chunks (gbmw.cost.pipeline_schedules)."""
     fp8_recipe: str = "delayed"
     """Transformer Engine's FP8 scaling under precision fp8: `delayed` or `current` (gbmw.cost.fp8)."""
+    gradient_reduce_dtype: str = "fp32"
+    """The dtype gradients are accumulated and reduced in: `fp32` or `bf16` (gbmw.cost.model_states)."""
     estimate: Estimate | None = None
     provenance: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
     """gbmw version, search settings and seconds, or how a hand-written plan was made."""
@@ -97,6 +99,7 @@ class Plan:
                             "MXFP8 scaling are not costed)")
         elif self.fp8_recipe != "delayed" and self.precision != "fp8":
             problems.append(f"fp8_recipe {self.fp8_recipe} needs precision fp8 (the plan's is {self.precision})")
+        problems += filter(None, [gradient_reduce_dtype_problem(self.precision, self.gradient_reduce_dtype)])
         if len(self.strategies) > MAX_LAYERS + 16:
             problems.append(f"{len(self.strategies)} layers: gbmw plans at most {MAX_LAYERS + 16}")
         if self.target not in TARGETS:
@@ -167,8 +170,9 @@ class Plan:
         return result
 
     def check_against(self, model: ModelSpec, num_devices: int | None = None, precision: str | None = None,
-                      fp8_recipe: str | None = None) -> None:
-        """Raise PlanError if the plan does not fit this model (and device count, the job's precision, FP8 recipe)."""
+                      fp8_recipe: str | None = None, gradient_reduce_dtype: str | None = None) -> None:
+        """Raise PlanError if the plan does not fit this model (and device count, the job's precision, FP8 recipe,
+        gradient dtype)."""
         if len(self.strategies) != model.num_layers:
             raise PlanError(
                 f"plan has {len(self.strategies)} layer strategies but model {model.name} has {model.num_layers} layers"
@@ -181,6 +185,10 @@ class Plan:
         if fp8_recipe is not None and self.fp8_recipe != fp8_recipe:
             raise PlanError(f"plan is for fp8_recipe {self.fp8_recipe} but the job scales FP8 by {fp8_recipe}; "
                             f"plan again (gbmw plan) or set the job's fp8_recipe to {self.fp8_recipe}")
+        if gradient_reduce_dtype is not None and self.gradient_reduce_dtype != gradient_reduce_dtype:
+            raise PlanError(f"plan reduces gradients in {self.gradient_reduce_dtype} but the job in "
+                            f"{gradient_reduce_dtype}; plan again (gbmw plan) or set the job's gradient_reduce_dtype "
+                            f"to {self.gradient_reduce_dtype}")
         if num_devices is not None and num_devices != self.num_devices:
             raise PlanError(
                 f"plan is for {self.num_devices} devices but {num_devices} are available; "
@@ -222,8 +230,8 @@ class Plan:
                 data["estimate"] = None if value is None else _plain(asdict(value))
             elif item.name == "virtual_stages" and value == 1:
                 continue  # plain 1F1B: the field is written only for interleaved pipelines
-            elif item.name == "fp8_recipe" and value == "delayed":  # the default: plans before the field read the same
-                continue
+            elif (item.name, value) in (("fp8_recipe", "delayed"), ("gradient_reduce_dtype", "fp32")):
+                continue  # the defaults: plans written before these fields read the same
             else:
                 data[item.name] = _plain(value)
         return data
@@ -283,6 +291,7 @@ class Plan:
                 target=_text(data.get("target", "runtime"), "target", where),
                 schedule=_text(data.get("schedule", "1f1b"), "schedule", where),
                 fp8_recipe=_text(data.get("fp8_recipe", "delayed"), "fp8_recipe", where),
+                gradient_reduce_dtype=_text(data.get("gradient_reduce_dtype", "fp32"), "gradient_reduce_dtype", where),
                 estimate=estimate,
                 provenance=dict(provenance),
                 **integers,
@@ -382,19 +391,10 @@ def plan_from_strategy_names(
         raise PlanError(
             f"global_batch({global_batch}) is not divisible by num_micro_batches({num_micro_batches})"
         )
-    plan = Plan(
-        model=model.name,
-        cluster=cluster,
-        num_devices=num_devices,
-        precision=model.precision,
-        global_batch=global_batch,
-        micro_batch=global_batch // num_micro_batches,
-        num_micro_batches=num_micro_batches,
-        pp=len(partition),
-        partition=tuple(partition),
-        strategies=tuple(Strategy.parse(name) for name in names),
-        target=target,
-        provenance={"made_by": "plan_from_strategy_names"},
-    )
+    plan = Plan(model=model.name, cluster=cluster, num_devices=num_devices, precision=model.precision,
+                global_batch=global_batch, micro_batch=global_batch // num_micro_batches,
+                num_micro_batches=num_micro_batches, pp=len(partition), partition=tuple(partition),
+                strategies=tuple(Strategy.parse(name) for name in names), target=target,
+                provenance={"made_by": "plan_from_strategy_names"})
     plan.check_against(model, num_devices)
     return plan

@@ -41,6 +41,7 @@ What a plan says, and the flag that says it::
     precision fp8                     --bf16 --fp8-format hybrid              refused (no Transformer Engine FP8)
                                       --fp8-recipe delayed (fp8_recipe
                                       current: tensorwise)
+    gradient_reduce_dtype bf16        --grad-reduce-in-bf16                  refused (DeepSpeed's bf16 optimizer)
 
 Megatron places the embedding on the first stage and the output layer on the last, and
 ``--num-layers`` counts Transformer blocks only; in a Plan the embedding and head are layers, so

@@ -205,6 +205,8 @@ def plan_to_megatron_args(
         args.append(f"--{plan.precision}")
     elif plan.precision == "fp8":  # Transformer Engine's FP8 linears on bf16 parameters (gbmw.specs.transformer_layers)
         args += ["--bf16", "--fp8-format", "hybrid", "--fp8-recipe", MEGATRON_FP8_RECIPE[plan.fp8_recipe]]
+    if plan.gradient_reduce_dtype == "bf16":  # bf16 main gradients (megatron-core only: layout.check_precision)
+        args.append("--grad-reduce-in-bf16")
     if layout.sequence_parallel:
         args.append("--sequence-parallel")
     if layout.recompute == "full":

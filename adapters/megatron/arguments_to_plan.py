@@ -63,6 +63,7 @@ def _parser(target: str) -> _Parser:
     if target == "megatron-core":  # TransformerConfig.fp8 / fp8_recipe (megatron/core/transformer/transformer_config.py)
         add("--fp8-format", dest="fp8", choices=["e4m3", "hybrid"])
         add("--fp8-recipe", choices=["tensorwise", "delayed", "mxfp8", "blockwise", "custom"], default="delayed")
+        add("--grad-reduce-in-bf16", action="store_true")
     add("--attention-dropout", type=float)
     add("--hidden-dropout", type=float)
     add("--recompute-granularity", choices=["full", "selective"])
@@ -222,6 +223,11 @@ def megatron_args_to_plan(args: Sequence[str], job: JobSpec, target: str = "mega
     if fp8_recipe != job.fp8_recipe:
         raise GbmwError(f"Megatron arguments scale FP8 by --fp8-recipe {namespace.fp8_recipe} but job {job.name} "
                         f"has fp8_recipe {job.fp8_recipe}")
+    gradient_reduce_dtype = "bf16" if getattr(namespace, "grad_reduce_in_bf16", False) else "fp32"
+    if gradient_reduce_dtype != job.gradient_reduce_dtype:
+        raise GbmwError(f"Megatron arguments reduce gradients in {gradient_reduce_dtype} (--grad-reduce-in-bf16 "
+                        f"{'given' if gradient_reduce_dtype == 'bf16' else 'not given'}) but job {job.name} has "
+                        f"gradient_reduce_dtype {job.gradient_reduce_dtype}")
 
     devices = job.cluster.num_devices
     tp, pp = namespace.tensor_model_parallel_size, namespace.pipeline_model_parallel_size
@@ -298,6 +304,7 @@ def megatron_args_to_plan(args: Sequence[str], job: JobSpec, target: str = "mega
         num_devices=devices,
         precision=precision,
         fp8_recipe=fp8_recipe,
+        gradient_reduce_dtype=gradient_reduce_dtype,
         global_batch=namespace.global_batch_size,
         micro_batch=micro_batch,
         num_micro_batches=namespace.global_batch_size // micro_batch,

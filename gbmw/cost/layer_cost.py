@@ -67,6 +67,8 @@ class CostSettings:
     """What runs the plan (gbmw.space.targets' Target.framework): it decides the bytes kept per parameter."""
     fp8_recipe: str = "delayed"
     """Transformer Engine's FP8 scaling under precision fp8: delayed or current (gbmw.cost.fp8)."""
+    gradient_reduce_dtype: str = "fp32"
+    """The dtype gradients are accumulated and reduced in (gbmw.cost.model_states.state_bytes)."""
     fused_elementwise: bool = False
     """The norms, gated activations and rotary positions run as fused kernels (Transformer Engine's) rather than as
     gbmw's runtime's own unfused passes (gbmw.cost.runtime_passes.unfused_pass_times_s): for costing another FSDP2
@@ -79,7 +81,7 @@ class CostSettings:
 
     @property
     def states(self) -> StateBytes:
-        return state_bytes(self.framework, self.precision, self.optimizer)
+        return state_bytes(self.framework, self.precision, self.optimizer, self.gradient_reduce_dtype)
 
 
 @dataclass

@@ -15,6 +15,9 @@ deepspeed       bf16/fp16   2         2           16           DeepSpeed's estim
                 fp32        4         4           8            16-bit weights and gradients, then fp32 gradients,
                                                                fp32 weights and Adam's moments (18/d with ZeRO-2)
 SGD (no momentum) keeps the weights and gradients and, in mixed precision, an fp32 master copy (any framework).
+With `gradient_reduce_dtype` bf16 (megatron-core's `--grad-reduce-in-bf16`: megatron/training/arguments.py turns
+accumulate_allreduce_grads_in_fp32 off, so its DDP's gradient buffer takes the bf16 parameters' dtype) Megatron keeps
+2-byte gradients; only --target megatron-core plans it (gbmw.space.targets).
 
 The optimizer step is memory-bound: per parameter it steps, it reads and writes the optimizer's states, reads the
 gradient (twice: the gradient norm for clipping, then the update) and writes the weights — and, where the weights
@@ -27,7 +30,7 @@ what SDP all-gathers and the gradients what data parallelism reduces, so their s
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from gbmw.space.strategy import Strategy
 
@@ -61,13 +64,14 @@ _ADAM = {
 _SGD = {"fp32": StateBytes(4, 4, 0), "bf16": StateBytes(2, 2, 4), "fp16": StateBytes(2, 2, 4),
         "fp8": StateBytes(2, 2, 4)}
 FRAMEWORKS = ("gbmw-runtime", "megatron", "deepspeed")
+BF16_GRADIENT_BYTES = 2
 
 
-def state_bytes(framework: str, precision: str, optimizer: str) -> StateBytes:
-    """The bytes per parameter `framework` keeps training in `precision` with `optimizer` (see the module table)."""
-    if optimizer == "sgd":
-        return _SGD[precision]
-    return _ADAM[framework, precision]
+def state_bytes(framework: str, precision: str, optimizer: str, gradient_reduce_dtype: str = "fp32") -> StateBytes:
+    """The bytes per parameter `framework` keeps training in `precision` with `optimizer` (see the module table),
+    its gradients in bf16 where `gradient_reduce_dtype` says so."""
+    states = _SGD[precision] if optimizer == "sgd" else _ADAM[framework, precision]
+    return replace(states, gradients=BF16_GRADIENT_BYTES) if gradient_reduce_dtype == "bf16" else states
 
 
 def sharded_bytes_per_parameter(strategy: Strategy, states: StateBytes) -> float:

@@ -33,7 +33,8 @@ def cost_key(model: ModelSpec, settings: CostSettings) -> tuple:
     digest = hashlib.blake2b(digest_size=16)
     digest.update(model.model_dump_json().encode())
     digest.update(settings.cluster.model_dump_json().encode())
-    return (digest.hexdigest(), settings.precision, settings.optimizer, settings.framework, settings.fp8_recipe)
+    return (digest.hexdigest(), settings.precision, settings.optimizer, settings.framework, settings.fp8_recipe,
+            settings.gradient_reduce_dtype)
 
 
 def cached_strategy_tables(key: tuple, model: ModelSpec, strategies: list[Strategy], micro_batch: int,

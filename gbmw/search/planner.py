@@ -107,10 +107,11 @@ class Planner:
 
     def __post_init__(self) -> None:
         self.spec: SearchSpace = search_space(self.variant, self.target)
-        (target := get_target(self.spec.target)).check_precision(self.job.precision)
+        (target := get_target(self.spec.target)).check_precision(self.job.precision, self.job.gradient_reduce_dtype)
         fused = target.fused_attention and not self.attention_as_declared
         self.job = job = self.job.model_copy(update={"model": model_as_run(self.job.model, fused)})
-        self.settings = CostSettings(job.cluster, job.precision, job.optimizer, target.framework, job.fp8_recipe)
+        self.settings = CostSettings(job.cluster, job.precision, job.optimizer, target.framework, job.fp8_recipe,
+                                     job.gradient_reduce_dtype)
         self.comm, self.budget = CommModel(job.cluster), float(job.memory_budget_bytes)
         self._cost_key = cost_key(job.model, self.settings)
         if self.sweep and self.batch is not None:
@@ -353,7 +354,8 @@ class Planner:
         setting = best.setting
         plan = Plan(
             model=self.job.model.name, cluster=self.job.cluster.name, num_devices=self.job.cluster.num_devices,
-            precision=self.job.precision, fp8_recipe=self.job.fp8_recipe, global_batch=setting.global_batch,
+            precision=self.job.precision, fp8_recipe=self.job.fp8_recipe,
+            gradient_reduce_dtype=self.job.gradient_reduce_dtype, global_batch=setting.global_batch,
             micro_batch=setting.micro_batch, num_micro_batches=setting.num_micro_batches, pp=setting.pp,
             partition=best.partition, strategies=best.strategies, target=self.spec.target,
             schedule=self.spec.schedule, virtual_stages=setting.virtual_stages,

@@ -119,6 +119,9 @@ class Target:
     expert_parallel_needs_sequence_parallel: bool = False
     """EP with TP needs sequence parallelism (megatron-core: "When using expert parallelism and tensor parallelism
     for training, sequence parallelism must be used", megatron/core/model_parallel_config.py)."""
+    gradient_reduce_dtypes: tuple[str, ...] = ("fp32",)
+    """The dtypes it accumulates and reduces a bf16 model's gradients in (gbmw.cost.model_states): megatron-core also
+    bf16 (`--grad-reduce-in-bf16`)."""
     precisions: tuple[str, ...] = ("fp32", "fp16", "bf16")
     """The training precisions it runs: `fp8` only where its layers are Transformer Engine's (megatron-core); DeepSpeed,
     Megatron-DeepSpeed and gbmw's runtime do not run TE's FP8 linears."""
@@ -307,18 +310,26 @@ class Target:
                             f"with (blocks + 2) / pp a multiple of {v}")
         return problems
 
-    def precision_refusal(self, precision: str) -> str | None:
-        """Why this target cannot train in `precision` (one line naming the field and what works), or None."""
-        if precision in self.precisions:
+    def precision_refusal(self, precision: str, gradient_reduce_dtype: str = "fp32") -> str | None:
+        """Why this target cannot train in `precision` with gradients in `gradient_reduce_dtype` (one line naming the
+        field and what works), or None."""
+        if precision in self.precisions and gradient_reduce_dtype in self.gradient_reduce_dtypes:
             return None
+        if precision in self.precisions:
+            runs_it = [name for name, target in TARGETS.items()
+                       if gradient_reduce_dtype in target.gradient_reduce_dtypes]
+            return (f"gradient_reduce_dtype {gradient_reduce_dtype}: --target {self.name} reduces gradients in "
+                    f"{', '.join(self.gradient_reduce_dtypes)}; plan it for --target {' or '.join(runs_it)}, or drop "
+                    "the job's gradient_reduce_dtype")
         runs_it = [name for name, target in TARGETS.items() if precision in target.precisions]
         return (f"precision {precision}: --target {self.name} plans {', '.join(self.precisions)} ({self.label} does "
                 f"not run Transformer Engine's FP8 linears); plan it for --target {' or '.join(runs_it) or '…'}, or set "
                 "the job's precision to bf16")
 
-    def check_precision(self, precision: str) -> None:
-        """Raise GbmwError with `precision_refusal`'s line where this target cannot train in `precision`."""
-        refusal = self.precision_refusal(precision)
+    def check_precision(self, precision: str, gradient_reduce_dtype: str = "fp32") -> None:
+        """Raise GbmwError with `precision_refusal`'s line where this target cannot train in `precision` (with
+        gradients in `gradient_reduce_dtype`)."""
+        refusal = self.precision_refusal(precision, gradient_reduce_dtype)
         if refusal is not None:
             raise GbmwError(refusal)
 
@@ -369,7 +380,7 @@ TARGETS: dict[str, Target] = {
         pipeline_scatter_gather=True, interleaved_pipeline=True, sequence_parallel=True, selective_recompute="any",
         expert_parallel=True, expert_parallel_needs_sequence_parallel=True, expert_parallel_axes=("dp", "z1dp"),
         expert_tensor_parallel=True, expert_parallel_sequence_axes=("cp",),
-        sequence_axes=("cp",), precisions=("fp32", "fp16", "bf16", "fp8"),
+        sequence_axes=("cp",), precisions=("fp32", "fp16", "bf16", "fp8"), gradient_reduce_dtypes=("fp32", "bf16"),
     ),
 }
 STOCK_TARGETS = tuple(name for name, target in TARGETS.items() if not target.per_layer)

@@ -15,16 +15,20 @@ from gbmw.errors import SpecError
 from gbmw.specs.bundled import resolve_recipe
 from gbmw.specs.cluster_spec import ClusterSpec, load_cluster
 from gbmw.specs.files import read_yaml
-from gbmw.specs.model_spec import Fp8Recipe, ModelSpec, Precision
+from gbmw.specs.model_spec import Fp8Recipe, GradientReduceDtype, ModelSpec, Precision, gradient_reduce_dtype_problem
 from gbmw.specs.models import load_model
 from gbmw.specs.schema import MAX_GLOBAL_BATCH, MAX_SEQUENCE, Frozen, MemorySize, parse_bytes, validate_as
 
 
-def check_fp8_recipe(precision: str, recipe: str, where: str) -> None:
-    """Raise SpecError where an FP8 scaling recipe other than the default is asked of a precision without FP8."""
+def check_precision_settings(precision: str, recipe: str, where: str, gradient_reduce_dtype: str = "fp32") -> None:
+    """Raise SpecError where an FP8 scaling recipe other than the default is asked of a precision without FP8, or
+    bf16 gradients of a model that is not bf16."""
     if recipe != "delayed" and precision != "fp8":
         raise SpecError(f"{where}: fp8_recipe {recipe} scales FP8 tensors, but the precision is {precision}; set "
                         "precision: fp8 or drop fp8_recipe")
+    problem = gradient_reduce_dtype_problem(precision, gradient_reduce_dtype)
+    if problem:
+        raise SpecError(f"{where}: {problem}")
 
 
 class JobSpec(Frozen):
@@ -36,6 +40,8 @@ class JobSpec(Frozen):
     precision: Precision
     fp8_recipe: Fp8Recipe = "delayed"
     """Transformer Engine's FP8 scaling under precision fp8 (gbmw.specs.model_spec.FP8_RECIPES)."""
+    gradient_reduce_dtype: GradientReduceDtype = "fp32"
+    """The dtype gradients are accumulated and reduced in (gbmw.specs.model_spec.GRADIENT_REDUCE_DTYPES)."""
     optimizer: Literal["adam", "sgd"] = "adam"
     global_batch: int | None = Field(default=None, ge=1, le=MAX_GLOBAL_BATCH)
     """Fixed global batch (samples per iteration); None lets the planner sweep."""
@@ -49,7 +55,7 @@ class JobSpec(Frozen):
     """What loading assumed that the user should hear (an HF config's default sequence length, say)."""
 
     def model_post_init(self, context: object) -> None:
-        check_fp8_recipe(self.precision, self.fp8_recipe, self.name)
+        check_precision_settings(self.precision, self.fp8_recipe, self.name, self.gradient_reduce_dtype)
 
 
 class JobFile(Frozen):
@@ -65,6 +71,9 @@ class JobFile(Frozen):
     fp8_recipe: Fp8Recipe = "delayed"
     """Under precision fp8: `delayed` (Transformer Engine's DelayedScaling) or `current` (Float8CurrentScaling,
     megatron-core's `--fp8-recipe tensorwise`)."""
+    gradient_reduce_dtype: GradientReduceDtype = "fp32"
+    """Under precision bf16 or fp8: `fp32` (fp32 main gradients, Megatron's default) or `bf16` (megatron-core's
+    `--grad-reduce-in-bf16`: half the gradient memory and traffic; only --target megatron-core runs it)."""
     optimizer: Literal["adam", "sgd"] = "adam"
     global_batch: int | None = Field(default=None, ge=1, le=MAX_GLOBAL_BATCH)
     max_global_batch: int = Field(default=4096, ge=1, le=MAX_GLOBAL_BATCH)
@@ -84,7 +93,7 @@ def load_job(path: str | Path, memory_budget: str | int | None = None, seq_lengt
     """
     path = resolve_recipe(str(path), "jobs")
     job = validate_as(JobFile, read_yaml(path), str(path))
-    check_fp8_recipe(job.precision, job.fp8_recipe, str(path))
+    check_precision_settings(job.precision, job.fp8_recipe, str(path), job.gradient_reduce_dtype)
     model_path = resolve_recipe(job.model, "models", path.parent)
     cluster_path = resolve_recipe(job.cluster, "clusters", path.parent)
     cluster = load_cluster(cluster_path)
@@ -107,6 +116,7 @@ def load_job(path: str | Path, memory_budget: str | int | None = None, seq_lengt
         cluster=cluster,
         precision=job.precision,
         fp8_recipe=job.fp8_recipe,
+        gradient_reduce_dtype=job.gradient_reduce_dtype,
         optimizer=job.optimizer,
         global_batch=job.global_batch,
         max_global_batch=job.max_global_batch,
