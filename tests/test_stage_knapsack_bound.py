@@ -137,8 +137,9 @@ def test_memory_aware_bound_counts_a_tied_weight_once():
 
 # Cases where the memory-aware bound skips a setting: the first such (seed, frontier index) pairs of the oracle's
 # random jobs, found by trying seeds in order (they move when the oracle's space, its random jobs or the estimator
-# change: +sp entered the space, then MoE GPTs the jobs, then the runtime's per-micro-batch passes the costs).
-@pytest.mark.parametrize("seed, frontier_index", [(3, 2), (15, 0), (16, 17), (26, 8)])
+# change: +sp entered the space, then MoE GPTs the jobs, then the runtime's per-micro-batch passes the costs, then
+# the generator's redraw of models over the work cap took seed 26's).
+@pytest.mark.parametrize("seed, frontier_index", [(3, 2), (15, 0), (16, 17), (28, 0)])
 def test_the_planner_skips_settings_by_it_and_stays_exact(monkeypatch, seed, frontier_index):
     """Tiny jobs where the memory-aware bound skips a setting the first bound kept (at a frontier plan's peak):
     the exact mode still gives the brute force's plan, and the default mode a fitting one no faster, if any."""
