@@ -34,6 +34,9 @@ import sys
 import time
 from collections import Counter
 
+from rich.console import Console
+from rich.progress import track
+
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("NUMBA_NUM_THREADS", "1")
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
@@ -93,7 +96,8 @@ def main() -> int:
     lines = {mode: [] for mode in MODES}
     seconds = Counter()
     devices, plans = Counter(), 0
-    for seed in seeds:
+    progress = Console(stderr=True)  # the results stay alone on stdout
+    for seed in track(seeds, description="cases (brute force, then both modes)", console=progress, transient=True):
         started = time.perf_counter()
         case = draw(random.Random(seed), work_cap=args.work_cap)
         spaces[getattr(case, "space", None) or case.variant] += 1
