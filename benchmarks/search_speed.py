@@ -218,18 +218,20 @@ def grid_against_1mib() -> None:
 def paper_grid() -> float:
     started = time.perf_counter()
     rows = [(variant, target) for kind, variant, target in ROWS if kind != "target"]
-    count = 0
+    count, by_variant = 0, dict.fromkeys((variant for variant, _ in rows), 0.0)
     for model in PAPER_GRID_MODELS:
         for budget in PAPER_BUDGETS:
             job = load_job(f"{model}_rtx-titan-x8", memory_budget=budget)
             for variant, target in rows:
-                timed_plan(job, variant=variant, target=target)
+                by_variant[variant] += timed_plan(job, variant=variant, target=target)[1]
                 count += 1
     elapsed = time.perf_counter() - started
     verdict = "PASS" if elapsed <= 45 else "FAIL"
     console.print(f"4. paper's 8-device grid: {count} searches ({len(PAPER_GRID_MODELS)} models × "
                   f"{len(PAPER_BUDGETS)} budgets × {len(rows)} variants and baselines), exact, in {elapsed:.1f} s "
                   f"(target ≤ 45 s: {verdict})")
+    console.print("   seconds per variant: " + ", ".join(f"{variant} {seconds:.1f}" for variant, seconds in
+                                                          sorted(by_variant.items(), key=lambda item: -item[1])))
     return elapsed
 
 
