@@ -207,7 +207,7 @@ def build_job(run: dict, cluster: ClusterSpec, assumptions: list[str]) -> JobSpe
             position_embedding="rotary" if "alibi" in str(model.get("architecture")).lower() else "learned")
     spec = build_model(architecture, precision)
     return JobSpec(name=run["name"], model=spec, cluster=cluster, precision=precision,
-                   gradient_reduce_dtype=run.get("gradient_reduce_dtype") or "fp32",
+                   gradient_reduce_dtype=gradient_reduce_dtype(run),
                    global_batch=run["parallelism"]["global_batch"], memory_budget_bytes=cluster.usable_memory_bytes)
 
 
@@ -430,7 +430,7 @@ def build_moe_job(run: dict, cluster: ClusterSpec, assumptions: list[str]) -> Jo
     precision = "fp8" if "fp8" in str(run.get("precision")).lower() else "bf16"
     spec = build_model(architecture, precision)
     return JobSpec(name=run["name"], model=spec, cluster=cluster, precision=precision, fp8_recipe=fp8_recipe(run),
-                   gradient_reduce_dtype=run.get("gradient_reduce_dtype") or "fp32",
+                   gradient_reduce_dtype=gradient_reduce_dtype(run),
                    global_batch=run["parallelism"]["global_batch"], memory_budget_bytes=cluster.usable_memory_bytes)
 
 
@@ -443,6 +443,12 @@ def fp8_recipe(run: dict) -> str:
     if run.get("fp8_recipe"):
         return run["fp8_recipe"]
     return "current" if re.search(r"current scaling|fp8-cs", precision) else "delayed"
+
+
+def gradient_reduce_dtype(run: dict) -> str:
+    """The dtype the run reduces its gradients in: bf16 where its recipe says so (`gradient_reduce_dtype`, quoted in
+    the data file), else fp32 (Megatron's default)."""
+    return run.get("gradient_reduce_dtype") or "fp32"
 
 
 def moe_measured_iteration_s(run: dict) -> tuple[float, str]:
@@ -555,7 +561,7 @@ def cost_long_context(run: dict) -> MoECosted:
     precision = "fp8" if "fp8" in str(run["precision"]).lower() else "bf16"
     job = JobSpec(name=run["name"], model=build_model(llama_architecture(run), precision), cluster=cluster,
                   precision=precision, fp8_recipe=fp8_recipe(run), global_batch=parallelism["global_batch"],
-                  gradient_reduce_dtype=run.get("gradient_reduce_dtype") or "fp32",
+                  gradient_reduce_dtype=gradient_reduce_dtype(run),
                   memory_budget_bytes=cluster.usable_memory_bytes)
     zero = 3 if target == "runtime" else 1 if parallelism["distributed_optimizer"] else 0
     config = UniformConfig(tp=parallelism["tensor"], pp=parallelism["pipeline"], zero=zero, ckpt=parallelism["recompute"],
