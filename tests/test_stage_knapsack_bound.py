@@ -100,7 +100,7 @@ def test_memory_aware_bound_is_above_every_fitting_plan_of_its_setting(data):
     the planner visits and every budget where the setting's best plan changes (each of its plans' exact peak),
     the bound is at least the brute force's best samples/s of the setting under that budget."""
     choose = Choices(data.draw)
-    variant = choose.choice(["gbmw", "bmw", "1f1b+bi-obj"])
+    variant = choose.choice(["gbmw", "bmw", "1f1b+bi-obj", "base"])  # base: GPipe, every micro-batch held
     tiny = random_tiny_job(choose, variant, work_cap=4000)
     try:
         bound_holds_on_every_peak(tiny.job, variant)
@@ -177,7 +177,7 @@ def test_partition_tables_bound_the_stages_of_every_fitting_plan(data):
     from gbmw.search.bounds.stage_knapsack_bound import partition_tables, stage_bound_tables
 
     choose = Choices(data.draw)
-    variant = choose.choice(["gbmw", "bmw", "1f1b+bi-obj"])
+    variant = choose.choice(["gbmw", "bmw", "1f1b+bi-obj", "base"])  # base: GPipe, every micro-batch held
     tiny = random_tiny_job(choose, variant, work_cap=4000)
     oracle = WholePlanOracle(tiny.job, variant)
     planner = Planner(with_budget(tiny.job, 2**50), variant, explain_failure=False)

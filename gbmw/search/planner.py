@@ -321,8 +321,9 @@ class Planner:
         """The setting's memory-aware throughput bound (gbmw.search.bounds.stage_knapsack_bound), computed once."""
         if setting.memory_bound is None:
             costs = self._costs(setting.tables, setting.pp, setting.num_micro_batches, setting.virtual_stages)
-            setting.memory_bound = memory_aware_throughput_bound(costs, setting.allowed, self.budget, None if (
-                setting.virtual_stages != 1) else self._stage_bounds(costs, setting.allowed))
+            setting.memory_bound = min(setting.throughput_bound, memory_aware_throughput_bound(  # both bound it
+                costs, setting.allowed, self.budget, None if (
+                    setting.virtual_stages != 1) else self._stage_bounds(costs, setting.allowed)))
         return setting.memory_bound
 
     def _stage_bounds(self, costs: StageCosts, allowed: np.ndarray) -> list[np.ndarray]:

@@ -50,7 +50,7 @@ import numpy as np
 from numba import njit
 
 from gbmw.cost.stage_cost import StageCosts
-from gbmw.search.bounds.setting_bounds import BOUND_SLACK, least_state_bytes
+from gbmw.search.bounds.setting_bounds import BOUND_SLACK, least_optimizer_parameters, least_state_bytes
 from gbmw.search.bounds.stage_boundary_floor import boundary_floors_s, with_boundary_floors
 
 LAMBDA_POINTS = 24
@@ -228,10 +228,45 @@ def memory_aware_throughput_bound(costs: StageCosts, allowed: np.ndarray, budget
     if not np.isfinite(slowest):  # no partition fits (checked before (m − 1) · inf, NaN for m = 1)
         return 0.0
     sync = np.where(allowed, tables.time_s - tables.time_no_grad_sync_s, np.inf).min(axis=0)
-    lower = (count - 1) * slowest + stages + max(sync.sum() / pp, sync.max())
+    lower = max((count - 1) * slowest + stages + max(sync.sum() / pp, sync.max()),
+                stage_average_lower_s(costs, allowed, budget_bytes))
     if not np.isfinite(lower):
         return 0.0
     return tables.micro_batch * count / lower * (1 + BOUND_SLACK) if lower > 0 else np.inf
+
+
+def stage_average_lower_s(costs: StageCosts, allowed: np.ndarray, budget_bytes: float) -> float:
+    """A second lower bound of Eq. (9) that trades each layer's compute, synchronisation and optimizer step against
+    its memory jointly (the bound above takes the synchronisation's least apart from the memory the choice needs: a
+    data-parallel layer's short compute beside a tensor-parallel layer's short all-reduce). Each maximum of Eq. (9)
+    is at least the stages' average,
+
+        T ≥ Σ_j [w · N_j + (S_j + U_j) / P],   w = 1 + (m − 1) / P,
+
+    with S_j and U_j the sums over its layers of the synchronisation extra and the optimizer step (a tied weight
+    counted once: `least_optimizer_parameters`), so each stage's term is bounded under its memory like LB_j
+    (`stage_time_lower_bounds` on the per-layer cost w · c_no_sync + (c_sync + c_step) / P, its boundary floors
+    counted w times) and the partition DP takes the least sum. For P = 1 it is Eq. (9) itself: m · N + S + U."""
+    tables, pp, count = costs.tables, costs.pp, costs.num_micro_batches
+    if pp > 1 and costs.schedule != "gpipe":
+        return 0.0
+    weight = 1 + (count - 1) / pp
+    per_layer = np.where(allowed, weight * tables.time_no_grad_sync_s + (
+        tables.time_s - tables.time_no_grad_sync_s
+        + least_optimizer_parameters(costs) * tables.optimizer_step_s_per_parameter) / pp, np.inf)
+    states, forward = least_state_bytes(costs), tables.forward_memory_bytes
+    receive_floor, send_floor = boundary_floors_s(costs, allowed)
+    by_in_flight: dict[float, np.ndarray] = {}
+    tables_by_stage = []
+    for stage_index, in_flight in enumerate(costs.in_flight):
+        k = _rounded_down(in_flight)
+        if k not in by_in_flight:
+            memory = states + k * forward
+            by_in_flight[k] = stage_time_lower_bounds(per_layer, memory, budget_bytes,
+                                                      lambda_grid(*trade_rates(per_layer, memory)))
+        tables_by_stage.append(with_boundary_floors(by_in_flight[k], stage_index, pp, weight * receive_floor,
+                                                    weight * send_floor))
+    return float(partition_tables(tables_by_stage)[1][-1, -1])
 
 
 def fill_s(micro_batches: float, slowest_s: np.ndarray) -> np.ndarray:

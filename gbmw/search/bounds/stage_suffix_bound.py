@@ -20,6 +20,7 @@ gbmw.search.bounds.stage_knapsack_bound).
 from __future__ import annotations
 
 import numpy as np
+from numba import njit
 
 from gbmw.cost.stage_cost import StageCosts
 from gbmw.search.bounds.setting_bounds import least_state_bytes
@@ -32,9 +33,11 @@ class SuffixTimeBound:
     """Lower bounds of the no-sync time of layers [l, L) of a stage keeping `in_flight` micro-batches, among the
     strategies `allowed` per layer, given the bytes left for their stash (see the module)."""
 
-    def __init__(self, costs: StageCosts, allowed: np.ndarray, in_flight: float):
+    def __init__(self, costs: StageCosts, allowed: np.ndarray, in_flight: float, time_s: np.ndarray | None = None):
+        """`time_s` [strategy, layer]: the per-layer time to bound in place of the no-sync time (e.g. the last stage's
+        joint m · c_no_sync + c_sync + c_step: any non-negative per-layer cost; the duality argument is the same)."""
         tables = costs.tables
-        no_sync = np.where(allowed, tables.time_no_grad_sync_s, np.inf)
+        no_sync = np.where(allowed, tables.time_no_grad_sync_s if time_s is None else time_s, np.inf)
         memory = least_state_bytes(costs) + in_flight * tables.forward_memory_bytes
         self.lambdas = lambda_grid(*trade_rates(no_sync, memory))
         self.layers = no_sync.shape[1]
@@ -48,9 +51,26 @@ class SuffixTimeBound:
     def lower_s(self, start: int, free_bytes: np.ndarray) -> np.ndarray:
         """Per partial plan: a lower bound of the no-sync time of layers [start, L) when their stash must fit in
         `free_bytes` (E − s) — inf-free: where nothing fits the bound is merely large, and λ · (E − s) < 0 grows
-        with λ."""
-        free = np.asarray(free_bytes, dtype=float)[:, None]
-        penalty = self.lambdas[None, :] * free
-        values = self.suffix_s[None, :, start] - penalty
-        error = (4 * self.layers + 16) * _EPSILON * (self.suffix_abs[None, :, start] + np.abs(penalty))
-        return (values - error).max(axis=1)
+        with λ. Compiled (`_best_row`): per plan and λ the numpy expression
+
+            (suffix_s[λ, start] − λ · free) − (4 L + 16) ε · (suffix_abs[λ, start] + |λ · free|),  max over λ."""
+        free = np.ascontiguousarray(free_bytes, dtype=float).reshape(-1)
+        return _best_row(self.suffix_s[:, start].copy(), self.suffix_abs[:, start].copy(), self.lambdas, free,
+                         (4 * self.layers + 16) * _EPSILON)
+
+
+@njit(cache=True)
+def _best_row(suffix_s, suffix_abs, lambdas, free, coefficient):
+    """`SuffixTimeBound.lower_s`'s max over λ, plan by plan (a NaN anywhere gives NaN, as numpy's max)."""
+    result = np.empty(free.shape[0])
+    for i in range(free.shape[0]):
+        best = -np.inf
+        for j in range(lambdas.shape[0]):
+            penalty = lambdas[j] * free[i]
+            value = (suffix_s[j] - penalty) - coefficient * (suffix_abs[j] + abs(penalty))
+            if value > best or np.isnan(value):
+                best = value
+                if np.isnan(best):
+                    break
+        result[i] = best
+    return result

@@ -59,6 +59,7 @@ import numpy as np
 
 from gbmw.cost.framework_memory import ADAM_CHUNK_ELEMENTS
 from gbmw.cost.stage_cost import StageCosts
+from gbmw.search.bounds.setting_bounds import least_optimizer_parameters
 from gbmw.search.bounds.stage_boundary_floor import boundary_floors_s
 from gbmw.search.bounds.stage_knapsack_bound import fill_s, partition_tables, stage_bound_tables
 from gbmw.search.bounds.stage_segment_bound import StageCompletionBound
@@ -204,10 +205,18 @@ class WholePlanSearch:
         """Whether T may beat the incumbent: T ≥ m · N_last + the other stages' least time (as `extend_candidates`),
         N_last at least N so far + what layers [end, L) add within the memory left (gbmw.search.bounds.stage_suffix_bound)."""
         if self._suffix is None:
-            self._suffix = SuffixTimeBound(self.costs, self.allowed, self.costs.in_flight[-1])
-        rest_s = np.maximum(self._suffix.lower_s(end, self.budget - stash), self.least_suffix_s[end])
-        return (self.m * (no_sync + rest_s) + sync + self.step_s * (params + self.least_params_suffix[end])
-                + self.least_prefix_s[first] + self.least_sync_suffix_s[end]) <= self.limit_s * (1 + INCUMBENT_SLACK)
+            in_flight, tables = self.costs.in_flight[-1], self.tables
+            self._suffix = SuffixTimeBound(self.costs, self.allowed, in_flight)
+            joint = (self.m * tables.time_no_grad_sync_s + (tables.time_s - tables.time_no_grad_sync_s)
+                     + self.step_s * least_optimizer_parameters(self.costs))
+            self._joint_suffix = SuffixTimeBound(self.costs, self.allowed, in_flight, joint)
+        free = self.budget - stash
+        rest_s = np.maximum(self._suffix.lower_s(end, free), self.least_suffix_s[end])
+        so_far = self.m * no_sync + sync + self.step_s * params + self.least_prefix_s[first]
+        # the rest's m · N + S + U bounded apart (N under the memory left, S and U at their least) and jointly
+        rest_apart = self.m * rest_s + self.step_s * self.least_params_suffix[end] + self.least_sync_suffix_s[end]
+        rest_jointly = self._joint_suffix.lower_s(end, free)
+        return so_far + np.maximum(rest_apart, rest_jointly) <= self.limit_s * (1 + INCUMBENT_SLACK)
 
     def _extend(self, node: PartialPlans, options, transition: np.ndarray, rest_s: float,
                 rest: tuple = (0.0, 0.0, 0.0, 0.0, 0), lower_bound=None) -> PartialPlans:
