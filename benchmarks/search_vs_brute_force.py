@@ -8,7 +8,7 @@
 Each case, from its seed (tests/whole_plan_oracle.py): a random tiny job — 2, 4 or 8 devices, 4–8 layers,
 tied and untied embeddings, encoder–decoder side inputs, uneven layers, heads TP cannot always divide, MiB to GiB
 budgets, a fixed batch or a batch sweep — under a per-layer variant (gbmw, the default, half the time; bmw;
-1f1b+bi-obj), and a budget from tight to loose, about half of them a plan's exact peak or one byte under it. The
+1f1b+bi-obj; base, on GPipe), and a budget from tight to loose, about half of them a plan's exact peak or one byte under it. The
 brute force enumerates every PP degree, micro-batch size and count, partition and per-layer strategy and prices
 each plan with gbmw's own estimate; then the default `Planner()` (exact) and `Planner(exact=False)`
 (`--approximate`) plan the same job.

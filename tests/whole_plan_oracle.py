@@ -636,8 +636,8 @@ def describe_plan(plan: Plan) -> str:
 # ---------------------------------------------------------------------------------------------------- cases
 
 
-ORACLE_VARIANTS = ("gbmw", "gbmw+ulysses", "bmw", "1f1b+bi-obj")
-"""Variants a random case is drawn from: the default twice as often."""
+ORACLE_VARIANTS = ("gbmw", "gbmw+ulysses", "bmw", "1f1b+bi-obj", "base")
+"""Variants a random case is drawn from (base: Galvatron-Base on GPipe, every micro-batch in flight)."""
 
 
 @dataclass

@@ -246,7 +246,12 @@ def stage_average_lower_s(costs: StageCosts, allowed: np.ndarray, budget_bytes: 
     with S_j and U_j the sums over its layers of the synchronisation extra and the optimizer step (a tied weight
     counted once: `least_optimizer_parameters`), so each stage's term is bounded under its memory like LB_j
     (`stage_time_lower_bounds` on the per-layer cost w · c_no_sync + (c_sync + c_step) / P, its boundary floors
-    counted w times) and the partition DP takes the least sum. For P = 1 it is Eq. (9) itself: m · N + S + U."""
+    counted w times) and the partition DP takes the least sum. For P = 1 it is Eq. (9) itself: m · N + S + U.
+
+    Computed for P = 1 and for GPipe (0 otherwise: valid, only looser). Its tables depend on m, so a 1F1B sweep
+    cannot share them across micro-batch counts as it shares LB_j's; with them, GPT-3 65B's sweep on 64 H100s
+    searched the same 7 settings in 1.49 s instead of 1.28 s (`search_speed.py --sections 2`, 2026-12-07), and the
+    paper grid was no faster. GPipe's (m in-flight) tables are per m anyway: its grid's base searches 22.7 → 6.7 s."""
     tables, pp, count = costs.tables, costs.pp, costs.num_micro_batches
     if pp > 1 and costs.schedule != "gpipe":
         return 0.0
