@@ -47,7 +47,7 @@ faster plan (T ≥ (m − 1) · N_i + Σ_j N_j + S_i + U_i), and likewise for pa
 stage must fit the budget with its own stash, so gbmw.search.bounds.stage_knapsack_bound bounds the other stages' max and Σ of N
 (`partition_tables`, with the least boundary sends of gbmw.search.bounds.stage_boundary_floor) for stage options, partial
 partitions and partial stages; gbmw.search.bounds.stage_suffix_bound what the last stage's remaining layers add within the memory
-its partial plan has left, and gbmw.search.bounds.stage_segment_bound the same for a first or middle stage over its possible ends.
+its partial plan has left (to N, and jointly to m · N + S + U), and gbmw.search.bounds.stage_segment_bound the same for a first or middle stage over its possible ends.
 """
 
 from __future__ import annotations
@@ -202,8 +202,11 @@ class WholePlanSearch:
                                          self.limit_s * (1 + INCUMBENT_SLACK))
 
     def _last_stage_may_beat(self, end: int, first: int, no_sync, sync, params, stash) -> np.ndarray:
-        """Whether T may beat the incumbent: T ≥ m · N_last + the other stages' least time (as `extend_candidates`),
-        N_last at least N so far + what layers [end, L) add within the memory left (gbmw.search.bounds.stage_suffix_bound)."""
+        """Whether T may beat the incumbent: T ≥ m · N_last + S_last + U_last + the other stages' least no-sync time (as
+        `extend_candidates`), what layers [end, L) add to m · N + S + U bounded within the memory left
+        (gbmw.search.bounds.stage_suffix_bound) two ways: N under the memory with S and U at their least, and the three
+        jointly (the better of the two; the joint one prices a layer's short compute and its long synchronisation
+        together: t5-large-48 at 20 GiB, P = 1, micro-batch 384, 0.41 → 0.12 s for the setting)."""
         if self._suffix is None:
             in_flight, tables = self.costs.in_flight[-1], self.tables
             self._suffix = SuffixTimeBound(self.costs, self.allowed, in_flight)
