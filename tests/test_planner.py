@@ -122,6 +122,33 @@ def test_memory_balanced_1f1b_partitions_give_later_stages_more_layers():
     assert plan.estimate.fits
 
 
+@pytest.mark.parametrize("budget", ["8GiB", "16GiB"])
+def test_memory_partition_method_searches_the_memory_balanced_partition_alone(budget):
+    """`memory` (the paper's 1F1B+Mem ablation row, benchmarks/paper_bi_objective.py) searches p_m and nothing else:
+    the plan's partition is the one of its setting that minimises the largest stage's Σ (lightest states + k_i ·
+    lightest stash), found here by trying every partition into P stages."""
+    from dataclasses import replace
+
+    job = load_job("t5-512-4-48_a100-2x8", memory_budget=budget).model_copy(update={"global_batch": 64})
+    planner = Planner(job, "1f1b+bi-obj", exact=False, explain_failure=False)
+    planner.spec = replace(planner.spec, partitioning=("memory",), pp_choices=lambda _devices, _cluster: [2])
+    plan = planner.run()
+    setting = next(s for s in planner._settings() if (s.pp, s.micro_batch, s.num_micro_batches)
+                   == (plan.pp, plan.micro_batch, plan.num_micro_batches))
+    masked = np.where(setting.allowed, 1.0, np.inf)
+    states = (setting.tables.model_state_bytes * masked).min(axis=0)
+    stash = (setting.tables.forward_memory_bytes * masked).min(axis=0)
+    in_flight = [min(plan.pp - i, plan.num_micro_batches) for i in range(plan.pp)]
+    layers = job.model.num_layers
+
+    def largest_stage(first: int) -> float:
+        return max(states[:first].sum() + in_flight[0] * stash[:first].sum(),
+                   states[first:].sum() + in_flight[1] * stash[first:].sum())
+
+    best = min(range(1, layers), key=largest_stage)
+    assert largest_stage(plan.partition[0]) == pytest.approx(largest_stage(best), rel=1e-12)  # ties: any of them
+
+
 def test_fixed_batch_and_targets_respect_their_constraints():
     job = load_job("gpt3-15b_a100-80g-x32")
     for target in ("deepspeed", "megatron-deepspeed", "megatron-core"):

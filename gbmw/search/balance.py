@@ -72,6 +72,15 @@ def memory_balanced_partition(
     return _split(layer_state_bytes, layer_activation_bytes, [float(k) for k in in_flight])
 
 
+def lightest_memory_balanced_partition(tables, allowed: np.ndarray, in_flight: list[float]) -> tuple[int, ...]:
+    """p_m of a setting's strategy tables (gbmw.cost.stage_cost.StrategyTables), each layer at its lightest model
+    states and stashed activations among the strategies `allowed` (the stage DP picks the strategies afterwards)."""
+    masked = np.where(allowed, 1.0, np.inf)
+    states = (tables.model_state_bytes * masked).min(axis=0)
+    activations = (tables.forward_memory_bytes * masked).min(axis=0)
+    return tuple(memory_balanced_partition(states, activations, in_flight))
+
+
 def balance_degrees(stage_time_s: list[float], stage_memory_bytes: list[float]) -> tuple[float, float]:
     """(alpha_t, alpha_m) of Eq. (6)."""
     return (1 - max(stage_time_s) / sum(stage_time_s), 1 - max(stage_memory_bytes) / sum(stage_memory_bytes))

@@ -47,7 +47,8 @@ from gbmw.cost.pipeline_schedules import pipeline_time_s
 from gbmw.cost.stage_cost import StageCosts, StrategyTables, stage_estimate
 from gbmw.errors import GbmwError
 from gbmw.plan import Plan
-from gbmw.search.balance import StageOutcome, bi_objective_adjustment, memory_balanced_partition, time_balanced_partition
+from gbmw.search.balance import (StageOutcome, bi_objective_adjustment, lightest_memory_balanced_partition,
+                                 time_balanced_partition)
 from gbmw.search.bounds.setting_bounds import cannot_fit, least_total_no_sync_s, throughput_upper_bound
 from gbmw.search.bounds.stage_knapsack_bound import memory_aware_throughput_bound, shared_stage_bound_tables
 from gbmw.search.exact.whole_plan_search import WholePlanSearch
@@ -255,7 +256,6 @@ class Planner:
             return searched[partition]
 
         layers = model.num_layers
-        masked = np.where(allowed, 1.0, np.inf)
         if pp == 1:
             search((layers,))
             return candidates
@@ -265,11 +265,12 @@ class Planner:
                 continue
             if method == "time":
                 search(time_balanced)
-            elif method == "bi-objective":
+            elif method in ("memory", "bi-objective"):  # p_m alone (the paper's 1F1B+Mem ablation), or Algorithm 2
+                memory_balanced = lightest_memory_balanced_partition(tables, allowed, costs.in_flight)
+                if method == "memory":
+                    search(memory_balanced)
+                    continue
                 time_outcome = search(time_balanced)
-                states = (tables.model_state_bytes * masked).min(axis=0)
-                activations = (tables.forward_memory_bytes * masked).min(axis=0)
-                memory_balanced = tuple(memory_balanced_partition(states, activations, costs.in_flight))
                 limit = max(time_outcome.stage_memory_bytes) if time_outcome.fits else None
                 bi_objective_adjustment(search, memory_balanced, limit, self.budget)
             else:  # a stock framework's closed-form partitions

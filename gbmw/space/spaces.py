@@ -48,7 +48,9 @@ class SearchSpace:
     schedule: str = "1f1b"
     partitioning: tuple[str, ...] = ("time",)
     """Partition methods tried, in order: `time` (time-balanced), `bi-objective` (Alg. 2, from memory-balanced),
-    or a closed-form rule of gbmw.space.stock_partitions (`uniform`, `parameters`, `even`, `first-last`)."""
+    `memory` (memory-balanced alone: the paper's 1F1B+Mem ablation row), or a closed-form rule of
+    gbmw.space.stock_partitions (`uniform`, `parameters`, `even`, `first-last`). The exact search searches every
+    partition where the methods are `time` and `bi-objective` only (Planner.searches_whole_plans)."""
     uniform: bool = False
     """One strategy for every layer (recomputation on all blocks or none)."""
     recompute_always: bool = False
