@@ -90,10 +90,19 @@ class Costed:
     measured_from: str
     predicted_s: float
     assumptions: tuple[str, ...]
+    peak_memory_gib: float
+    """gbmw's peak memory of the busiest pipeline stage."""
+    usable_gib: float
+    """What gbmw gives the plan on the run's device (the cluster's usable memory): a run that trained should fit it."""
 
     @property
     def error(self) -> float:
         return self.predicted_s / self.measured_s - 1
+
+
+def memory_gib(estimate, job: JobSpec) -> tuple[float, float]:
+    """(the busiest stage's peak, the usable memory) in GiB."""
+    return max(estimate.stage_peak_memory_bytes) / 2**30, job.memory_budget_bytes / 2**30
 
 
 def _framework(run: dict) -> str | None:
@@ -294,11 +303,11 @@ def cost(run: dict) -> Costed:
         plan = config.to_plan(job)
     plan, virtual = _interleaved(plan, parallelism, job)
     REGIMES[run["name"]] = plan_regime(plan, job)
-    predicted = estimate_plan(job, plan, fused_elementwise=FUSED_ELEMENTWISE).iteration_time_s
+    estimate = estimate_plan(job, plan, fused_elementwise=FUSED_ELEMENTWISE)
     measured, measured_from = measured_iteration_s(run)
     described = config.describe() + (f",v={virtual}" if virtual > 1 else "") + f",gpus={run['cluster']['gpus']}"
     return Costed(run["name"], run["source"]["title"].split(",")[0][:40], described, measured, measured_from,
-                  predicted, tuple(assumptions))
+                  estimate.iteration_time_s, tuple(assumptions), *memory_gib(estimate, job))
 
 
 # ---- mixture-of-experts runs (issue 26): benchmarks/published_moe_runs.yaml ---------------------------------------
@@ -314,11 +323,7 @@ only its runtime shards every parameter FSDP-style with expert parallelism (`zer
 that run EP (megatron-core, megatron-deepspeed) pipeline with ZeRO 1 at most — so it is the nearest."""
 
 
-@dataclass(frozen=True)
-class MoECosted(Costed):
-    peak_memory_gib: float
-    """gbmw's peak memory of the busiest pipeline stage (the device holds 80 GB; not compared with anything)."""
-
+MoECosted = Costed  # the MoE and long-context tables print the same rows
 
 def _moe_target(run: dict) -> str | None:
     framework = str(run["parallelism"].get("framework") or "").lower()
@@ -501,7 +506,7 @@ def cost_moe(run: dict) -> MoECosted:
     measured, measured_from = moe_measured_iteration_s(run)
     described = config.describe() + (f",v={virtual}" if virtual > 1 else "") + f",gpus={run['cluster']['gpus']}"
     return MoECosted(run["name"], run["source"]["title"].split(",")[0][:40], described, measured, measured_from,
-                     estimate.iteration_time_s, tuple(assumptions), max(estimate.stage_peak_memory_bytes) / 2**30)
+                     estimate.iteration_time_s, tuple(assumptions), *memory_gib(estimate, job))
 
 
 # ---- long-context runs (issues 27/28): benchmarks/published_long_context_runs.yaml ----------------------------------
@@ -577,7 +582,7 @@ def cost_long_context(run: dict) -> MoECosted:
     measured, measured_from = moe_measured_iteration_s(run)
     described = config.describe() + (f",v={virtual}" if virtual > 1 else "") + f",gpus={run['cluster']['gpus']}"
     return MoECosted(run["name"], run["source"]["title"].split(",")[0][:40], described, measured, measured_from,
-                     estimate.iteration_time_s, tuple(assumptions), max(estimate.stage_peak_memory_bytes) / 2**30)
+                     estimate.iteration_time_s, tuple(assumptions), *memory_gib(estimate, job))
 
 
 def print_long_context_table(console: Console) -> list[MoECosted]:
@@ -692,11 +697,12 @@ def main() -> int:
         else:
             costed.append(cost(run))
     table = Table(title="published runs: gbmw's predicted iteration time vs the published one")
-    for column in ("run", "config", "published s", "from", "predicted s", "error", "assumed"):
-        table.add_column(column, justify="right" if column in ("published s", "predicted s", "error") else "left")
+    for column in ("run", "config", "published s", "from", "predicted s", "error", "peak GiB", "assumed"):
+        table.add_column(column, justify="right" if column in ("published s", "predicted s", "error", "peak GiB")
+                         else "left")
     for row in costed:
         table.add_row(row.name, row.config, f"{row.measured_s:.3f}", row.measured_from, f"{row.predicted_s:.3f}",
-                      f"{row.error:+.1%}", "; ".join(row.assumptions))
+                      f"{row.error:+.1%}", f"{row.peak_memory_gib:.1f}", "; ".join(row.assumptions))
     console.print(table)
     errors = [abs(row.error) for row in costed]
     sources = {row.source for row in costed}
@@ -714,6 +720,10 @@ def main() -> int:
     console.print(f"FP8 runs (issue 28, target |error| ≤ 10 %): {_summary(fp8, 'FP8 ')[0]}" if fp8 else
                   "no FP8 run costed")
     print_regime_table(console, costed + moe_costed + long_context_costed)
+    over = [row for row in costed + moe_costed + long_context_costed if row.peak_memory_gib > row.usable_gib]
+    console.print(f"memory (issue 28: configurations that trained are estimated to fit): {len(over)} of "
+                  f"{len(costed + moe_costed + long_context_costed)} costed runs over the memory gbmw gives them" +
+                  "".join(f"\n  {row.name}: {row.peak_memory_gib:.1f} GiB of {row.usable_gib:.1f}" for row in over))
     if args.regimes:
         from gbmw.specs.files import write_new_file
 
