@@ -48,6 +48,7 @@ from .experts import ExpertParallel, gather_experts, is_expert_parameter
 from .gradient_norm import sum_of_squares_float64
 from .groups import GroupPool
 from .local_adam import LocalShardAdam
+from .matmul_precision import matmul_precision
 from .model import TransformerBlock, build_layer, check_runtime_supports, initial_value, layer_names
 from .pipeline import PipelineLinks, backward_from_released, release_sent_output, run_schedule
 from .redistribute import BatchLayout, relayout
@@ -57,8 +58,8 @@ from .tensor_parallel import TensorParallel, gather_full, partition_dims, shard_
 from .tied_weights import TiedWeights, share_tied_weight
 from .ulysses import UlyssesParallel
 
-PRECISION_DTYPES = {"fp32": None, "bf16": torch.bfloat16}
-"""Parameters and optimizer states stay fp32; bf16 runs the layers under autocast."""
+PRECISION_DTYPES = {"fp32": None, "tf32": None, "bf16": torch.bfloat16}
+"""Parameters and optimizer states stay fp32; bf16 runs the layers under autocast, tf32 its matmuls on TF32 cores."""
 
 
 @dataclass(frozen=True)
@@ -110,7 +111,7 @@ class HybridEngine:
             )
         if plan.precision not in PRECISION_DTYPES:
             raise PlanError(f"plan precision {plan.precision!r}: the runtime trains in {list(PRECISION_DTYPES)} "
-                            "(fp16 would need loss scaling); plan the job with precision bf16 or fp32")
+                            "(fp16 would need loss scaling); plan the job with precision bf16, tf32 or fp32")
         self.plan, self.architecture, self.pool, self.seed = plan, architecture, pool, seed
         self.device = torch.device(device)
         self.layout = pool.layout
@@ -207,6 +208,10 @@ class HybridEngine:
     def run_train_step(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """`train_step` without waiting for the loss: returns it as a tensor on the device (no host
         synchronisation, so the step also runs under fake tensors)."""
+        with matmul_precision(self.plan.precision):
+            return self._train_step(batch)
+
+    def _train_step(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         plan = self.plan
         if len(batch["inputs"]) != plan.global_batch:
             raise PlanError(f"batch of {len(batch['inputs'])} samples, but the plan's global batch is "

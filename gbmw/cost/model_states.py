@@ -33,6 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from gbmw.space.strategy import Strategy
+from gbmw.specs.model_spec import STORAGE_PRECISION
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,7 @@ BF16_GRADIENT_BYTES = 2
 def state_bytes(framework: str, precision: str, optimizer: str, gradient_reduce_dtype: str = "fp32") -> StateBytes:
     """The bytes per parameter `framework` keeps training in `precision` with `optimizer` (see the module table),
     its gradients in bf16 where `gradient_reduce_dtype` says so."""
+    precision = STORAGE_PRECISION.get(precision, precision)
     states = _SGD[precision] if optimizer == "sgd" else _ADAM[framework, precision]
     return replace(states, gradients=BF16_GRADIENT_BYTES) if gradient_reduce_dtype == "bf16" else states
 

@@ -9,7 +9,7 @@ not a capacity factor; +sp as megatron-core runs it, gbmw.adapters.runtime.exper
 TP degree of their own, +etpN, gbmw.space.expert_tensor_parallel), not with multi-head latent
 attention, attention sinks or a router bias, nor BLOOM's, OPT's, Falcon's or Gemma's layouts (`dense_layout_refusal`)
 — and
-BERT encoders. It trains in fp32 or bf16 (fp16 would need loss
+BERT encoders. It trains in fp32, tf32 or bf16 (fp16 would need loss
 scaling). T5's
 encoder-decoder, ViT's and Swin's image models are planned and emitted for DeepSpeed and Megatron, but the
 runtime has no modules for them yet.
@@ -25,7 +25,7 @@ from __future__ import annotations
 from typing import Any
 
 RUNTIME_FAMILIES = ("gpt", "bert")
-RUNTIME_PRECISIONS = ("fp32", "bf16")
+RUNTIME_PRECISIONS = ("fp32", "tf32", "bf16")
 
 
 def runtime_refusal(architecture: Any, precision: str | None = None) -> str | None:
@@ -81,7 +81,7 @@ def runtime_refusal(architecture: Any, precision: str | None = None) -> str | No
                 "Transformer Engine's FP8 linears; plan it for --target megatron-core, or with precision bf16")
     if precision is not None and precision not in RUNTIME_PRECISIONS:
         return (f"{where}: precision {precision}: gbmw's runtime trains in {' or '.join(RUNTIME_PRECISIONS)} "
-                "(fp16 would need loss scaling); plan the job with precision bf16 or fp32")
+                "(fp16 would need loss scaling); plan the job with precision bf16, tf32 or fp32")
     if getattr(architecture, "rope_scaling", None) is not None:
         return (f"{where}: `rope_scaling: {architecture.rope_scaling}`: gbmw's runtime trains plain rotary embeddings, "
                 "so it would train another model; drop rope_scaling to train with plain rotary (the plan's costs are "

@@ -124,7 +124,8 @@ class Target:
     bf16 (`--grad-reduce-in-bf16`)."""
     precisions: tuple[str, ...] = ("fp32", "fp16", "bf16")
     """The training precisions it runs: `fp8` only where its layers are Transformer Engine's (megatron-core); DeepSpeed,
-    Megatron-DeepSpeed and gbmw's runtime do not run TE's FP8 linears."""
+    Megatron-DeepSpeed and gbmw's runtime do not run TE's FP8 linears. `tf32` only where gbmw runs the training loop
+    (the runtime): a stock framework's configuration has no switch for torch's TF32 matmuls, the user's script does."""
     context_parallel_dropout: bool = True
     """Its ring attention (cp) runs attention dropout (gbmw's runtime's does not: its context_parallel.py)."""
     fused_attention: bool = False
@@ -322,9 +323,10 @@ class Target:
                     f"{', '.join(self.gradient_reduce_dtypes)}; plan it for --target {' or '.join(runs_it)}, or drop "
                     "the job's gradient_reduce_dtype")
         runs_it = [name for name, target in TARGETS.items() if precision in target.precisions]
-        return (f"precision {precision}: --target {self.name} plans {', '.join(self.precisions)} ({self.label} does "
-                f"not run Transformer Engine's FP8 linears); plan it for --target {' or '.join(runs_it) or '…'}, or set "
-                "the job's precision to bf16")
+        why, instead = ((f"{self.label}'s configuration cannot turn on torch's TF32 matmuls", "fp32") if precision == "tf32"
+                        else (f"{self.label} does not run Transformer Engine's FP8 linears", "bf16"))
+        return (f"precision {precision}: --target {self.name} plans {', '.join(self.precisions)} ({why}); plan it for "
+                f"--target {' or '.join(runs_it) or '…'}, or set the job's precision to {instead}")
 
     def check_precision(self, precision: str, gradient_reduce_dtype: str = "fp32") -> None:
         """Raise GbmwError with `precision_refusal`'s line where this target cannot train in `precision` (with
@@ -360,7 +362,8 @@ TARGETS: dict[str, Target] = {
                       selective_recompute="any", search_offers_selective=False, context_parallel_dropout=False,
                       expert_parallel=True, expert_tensor_parallel=True,
                       expert_parallel_sequence_axes=("ulysses", "cp"),
-                      sequence_axes=("ulysses", "cp"), sequence_split_with_sequence_parallel=False),
+                      sequence_axes=("ulysses", "cp"), sequence_split_with_sequence_parallel=False,
+                      precisions=("fp32", "tf32", "fp16", "bf16")),
     "deepspeed": Target(
         "deepspeed", "DeepSpeed (ZeRO + pipeline engine)", "deepspeed", ("dp", "z1dp", "z2dp", "sdp"),
         pipeline_max_zero_stage=1,

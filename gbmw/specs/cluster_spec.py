@@ -132,8 +132,9 @@ class ClusterSpec(Frozen):
         return int(self.device.memory) - int(self.reserved_memory)
 
     def sustained_flops(self, precision: str) -> float:
-        """Sustained FLOP/s of one device's matmuls for a training precision (fp32 means true fp32, not TF32); under
-        fp8, of the matmuls outside the FP8 linear layers (bf16: the LM head, the router): `linear_flops` gives theirs."""
+        """Sustained FLOP/s of one device's matmuls for a training precision (fp32 means true fp32; tf32, fp32 training
+        with TF32 matmuls); under fp8, of the matmuls outside the FP8 linear layers (bf16: the LM head, the router):
+        `linear_flops` gives theirs."""
         tflops = self._tflops(self.device.sustained_tflops, HIGHER_PRECISION.get(precision, precision))
         return tflops * 1e12
 
@@ -168,6 +169,11 @@ class ClusterSpec(Frozen):
                 f"and sustained_tflops.fp8 are not given: no FP8 tensor cores, e.g. A100); train in one of {supported}, "
                 "or give the device's FP8 GEMM rates"
             )
+        if value is None and precision == "tf32":
+            raise SpecError(
+                f"cluster {self.name}: precision tf32: device {self.device.name} has no TF32 rate (device.peak_tflops"
+                ".tf32 and sustained_tflops.tf32 are not given: TF32 tensor cores came with Ampere, e.g. not on a TITAN "
+                "RTX); train in fp32, or give the device's TF32 matmul rates")
         if value is None:
             supported = [p for p in PRECISIONS if getattr(table, p, None) is not None]
             raise SpecError(

@@ -22,10 +22,16 @@ from gbmw.specs.layer_timings import LayerTimings
 from gbmw.specs.schema import (MAX_COUNT, MAX_LAYERS, MAX_QUANTITY, MAX_SEQUENCE, MAX_WIDTH, Frozen,
                                Items)
 
-Precision = Literal["fp32", "fp16", "bf16", "fp8"]
-PRECISIONS: tuple[str, ...] = ("fp32", "fp16", "bf16", "fp8")
+Precision = Literal["fp32", "tf32", "fp16", "bf16", "fp8"]
+PRECISIONS: tuple[str, ...] = ("fp32", "tf32", "fp16", "bf16", "fp8")
 """`fp8` is Transformer Engine's FP8 training as megatron-core runs it: the linear layers' GEMMs in FP8, everything
-else — attention core, norms, softmax, embeddings, the LM head, the optimizer — in bf16 (`HIGHER_PRECISION`)."""
+else — attention core, norms, softmax, embeddings, the LM head, the optimizer — in bf16 (`HIGHER_PRECISION`).
+`tf32` is fp32 training whose matmuls run on TF32 tensor cores (Ampere and later; torch's
+`torch.backends.cuda.matmul.allow_tf32`, on by default in torch 1.7–1.11): every tensor is stored and every other
+kernel runs as under fp32 (`STORAGE_PRECISION`), the matmuls at the device's TF32 rate."""
+
+STORAGE_PRECISION: dict[str, str] = {"tf32": "fp32"}
+"""The precision a training precision stores its weights, gradients and activations in, where it differs."""
 
 Fp8Recipe = Literal["delayed", "current"]
 FP8_RECIPES: tuple[str, ...] = ("delayed", "current")
@@ -58,7 +64,7 @@ HIGHER_PRECISION: dict[str, str] = {"fp8": "bf16"}
 
 #: Bytes of one activation element under each training precision (16-bit activations in mixed precision; bf16 ones
 #: under FP8, whose linear layers alone stash their inputs in 1 byte: gbmw.specs.transformer_layers).
-ACTIVATION_DTYPE_BYTES: dict[str, int] = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 2}
+ACTIVATION_DTYPE_BYTES: dict[str, int] = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 2}
 
 NON_BLOCK_KINDS = ("embedding", "head")
 """Layer kinds that are not Transformer blocks: stock frameworks recompute blocks only, and Megatron's
