@@ -381,8 +381,8 @@ def test_fp8_refused_in_one_line_where_no_transformer_engine_runs(fp8_job):
     with pytest.raises(GbmwError) as error:
         plan_to_ds_config(dataclasses.replace(plan, target="deepspeed"), fp8_job, "deepspeed")
     assert str(error.value) == line.format("deepspeed", "DeepSpeed (ZeRO + pipeline engine)")
-    for target in ("deepspeed", "runtime"):
-        with pytest.raises(GbmwError, match=f"precision fp8: --target {target} plans fp32, fp16, bf16"):
+    for target, plans in (("deepspeed", "fp32, fp16, bf16"), ("runtime", "fp32, tf32, fp16, bf16")):
+        with pytest.raises(GbmwError, match=f"precision fp8: --target {target} plans {plans}"):
             gbmw.uniform_plan(fp8_job, f"tp=1,pp=2,zero=1,micro=1,target={target}")
 
 

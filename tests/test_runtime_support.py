@@ -24,7 +24,7 @@ def test_every_bundled_job_is_runnable_or_refused_with_its_reason(job_name):
     elif family not in ("gpt", "bert"):
         assert f"`family: {family}` is planned but not trained by gbmw's runtime" in refusal
     else:
-        assert f"precision {job.precision}: gbmw's runtime trains in fp32 or bf16" in refusal
+        assert f"precision {job.precision}: gbmw's runtime trains in fp32, tf32 or bf16" in refusal
     assert runtime_warning(job, "deepspeed") is None  # said only when planning for the runtime
 
 

@@ -93,7 +93,7 @@ def test_job_errors(tmp_path):
     good = "model: m.yaml\ncluster: c.yaml\nprecision: fp32\n"
     assert load_job(write(tmp_path, "j.yaml", good)).model.num_layers == 4
     cases = [
-        (good.replace("fp32", "fp4"), "field `precision`: value 'fp4' — Input should be 'fp32', 'fp16', 'bf16' or 'fp8'"),
+        (good.replace("fp32", "fp4"), "field `precision`: value 'fp4' — Input should be 'fp32', 'tf32', 'fp16', 'bf16' or 'fp8'"),
         (good.replace("fp32", "fp8"), "precision fp8: device d has no FP8 rate (device.peak_tflops.fp8 and "
                                       "sustained_tflops.fp8 are not given"),
         (good.replace("fp32", "bf16"), "has no bf16 FLOP/s; supported precisions: ['fp32']"),

@@ -48,7 +48,7 @@ from .experts import ExpertParallel, gather_experts, is_expert_parameter
 from .gradient_norm import sum_of_squares_float64
 from .groups import GroupPool
 from .local_adam import LocalShardAdam
-from .matmul_precision import matmul_precision
+from .matmul_precision import in_plan_matmul_precision
 from .model import TransformerBlock, build_layer, check_runtime_supports, initial_value, layer_names
 from .pipeline import PipelineLinks, backward_from_released, release_sent_output, run_schedule
 from .redistribute import BatchLayout, relayout
@@ -105,10 +105,8 @@ class HybridEngine:
         check_runtime_supports(architecture)
         names = layer_names(architecture)
         if len(names) != len(plan.strategies):
-            raise PlanError(
-                f"the plan has {len(plan.strategies)} layer strategies but model {architecture.name} has "
-                f"{len(names)} layers ({names[0]} … {names[-1]}); plan again for this model"
-            )
+            raise PlanError(f"the plan has {len(plan.strategies)} layer strategies but model {architecture.name} has "
+                            f"{len(names)} layers ({names[0]} … {names[-1]}); plan again for this model")
         if plan.precision not in PRECISION_DTYPES:
             raise PlanError(f"plan precision {plan.precision!r}: the runtime trains in {list(PRECISION_DTYPES)} "
                             "(fp16 would need loss scaling); plan the job with precision bf16, tf32 or fp32")
@@ -205,13 +203,10 @@ class HybridEngine:
         """One iteration on the global batch (the same full batch on every rank); returns the mean loss."""
         return float(self.run_train_step(batch))
 
+    @in_plan_matmul_precision
     def run_train_step(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """`train_step` without waiting for the loss: returns it as a tensor on the device (no host
         synchronisation, so the step also runs under fake tensors)."""
-        with matmul_precision(self.plan.precision):
-            return self._train_step(batch)
-
-    def _train_step(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         plan = self.plan
         if len(batch["inputs"]) != plan.global_batch:
             raise PlanError(f"batch of {len(batch['inputs'])} samples, but the plan's global batch is "

@@ -9,6 +9,7 @@ its estimate assumes. On a CPU the switch changes nothing (CPU matmuls have no T
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator
 
 import torch
@@ -23,3 +24,14 @@ def matmul_precision(precision: str) -> Iterator[None]:
         yield
     finally:
         torch.backends.cuda.matmul.allow_tf32 = before
+
+
+def in_plan_matmul_precision(step):
+    """Decorates an engine method whose `self.plan` says the precision: the method runs within `matmul_precision`."""
+
+    @functools.wraps(step)
+    def run(self, *args, **kwargs):
+        with matmul_precision(self.plan.precision):
+            return step(self, *args, **kwargs)
+
+    return run

@@ -26,6 +26,7 @@ from typing import Any
 
 RUNTIME_FAMILIES = ("gpt", "bert")
 RUNTIME_PRECISIONS = ("fp32", "tf32", "bf16")
+TRAINED_PRECISIONS = f"{', '.join(RUNTIME_PRECISIONS[:-1])} or {RUNTIME_PRECISIONS[-1]}"  # as a sentence says it
 
 
 def runtime_refusal(architecture: Any, precision: str | None = None) -> str | None:
@@ -77,10 +78,10 @@ def runtime_refusal(architecture: Any, precision: str | None = None) -> str | No
                 "rotary positions, with GELU or SwiGLU MLPs and embeddings neither normed nor scaled; plan it for "
                 "--target deepspeed and run the model's own code there")
     if precision == "fp8":
-        return (f"{where}: precision fp8: gbmw's runtime trains in {' or '.join(RUNTIME_PRECISIONS)}, not with "
+        return (f"{where}: precision fp8: gbmw's runtime trains in {TRAINED_PRECISIONS}, not with "
                 "Transformer Engine's FP8 linears; plan it for --target megatron-core, or with precision bf16")
     if precision is not None and precision not in RUNTIME_PRECISIONS:
-        return (f"{where}: precision {precision}: gbmw's runtime trains in {' or '.join(RUNTIME_PRECISIONS)} "
+        return (f"{where}: precision {precision}: gbmw's runtime trains in {TRAINED_PRECISIONS} "
                 "(fp16 would need loss scaling); plan the job with precision bf16, tf32 or fp32")
     if getattr(architecture, "rope_scaling", None) is not None:
         return (f"{where}: `rope_scaling: {architecture.rope_scaling}`: gbmw's runtime trains plain rotary embeddings, "
