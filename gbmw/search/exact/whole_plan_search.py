@@ -153,6 +153,7 @@ class WholePlanSearch:
         self.before_max, self.before_sum, self.after_max, self.after_sum = partitions
         self._completion = StageCompletionBound(costs, allowed, partitions, boundary_floors_s(costs, allowed)[1])
         self._suffix: SuffixTimeBound | None = None
+        self._joint_suffix: SuffixTimeBound | None = None  # both made with the first last-stage prune
         self._nodes: dict[tuple, PartialPlans] = {}
         self._options: dict[tuple, tuple] = {}
         self._stages: dict[tuple[int, int], list[StageOptions | None]] = {}
