@@ -54,6 +54,16 @@ def test_bf16_autocast_on_cuda_trains():
     assert losses == pytest.approx(expected_losses, abs=2e-2)  # bf16 matmuls: ~3 significant digits
 
 
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 8,
+                    reason="TF32 tensor cores: Ampere and later")
+def test_tf32_on_cuda_trains_with_the_switch_put_back():
+    torch.backends.cuda.matmul.allow_tf32 = False
+    losses, _ = _train_on_cuda("tf32", 3)
+    expected_losses, _ = reference_training("gpt-tiny", 8, 3)
+    assert losses == pytest.approx(expected_losses, abs=1e-2)  # TF32 keeps 10 mantissa bits: finer than bf16's 7
+    assert torch.backends.cuda.matmul.allow_tf32 is False
+
+
 def test_validate_reports_the_device_peak_beside_the_estimate():
     import torch.distributed as dist
 

@@ -122,13 +122,14 @@ def profile_cluster(output_path: str | Path, name: str | None = None,
         f"{overlap.compute_overlapped_s * 1e3:.4g} / {overlap.communication_overlapped_s * 1e3:.4g} ms; "
         "f solves max(c, g) + (f − 1)·min(c, g) = the overlapped wall time (gbmw/cost/layer_cost.py)")]
     if peak_tflops is None:
-        precisions = ["fp32"] + (["fp16", "bf16"] if ranks.is_cuda and _supports_bf16() else [])
+        precisions = (["fp32"] + (["tf32"] if ranks.is_cuda and _supports_tf32() else [])
+                      + (["fp16", "bf16"] if ranks.is_cuda and _supports_bf16() else []))
         say(f"matmul rate: {', '.join(precisions)}")
         peak_tflops = {precision: measure_matmul_tflops(precision) for precision in precisions}
         dim = default_matmul_dim(ranks)
         sources.append(f"measured: peak_tflops = torch.matmul {dim}×{dim} on all {ranks.world_size} processes at once, "
                        "slowest process: " + ", ".join(f"{p} {v * 1e3:.4g} GFLOP/s" for p, v in peak_tflops.items())
-                       + " (fp32 without TF32)")
+                       + " (fp32 without TF32, tf32 with it)")
     if sustained_tflops is None:
         sustained_tflops = {precision: value * sustained_fraction for precision, value in peak_tflops.items()}
         sources.append(f"measured: sustained_tflops = the measured matmul rate × {sustained_fraction} (the estimator "
@@ -157,6 +158,13 @@ def profile_cluster(output_path: str | Path, name: str | None = None,
     if _slowest(ranks, [1.0 if failure else 0.0])[0]:
         raise GbmwError(failure or f"rank 0 could not write {output_path}")
     return output_path
+
+
+def _supports_tf32() -> bool:
+    """TF32 tensor cores: compute capability 8.0 (Ampere) and later."""
+    import torch
+
+    return bool(torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 8)
 
 
 def _supports_bf16() -> bool:

@@ -62,15 +62,16 @@ def default_matmul_dim(ranks: _Ranks) -> int:
 
 def measure_matmul_tflops(precision: str = "fp32", dim: int | None = None, repeats: int = 5,
                           seconds_per_repeat: float = 0.05) -> float:
-    """TFLOP/s of a square matmul on every rank at once; the slowest rank's, fast-quarter mean (fp32 without TF32)."""
+    """TFLOP/s of a square matmul on every rank at once; the slowest rank's, fast-quarter mean (fp32 without TF32;
+    tf32: fp32 tensors with torch's TF32 switch on)."""
     import torch
 
     ranks = _ranks()
-    dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[precision]
+    dtype = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[precision]
     dim = dim or default_matmul_dim(ranks)
     left, right = _matmul_inputs(ranks, dim, dtype)
     allow_tf32 = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
     try:
         single = _timed(ranks, lambda: left @ right, 3)
         count = int(max(1, _slowest(ranks, [math.ceil(seconds_per_repeat / max(single, 1e-9))])[0]))
