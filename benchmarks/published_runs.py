@@ -323,7 +323,6 @@ only its runtime shards every parameter FSDP-style with expert parallelism (`zer
 that run EP (megatron-core, megatron-deepspeed) pipeline with ZeRO 1 at most — so it is the nearest."""
 
 
-MoECosted = Costed  # the MoE and long-context tables print the same rows
 
 def _moe_target(run: dict) -> str | None:
     framework = str(run["parallelism"].get("framework") or "").lower()
@@ -466,7 +465,7 @@ def moe_measured_iteration_s(run: dict) -> tuple[float, str]:
     return tokens / (measured["tokens_per_second_per_gpu"] * run["cluster"]["gpus"]), "tokens/s per GPU"
 
 
-def cost_moe(run: dict) -> MoECosted:
+def cost_moe(run: dict) -> Costed:
     run, assumptions = with_recipe_fields(run)
     parallelism = run["parallelism"]
     cluster = build_cluster(run, assumptions)
@@ -505,7 +504,7 @@ def cost_moe(run: dict) -> MoECosted:
     estimate = estimate_plan(job, plan, fused_elementwise=FUSED_ELEMENTWISE)
     measured, measured_from = moe_measured_iteration_s(run)
     described = config.describe() + (f",v={virtual}" if virtual > 1 else "") + f",gpus={run['cluster']['gpus']}"
-    return MoECosted(run["name"], run["source"]["title"].split(",")[0][:40], described, measured, measured_from,
+    return Costed(run["name"], run["source"]["title"].split(",")[0][:40], described, measured, measured_from,
                      estimate.iteration_time_s, tuple(assumptions), *memory_gib(estimate, job))
 
 
@@ -553,7 +552,7 @@ def _long_context_target(run: dict) -> str | None:
     return "runtime" if framework.startswith("nemo automodel") else None
 
 
-def cost_long_context(run: dict) -> MoECosted:
+def cost_long_context(run: dict) -> Costed:
     """A context-parallel run in its own configuration (TP, PP, DP, CP, interleaving, recomputation, sequence
     parallelism, distributed optimizer or FSDP) on the target that runs it (`_long_context_target`), in FP8 where the
     run is."""
@@ -581,11 +580,11 @@ def cost_long_context(run: dict) -> MoECosted:
     estimate = estimate_plan(job, plan, fused_elementwise=FUSED_ELEMENTWISE)
     measured, measured_from = moe_measured_iteration_s(run)
     described = config.describe() + (f",v={virtual}" if virtual > 1 else "") + f",gpus={run['cluster']['gpus']}"
-    return MoECosted(run["name"], run["source"]["title"].split(",")[0][:40], described, measured, measured_from,
+    return Costed(run["name"], run["source"]["title"].split(",")[0][:40], described, measured, measured_from,
                      estimate.iteration_time_s, tuple(assumptions), *memory_gib(estimate, job))
 
 
-def print_long_context_table(console: Console) -> list[MoECosted]:
+def print_long_context_table(console: Console) -> list[Costed]:
     """The context-parallel table and its summary; the runs not costed, each with every reason."""
     runs = yaml.safe_load(LONG_CONTEXT_DATA.read_text())["runs"]
     costed, skipped = [], []
@@ -623,7 +622,7 @@ def _summary(rows: list[Costed], label: str) -> tuple[str, bool]:
             f"max {worst:.1%} (target ≤ {MAX_TARGET:.0%}), signed mean {statistics.mean(r.error for r in rows):+.1%}"), met
 
 
-def print_moe_table(console: Console) -> tuple[list[MoECosted], bool]:
+def print_moe_table(console: Console) -> tuple[list[Costed], bool]:
     """The MoE table, its summary against issue 26's targets and the runs not costed; whether the targets are met."""
     runs = yaml.safe_load(MOE_DATA.read_text())["runs"]
     costed, skipped = [], []

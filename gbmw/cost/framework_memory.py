@@ -98,7 +98,7 @@ from __future__ import annotations
 import numpy as np
 
 from gbmw.space.strategy import Strategy
-from gbmw.specs.model_spec import ModelSpec
+from gbmw.specs.model_spec import STORAGE_PRECISION, ModelSpec
 
 AUTOCAST_COPY_BYTES = 2
 ADAM_SQRT_TEMPORARY_BYTES = 4
@@ -202,7 +202,7 @@ def groups_experts(framework: str, precision: str) -> bool:
     """Whether gbmw's runtime runs a rank's routed experts as grouped products at expert TP 1 (gbmw.adapters.runtime
     .grouped_experts: bf16 products, and fp32 ones on a CPU), so that one gated activation call covers the copies of
     all its local experts, not one expert's."""
-    return framework == "gbmw-runtime" and precision in ("bf16", "fp32", "tf32")
+    return framework == "gbmw-runtime" and STORAGE_PRECISION.get(precision, precision) in ("bf16", "fp32")
 
 
 def expert_call_rows(framework: str, precision: str, expert_tp, ep, load, num_experts):

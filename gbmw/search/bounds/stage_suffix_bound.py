@@ -37,11 +37,11 @@ class SuffixTimeBound:
         """`time_s` [strategy, layer]: the per-layer time to bound in place of the no-sync time (e.g. the last stage's
         joint m · c_no_sync + c_sync + c_step: any non-negative per-layer cost; the duality argument is the same)."""
         tables = costs.tables
-        no_sync = np.where(allowed, tables.time_no_grad_sync_s if time_s is None else time_s, np.inf)
+        times = np.where(allowed, tables.time_no_grad_sync_s if time_s is None else time_s, np.inf)
         memory = least_state_bytes(costs) + in_flight * tables.forward_memory_bytes
-        self.lambdas = lambda_grid(*trade_rates(no_sync, memory))
-        self.layers = no_sync.shape[1]
-        combined = np.where(allowed[None], no_sync[None] + self.lambdas[:, None, None] * memory[None],
+        self.lambdas = lambda_grid(*trade_rates(times, memory))
+        self.layers = times.shape[1]
+        combined = np.where(allowed[None], times[None] + self.lambdas[:, None, None] * memory[None],
                             np.inf).min(axis=1)  # [λ, layer]
         self.suffix_s = np.concatenate((np.cumsum(combined[:, ::-1], axis=1)[:, ::-1],
                                         np.zeros((len(self.lambdas), 1))), axis=1)  # [λ, l]: Σ over [l, L)
