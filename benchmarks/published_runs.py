@@ -74,7 +74,8 @@ recipes/clusters/h100-80g-x64.yaml cites), for rows that name the system, not it
 DEVICE_RECIPES = {"A100 80GB": "a100-80g-x32", "A100 40GB": "a100-40g-x64", "H100": "h100-80g-x64"}
 TARGET_OF_FRAMEWORK = {"megatron-lm": "megatron-core", "megatron-deepspeed": "megatron-deepspeed",
                        "composer/llm-foundry": "runtime", "nemo": "megatron-core"}
-"""FSDP (llm-foundry) keeps fp32 parameters sharded and computes in bf16 under autocast, as gbmw's runtime does."""
+"""FSDP (llm-foundry) keeps fp32 parameters sharded, as gbmw's runtime does, but computes with bf16 weights gathered in
+bf16 (COMPOSER_WEIGHTS_TARGET), where the runtime gathers fp32 and casts under autocast: no gbmw target is Composer."""
 
 
 REGIMES: dict[str, dict[str, str]] = {}
@@ -276,7 +277,8 @@ def _interleaved(plan: Plan, parallelism: dict, job: JobSpec) -> tuple[Plan, int
     return plan, virtual
 
 
-def cost(run: dict) -> Costed:
+def cost(run: dict, target: str | None = None) -> Costed:
+    """`run` costed on the gbmw target its framework maps to (TARGET_OF_FRAMEWORK), or on `target`."""
     if run["model"].get("moe"):
         return cost_moe(run)
     run, assumptions = with_recipe_fields(run)
@@ -293,7 +295,7 @@ def cost(run: dict) -> Costed:
     config = UniformConfig(tp=parallelism["tensor"], pp=parallelism["pipeline"], zero=zero,
                            ckpt=parallelism["recompute"], sp=bool(parallelism.get("sequence_parallel")),
                            micro=parallelism["micro_batch"], batch=parallelism["global_batch"],
-                           target=TARGET_OF_FRAMEWORK[framework])
+                           target=target or TARGET_OF_FRAMEWORK[framework])
     if "type:transformer|embedding" in " ".join(run.get("notes") or []):
         # DeepSpeed's `type:transformer|embedding` partition weighs the embeddings like blocks: an even split of
         # all layers (BLOOM: embedding + 5 blocks on the first and last stage, 6 blocks elsewhere)
@@ -302,7 +304,8 @@ def cost(run: dict) -> Costed:
     else:
         plan = config.to_plan(job)
     plan, virtual = _interleaved(plan, parallelism, job)
-    REGIMES[run["name"]] = plan_regime(plan, job)
+    if target is None:
+        REGIMES[run["name"]] = plan_regime(plan, job)
     estimate = estimate_plan(job, plan, fused_elementwise=FUSED_ELEMENTWISE)
     measured, measured_from = measured_iteration_s(run)
     described = config.describe() + (f",v={virtual}" if virtual > 1 else "") + f",gpus={run['cluster']['gpus']}"
@@ -652,6 +655,36 @@ def print_moe_table(console: Console) -> tuple[list[Costed], bool]:
     return costed, met and enough
 
 
+COMPOSER_WEIGHTS_TARGET = "deepspeed"
+"""The gbmw target whose framework holds what Composer's FSDP holds under mixed_precision DEFAULT or PURE: both set
+FSDP's param_dtype to bf16 (mosaicml/composer v0.16.4 composer/trainer/mosaic_fsdp_utils.py `get_mixed_precision`,
+which llm-foundry v0.3.0 — what its October 2023 sweep ran, `git_branch: v0.3.0` in scripts/train/benchmarking/
+submit_benchmarks.py — pins as mosaicml>=0.16.3,<0.17; v0.16.3's DEFAULT too; PURE likewise in composer v0.14.1,
+the release beside the May 2023 rows: composer/trainer/mosaic_fsdp.py), so the
+layers compute with bf16 weights gathered in bf16 — as DeepSpeed's ZeRO-3 does — not with the runtime's fp32 weights
+under autocast, which keeps a bf16 copy of every weight in flight and gathers fp32. Neither target is Composer:
+DeepSpeed keeps 20 bytes of states per parameter where FSDP keeps 16 (fp32 shard, fp32 gradient shard, Adam's two
+moments), steps a fused Adam where llm-foundry's DecoupledAdamW loops over tensors, and reduces in bf16 where DEFAULT
+reduces in fp32 (composer v0.16.4). The benchmark costs the runs on the runtime and prints them on this target beside."""
+
+
+def print_composer_weights(console: Console, runs: list[dict], costed: list[Costed]) -> None:
+    """The Composer (llm-foundry) runs costed on COMPOSER_WEIGHTS_TARGET beside the runtime: time and memory."""
+    by_name = {row.name: row for row in costed}
+    composer = [run for run in runs if _framework(run) == "composer/llm-foundry" and run["name"] in by_name]
+    if not composer:
+        return
+    table = Table(title="Composer's FSDP runs: gbmw's runtime (fp32 weights under autocast) beside DeepSpeed ZeRO-3 "
+                        "(bf16 weights, as Composer's param_dtype) — see COMPOSER_WEIGHTS_TARGET")
+    for column in ("run", "runtime error", "runtime peak GiB", "deepspeed error", "deepspeed peak GiB", "usable GiB"):
+        table.add_column(column, justify="left" if column == "run" else "right")
+    for run in composer:
+        runtime, bf16_weights = by_name[run["name"]], cost(run, COMPOSER_WEIGHTS_TARGET)
+        table.add_row(run["name"], f"{runtime.error:+.1%}", f"{runtime.peak_memory_gib:.1f}",
+                      f"{bf16_weights.error:+.1%}", f"{bf16_weights.peak_memory_gib:.1f}", f"{runtime.usable_gib:.1f}")
+    console.print(table)
+
+
 def print_regime_table(console: Console, rows: list[Costed]) -> None:
     """The error per regime (issue 28): for each feature of gbmw.cli.trust.plan_regime and each of its values, the
     costed runs (dense, MoE and long-context together) that have it."""
@@ -723,6 +756,7 @@ def main() -> int:
     console.print(f"memory (issue 28: configurations that trained are estimated to fit): {len(over)} of "
                   f"{len(costed + moe_costed + long_context_costed)} costed runs over the memory gbmw gives them" +
                   "".join(f"\n  {row.name}: {row.peak_memory_gib:.1f} GiB of {row.usable_gib:.1f}" for row in over))
+    print_composer_weights(console, runs, costed)
     if args.regimes:
         from gbmw.specs.files import write_new_file
 

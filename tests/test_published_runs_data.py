@@ -76,3 +76,21 @@ def test_the_bundled_regime_errors_are_what_the_benchmark_computes_now(benchmark
     for old, new in zip(bundled, fresh):
         assert old["regime"] == new["regime"], old["name"]
         assert old["error"] == pytest.approx(new["error"], abs=1.5e-4), old["name"]
+
+
+def test_composer_runs_costed_on_bf16_weights_leave_the_regimes_alone(benchmark):
+    """The Composer (FSDP) runs' second costing, on the target that holds bf16 compute weights as Composer's
+    param_dtype does, gives each a finite time and memory and does not replace the run's regime (what `plan`,
+    `estimate` and `compare` read comes from the headline costing)."""
+    runs = yaml.safe_load(benchmark.DATA.read_text())["runs"]
+    composer = [run for run in runs if benchmark.why_not_costable(run) is None
+                and benchmark._framework(run) == "composer/llm-foundry"]
+    assert composer
+    for run in composer:
+        headline = benchmark.cost(run)
+        regime = dict(benchmark.REGIMES[run["name"]])
+        bf16_weights = benchmark.cost(run, benchmark.COMPOSER_WEIGHTS_TARGET)
+        assert benchmark.REGIMES[run["name"]] == regime, run["name"]
+        assert math.isfinite(bf16_weights.predicted_s) and bf16_weights.predicted_s > 0, run["name"]
+        # bf16 weights, no autocast copies: the same run holds less than on the runtime (fp32 weights, bf16 copies)
+        assert bf16_weights.peak_memory_gib < headline.peak_memory_gib, run["name"]
