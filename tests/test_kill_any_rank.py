@@ -17,6 +17,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from runtime_reference import make_plan  # noqa: E402
+
+from gbmw.adapters.runtime.partial_saves import MARKER, marker_text  # noqa: E402
 from test_launcher_errors import _alive, _descendants  # noqa: E402
 
 pytestmark = [pytest.mark.dist, pytest.mark.serial,  # GONE_WITHIN_S is timed: `make test` runs these alone
@@ -63,6 +65,15 @@ def _kill_and_wait(launcher: subprocess.Popen, victim_pid: int, signal_number: i
     return launcher.wait(timeout=30), launcher.stderr.read()
 
 
+def _marked(folder: Path) -> bool:
+    """Whether a save's temporary folder holds its whole marker (partial_saves.mark_as_ours has written it)."""
+    try:
+        text = (folder / MARKER).read_text()
+    except OSError:
+        return False
+    return text.startswith("gbmw partial checkpoint\n") and text.count("\n") == marker_text("").count("\n")
+
+
 def _losses(output: str) -> dict[int, str]:
     return {int(step): loss for step, loss in re.findall(r"^step +(\d+)/\d+ +loss (\S+)", output, re.MULTILINE)}
 
@@ -91,7 +102,9 @@ def test_a_rank_killed_mid_step_ends_the_run_in_one_line(tmp_path, victim, signa
 @pytest.mark.parametrize(("victim", "signal_number"), [(0, signal.SIGKILL), ("launcher", signal.SIGTERM)])
 def test_a_kill_mid_save_leaves_complete_checkpoints_that_resume_exactly(tmp_path, victim, signal_number):
     """Two pipeline stages, each writing its own layers, save every step; a worker is SIGKILLed (or the launcher
-    SIGTERMed) the moment a save's temporary folder appears. The step folders are whole checkpoints (a kill never leaves one under its final name),
+    SIGTERMed) the moment a save's temporary folder holds its whole marker (a kill between creating the folder and
+    marking it leaves an unmarked folder, which by design no load removes: partial_saves). The step folders are whole
+    checkpoints (a kill never leaves one under its final name),
     the next `--load` of the folder reports and removes the interrupted save and resumes from the latest step, and the
     losses after it equal, to the printed digit, those of one uninterrupted run (same plan, same processes: the same
     arithmetic). Catches: a step folder renamed before every stage wrote its layers, a load that misreads the
@@ -104,7 +117,7 @@ def test_a_kill_mid_save_leaves_complete_checkpoints_that_resume_exactly(tmp_pat
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline and launcher.poll() is None:
             names = [entry.name for entry in os.scandir(series)] if series.is_dir() else []
-            if "step-00000002" in names and any(name.startswith(".step-") for name in names):
+            if "step-00000002" in names and any(_marked(series / name) for name in names if name.startswith(".step-")):
                 break
             time.sleep(0.001)
         else:
