@@ -660,9 +660,9 @@ COMPOSER_WEIGHTS_TARGET = "deepspeed"
 FSDP's param_dtype to bf16 (mosaicml/composer v0.16.4 composer/trainer/mosaic_fsdp_utils.py `get_mixed_precision`,
 which llm-foundry v0.3.0 — what its October 2023 sweep ran, `git_branch: v0.3.0` in scripts/train/benchmarking/
 submit_benchmarks.py — pins as mosaicml>=0.16.3,<0.17; v0.16.3's DEFAULT too; PURE likewise in composer v0.14.1,
-the release beside the May 2023 rows: composer/trainer/mosaic_fsdp.py), so the
-layers compute with bf16 weights gathered in bf16 — as DeepSpeed's ZeRO-3 does — not with the runtime's fp32 weights
-under autocast, which keeps a bf16 copy of every weight in flight and gathers fp32. Neither target is Composer:
+the release beside the May 2023 rows: composer/trainer/mosaic_fsdp.py), so the layers compute with bf16 weights
+gathered in bf16 — as DeepSpeed's ZeRO-3 does — not with the runtime's fp32 weights under autocast, which keeps a bf16
+copy of every weight in flight and gathers fp32. Neither target is Composer:
 DeepSpeed keeps 20 bytes of states per parameter where FSDP keeps 16 (fp32 shard, fp32 gradient shard, Adam's two
 moments), steps a fused Adam where llm-foundry's DecoupledAdamW loops over tensors, and reduces in bf16 where DEFAULT
 reduces in fp32 (composer v0.16.4). The benchmark costs the runs on the runtime and prints them on this target beside."""
