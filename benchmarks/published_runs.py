@@ -206,6 +206,8 @@ def build_job(run: dict, cluster: ClusterSpec, assumptions: list[str]) -> JobSpe
     ffn = model.get("ffn_hidden_size") or 4 * model["hidden_size"]
     if str(model.get("architecture")).lower() == "llama":
         architecture = llama_architecture(run)
+    elif str(model.get("architecture")).lower().startswith("nemotron"):
+        architecture = nemotron_architecture(run)
     else:
         # NeMo's megatron-core runs attention through Transformer Engine's fused kernels
         fused = _framework(run) == "composer/llm-foundry" or "nemo" in str(run["parallelism"].get("framework")).lower()
@@ -232,6 +234,23 @@ def llama_architecture(run: dict) -> GPTArchitecture:
         ffn_hidden_size=model["ffn_hidden_size"], seq_length=model["seq_length"], vocab_size=model["vocab_size"],
         gated_mlp=True, bias=False, norm="rms", position_embedding="rotary", tie_embeddings=False, dropout=False,
         attention="flash")
+
+
+def nemotron_architecture(run: dict) -> GPTArchitecture:
+    """Nemotron-4 as NeMo-Framework-Launcher 24.07 trains it (launcher_scripts/conf/training/nemotron/*.yaml:
+    `bias: false`, `activation: squared-relu`, `normalization: layernorm1p`, `position_embedding_type: rope` with
+    `rotary_percentage: 0.5`, `share_embeddings_and_output_weights: false`, dropouts 0.0, `num_query_groups`):
+    LayerNorm with its shift (layernorm1p adds one to the scale, the same pass), a dense MLP whose squared ReLU keeps
+    one FFN-wide tensor beside FC2's input as GELU does (`mlp_activation: gelu`; relu(x) for the square's backward),
+    rotary positions (on half of each head's width: a pass over half the elements, priced whole), untied embeddings,
+    grouped-query attention where the recipe sets it, and Transformer Engine's fused (flash) attention."""
+    model = run["model"]
+    return GPTArchitecture(
+        name=run["name"], family="gpt", num_layers=model["num_layers"], hidden_size=model["hidden_size"],
+        num_heads=model["num_attention_heads"], num_kv_heads=model.get("num_kv_heads"),
+        ffn_hidden_size=model["ffn_hidden_size"], seq_length=model["seq_length"], vocab_size=model["vocab_size"],
+        gated_mlp=False, mlp_activation="gelu", bias=False, norm="layer", position_embedding="rotary",
+        tie_embeddings=False, dropout=False, attention="flash")
 
 
 def measured_iteration_s(run: dict) -> tuple[float, str]:
