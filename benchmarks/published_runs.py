@@ -218,7 +218,7 @@ def build_job(run: dict, cluster: ClusterSpec, assumptions: list[str]) -> JobSpe
             bias=_framework(run) != "composer/llm-foundry",
             position_embedding="rotary" if "alibi" in str(model.get("architecture")).lower() else "learned")
     spec = build_model(architecture, precision)
-    return JobSpec(name=run["name"], model=spec, cluster=cluster, precision=precision,
+    return JobSpec(name=run["name"], model=spec, cluster=cluster, precision=precision, fp8_recipe=fp8_recipe(run),
                    gradient_reduce_dtype=gradient_reduce_dtype(run),
                    global_batch=run["parallelism"]["global_batch"], memory_budget_bytes=cluster.usable_memory_bytes)
 
