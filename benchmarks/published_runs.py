@@ -80,6 +80,9 @@ bf16 (COMPOSER_WEIGHTS_TARGET), where the runtime gathers fp32 and casts under a
 
 REGIMES: dict[str, dict[str, str]] = {}
 """Each costed run's regime (gbmw.cli.trust.plan_regime), by run name."""
+TP_COMM_OVERLAP: dict[str, bool | None] = {}
+"""Each costed TP > 1 run's Transformer Engine TP communication overlap as its recipe sets it (None: not stated), by
+run name: recorded, not costed (print_tp_comm_overlap)."""
 
 
 @dataclass(frozen=True)
@@ -325,6 +328,7 @@ def cost(run: dict, target: str | None = None) -> Costed:
     plan, virtual = _interleaved(plan, parallelism, job)
     if target is None:
         REGIMES[run["name"]] = plan_regime(plan, job)
+        _record_tp_comm_overlap(run)
     estimate = estimate_plan(job, plan, fused_elementwise=FUSED_ELEMENTWISE)
     measured, measured_from = measured_iteration_s(run)
     described = config.describe() + (f",v={virtual}" if virtual > 1 else "") + f",gpus={run['cluster']['gpus']}"
@@ -599,6 +603,7 @@ def cost_long_context(run: dict) -> Costed:
         get_target("runtime").check(plan, job.model)
         assumptions.append("costed as gbmw's runtime runs FSDP2 + CP (sdp with a cp axis)")
     REGIMES[run["name"]] = plan_regime(plan, job)
+    _record_tp_comm_overlap(run)
     estimate = estimate_plan(job, plan, fused_elementwise=FUSED_ELEMENTWISE)
     measured, measured_from = moe_measured_iteration_s(run)
     described = config.describe() + (f",v={virtual}" if virtual > 1 else "") + f",gpus={run['cluster']['gpus']}"
@@ -704,6 +709,27 @@ def print_composer_weights(console: Console, runs: list[dict], costed: list[Cost
     console.print(table)
 
 
+def _record_tp_comm_overlap(run: dict) -> None:
+    """Note a TP > 1 run's TP communication overlap (its recipe's, filled in by with_recipe_fields) in TP_COMM_OVERLAP."""
+    if run["parallelism"]["tensor"] > 1:
+        TP_COMM_OVERLAP[run["name"]] = run["parallelism"].get("tp_comm_overlap")
+
+
+def print_tp_comm_overlap(console: Console, rows: list[Costed]) -> None:
+    """The TP > 1 runs split by whether their recipe turns on Transformer Engine's TP communication overlap
+    (userbuffers: the sequence-parallel collectives under the TP GEMMs), which gbmw does not model — it charges them
+    in series with the layer — so runs with it on should come out slower than measured."""
+    groups = {"on": True, "off": False, "not stated": None}
+    parts = []
+    for label, value in groups.items():
+        errors = [row.error for row in rows if row.name in TP_COMM_OVERLAP and TP_COMM_OVERLAP[row.name] is value]
+        if errors:
+            parts.append(f"{label} {len(errors)} runs, signed mean {statistics.mean(errors):+.1%}, "
+                         f"mean |error| {statistics.mean(abs(e) for e in errors):.1%}")
+    console.print("TP communication overlap (the recipe's; not modelled: gbmw charges the sequence-parallel collectives "
+                  "in series), TP > 1 runs: " + "; ".join(parts))
+
+
 def print_regime_table(console: Console, rows: list[Costed]) -> None:
     """The error per regime (issue 28): for each feature of gbmw.cli.trust.plan_regime and each of its values, the
     costed runs (dense, MoE and long-context together) that have it."""
@@ -771,6 +797,7 @@ def main() -> int:
     console.print(f"FP8 runs (issue 28, target |error| ≤ 10 %): {_summary(fp8, 'FP8 ')[0]}" if fp8 else
                   "no FP8 run costed")
     print_regime_table(console, costed + moe_costed + long_context_costed)
+    print_tp_comm_overlap(console, costed + long_context_costed)
     over = [row for row in costed + moe_costed + long_context_costed if row.peak_memory_gib > row.usable_gib]
     console.print(f"memory (issue 28: configurations that trained are estimated to fit): {len(over)} of "
                   f"{len(costed + moe_costed + long_context_costed)} costed runs over the memory gbmw gives them" +

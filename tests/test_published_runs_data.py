@@ -94,3 +94,20 @@ def test_composer_runs_costed_on_bf16_weights_leave_the_regimes_alone(benchmark)
         assert math.isfinite(bf16_weights.predicted_s) and bf16_weights.predicted_s > 0, run["name"]
         # bf16 weights, no autocast copies: the same run holds less than on the runtime (fp32 weights, bf16 copies)
         assert bf16_weights.peak_memory_gib < headline.peak_memory_gib, run["name"]
+
+
+def test_tp_comm_overlap_is_read_from_the_recipes_of_tp_runs_only(benchmark):
+    """A TP > 1 run records its recipe's TP communication overlap (True / False, None where nothing states it); a TP 1
+    run records nothing. Catches: the value not taken from `assumed_from_recipe`, a TP 1 run counted in the split."""
+    runs = yaml.safe_load(benchmark.DATA.read_text())["runs"]
+    benchmark.TP_COMM_OVERLAP.clear()
+    for run in runs:
+        if benchmark.why_not_costable(run) is None:
+            benchmark.cost(run)
+    stated = {run["name"]: run["assumed_from_recipe"]["tp_comm_overlap"]["value"] for run in runs
+              if "tp_comm_overlap" in (run.get("assumed_from_recipe") or {}) and benchmark.why_not_costable(run) is None}
+    assert any(stated.values()) and not all(stated.values())
+    for name, value in stated.items():
+        assert benchmark.TP_COMM_OVERLAP[name] is value, name
+    tp1 = [run["name"] for run in runs if run["parallelism"]["tensor"] == 1 and benchmark.why_not_costable(run) is None]
+    assert tp1 and not set(tp1) & set(benchmark.TP_COMM_OVERLAP)
