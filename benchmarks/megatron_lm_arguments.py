@@ -57,7 +57,8 @@ REACH_CONFIGS = {  # issue 26's experts and issue 27's context parallelism, besi
 }
 FP8_JOBS = ("gpt3-65b_h100-80g-x64", "llama3.1-8b-128k_h100-80g-x64", "mixtral-8x7b_h100-80g-x64")
 """Jobs also checked with `precision: fp8` (issue 28: --bf16 --fp8-format hybrid --fp8-recipe delayed), and with
-`gradient_reduce_dtype: bf16` in bf16 and fp8 (--grad-reduce-in-bf16)."""
+`gradient_reduce_dtype: bf16` in bf16 and fp8 (--grad-reduce-in-bf16), and with `tp_comm_overlap: true`
+(--tp-comm-overlap, which Megatron's validate_args accepts with sequence parallelism only)."""
 ARCHITECTURES = {"A100": 8, "H100": 9, "H200": 9, "B200": 10, "GB200": 10}
 """GPU name → CUDA major version, as Megatron's get_device_arch_version would read it on that GPU."""
 
@@ -127,7 +128,8 @@ def argument_sets() -> list[tuple[str, gbmw.JobSpec, gbmw.Plan]]:
         cases += [(f"{name}: {config}", jobs[name], gbmw.uniform_plan(jobs[name], f"{config},target=megatron-core"))
                   for config in configs]
     for name in FP8_JOBS:
-        for job in (variant_job(name, "fp8"), variant_job(name, "bf16", "bf16"), variant_job(name, "fp8", "bf16")):
+        for job in (variant_job(name, "fp8"), variant_job(name, "bf16", "bf16"), variant_job(name, "fp8", "bf16"),
+                    variant_job(name, "bf16", tp_comm_overlap=True), variant_job(name, "fp8", "bf16", True)):
             cases.append((f"{job.name}: tp=4,pp=2,zero=1,sp=on", job,
                           gbmw.uniform_plan(job, "tp=4,pp=2,zero=1,sp=on,micro=1" + (",ep=2" if "mixtral" in name else "")
                                             + ",target=megatron-core")))
@@ -141,13 +143,17 @@ def argument_sets() -> list[tuple[str, gbmw.JobSpec, gbmw.Plan]]:
     return cases
 
 
-def variant_job(name: str, precision: str, gradient_reduce_dtype: str = "fp32") -> gbmw.JobSpec:
-    """The bundled job `name` (a bf16 job) in `precision`, its gradients reduced in `gradient_reduce_dtype`."""
+def variant_job(name: str, precision: str, gradient_reduce_dtype: str = "fp32",
+                tp_comm_overlap: bool = False) -> gbmw.JobSpec:
+    """The bundled job `name` (a bf16 job) in `precision`, its gradients reduced in `gradient_reduce_dtype`, with
+    Transformer Engine's TP communication overlap where `tp_comm_overlap` (--tp-comm-overlap)."""
     import tempfile
 
     text = (RECIPES_DIR / "jobs" / f"{name}.yaml").read_text().replace(
-        "precision: bf16", f"precision: {precision}\ngradient_reduce_dtype: {gradient_reduce_dtype}")
-    suffix = precision + ("-bf16grads" if gradient_reduce_dtype == "bf16" else "")
+        "precision: bf16", f"precision: {precision}\ngradient_reduce_dtype: {gradient_reduce_dtype}\n"
+                           f"tp_comm_overlap: {str(tp_comm_overlap).lower()}")
+    suffix = (precision + ("-bf16grads" if gradient_reduce_dtype == "bf16" else "")
+              + ("-tpoverlap" if tp_comm_overlap else ""))
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / f"{name.replace('_', f'-{suffix}_', 1)}.yaml"
         path.write_text(text)
@@ -184,7 +190,8 @@ def check(arguments, job: gbmw.JobSpec, plan: gbmw.Plan, extra: tuple[str, ...] 
                     context_parallel_size=strategy.degree("cp"), bf16=plan.precision in ("bf16", "fp8"),
                     fp8="hybrid" if plan.precision == "fp8" else None,
                     accumulate_allreduce_grads_in_fp32=(plan.precision in ("bf16", "fp8")
-                                                        and plan.gradient_reduce_dtype == "fp32"))
+                                                        and plan.gradient_reduce_dtype == "fp32"),
+                    tp_comm_overlap=plan.tp_comm_overlap and strategy.sp)
     if job.model.is_mixture_of_experts:
         expert = next(layer for layer in job.model.layers if layer.num_experts)
         expected.update(num_experts=expert.num_experts, moe_router_topk=expert.experts_per_token,

@@ -82,7 +82,7 @@ REGIMES: dict[str, dict[str, str]] = {}
 """Each costed run's regime (gbmw.cli.trust.plan_regime), by run name."""
 TP_COMM_OVERLAP: dict[str, bool | None] = {}
 """Each costed TP > 1 run's Transformer Engine TP communication overlap as its recipe sets it (None: not stated), by
-run name: recorded, not costed (print_tp_comm_overlap)."""
+run name (print_tp_comm_overlap)."""
 
 
 @dataclass(frozen=True)
@@ -222,7 +222,7 @@ def build_job(run: dict, cluster: ClusterSpec, assumptions: list[str]) -> JobSpe
             position_embedding="rotary" if "alibi" in str(model.get("architecture")).lower() else "learned")
     spec = build_model(architecture, precision)
     return JobSpec(name=run["name"], model=spec, cluster=cluster, precision=precision, fp8_recipe=fp8_recipe(run),
-                   gradient_reduce_dtype=gradient_reduce_dtype(run),
+                   gradient_reduce_dtype=gradient_reduce_dtype(run), tp_comm_overlap=tp_comm_overlap(run),
                    global_batch=run["parallelism"]["global_batch"], memory_budget_bytes=cluster.usable_memory_bytes)
 
 
@@ -460,7 +460,7 @@ def build_moe_job(run: dict, cluster: ClusterSpec, assumptions: list[str]) -> Jo
     precision = "fp8" if "fp8" in str(run.get("precision")).lower() else "bf16"
     spec = build_model(architecture, precision)
     return JobSpec(name=run["name"], model=spec, cluster=cluster, precision=precision, fp8_recipe=fp8_recipe(run),
-                   gradient_reduce_dtype=gradient_reduce_dtype(run),
+                   gradient_reduce_dtype=gradient_reduce_dtype(run), tp_comm_overlap=tp_comm_overlap(run),
                    global_batch=run["parallelism"]["global_batch"], memory_budget_bytes=cluster.usable_memory_bytes)
 
 
@@ -479,6 +479,13 @@ def gradient_reduce_dtype(run: dict) -> str:
     """The dtype the run reduces its gradients in: bf16 where its recipe says so (`gradient_reduce_dtype`, quoted in
     the data file), else fp32 (Megatron's default)."""
     return run.get("gradient_reduce_dtype") or "fp32"
+
+
+def tp_comm_overlap(run: dict) -> bool:
+    """Whether the run overlaps its TP collectives with its GEMMs (Transformer Engine's userbuffers): where its recipe
+    says so (`tp_comm_overlap`, quoted in the data file), on its TP > 1 sequence-parallel layers (gbmw.cost
+    .tp_comm_overlap); else not (Megatron's default)."""
+    return bool(run["parallelism"].get("tp_comm_overlap")) and bool(run["parallelism"].get("sequence_parallel"))
 
 
 def moe_measured_iteration_s(run: dict) -> tuple[float, str]:
@@ -591,7 +598,7 @@ def cost_long_context(run: dict) -> Costed:
     precision = "fp8" if "fp8" in str(run["precision"]).lower() else "bf16"
     job = JobSpec(name=run["name"], model=build_model(llama_architecture(run), precision), cluster=cluster,
                   precision=precision, fp8_recipe=fp8_recipe(run), global_batch=parallelism["global_batch"],
-                  gradient_reduce_dtype=gradient_reduce_dtype(run),
+                  gradient_reduce_dtype=gradient_reduce_dtype(run), tp_comm_overlap=tp_comm_overlap(run),
                   memory_budget_bytes=cluster.usable_memory_bytes)
     zero = 3 if target == "runtime" else 1 if parallelism["distributed_optimizer"] else 0
     config = UniformConfig(tp=parallelism["tensor"], pp=parallelism["pipeline"], zero=zero, ckpt=parallelism["recompute"],
@@ -717,8 +724,7 @@ def _record_tp_comm_overlap(run: dict) -> None:
 
 def print_tp_comm_overlap(console: Console, rows: list[Costed]) -> None:
     """The TP > 1 runs split by whether their recipe turns on Transformer Engine's TP communication overlap
-    (userbuffers: the sequence-parallel collectives under the TP GEMMs), which gbmw does not model — it charges them
-    in series with the layer — so runs with it on should come out slower than measured."""
+    (userbuffers: the sequence-parallel collectives under the TP GEMMs; costed, gbmw.cost.tp_comm_overlap)."""
     groups = {"on": True, "off": False, "not stated": None}
     parts = []
     for label, value in groups.items():
@@ -726,8 +732,8 @@ def print_tp_comm_overlap(console: Console, rows: list[Costed]) -> None:
         if errors:
             parts.append(f"{label} {len(errors)} runs, signed mean {statistics.mean(errors):+.1%}, "
                          f"mean |error| {statistics.mean(abs(e) for e in errors):.1%}")
-    console.print("TP communication overlap (the recipe's; not modelled: gbmw charges the sequence-parallel collectives "
-                  "in series), TP > 1 runs: " + "; ".join(parts))
+    console.print("TP communication overlap (the recipe's `tp_comm_overlap`, costed as gbmw.cost.tp_comm_overlap "
+                  "prices it), TP > 1 runs: " + "; ".join(parts))
 
 
 def print_regime_table(console: Console, rows: list[Costed]) -> None:

@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from gbmw.errors import GbmwError, PlanError
+from gbmw.specs.plan_fields import flag, name_text, plain, whole_number
 from gbmw.space.strategy import Strategy
 from gbmw.space.targets import TARGETS
 from gbmw.specs.files import load_yaml_text, read_text, shown, write_new_file
@@ -78,6 +79,8 @@ class Plan:
     """Transformer Engine's FP8 scaling under precision fp8: `delayed` or `current` (gbmw.cost.fp8)."""
     gradient_reduce_dtype: str = "fp32"
     """The dtype gradients are accumulated and reduced in: `fp32` or `bf16` (gbmw.cost.model_states)."""
+    tp_comm_overlap: bool = False
+    """Transformer Engine overlaps the +sp layers' TP collectives with their GEMMs (gbmw.cost.tp_comm_overlap)."""
     estimate: Estimate | None = None
     provenance: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
     """gbmw version, search settings and seconds, or how a hand-written plan was made."""
@@ -100,6 +103,8 @@ class Plan:
         elif self.fp8_recipe != "delayed" and self.precision != "fp8":
             problems.append(f"fp8_recipe {self.fp8_recipe} needs precision fp8 (the plan's is {self.precision})")
         problems += filter(None, [gradient_reduce_dtype_problem(self.precision, self.gradient_reduce_dtype)])
+        if not isinstance(self.tp_comm_overlap, bool):
+            problems.append(f"tp_comm_overlap {shown(self.tp_comm_overlap)}: must be true or false")
         if len(self.strategies) > MAX_LAYERS + 16:
             problems.append(f"{len(self.strategies)} layers: gbmw plans at most {MAX_LAYERS + 16}")
         if self.target not in TARGETS:
@@ -170,9 +175,10 @@ class Plan:
         return result
 
     def check_against(self, model: ModelSpec, num_devices: int | None = None, precision: str | None = None,
-                      fp8_recipe: str | None = None, gradient_reduce_dtype: str | None = None) -> None:
+                      fp8_recipe: str | None = None, gradient_reduce_dtype: str | None = None,
+                      tp_comm_overlap: bool | None = None) -> None:
         """Raise PlanError if the plan does not fit this model (and device count, the job's precision, FP8 recipe,
-        gradient dtype)."""
+        gradient dtype, TP communication overlap)."""
         if len(self.strategies) != model.num_layers:
             raise PlanError(
                 f"plan has {len(self.strategies)} layer strategies but model {model.name} has {model.num_layers} layers"
@@ -189,6 +195,10 @@ class Plan:
             raise PlanError(f"plan reduces gradients in {self.gradient_reduce_dtype} but the job in "
                             f"{gradient_reduce_dtype}; plan again (gbmw plan) or set the job's gradient_reduce_dtype "
                             f"to {self.gradient_reduce_dtype}")
+        if tp_comm_overlap is not None and self.tp_comm_overlap != tp_comm_overlap:
+            raise PlanError(f"plan is for tp_comm_overlap {str(self.tp_comm_overlap).lower()} but the job sets "
+                            f"{str(tp_comm_overlap).lower()}; plan again (gbmw plan) or set the job's tp_comm_overlap "
+                            f"to {str(self.tp_comm_overlap).lower()}")
         if num_devices is not None and num_devices != self.num_devices:
             raise PlanError(
                 f"plan is for {self.num_devices} devices but {num_devices} are available; "
@@ -227,13 +237,14 @@ class Plan:
             elif item.name == "partition":
                 data["partition"] = list(value)
             elif item.name == "estimate":
-                data["estimate"] = None if value is None else _plain(asdict(value))
+                data["estimate"] = None if value is None else plain(asdict(value))
             elif item.name == "virtual_stages" and value == 1:
                 continue  # plain 1F1B: the field is written only for interleaved pipelines
-            elif (item.name, value) in (("fp8_recipe", "delayed"), ("gradient_reduce_dtype", "fp32")):
+            elif (item.name, value) in (("fp8_recipe", "delayed"), ("gradient_reduce_dtype", "fp32"),
+                                        ("tp_comm_overlap", False)):
                 continue  # the defaults: plans written before these fields read the same
             else:
-                data[item.name] = _plain(value)
+                data[item.name] = plain(value)
         return data
 
     def to_yaml(self) -> str:
@@ -264,17 +275,18 @@ class Plan:
                         f"{where}: field `strategies[{index}]`: value {shown(run)} — write "
                         "{strategy: NAME, layers: COUNT}"
                     )
-                count = _integer(run["layers"], f"strategies[{index}].layers", where)
+                count = whole_number(run["layers"], f"strategies[{index}].layers", where)
                 if not 1 <= count <= MAX_LAYERS + 16 - len(strategies):
                     raise PlanError(f"{where}: field `strategies[{index}].layers`: value {count} — must be at least 1, "
                                     f"and all runs together at most {MAX_LAYERS + 16} layers")
-                strategies += [Strategy.parse(_text(run["strategy"], f"strategies[{index}].strategy", where))] * count
+                name = name_text(run["strategy"], f"strategies[{index}].strategy", where)
+                strategies += [Strategy.parse(name)] * count
             estimate = data.get("estimate")
             if estimate is not None:
                 estimate = _estimate(estimate, where)
-            integers = {name: _integer(data[name], name, where) for name in
+            integers = {name: whole_number(data[name], name, where) for name in
                         ("num_devices", "global_batch", "micro_batch", "num_micro_batches", "pp")}
-            integers["virtual_stages"] = _integer(data.get("virtual_stages", 1), "virtual_stages", where)
+            integers["virtual_stages"] = whole_number(data.get("virtual_stages", 1), "virtual_stages", where)
             partition = data["partition"]
             if not isinstance(partition, list) or len(partition) > MAX_DEVICES:
                 raise PlanError(f"{where}: field `partition`: value {shown(partition)} — write the layers of each "
@@ -283,15 +295,17 @@ class Plan:
             if not isinstance(provenance, dict):
                 raise PlanError(f"{where}: field `provenance`: value {shown(provenance)} — must be a mapping")
             return cls(
-                model=_text(data["model"], "model", where),
-                cluster=_text(data["cluster"], "cluster", where, least=0),
-                precision=_text(data["precision"], "precision", where),
-                partition=tuple(_integer(v, "partition", where) for v in partition),
+                model=name_text(data["model"], "model", where),
+                cluster=name_text(data["cluster"], "cluster", where, least=0),
+                precision=name_text(data["precision"], "precision", where),
+                partition=tuple(whole_number(v, "partition", where) for v in partition),
                 strategies=tuple(strategies),
-                target=_text(data.get("target", "runtime"), "target", where),
-                schedule=_text(data.get("schedule", "1f1b"), "schedule", where),
-                fp8_recipe=_text(data.get("fp8_recipe", "delayed"), "fp8_recipe", where),
-                gradient_reduce_dtype=_text(data.get("gradient_reduce_dtype", "fp32"), "gradient_reduce_dtype", where),
+                target=name_text(data.get("target", "runtime"), "target", where),
+                schedule=name_text(data.get("schedule", "1f1b"), "schedule", where),
+                fp8_recipe=name_text(data.get("fp8_recipe", "delayed"), "fp8_recipe", where),
+                gradient_reduce_dtype=name_text(data.get("gradient_reduce_dtype", "fp32"), "gradient_reduce_dtype",
+                                                where),
+                tp_comm_overlap=flag(data.get("tp_comm_overlap", False), "tp_comm_overlap", where),
                 estimate=estimate,
                 provenance=dict(provenance),
                 **integers,
@@ -322,19 +336,6 @@ def replace_estimate(plan: Plan, estimate: Estimate) -> Plan:
     return replace(plan, estimate=estimate)
 
 
-def _integer(value: Any, name: str, where: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise PlanError(f"{where}: field `{name}`: value {shown(value)} — must be a whole number")
-    return value
-
-
-def _text(value: Any, name: str, where: str, least: int = 1) -> str:
-    if not isinstance(value, str) or not least <= len(value) <= 200:
-        raise PlanError(f"{where}: field `{name}`: value {shown(value)} — must be a name (text of {least} to 200 "
-                        "characters)")
-    return value
-
-
 def _estimate(data: Any, where: str) -> Estimate:
     """The `estimate` section of a plan file: every field, numbers finite and not negative (`fits` a bool)."""
     names = [item.name for item in fields(Estimate)]
@@ -356,17 +357,6 @@ def _estimate(data: Any, where: str) -> Estimate:
                             f"{'true or false' if name == 'fits' else 'a finite number ≥ 0 (a list per stage for stage_*)'}")
         values[name] = tuple(value) if isinstance(value, list) else value
     return Estimate(**values)
-
-
-def _plain(value: Any) -> Any:
-    """Tuples to lists and numpy scalars to Python numbers, for safe_dump."""
-    if isinstance(value, dict):
-        return {key: _plain(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(item) for item in value]
-    if hasattr(value, "item") and callable(value.item):
-        return value.item()
-    return value
 
 
 # ----------------------------------------------------------------------------------------------

@@ -42,6 +42,7 @@ What a plan says, and the flag that says it::
                                       --fp8-recipe delayed (fp8_recipe
                                       current: tensorwise)
     gradient_reduce_dtype bf16        --grad-reduce-in-bf16                  refused (DeepSpeed's bf16 optimizer)
+    tp_comm_overlap (with +sp)        --tp-comm-overlap                      refused (no Transformer Engine overlap)
 
 Megatron places the embedding on the first stage and the output layer on the last, and
 ``--num-layers`` counts Transformer blocks only; in a Plan the embedding and head are layers, so

@@ -209,6 +209,8 @@ def plan_to_megatron_args(
         args.append("--grad-reduce-in-bf16")
     if layout.sequence_parallel:
         args.append("--sequence-parallel")
+        if plan.tp_comm_overlap:  # Transformer Engine's userbuffers (megatron-core only: layout.check_precision);
+            args.append("--tp-comm-overlap")  # Megatron asserts sequence parallelism with it (gbmw.cost.tp_comm_overlap)
     if layout.recompute == "full":
         args += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
         if deepspeed:

@@ -64,6 +64,7 @@ def _parser(target: str) -> _Parser:
         add("--fp8-format", dest="fp8", choices=["e4m3", "hybrid"])
         add("--fp8-recipe", choices=["tensorwise", "delayed", "mxfp8", "blockwise", "custom"], default="delayed")
         add("--grad-reduce-in-bf16", action="store_true")
+        add("--tp-comm-overlap", action="store_true")
     add("--attention-dropout", type=float)
     add("--hidden-dropout", type=float)
     add("--recompute-granularity", choices=["full", "selective"])
@@ -228,6 +229,13 @@ def megatron_args_to_plan(args: Sequence[str], job: JobSpec, target: str = "mega
         raise GbmwError(f"Megatron arguments reduce gradients in {gradient_reduce_dtype} (--grad-reduce-in-bf16 "
                         f"{'given' if gradient_reduce_dtype == 'bf16' else 'not given'}) but job {job.name} has "
                         f"gradient_reduce_dtype {job.gradient_reduce_dtype}")
+    tp_comm_overlap = bool(getattr(namespace, "tp_comm_overlap", False))
+    if tp_comm_overlap and not namespace.sequence_parallel:
+        raise GbmwError("Megatron arguments: --tp-comm-overlap without --sequence-parallel (Megatron asserts "
+                        "sequence parallelism with it); add --sequence-parallel or drop --tp-comm-overlap")
+    if tp_comm_overlap != job.tp_comm_overlap and (tp_comm_overlap or namespace.sequence_parallel):
+        raise GbmwError(f"Megatron arguments {'give' if tp_comm_overlap else 'do not give'} --tp-comm-overlap but "
+                        f"job {job.name} has tp_comm_overlap {str(job.tp_comm_overlap).lower()}")
 
     devices = job.cluster.num_devices
     tp, pp = namespace.tensor_model_parallel_size, namespace.pipeline_model_parallel_size
@@ -305,6 +313,7 @@ def megatron_args_to_plan(args: Sequence[str], job: JobSpec, target: str = "mega
         precision=precision,
         fp8_recipe=fp8_recipe,
         gradient_reduce_dtype=gradient_reduce_dtype,
+        tp_comm_overlap=job.tp_comm_overlap,
         global_batch=namespace.global_batch_size,
         micro_batch=micro_batch,
         num_micro_batches=namespace.global_batch_size // micro_batch,

@@ -119,7 +119,8 @@ def megatron_layout(plan: Plan, job: JobSpec, target: str) -> MegatronLayout:
             f"plan for {plan.model} on {plan.num_devices} devices ({len(plan.strategies)} layers) does not fit job "
             f"{job.name}: {model.name} has {model.num_layers} layers on {job.cluster.num_devices} devices"
         )
-    get_target(target).check_precision(plan.precision, plan.gradient_reduce_dtype)  # Megatron-DeepSpeed: no TE FP8
+    # Megatron-DeepSpeed: no TE FP8, no TP communication overlap
+    get_target(target).check_precision(plan.precision, plan.gradient_reduce_dtype, plan.tp_comm_overlap)
     get_target(target).check(plan, model)
     strategy = plan.strategies[0]  # one layout for every layer, checked above
     data_axes = [axis for axis, _ in strategy.dims if axis in DATA_PARALLEL_AXES]

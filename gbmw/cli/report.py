@@ -49,7 +49,8 @@ def print_estimate(job: JobSpec, plan: Plan, estimate: Estimate) -> None:
     console.print(
         f"[bold]{job.name}[/bold]: {model.name} ({model.parameter_count / 1e9:.2f}B parameters{active}, "
         f"{model.num_layers} layers) on {job.cluster.name} ({plan.num_devices} × {job.cluster.device.name}), "
-        f"{job.precision}{', bf16 gradients' if plan.gradient_reduce_dtype == 'bf16' else ''}, {job.optimizer}"
+        f"{job.precision}{', bf16 gradients' if plan.gradient_reduce_dtype == 'bf16' else ''}"
+        f"{', TP communication overlap' if plan.tp_comm_overlap else ''}, {job.optimizer}"
     )
     experts = _experts_line(job, plan)
     if experts:

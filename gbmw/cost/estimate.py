@@ -24,9 +24,9 @@ def plan_stage_estimates(job: JobSpec, plan: Plan, fused_elementwise: bool = Fal
     comm = CommModel(job.cluster)
     strategies = list(dict.fromkeys(plan.strategies))
     target = get_target(plan.target)
-    target.check_precision(job.precision, plan.gradient_reduce_dtype)
+    target.check_precision(job.precision, plan.gradient_reduce_dtype, plan.tp_comm_overlap)
     settings = CostSettings(job.cluster, job.precision, job.optimizer, target.framework, plan.fp8_recipe,
-                            plan.gradient_reduce_dtype, fused_elementwise)
+                            plan.gradient_reduce_dtype, plan.tp_comm_overlap, fused_elementwise)
     model = model_as_run(job.model, target.fused_attention and not attention_as_declared)
     tables = strategy_tables(model, strategies, plan.micro_batch, settings, comm)
     costs = StageCosts(model, tables, plan.pp, plan.num_micro_batches, plan.schedule, comm,

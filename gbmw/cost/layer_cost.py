@@ -69,6 +69,8 @@ class CostSettings:
     """Transformer Engine's FP8 scaling under precision fp8: delayed or current (gbmw.cost.fp8)."""
     gradient_reduce_dtype: str = "fp32"
     """The dtype gradients are accumulated and reduced in (gbmw.cost.model_states.state_bytes)."""
+    tp_comm_overlap: bool = False
+    """The +sp layers' TP collectives run beside their GEMMs (gbmw.cost.tp_comm_overlap)."""
     fused_elementwise: bool = False
     """The norms, gated activations and rotary positions run as fused kernels (Transformer Engine's) rather than as
     gbmw's runtime's own unfused passes (gbmw.cost.runtime_passes.unfused_pass_times_s): for costing another FSDP2

@@ -32,6 +32,7 @@ from gbmw.cost.matmul_waves import linear_wave_loss_s
 from gbmw.cost.runtime_passes import (GRADIENT_ACCUMULATION_BYTES, GRADIENT_UPCAST_BYTES, WEIGHT_CAST_BYTES,
                                       unfused_pass_times_s)
 from gbmw.cost.strategy_columns import StrategyColumns, strategy_columns
+from gbmw.cost.tp_comm_overlap import exposed_tp_communication_s
 from gbmw.space.strategy import Strategy
 from gbmw.specs.model_spec import ACTIVATION_DTYPE_BYTES, ModelSpec
 
@@ -170,7 +171,13 @@ def layer_costs_of_strategies(model: ModelSpec, strategies: list[Strategy], micr
 
     forward_compute = forward_compute + extra_forward_compute
     backward_compute = backward_compute + 2 * extra_forward_compute
-    blocking = tp_forward + alltoall_forward
+    blocking = backward_blocking = tp_forward + alltoall_forward
+    if settings.tp_comm_overlap:  # Transformer Engine runs the +sp layers' TP collectives beside their GEMMs
+        overlaps = (tp > 1) & sp
+        blocking = alltoall_forward + np.where(
+            overlaps, exposed_tp_communication_s(forward_compute, tp_forward, slowdown), tp_forward)
+        backward_blocking = alltoall_forward + np.where(
+            overlaps, exposed_tp_communication_s(backward_compute, tp_forward, slowdown), tp_forward)
     attention_core_s = ((arrays.attention_core_flops_per_sample - arrays.flash_attention_skipped_flops_per_sample)
                         * samples / tp / attention_rate)
     context = {index: context_parallel_costs(model, s, samples_list[index], comm, attention_core_s[index],
@@ -184,7 +191,7 @@ def layer_costs_of_strategies(model: ModelSpec, strategies: list[Strategy], micr
     selective_per_sample = (arrays.attention_core_flops_per_sample / attention_rate
                             + arrays.attention_core_memory_traffic_bytes_per_sample / bandwidth)
     recompute = np.where(ckpt, full_recompute, np.where(selective, selective_per_sample * samples / tp, 0.0))
-    backward_common = blocking + backward_amax + recompute + context_backward
+    backward_common = backward_blocking + backward_amax + recompute + context_backward
     time_no_sync = forward + backward_common + overlapped(backward_compute, every_micro_batch)
     time_sync = (forward + backward_common + overlapped(backward_compute, every_micro_batch + last_micro_batch)
                  + weight_cast)

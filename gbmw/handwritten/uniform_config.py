@@ -147,7 +147,7 @@ class UniformConfig:
                 f"--uniform: global batch {global_batch} is not a multiple of micro({self.micro}) * dp({dp}) = "
                 f"{micro_batch}; DeepSpeed's identity is train_batch = micro * grad_accum * dp"
             )
-        get_target(self.target).check_precision(job.precision, job.gradient_reduce_dtype)
+        get_target(self.target).check_precision(job.precision, job.gradient_reduce_dtype, job.tp_comm_overlap)
         strategies = self.layer_strategies(job.model, dp)
         plan = Plan(
             model=job.model.name,
@@ -156,6 +156,7 @@ class UniformConfig:
             precision=job.precision,
             fp8_recipe=job.fp8_recipe,
             gradient_reduce_dtype=job.gradient_reduce_dtype,
+            tp_comm_overlap=job.tp_comm_overlap,
             global_batch=global_batch,
             micro_batch=micro_batch,
             num_micro_batches=global_batch // micro_batch,

@@ -108,11 +108,12 @@ class Planner:
 
     def __post_init__(self) -> None:
         self.spec: SearchSpace = search_space(self.variant, self.target)
-        (target := get_target(self.spec.target)).check_precision(self.job.precision, self.job.gradient_reduce_dtype)
+        target = get_target(self.spec.target)
+        target.check_precision(self.job.precision, self.job.gradient_reduce_dtype, self.job.tp_comm_overlap)
         fused = target.fused_attention and not self.attention_as_declared
         self.job = job = self.job.model_copy(update={"model": model_as_run(self.job.model, fused)})
         self.settings = CostSettings(job.cluster, job.precision, job.optimizer, target.framework, job.fp8_recipe,
-                                     job.gradient_reduce_dtype)
+                                     job.gradient_reduce_dtype, job.tp_comm_overlap)
         self.comm, self.budget = CommModel(job.cluster), float(job.memory_budget_bytes)
         self._cost_key = cost_key(job.model, self.settings)
         if self.sweep and self.batch is not None:
@@ -248,11 +249,8 @@ class Planner:
                 return searched[partition]
             iteration = pipeline_time_s(stages, m, chunks)
             candidates.append(Candidate(setting.global_batch / iteration, iteration, setting, partition, tuple(strategies)))
-            searched[partition] = StageOutcome(
-                partition,
-                tuple(stage.time_no_grad_sync_s for stage in stages),
-                tuple(stage.peak_memory_bytes for stage in stages),
-            )
+            searched[partition] = StageOutcome(partition, tuple(stage.time_no_grad_sync_s for stage in stages),
+                                               tuple(stage.peak_memory_bytes for stage in stages))
             return searched[partition]
 
         layers = model.num_layers
@@ -357,7 +355,8 @@ class Planner:
         plan = Plan(
             model=self.job.model.name, cluster=self.job.cluster.name, num_devices=self.job.cluster.num_devices,
             precision=self.job.precision, fp8_recipe=self.job.fp8_recipe,
-            gradient_reduce_dtype=self.job.gradient_reduce_dtype, global_batch=setting.global_batch,
+            gradient_reduce_dtype=self.job.gradient_reduce_dtype, tp_comm_overlap=self.job.tp_comm_overlap,
+            global_batch=setting.global_batch,
             micro_batch=setting.micro_batch, num_micro_batches=setting.num_micro_batches, pp=setting.pp,
             partition=best.partition, strategies=best.strategies, target=self.spec.target,
             schedule=self.spec.schedule, virtual_stages=setting.virtual_stages,

@@ -32,6 +32,7 @@ from typing import Protocol, Sequence
 import numpy as np
 
 from gbmw.errors import GbmwError, PlanError
+from gbmw.space.launch_settings import launch_settings_refusal
 from gbmw.space.sequence_split import sequence_split_problem
 from gbmw.space.stock_partitions import (PARTITION_RULES, RULE_DESCRIPTIONS, accounted_blocks_per_stage,
                                          is_first_last_split, interleaved_split)
@@ -122,6 +123,9 @@ class Target:
     gradient_reduce_dtypes: tuple[str, ...] = ("fp32",)
     """The dtypes it accumulates and reduces a bf16 model's gradients in (gbmw.cost.model_states): megatron-core also
     bf16 (`--grad-reduce-in-bf16`)."""
+    tp_comm_overlap: bool = False
+    """It runs Transformer Engine's TP communication overlap (megatron-core's `--tp-comm-overlap`: userbuffers, the
+    sequence-parallel collectives under the TP GEMMs; gbmw.cost.tp_comm_overlap)."""
     precisions: tuple[str, ...] = ("fp32", "fp16", "bf16")
     """The training precisions it runs: `fp8` only where its layers are Transformer Engine's (megatron-core); DeepSpeed,
     Megatron-DeepSpeed and gbmw's runtime do not run TE's FP8 linears. `tf32` only where gbmw runs the training loop
@@ -311,27 +315,15 @@ class Target:
                             f"with (blocks + 2) / pp a multiple of {v}")
         return problems
 
-    def precision_refusal(self, precision: str, gradient_reduce_dtype: str = "fp32") -> str | None:
-        """Why this target cannot train in `precision` with gradients in `gradient_reduce_dtype` (one line naming the
-        field and what works), or None."""
-        if precision in self.precisions and gradient_reduce_dtype in self.gradient_reduce_dtypes:
-            return None
-        if precision in self.precisions:
-            runs_it = [name for name, target in TARGETS.items()
-                       if gradient_reduce_dtype in target.gradient_reduce_dtypes]
-            return (f"gradient_reduce_dtype {gradient_reduce_dtype}: --target {self.name} reduces gradients in "
-                    f"{', '.join(self.gradient_reduce_dtypes)}; plan it for --target {' or '.join(runs_it)}, or drop "
-                    "the job's gradient_reduce_dtype")
-        runs_it = [name for name, target in TARGETS.items() if precision in target.precisions]
-        why, instead = ((f"{self.label}'s configuration cannot turn on torch's TF32 matmuls", "fp32") if precision == "tf32"
-                        else (f"{self.label} does not run Transformer Engine's FP8 linears", "bf16"))
-        return (f"precision {precision}: --target {self.name} plans {', '.join(self.precisions)} ({why}); plan it for "
-                f"--target {' or '.join(runs_it) or '…'}, or set the job's precision to {instead}")
+    def precision_refusal(self, precision: str, gradient_reduce_dtype: str = "fp32",
+                          tp_comm_overlap: bool = False) -> str | None:
+        """Why this target cannot train with these job settings, in one line (gbmw.space.launch_settings), or None."""
+        return launch_settings_refusal(self, TARGETS, precision, gradient_reduce_dtype, tp_comm_overlap)
 
-    def check_precision(self, precision: str, gradient_reduce_dtype: str = "fp32") -> None:
-        """Raise GbmwError with `precision_refusal`'s line where this target cannot train in `precision` (with
-        gradients in `gradient_reduce_dtype`)."""
-        refusal = self.precision_refusal(precision, gradient_reduce_dtype)
+    def check_precision(self, precision: str, gradient_reduce_dtype: str = "fp32",
+                        tp_comm_overlap: bool = False) -> None:
+        """Raise GbmwError with `precision_refusal`'s line where this target cannot train with these settings."""
+        refusal = self.precision_refusal(precision, gradient_reduce_dtype, tp_comm_overlap)
         if refusal is not None:
             raise GbmwError(refusal)
 
@@ -384,6 +376,7 @@ TARGETS: dict[str, Target] = {
         expert_parallel=True, expert_parallel_needs_sequence_parallel=True, expert_parallel_axes=("dp", "z1dp"),
         expert_tensor_parallel=True, expert_parallel_sequence_axes=("cp",),
         sequence_axes=("cp",), precisions=("fp32", "fp16", "bf16", "fp8"), gradient_reduce_dtypes=("fp32", "bf16"),
+        tp_comm_overlap=True,
     ),
 }
 STOCK_TARGETS = tuple(name for name, target in TARGETS.items() if not target.per_layer)

@@ -42,6 +42,8 @@ class JobSpec(Frozen):
     """Transformer Engine's FP8 scaling under precision fp8 (gbmw.specs.model_spec.FP8_RECIPES)."""
     gradient_reduce_dtype: GradientReduceDtype = "fp32"
     """The dtype gradients are accumulated and reduced in (gbmw.specs.model_spec.GRADIENT_REDUCE_DTYPES)."""
+    tp_comm_overlap: bool = False
+    """Transformer Engine overlaps the sequence-parallel collectives with the TP GEMMs (gbmw.cost.tp_comm_overlap)."""
     optimizer: Literal["adam", "sgd"] = "adam"
     global_batch: int | None = Field(default=None, ge=1, le=MAX_GLOBAL_BATCH)
     """Fixed global batch (samples per iteration); None lets the planner sweep."""
@@ -74,6 +76,9 @@ class JobFile(Frozen):
     gradient_reduce_dtype: GradientReduceDtype = "fp32"
     """Under precision bf16 or fp8: `fp32` (fp32 main gradients, Megatron's default) or `bf16` (megatron-core's
     `--grad-reduce-in-bf16`: half the gradient memory and traffic; only --target megatron-core runs it)."""
+    tp_comm_overlap: bool = False
+    """Transformer Engine's userbuffers overlap the sequence-parallel all-gathers and reduce-scatters with the TP
+    GEMMs (megatron-core's `--tp-comm-overlap`; NeMo's `ub_tp_comm_overlap`); only --target megatron-core runs it."""
     optimizer: Literal["adam", "sgd"] = "adam"
     global_batch: int | None = Field(default=None, ge=1, le=MAX_GLOBAL_BATCH)
     max_global_batch: int = Field(default=4096, ge=1, le=MAX_GLOBAL_BATCH)
@@ -117,6 +122,7 @@ def load_job(path: str | Path, memory_budget: str | int | None = None, seq_lengt
         precision=job.precision,
         fp8_recipe=job.fp8_recipe,
         gradient_reduce_dtype=job.gradient_reduce_dtype,
+        tp_comm_overlap=job.tp_comm_overlap,
         optimizer=job.optimizer,
         global_batch=job.global_batch,
         max_global_batch=job.max_global_batch,
