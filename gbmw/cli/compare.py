@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from gbmw.plan import Plan
 from gbmw.search.nothing_fits import NothingFitsError
 from gbmw.search.planner import Planner
-from gbmw.space.spaces import BASELINES, DEFAULT_VARIANT, OPT_IN_VARIANTS, VARIANTS
-from gbmw.space.targets import STOCK_TARGETS
+from gbmw.space.spaces import BASELINES, DEFAULT_VARIANT, OPT_IN_VARIANTS, VARIANTS, search_space
+from gbmw.space.targets import STOCK_TARGETS, get_target
 from gbmw.specs.jobs import JobSpec, load_job
 
 ROWS: list[tuple[str, str, str]] = (
@@ -26,7 +26,10 @@ ROWS: list[tuple[str, str, str]] = (
 class ComparisonCell:
     budget_bytes: int
     plan: Plan | None
-    """None: out of memory."""
+    """None: out of memory, or refused."""
+    refusal: str | None = None
+    """Why the row's target cannot run the job's settings (precision, gradient dtype, TP communication overlap), in
+    the one line `gbmw plan --target` would print; None where it can."""
 
 
 @dataclass
@@ -54,8 +57,14 @@ def compare_jobs(jobs: list[JobSpec], batch: int | None = None, sweep: bool = Fa
         for offset, job in enumerate(jobs):
             if progress is not None:
                 progress(index * len(jobs) + offset, total)
+            spec = search_space(variant, target)
+            label = spec.label if kind != "target" else f"target {target}: {spec.label}"
+            refusal = get_target(spec.target).precision_refusal(job.precision, job.gradient_reduce_dtype,
+                                                                job.tp_comm_overlap)
+            if refusal is not None:  # the other rows still compare what can run the job
+                cells.append(ComparisonCell(job.memory_budget_bytes, None, refusal))
+                continue
             planner = Planner(job, variant, batch, sweep, target=target, explain_failure=False)
-            label = planner.spec.label if kind != "target" else f"target {target}: {planner.spec.label}"
             try:
                 cells.append(ComparisonCell(job.memory_budget_bytes, planner.run()))
             except NothingFitsError:

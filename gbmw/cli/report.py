@@ -165,13 +165,21 @@ def print_comparison(rows, job: JobSpec) -> None:
         previous_kind = row.kind
         values = []
         for cell in row.cells:
-            if cell.plan is None:
+            if cell.refusal is not None:
+                values.append("refused")
+            elif cell.plan is None:
                 values.append("OOM")
             else:
                 values.append(f"{cell.plan.estimate.samples_per_s:.2f} ({cell.plan.global_batch})")
         table.add_row(row.label, *values)
     console = _console()
     console.print(table)
+    refused: dict[str, list[str]] = {}  # why a target cannot run the job's settings: the rows it refuses
+    for row in rows:
+        if row.cells and row.cells[0].refusal is not None:
+            refused.setdefault(row.cells[0].refusal, []).append(row.name)
+    for refusal, names in refused.items():
+        console.print(f"refused ({', '.join(names)}): {refusal}", highlight=False)
     for row in rows:  # how far the best plan of each target can be trusted, at the first budget
         plan = row.cells[0].plan
         if row.kind == "target" and plan is not None:
@@ -183,7 +191,9 @@ def comparison_to_json(rows) -> list[dict[str, Any]]:
     for row in rows:
         for cell in row.cells:
             entry = {"kind": row.kind, "name": row.name, "label": row.label, "memory_budget_bytes": cell.budget_bytes}
-            if cell.plan is None:
+            if cell.refusal is not None:
+                entry["refused"] = cell.refusal
+            elif cell.plan is None:
                 entry["oom"] = True
             else:
                 entry.update(oom=False, samples_per_s=cell.plan.estimate.samples_per_s,
