@@ -210,7 +210,7 @@ def plan_to_megatron_args(
     if layout.sequence_parallel:
         args.append("--sequence-parallel")
         if plan.tp_comm_overlap:  # Transformer Engine's userbuffers (megatron-core only: layout.check_precision);
-            args.append("--tp-comm-overlap")  # Megatron asserts sequence parallelism with it (gbmw.cost.tp_comm_overlap)
+            args.append("--tp-comm-overlap")  # Megatron asserts sequence parallelism with it
     if layout.recompute == "full":
         args += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
         if deepspeed:
