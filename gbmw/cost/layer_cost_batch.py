@@ -32,7 +32,7 @@ from gbmw.cost.matmul_waves import linear_wave_loss_s
 from gbmw.cost.runtime_passes import (GRADIENT_ACCUMULATION_BYTES, GRADIENT_UPCAST_BYTES, WEIGHT_CAST_BYTES,
                                       unfused_pass_times_s)
 from gbmw.cost.strategy_columns import StrategyColumns, strategy_columns
-from gbmw.cost.tp_comm_overlap import exposed_tp_communication_s
+from gbmw.cost.tp_comm_overlap import exposed_tp_communication_s, overlapped_s
 from gbmw.space.strategy import Strategy
 from gbmw.specs.model_spec import ACTIVATION_DTYPE_BYTES, ModelSpec
 
@@ -166,9 +166,6 @@ def layer_costs_of_strategies(model: ModelSpec, strategies: list[Strategy], micr
 
     slowdown = cluster.overlap_slowdown
 
-    def overlapped(compute: np.ndarray, communication: np.ndarray) -> np.ndarray:
-        return np.maximum(compute, communication) + (slowdown - 1.0) * np.minimum(compute, communication)
-
     forward_compute = forward_compute + extra_forward_compute
     backward_compute = backward_compute + 2 * extra_forward_compute
     blocking = backward_blocking = tp_forward + alltoall_forward
@@ -192,9 +189,9 @@ def layer_costs_of_strategies(model: ModelSpec, strategies: list[Strategy], micr
                             + arrays.attention_core_memory_traffic_bytes_per_sample / bandwidth)
     recompute = np.where(ckpt, full_recompute, np.where(selective, selective_per_sample * samples / tp, 0.0))
     backward_common = backward_blocking + backward_amax + recompute + context_backward
-    time_no_sync = forward + backward_common + overlapped(backward_compute, every_micro_batch)
-    time_sync = (forward + backward_common + overlapped(backward_compute, every_micro_batch + last_micro_batch)
-                 + weight_cast)
+    time_no_sync = forward + backward_common + overlapped_s(backward_compute, every_micro_batch, slowdown)
+    synchronised = overlapped_s(backward_compute, every_micro_batch + last_micro_batch, slowdown)
+    time_sync = forward + backward_common + synchronised + weight_cast
 
     forward_memory, backward_memory = _memory_rows(model, columns, settings, samples, dense_parameters, rank_experts,
                                                    device_parameters, extra_activation, context_transient, kinds, d)

@@ -16,8 +16,13 @@ from __future__ import annotations
 import numpy as np
 
 
+def overlapped_s(compute_s: np.ndarray, communication_s: np.ndarray, slowdown: float) -> np.ndarray:
+    """Compute and communication run side by side, both slowed by `slowdown` while they share the device:
+    max(c, g) + (f − 1)·min(c, g) (paper Sec. 5; gbmw.cost.layer_cost's DP/SDP backward overlap too)."""
+    return np.maximum(compute_s, communication_s) + (slowdown - 1.0) * np.minimum(compute_s, communication_s)
+
+
 def exposed_tp_communication_s(compute_s: np.ndarray, communication_s: np.ndarray, slowdown: float) -> np.ndarray:
     """What the TP collectives add to a pass that computes for `compute_s` when they run beside it (the module's
     rule, less the compute the pass does anyway)."""
-    return (np.maximum(compute_s, communication_s) + (slowdown - 1.0) * np.minimum(compute_s, communication_s)
-            - compute_s)
+    return overlapped_s(compute_s, communication_s, slowdown) - compute_s
