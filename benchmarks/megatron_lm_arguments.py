@@ -57,8 +57,9 @@ REACH_CONFIGS = {  # issue 26's experts and issue 27's context parallelism, besi
 }
 FP8_JOBS = ("gpt3-65b_h100-80g-x64", "llama3.1-8b-128k_h100-80g-x64", "mixtral-8x7b_h100-80g-x64")
 """Jobs also checked with `precision: fp8` (issue 28: --bf16 --fp8-format hybrid --fp8-recipe delayed), and with
-`gradient_reduce_dtype: bf16` in bf16 and fp8 (--grad-reduce-in-bf16), and with `tp_comm_overlap: true`
-(--tp-comm-overlap, which Megatron's validate_args accepts with sequence parallelism only)."""
+`gradient_reduce_dtype: bf16` in bf16 and fp8 (--grad-reduce-in-bf16), with `tp_comm_overlap: true`
+(--tp-comm-overlap, which Megatron's validate_args accepts with sequence parallelism only), and with
+`adam_moments_dtype: bf16` (--use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16)."""
 ARCHITECTURES = {"A100": 8, "H100": 9, "H200": 9, "B200": 10, "GB200": 10}
 """GPU name → CUDA major version, as Megatron's get_device_arch_version would read it on that GPU."""
 
@@ -129,7 +130,8 @@ def argument_sets() -> list[tuple[str, gbmw.JobSpec, gbmw.Plan]]:
                   for config in configs]
     for name in FP8_JOBS:
         for job in (variant_job(name, "fp8"), variant_job(name, "bf16", "bf16"), variant_job(name, "fp8", "bf16"),
-                    variant_job(name, "bf16", tp_comm_overlap=True), variant_job(name, "fp8", "bf16", True)):
+                    variant_job(name, "bf16", tp_comm_overlap=True), variant_job(name, "fp8", "bf16", True),
+                    variant_job(name, "bf16", adam_moments_dtype="bf16"), variant_job(name, "fp8", "bf16", True, "bf16")):
             cases.append((f"{job.name}: tp=4,pp=2,zero=1,sp=on", job,
                           gbmw.uniform_plan(job, "tp=4,pp=2,zero=1,sp=on,micro=1" + (",ep=2" if "mixtral" in name else "")
                                             + ",target=megatron-core")))
@@ -143,17 +145,18 @@ def argument_sets() -> list[tuple[str, gbmw.JobSpec, gbmw.Plan]]:
     return cases
 
 
-def variant_job(name: str, precision: str, gradient_reduce_dtype: str = "fp32",
-                tp_comm_overlap: bool = False) -> gbmw.JobSpec:
+def variant_job(name: str, precision: str, gradient_reduce_dtype: str = "fp32", tp_comm_overlap: bool = False,
+                adam_moments_dtype: str = "fp32") -> gbmw.JobSpec:
     """The bundled job `name` (a bf16 job) in `precision`, its gradients reduced in `gradient_reduce_dtype`, with
-    Transformer Engine's TP communication overlap where `tp_comm_overlap` (--tp-comm-overlap)."""
+    Transformer Engine's TP communication overlap where `tp_comm_overlap` (--tp-comm-overlap), Adam's moments kept in
+    `adam_moments_dtype`."""
     import tempfile
 
     text = (RECIPES_DIR / "jobs" / f"{name}.yaml").read_text().replace(
         "precision: bf16", f"precision: {precision}\ngradient_reduce_dtype: {gradient_reduce_dtype}\n"
-                           f"tp_comm_overlap: {str(tp_comm_overlap).lower()}")
+                           f"tp_comm_overlap: {str(tp_comm_overlap).lower()}\nadam_moments_dtype: {adam_moments_dtype}")
     suffix = (precision + ("-bf16grads" if gradient_reduce_dtype == "bf16" else "")
-              + ("-tpoverlap" if tp_comm_overlap else ""))
+              + ("-tpoverlap" if tp_comm_overlap else "") + ("-bf16moments" if adam_moments_dtype == "bf16" else ""))
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / f"{name.replace('_', f'-{suffix}_', 1)}.yaml"
         path.write_text(text)
@@ -184,7 +187,11 @@ def check(arguments, job: gbmw.JobSpec, plan: gbmw.Plan, extra: tuple[str, ...] 
     expected = dict(tensor_model_parallel_size=strategy.tp, pipeline_model_parallel_size=plan.pp,
                     data_parallel_size=strategy.data_parallel, sequence_parallel=strategy.sp,
                     recompute_granularity=None if strategy.recompute == "none" else strategy.recompute,
-                    use_distributed_optimizer=strategy.degree("z1dp") > 1,
+                    use_distributed_optimizer=strategy.degree("z1dp") > 1 or plan.adam_moments_dtype == "bf16",
+                    use_precision_aware_optimizer=plan.adam_moments_dtype == "bf16",
+                    exp_avg_dtype=getattr(arguments.torch, {"bf16": "bfloat16"}.get(plan.adam_moments_dtype, "float32")),
+                    exp_avg_sq_dtype=getattr(arguments.torch, {"bf16": "bfloat16"}.get(plan.adam_moments_dtype,
+                                                                                       "float32")),
                     virtual_pipeline_model_parallel_size=plan.virtual_stages if plan.virtual_stages > 1 else None,
                     account_for_embedding_in_pipeline_split=accounted, account_for_loss_in_pipeline_split=accounted,
                     context_parallel_size=strategy.degree("cp"), bf16=plan.precision in ("bf16", "fp8"),

@@ -153,15 +153,16 @@ def with_recipe_fields(run: dict) -> tuple[dict, list[str]]:
     filled = dict(run, parallelism=dict(run["parallelism"]), model=dict(run["model"]))
     lines = []
     for field, entry in taken.items():
-        if field in ("fp8_recipe", "gradient_reduce_dtype"):  # the run's own, beside its precision
+        line = f"{field}={entry['value']}" + (f" ({entry['costed_as']})" if entry.get("costed_as") else "")
+        if field in ("fp8_recipe", "gradient_reduce_dtype", "adam_moments_dtype"):  # the run's own, by its precision
             if filled.get(field) is None:
                 filled[field] = entry["value"]
-                lines.append(f"{field}={entry['value']}")
+                lines.append(line)
             continue
         part = "model" if field in filled["model"] else "parallelism"
         if filled[part].get(field) is None:
             filled[part][field] = entry["value"]
-            lines.append(f"{field}={entry['value']}" + (f" ({entry['costed_as']})" if entry.get("costed_as") else ""))
+            lines.append(line)
     where = "; ".join(dict.fromkeys(entry["recipe"] for entry in taken.values()))
     return filled, [f"from the recipe {where}: {', '.join(lines)}"] if lines else []
 
@@ -223,6 +224,7 @@ def build_job(run: dict, cluster: ClusterSpec, assumptions: list[str]) -> JobSpe
     spec = build_model(architecture, precision)
     return JobSpec(name=run["name"], model=spec, cluster=cluster, precision=precision, fp8_recipe=fp8_recipe(run),
                    gradient_reduce_dtype=gradient_reduce_dtype(run), tp_comm_overlap=tp_comm_overlap(run),
+                   adam_moments_dtype=run.get("adam_moments_dtype") or "fp32",
                    global_batch=run["parallelism"]["global_batch"], memory_budget_bytes=cluster.usable_memory_bytes)
 
 
@@ -461,6 +463,7 @@ def build_moe_job(run: dict, cluster: ClusterSpec, assumptions: list[str]) -> Jo
     spec = build_model(architecture, precision)
     return JobSpec(name=run["name"], model=spec, cluster=cluster, precision=precision, fp8_recipe=fp8_recipe(run),
                    gradient_reduce_dtype=gradient_reduce_dtype(run), tp_comm_overlap=tp_comm_overlap(run),
+                   adam_moments_dtype=run.get("adam_moments_dtype") or "fp32",
                    global_batch=run["parallelism"]["global_batch"], memory_budget_bytes=cluster.usable_memory_bytes)
 
 
@@ -599,6 +602,7 @@ def cost_long_context(run: dict) -> Costed:
     job = JobSpec(name=run["name"], model=build_model(llama_architecture(run), precision), cluster=cluster,
                   precision=precision, fp8_recipe=fp8_recipe(run), global_batch=parallelism["global_batch"],
                   gradient_reduce_dtype=gradient_reduce_dtype(run), tp_comm_overlap=tp_comm_overlap(run),
+                  adam_moments_dtype=run.get("adam_moments_dtype") or "fp32",
                   memory_budget_bytes=cluster.usable_memory_bytes)
     zero = 3 if target == "runtime" else 1 if parallelism["distributed_optimizer"] else 0
     config = UniformConfig(tp=parallelism["tensor"], pp=parallelism["pipeline"], zero=zero, ckpt=parallelism["recompute"],

@@ -21,7 +21,8 @@ from gbmw.specs.plan_fields import flag, name_text, plain, whole_number
 from gbmw.space.strategy import Strategy
 from gbmw.space.targets import TARGETS
 from gbmw.specs.files import load_yaml_text, read_text, shown, write_new_file
-from gbmw.specs.model_spec import FP8_RECIPES, PRECISIONS, ModelSpec, gradient_reduce_dtype_problem
+from gbmw.specs.model_spec import FP8_RECIPES, PRECISIONS, ModelSpec
+from gbmw.specs.optimizer_dtypes import adam_moments_dtype_problem, gradient_reduce_dtype_problem
 from gbmw.specs.schema import MAX_DEVICES, MAX_GLOBAL_BATCH, MAX_LAYERS, check_kind
 
 PLAN_FORMAT_VERSION = 1
@@ -79,6 +80,8 @@ class Plan:
     """Transformer Engine's FP8 scaling under precision fp8: `delayed` or `current` (gbmw.cost.fp8)."""
     gradient_reduce_dtype: str = "fp32"
     """The dtype gradients are accumulated and reduced in: `fp32` or `bf16` (gbmw.cost.model_states)."""
+    adam_moments_dtype: str = "fp32"
+    """The dtype Adam's moments are kept in: `fp32` or `bf16` (gbmw.cost.model_states)."""
     tp_comm_overlap: bool = False
     """Transformer Engine overlaps the +sp layers' TP collectives with their GEMMs (gbmw.cost.tp_comm_overlap)."""
     estimate: Estimate | None = None
@@ -102,7 +105,8 @@ class Plan:
                             "MXFP8 scaling are not costed)")
         elif self.fp8_recipe != "delayed" and self.precision != "fp8":
             problems.append(f"fp8_recipe {self.fp8_recipe} needs precision fp8 (the plan's is {self.precision})")
-        problems += filter(None, [gradient_reduce_dtype_problem(self.precision, self.gradient_reduce_dtype)])
+        problems += filter(None, [gradient_reduce_dtype_problem(self.precision, self.gradient_reduce_dtype),
+                                  adam_moments_dtype_problem(self.precision, "adam", self.adam_moments_dtype)])
         if not isinstance(self.tp_comm_overlap, bool):
             problems.append(f"tp_comm_overlap {shown(self.tp_comm_overlap)}: must be true or false")
         if len(self.strategies) > MAX_LAYERS + 16:
@@ -176,9 +180,9 @@ class Plan:
 
     def check_against(self, model: ModelSpec, num_devices: int | None = None, precision: str | None = None,
                       fp8_recipe: str | None = None, gradient_reduce_dtype: str | None = None,
-                      tp_comm_overlap: bool | None = None) -> None:
+                      tp_comm_overlap: bool | None = None, adam_moments_dtype: str | None = None) -> None:
         """Raise PlanError if the plan does not fit this model (and device count, the job's precision, FP8 recipe,
-        gradient dtype, TP communication overlap)."""
+        gradient dtype, TP communication overlap, Adam moments' dtype)."""
         if len(self.strategies) != model.num_layers:
             raise PlanError(
                 f"plan has {len(self.strategies)} layer strategies but model {model.name} has {model.num_layers} layers"
@@ -191,14 +195,12 @@ class Plan:
         if fp8_recipe is not None and self.fp8_recipe != fp8_recipe:
             raise PlanError(f"plan is for fp8_recipe {self.fp8_recipe} but the job scales FP8 by {fp8_recipe}; "
                             f"plan again (gbmw plan) or set the job's fp8_recipe to {self.fp8_recipe}")
-        if gradient_reduce_dtype is not None and self.gradient_reduce_dtype != gradient_reduce_dtype:
-            raise PlanError(f"plan reduces gradients in {self.gradient_reduce_dtype} but the job in "
-                            f"{gradient_reduce_dtype}; plan again (gbmw plan) or set the job's gradient_reduce_dtype "
-                            f"to {self.gradient_reduce_dtype}")
-        if tp_comm_overlap is not None and self.tp_comm_overlap != tp_comm_overlap:
-            raise PlanError(f"plan is for tp_comm_overlap {str(self.tp_comm_overlap).lower()} but the job sets "
-                            f"{str(tp_comm_overlap).lower()}; plan again (gbmw plan) or set the job's tp_comm_overlap "
-                            f"to {str(self.tp_comm_overlap).lower()}")
+        for name, wanted in (("gradient_reduce_dtype", gradient_reduce_dtype), ("adam_moments_dtype", adam_moments_dtype),
+                             ("tp_comm_overlap", tp_comm_overlap)):
+            have, word = getattr(self, name), lambda value: str(value).lower()  # YAML's words for booleans
+            if wanted is not None and have != wanted:
+                raise PlanError(f"plan is for {name} {word(have)} but the job sets {word(wanted)}; plan again (gbmw "
+                                f"plan) or set the job's {name} to {word(have)}")
         if num_devices is not None and num_devices != self.num_devices:
             raise PlanError(
                 f"plan is for {self.num_devices} devices but {num_devices} are available; "
@@ -241,7 +243,7 @@ class Plan:
             elif item.name == "virtual_stages" and value == 1:
                 continue  # plain 1F1B: the field is written only for interleaved pipelines
             elif (item.name, value) in (("fp8_recipe", "delayed"), ("gradient_reduce_dtype", "fp32"),
-                                        ("tp_comm_overlap", False)):
+                                        ("adam_moments_dtype", "fp32"), ("tp_comm_overlap", False)):
                 continue  # the defaults: plans written before these fields read the same
             else:
                 data[item.name] = plain(value)
@@ -305,6 +307,7 @@ class Plan:
                 fp8_recipe=name_text(data.get("fp8_recipe", "delayed"), "fp8_recipe", where),
                 gradient_reduce_dtype=name_text(data.get("gradient_reduce_dtype", "fp32"), "gradient_reduce_dtype",
                                                 where),
+                adam_moments_dtype=name_text(data.get("adam_moments_dtype", "fp32"), "adam_moments_dtype", where),
                 tp_comm_overlap=flag(data.get("tp_comm_overlap", False), "tp_comm_overlap", where),
                 estimate=estimate,
                 provenance=dict(provenance),

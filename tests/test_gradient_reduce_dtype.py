@@ -73,7 +73,7 @@ def test_yaml_round_trip_writes_the_field_only_when_bf16(tmp_path):
     assert "gradient_reduce_dtype: bf16" in plan.to_yaml() and Plan.from_yaml(plan.to_yaml()) == plan
     fp32 = dataclasses.replace(plan, gradient_reduce_dtype="fp32")
     assert "gradient_reduce_dtype" not in fp32.to_yaml() and Plan.from_yaml(fp32.to_yaml()) == fp32
-    with pytest.raises(PlanError, match="^plan reduces gradients in fp32 but the job in bf16; plan again"):
+    with pytest.raises(PlanError, match="^plan is for gradient_reduce_dtype fp32 but the job sets bf16; plan again"):
         fp32.check_against(_job(tmp_path).model, gradient_reduce_dtype="bf16")
 
 

@@ -61,7 +61,8 @@ def plan_to_ds_config(plan: Plan, job: JobSpec, target: str = "deepspeed") -> di
         raise PlanError(f"target {target!r}: a DeepSpeed config serves {list(DEEPSPEED_TARGETS)}")
     _check_plan_is_for(plan, job)
     # no TE FP8 linears, fp32 grads, no TP communication overlap
-    get_target(target).check_precision(plan.precision, plan.gradient_reduce_dtype, plan.tp_comm_overlap)
+    get_target(target).check_precision(plan.precision, plan.gradient_reduce_dtype, plan.tp_comm_overlap,
+                                       plan.adam_moments_dtype)
     get_target(target).check(plan, job.model)
     layout = _layout(plan, job.model)
     stage = ZERO_STAGE_OF_AXIS[layout.data_parallel_axis] if layout.data_parallel_axis else 0

@@ -43,6 +43,10 @@ What a plan says, and the flag that says it::
                                       current: tensorwise)
     gradient_reduce_dtype bf16        --grad-reduce-in-bf16                  refused (DeepSpeed's bf16 optimizer)
     tp_comm_overlap (with +sp)        --tp-comm-overlap                      refused (no Transformer Engine overlap)
+    adam_moments_dtype bf16 (z1dp     --use-precision-aware-optimizer        refused (no precision-aware optimizer)
+    or no data parallelism)           --exp-avg-dtype bf16
+                                      --exp-avg-sq-dtype bf16
+                                      --use-distributed-optimizer
 
 Megatron places the embedding on the first stage and the output layer on the last, and
 ``--num-layers`` counts Transformer blocks only; in a Plan the embedding and head are layers, so

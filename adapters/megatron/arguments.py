@@ -219,6 +219,8 @@ def plan_to_megatron_args(
         args += ["--recompute-granularity", "selective"]
     if deepspeed:
         args += ["--deepspeed", "--deepspeed_config", deepspeed_config, "--zero-stage", str(layout.zero_stage)]
-    elif layout.data_axis == "z1dp":
-        args.append("--use-distributed-optimizer")
+    elif layout.data_axis == "z1dp" or plan.adam_moments_dtype == "bf16":  # Megatron's precision-aware optimizer
+        args.append("--use-distributed-optimizer")  # runs under its distributed optimizer only (layout refuses dp)
+    if plan.adam_moments_dtype == "bf16":  # megatron-core only: layout.check_precision
+        args += ["--use-precision-aware-optimizer", "--exp-avg-dtype", "bf16", "--exp-avg-sq-dtype", "bf16"]
     return args

@@ -65,6 +65,9 @@ def _parser(target: str) -> _Parser:
         add("--fp8-recipe", choices=["tensorwise", "delayed", "mxfp8", "blockwise", "custom"], default="delayed")
         add("--grad-reduce-in-bf16", action="store_true")
         add("--tp-comm-overlap", action="store_true")
+        add("--use-precision-aware-optimizer", action="store_true")  # megatron/training/arguments.py
+        for dest in ("exp_avg_dtype", "exp_avg_sq_dtype"):
+            add(_flag(dest), choices=["fp32", "fp16", "bf16", "fp8"], default="fp32")
     add("--attention-dropout", type=float)
     add("--hidden-dropout", type=float)
     add("--recompute-granularity", choices=["full", "selective"])
@@ -236,6 +239,10 @@ def megatron_args_to_plan(args: Sequence[str], job: JobSpec, target: str = "mega
     if tp_comm_overlap != job.tp_comm_overlap and (tp_comm_overlap or namespace.sequence_parallel):
         raise GbmwError(f"Megatron arguments {'give' if tp_comm_overlap else 'do not give'} --tp-comm-overlap but "
                         f"job {job.name} has tp_comm_overlap {str(job.tp_comm_overlap).lower()}")
+    adam_moments_dtype = _adam_moments_dtype(namespace)
+    if adam_moments_dtype != job.adam_moments_dtype:
+        raise GbmwError(f"Megatron arguments keep Adam's moments in {adam_moments_dtype} but job {job.name} has "
+                        f"adam_moments_dtype {job.adam_moments_dtype}")
 
     devices = job.cluster.num_devices
     tp, pp = namespace.tensor_model_parallel_size, namespace.pipeline_model_parallel_size
@@ -314,6 +321,7 @@ def megatron_args_to_plan(args: Sequence[str], job: JobSpec, target: str = "mega
         fp8_recipe=fp8_recipe,
         gradient_reduce_dtype=gradient_reduce_dtype,
         tp_comm_overlap=job.tp_comm_overlap,
+        adam_moments_dtype=adam_moments_dtype,
         global_batch=namespace.global_batch_size,
         micro_batch=micro_batch,
         num_micro_batches=namespace.global_batch_size // micro_batch,
@@ -327,3 +335,22 @@ def megatron_args_to_plan(args: Sequence[str], job: JobSpec, target: str = "mega
     plan.check_against(job.model, devices)
     get_target(checked_target).check(plan, job.model)
     return plan
+
+
+def _adam_moments_dtype(namespace: argparse.Namespace) -> str:
+    """The dtype of Adam's moments the arguments ask (megatron-core's precision-aware optimizer), refusing what
+    Megatron refuses (the dtypes without the optimizer, the optimizer without the distributed one) and what gbmw does
+    not price (fp16 or fp8 moments, or the two moments in different dtypes)."""
+    dtypes = {getattr(namespace, "exp_avg_dtype", "fp32"), getattr(namespace, "exp_avg_sq_dtype", "fp32")}
+    if not getattr(namespace, "use_precision_aware_optimizer", False):
+        if dtypes != {"fp32"}:
+            raise GbmwError("Megatron arguments: --exp-avg-dtype/--exp-avg-sq-dtype other than fp32 need "
+                            "--use-precision-aware-optimizer (Megatron asserts it); add it or drop them")
+        return "fp32"
+    if not namespace.use_distributed_optimizer:
+        raise GbmwError("Megatron arguments: --use-precision-aware-optimizer without --use-distributed-optimizer "
+                        "(Megatron refuses it); add --use-distributed-optimizer")
+    if len(dtypes) != 1 or not dtypes <= {"fp32", "bf16"}:
+        raise GbmwError(f"Megatron arguments: --exp-avg-dtype {namespace.exp_avg_dtype} --exp-avg-sq-dtype "
+                        f"{namespace.exp_avg_sq_dtype}: gbmw prices both moments in fp32 or both in bf16")
+    return dtypes.pop()

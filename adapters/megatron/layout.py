@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from gbmw.errors import GbmwError, PlanError
 from gbmw.plan import Plan
+from gbmw.space.launch_settings import adam_moments_layout_problem
 from gbmw.space.stock_partitions import blocks_per_stage, interleaved_split, megatron_partition
 from gbmw.space.strategy import DATA_PARALLEL_AXES
 from gbmw.space.targets import ZERO_STAGE_OF_AXIS, get_target
@@ -120,8 +121,12 @@ def megatron_layout(plan: Plan, job: JobSpec, target: str) -> MegatronLayout:
             f"{job.name}: {model.name} has {model.num_layers} layers on {job.cluster.num_devices} devices"
         )
     # Megatron-DeepSpeed: no TE FP8, no TP communication overlap
-    get_target(target).check_precision(plan.precision, plan.gradient_reduce_dtype, plan.tp_comm_overlap)
+    get_target(target).check_precision(plan.precision, plan.gradient_reduce_dtype, plan.tp_comm_overlap,
+                                       plan.adam_moments_dtype)
     get_target(target).check(plan, model)
+    layout_problem = adam_moments_layout_problem(plan.strategies, plan.adam_moments_dtype)
+    if layout_problem:
+        raise PlanError(f"{target} cannot run this plan: {layout_problem}")
     strategy = plan.strategies[0]  # one layout for every layer, checked above
     data_axes = [axis for axis, _ in strategy.dims if axis in DATA_PARALLEL_AXES]
     blocks = tuple(blocks_per_stage(model, plan.partition))

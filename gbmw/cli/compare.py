@@ -60,7 +60,7 @@ def compare_jobs(jobs: list[JobSpec], batch: int | None = None, sweep: bool = Fa
             spec = search_space(variant, target)
             label = spec.label if kind != "target" else f"target {target}: {spec.label}"
             refusal = get_target(spec.target).precision_refusal(job.precision, job.gradient_reduce_dtype,
-                                                                job.tp_comm_overlap)
+                                                                job.tp_comm_overlap, job.adam_moments_dtype)
             if refusal is not None:  # the other rows still compare what can run the job
                 cells.append(ComparisonCell(job.memory_budget_bytes, None, refusal))
                 continue

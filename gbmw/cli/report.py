@@ -51,6 +51,7 @@ def print_estimate(job: JobSpec, plan: Plan, estimate: Estimate) -> None:
         f"{model.num_layers} layers) on {job.cluster.name} ({plan.num_devices} × {job.cluster.device.name}), "
         f"{job.precision}{', bf16 gradients' if plan.gradient_reduce_dtype == 'bf16' else ''}"
         f"{', TP communication overlap' if plan.tp_comm_overlap else ''}, {job.optimizer}"
+        f"{' (bf16 moments)' if plan.adam_moments_dtype == 'bf16' else ''}"
     )
     experts = _experts_line(job, plan)
     if experts:

@@ -10,6 +10,7 @@ from gbmw.cost.pipeline_schedules import pipeline_time_s
 from gbmw.cost.stage_cost import StageCosts, StageEstimate, stage_estimate, strategy_tables
 from gbmw.errors import PlanError
 from gbmw.plan import Estimate, Plan
+from gbmw.space.launch_settings import adam_moments_layout_problem
 from gbmw.space.targets import get_target
 from gbmw.specs.jobs import JobSpec
 from gbmw.specs.models import model_as_run
@@ -24,9 +25,13 @@ def plan_stage_estimates(job: JobSpec, plan: Plan, fused_elementwise: bool = Fal
     comm = CommModel(job.cluster)
     strategies = list(dict.fromkeys(plan.strategies))
     target = get_target(plan.target)
-    target.check_precision(job.precision, plan.gradient_reduce_dtype, plan.tp_comm_overlap)
+    target.check_precision(job.precision, plan.gradient_reduce_dtype, plan.tp_comm_overlap, plan.adam_moments_dtype)
+    layout_problem = adam_moments_layout_problem(strategies, plan.adam_moments_dtype)
+    if layout_problem:
+        raise PlanError(f"{target.name} cannot run this plan: {layout_problem}")
     settings = CostSettings(job.cluster, job.precision, job.optimizer, target.framework, plan.fp8_recipe,
-                            plan.gradient_reduce_dtype, plan.tp_comm_overlap, fused_elementwise)
+                            gradient_reduce_dtype=plan.gradient_reduce_dtype, adam_moments_dtype=plan.adam_moments_dtype,
+                            tp_comm_overlap=plan.tp_comm_overlap, fused_elementwise=fused_elementwise)
     model = model_as_run(job.model, target.fused_attention and not attention_as_declared)
     tables = strategy_tables(model, strategies, plan.micro_batch, settings, comm)
     costs = StageCosts(model, tables, plan.pp, plan.num_micro_batches, plan.schedule, comm,

@@ -45,6 +45,7 @@ what depends on the stage (transitions, pipeline sends, the 1F1B stash).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -69,12 +70,20 @@ class CostSettings:
     """Transformer Engine's FP8 scaling under precision fp8: delayed or current (gbmw.cost.fp8)."""
     gradient_reduce_dtype: str = "fp32"
     """The dtype gradients are accumulated and reduced in (gbmw.cost.model_states.state_bytes)."""
+    adam_moments_dtype: str = "fp32"
+    """The dtype Adam's moments are kept in (gbmw.cost.model_states.state_bytes)."""
     tp_comm_overlap: bool = False
     """The +sp layers' TP collectives run beside their GEMMs (gbmw.cost.tp_comm_overlap)."""
     fused_elementwise: bool = False
     """The norms, gated activations and rotary positions run as fused kernels (Transformer Engine's) rather than as
     gbmw's runtime's own unfused passes (gbmw.cost.runtime_passes.unfused_pass_times_s): for costing another FSDP2
     framework's run in the runtime's layout (benchmarks/published_runs.py)."""
+
+    @classmethod
+    def for_job(cls, job: Any, framework: str) -> CostSettings:
+        """The settings of `job` (a gbmw.specs.jobs.JobSpec) run by `framework`."""
+        return cls(job.cluster, job.precision, job.optimizer, framework, job.fp8_recipe, job.gradient_reduce_dtype,
+                   job.adam_moments_dtype, job.tp_comm_overlap)
 
     @property
     def unfused_passes_framework(self) -> str:
@@ -83,7 +92,8 @@ class CostSettings:
 
     @property
     def states(self) -> StateBytes:
-        return state_bytes(self.framework, self.precision, self.optimizer, self.gradient_reduce_dtype)
+        return state_bytes(self.framework, self.precision, self.optimizer, self.gradient_reduce_dtype,
+                           self.adam_moments_dtype)
 
 
 @dataclass

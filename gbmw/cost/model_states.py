@@ -17,7 +17,10 @@ deepspeed       bf16/fp16   2         2           16           DeepSpeed's estim
 SGD (no momentum) keeps the weights and gradients and, in mixed precision, an fp32 master copy (any framework).
 With `gradient_reduce_dtype` bf16 (megatron-core's `--grad-reduce-in-bf16`: megatron/training/arguments.py turns
 accumulate_allreduce_grads_in_fp32 off, so its DDP's gradient buffer takes the bf16 parameters' dtype) Megatron keeps
-2-byte gradients; only --target megatron-core plans it (gbmw.space.targets).
+2-byte gradients; only --target megatron-core plans it (gbmw.space.targets). With `adam_moments_dtype` bf16
+(megatron-core's precision-aware optimizer, `--exp-avg-dtype bf16 --exp-avg-sq-dtype bf16`: Transformer Engine's
+FusedAdam keeps exp_avg and exp_avg_sq in bf16 beside the fp32 main weights) Adam's two moments take 2 bytes each:
+Megatron bf16's optimizer column is 4 + 2 + 2 = 8 bytes instead of 12.
 
 The optimizer step is memory-bound: per parameter it steps, it reads and writes the optimizer's states, reads the
 gradient (twice: the gradient norm for clipping, then the update) and writes the weights — and, where the weights
@@ -66,14 +69,21 @@ _SGD = {"fp32": StateBytes(4, 4, 0), "bf16": StateBytes(2, 2, 4), "fp16": StateB
         "fp8": StateBytes(2, 2, 4)}
 FRAMEWORKS = ("gbmw-runtime", "megatron", "deepspeed")
 BF16_GRADIENT_BYTES = 2
+BF16_MOMENTS_SAVED_BYTES = 2 * (4 - 2)
+"""Adam's two moments in bf16 rather than fp32: 2 bytes saved on each."""
 
 
-def state_bytes(framework: str, precision: str, optimizer: str, gradient_reduce_dtype: str = "fp32") -> StateBytes:
+def state_bytes(framework: str, precision: str, optimizer: str, gradient_reduce_dtype: str = "fp32",
+                adam_moments_dtype: str = "fp32") -> StateBytes:
     """The bytes per parameter `framework` keeps training in `precision` with `optimizer` (see the module table),
-    its gradients in bf16 where `gradient_reduce_dtype` says so."""
+    its gradients in bf16 where `gradient_reduce_dtype` says so, Adam's moments where `adam_moments_dtype` does."""
     precision = STORAGE_PRECISION.get(precision, precision)
     states = _SGD[precision] if optimizer == "sgd" else _ADAM[framework, precision]
-    return replace(states, gradients=BF16_GRADIENT_BYTES) if gradient_reduce_dtype == "bf16" else states
+    if gradient_reduce_dtype == "bf16":
+        states = replace(states, gradients=BF16_GRADIENT_BYTES)
+    if adam_moments_dtype == "bf16" and optimizer == "adam":
+        states = replace(states, optimizer=states.optimizer - BF16_MOMENTS_SAVED_BYTES)
+    return states
 
 
 def sharded_bytes_per_parameter(strategy: Strategy, states: StateBytes) -> float:

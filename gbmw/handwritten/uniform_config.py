@@ -147,7 +147,8 @@ class UniformConfig:
                 f"--uniform: global batch {global_batch} is not a multiple of micro({self.micro}) * dp({dp}) = "
                 f"{micro_batch}; DeepSpeed's identity is train_batch = micro * grad_accum * dp"
             )
-        get_target(self.target).check_precision(job.precision, job.gradient_reduce_dtype, job.tp_comm_overlap)
+        get_target(self.target).check_precision(job.precision, job.gradient_reduce_dtype, job.tp_comm_overlap,
+                                                job.adam_moments_dtype)
         strategies = self.layer_strategies(job.model, dp)
         plan = Plan(
             model=job.model.name,
@@ -157,6 +158,7 @@ class UniformConfig:
             fp8_recipe=job.fp8_recipe,
             gradient_reduce_dtype=job.gradient_reduce_dtype,
             tp_comm_overlap=job.tp_comm_overlap,
+            adam_moments_dtype=job.adam_moments_dtype,
             global_batch=global_batch,
             micro_batch=micro_batch,
             num_micro_batches=global_batch // micro_batch,

@@ -34,7 +34,7 @@ def cost_key(model: ModelSpec, settings: CostSettings) -> tuple:
     digest.update(model.model_dump_json().encode())
     digest.update(settings.cluster.model_dump_json().encode())
     return (digest.hexdigest(), settings.precision, settings.optimizer, settings.framework, settings.fp8_recipe,
-            settings.gradient_reduce_dtype, settings.tp_comm_overlap)
+            settings.gradient_reduce_dtype, settings.adam_moments_dtype, settings.tp_comm_overlap)
 
 
 def cached_strategy_tables(key: tuple, model: ModelSpec, strategies: list[Strategy], micro_batch: int,

@@ -59,6 +59,7 @@ from gbmw.search.stage_dp.grid_frontier import INCUMBENT_GRID_CELLS, default_gra
 from gbmw.search.stage_dp.step_reserve_search import StepReserveSearch
 from gbmw.search.units import (Candidate, SearchStats, Setting, counts_to_try, micro_batch_sizes, tp_allowed,
                                used_somewhere, virtual_stage_choices)
+from gbmw.space.launch_settings import runs_with_adam_moments
 from gbmw.space.spaces import DEFAULT_VARIANT, SearchSpace, search_space
 from gbmw.space.stock_partitions import PARTITION_RULES, blocks_per_stage, interleaved_split
 from gbmw.space.strategy import Strategy
@@ -108,12 +109,11 @@ class Planner:
 
     def __post_init__(self) -> None:
         self.spec: SearchSpace = search_space(self.variant, self.target)
-        target = get_target(self.spec.target)
-        target.check_precision(self.job.precision, self.job.gradient_reduce_dtype, self.job.tp_comm_overlap)
+        target, job = get_target(self.spec.target), self.job
+        target.check_precision(job.precision, job.gradient_reduce_dtype, job.tp_comm_overlap, job.adam_moments_dtype)
         fused = target.fused_attention and not self.attention_as_declared
         self.job = job = self.job.model_copy(update={"model": model_as_run(self.job.model, fused)})
-        self.settings = CostSettings(job.cluster, job.precision, job.optimizer, target.framework, job.fp8_recipe,
-                                     job.gradient_reduce_dtype, job.tp_comm_overlap)
+        self.settings = CostSettings.for_job(job, target.framework)
         self.comm, self.budget = CommModel(job.cluster), float(job.memory_budget_bytes)
         self._cost_key = cost_key(job.model, self.settings)
         if self.sweep and self.batch is not None:
@@ -140,7 +140,7 @@ class Planner:
                 self.exclusions[f"pp={pp} exceeds the model's {model.num_layers} layers"] = None
                 break
             strategies = [s for s in self.spec.strategies(cluster, pp, experts=model.is_mixture_of_experts)
-                          if target.runs_recompute_of(s, model)]
+                          if target.runs_recompute_of(s, model) and runs_with_adam_moments(s, self.job.adam_moments_dtype)]
             heads_ok = tp_allowed(model, strategies) & target.layers_allowed(model, strategies)
             if strategies and not heads_ok.any(axis=0).all():
                 names = ", ".join(dict.fromkeys(s.layout_name for s in strategies))
@@ -356,6 +356,7 @@ class Planner:
             model=self.job.model.name, cluster=self.job.cluster.name, num_devices=self.job.cluster.num_devices,
             precision=self.job.precision, fp8_recipe=self.job.fp8_recipe,
             gradient_reduce_dtype=self.job.gradient_reduce_dtype, tp_comm_overlap=self.job.tp_comm_overlap,
+            adam_moments_dtype=self.job.adam_moments_dtype,
             global_batch=setting.global_batch,
             micro_batch=setting.micro_batch, num_micro_batches=setting.num_micro_batches, pp=setting.pp,
             partition=best.partition, strategies=best.strategies, target=self.spec.target,

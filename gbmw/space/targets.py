@@ -123,6 +123,8 @@ class Target:
     gradient_reduce_dtypes: tuple[str, ...] = ("fp32",)
     """The dtypes it accumulates and reduces a bf16 model's gradients in (gbmw.cost.model_states): megatron-core also
     bf16 (`--grad-reduce-in-bf16`)."""
+    adam_moments_dtypes: tuple[str, ...] = ("fp32",)
+    """The dtypes it keeps Adam's moments in: megatron-core also bf16 (its precision-aware optimizer)."""
     tp_comm_overlap: bool = False
     """It runs Transformer Engine's TP communication overlap (megatron-core's `--tp-comm-overlap`: userbuffers, the
     sequence-parallel collectives under the TP GEMMs; gbmw.cost.tp_comm_overlap)."""
@@ -315,15 +317,16 @@ class Target:
                             f"with (blocks + 2) / pp a multiple of {v}")
         return problems
 
-    def precision_refusal(self, precision: str, gradient_reduce_dtype: str = "fp32",
-                          tp_comm_overlap: bool = False) -> str | None:
+    def precision_refusal(self, precision: str, gradient_reduce_dtype: str = "fp32", tp_comm_overlap: bool = False,
+                          adam_moments_dtype: str = "fp32") -> str | None:
         """Why this target cannot train with these job settings, in one line (gbmw.space.launch_settings), or None."""
-        return launch_settings_refusal(self, TARGETS, precision, gradient_reduce_dtype, tp_comm_overlap)
+        return launch_settings_refusal(self, TARGETS, precision, gradient_reduce_dtype, tp_comm_overlap,
+                                       adam_moments_dtype)
 
-    def check_precision(self, precision: str, gradient_reduce_dtype: str = "fp32",
-                        tp_comm_overlap: bool = False) -> None:
+    def check_precision(self, precision: str, gradient_reduce_dtype: str = "fp32", tp_comm_overlap: bool = False,
+                        adam_moments_dtype: str = "fp32") -> None:
         """Raise GbmwError with `precision_refusal`'s line where this target cannot train with these settings."""
-        refusal = self.precision_refusal(precision, gradient_reduce_dtype, tp_comm_overlap)
+        refusal = self.precision_refusal(precision, gradient_reduce_dtype, tp_comm_overlap, adam_moments_dtype)
         if refusal is not None:
             raise GbmwError(refusal)
 
@@ -376,7 +379,7 @@ TARGETS: dict[str, Target] = {
         expert_parallel=True, expert_parallel_needs_sequence_parallel=True, expert_parallel_axes=("dp", "z1dp"),
         expert_tensor_parallel=True, expert_parallel_sequence_axes=("cp",),
         sequence_axes=("cp",), precisions=("fp32", "fp16", "bf16", "fp8"), gradient_reduce_dtypes=("fp32", "bf16"),
-        tp_comm_overlap=True,
+        adam_moments_dtypes=("fp32", "bf16"), tp_comm_overlap=True,
     ),
 }
 STOCK_TARGETS = tuple(name for name, target in TARGETS.items() if not target.per_layer)

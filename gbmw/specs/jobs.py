@@ -15,18 +15,22 @@ from gbmw.errors import SpecError
 from gbmw.specs.bundled import resolve_recipe
 from gbmw.specs.cluster_spec import ClusterSpec, load_cluster
 from gbmw.specs.files import read_yaml
-from gbmw.specs.model_spec import Fp8Recipe, GradientReduceDtype, ModelSpec, Precision, gradient_reduce_dtype_problem
+from gbmw.specs.model_spec import Fp8Recipe, ModelSpec, Precision
+from gbmw.specs.optimizer_dtypes import (AdamMomentsDtype, GradientReduceDtype, adam_moments_dtype_problem,
+                                          gradient_reduce_dtype_problem)
 from gbmw.specs.models import load_model
 from gbmw.specs.schema import MAX_GLOBAL_BATCH, MAX_SEQUENCE, Frozen, MemorySize, parse_bytes, validate_as
 
 
-def check_precision_settings(precision: str, recipe: str, where: str, gradient_reduce_dtype: str = "fp32") -> None:
+def check_precision_settings(precision: str, recipe: str, where: str, gradient_reduce_dtype: str = "fp32",
+                             optimizer: str = "adam", adam_moments_dtype: str = "fp32") -> None:
     """Raise SpecError where an FP8 scaling recipe other than the default is asked of a precision without FP8, or
-    bf16 gradients of a model that is not bf16."""
+    bf16 gradients or bf16 Adam moments of a model that is not bf16 (the moments: of an optimizer that is not Adam)."""
     if recipe != "delayed" and precision != "fp8":
         raise SpecError(f"{where}: fp8_recipe {recipe} scales FP8 tensors, but the precision is {precision}; set "
                         "precision: fp8 or drop fp8_recipe")
-    problem = gradient_reduce_dtype_problem(precision, gradient_reduce_dtype)
+    problem = (gradient_reduce_dtype_problem(precision, gradient_reduce_dtype)
+               or adam_moments_dtype_problem(precision, optimizer, adam_moments_dtype))
     if problem:
         raise SpecError(f"{where}: {problem}")
 
@@ -41,7 +45,9 @@ class JobSpec(Frozen):
     fp8_recipe: Fp8Recipe = "delayed"
     """Transformer Engine's FP8 scaling under precision fp8 (gbmw.specs.model_spec.FP8_RECIPES)."""
     gradient_reduce_dtype: GradientReduceDtype = "fp32"
-    """The dtype gradients are accumulated and reduced in (gbmw.specs.model_spec.GRADIENT_REDUCE_DTYPES)."""
+    """The dtype gradients are accumulated and reduced in (gbmw.specs.optimizer_dtypes.GRADIENT_REDUCE_DTYPES)."""
+    adam_moments_dtype: AdamMomentsDtype = "fp32"
+    """The dtype Adam's moments are kept in (gbmw.specs.optimizer_dtypes.ADAM_MOMENTS_DTYPES)."""
     tp_comm_overlap: bool = False
     """Transformer Engine overlaps the sequence-parallel collectives with the TP GEMMs (gbmw.cost.tp_comm_overlap)."""
     optimizer: Literal["adam", "sgd"] = "adam"
@@ -57,7 +63,8 @@ class JobSpec(Frozen):
     """What loading assumed that the user should hear (an HF config's default sequence length, say)."""
 
     def model_post_init(self, context: object) -> None:
-        check_precision_settings(self.precision, self.fp8_recipe, self.name, self.gradient_reduce_dtype)
+        check_precision_settings(self.precision, self.fp8_recipe, self.name, self.gradient_reduce_dtype, self.optimizer,
+                                 self.adam_moments_dtype)
 
 
 class JobFile(Frozen):
@@ -76,6 +83,10 @@ class JobFile(Frozen):
     gradient_reduce_dtype: GradientReduceDtype = "fp32"
     """Under precision bf16 or fp8: `fp32` (fp32 main gradients, Megatron's default) or `bf16` (megatron-core's
     `--grad-reduce-in-bf16`: half the gradient memory and traffic; only --target megatron-core runs it)."""
+    adam_moments_dtype: AdamMomentsDtype = "fp32"
+    """Under precision bf16 or fp8 with Adam: `fp32` or `bf16` (megatron-core's precision-aware optimizer,
+    `--exp-avg-dtype bf16 --exp-avg-sq-dtype bf16`: 8 bytes of optimizer state per parameter instead of 12; only
+    --target megatron-core runs it, under its distributed optimizer)."""
     tp_comm_overlap: bool = False
     """Transformer Engine's userbuffers overlap the sequence-parallel all-gathers and reduce-scatters with the TP
     GEMMs (megatron-core's `--tp-comm-overlap`; NeMo's `ub_tp_comm_overlap`); only --target megatron-core runs it."""
@@ -98,7 +109,8 @@ def load_job(path: str | Path, memory_budget: str | int | None = None, seq_lengt
     """
     path = resolve_recipe(str(path), "jobs")
     job = validate_as(JobFile, read_yaml(path), str(path))
-    check_precision_settings(job.precision, job.fp8_recipe, str(path), job.gradient_reduce_dtype)
+    check_precision_settings(job.precision, job.fp8_recipe, str(path), job.gradient_reduce_dtype, job.optimizer,
+                             job.adam_moments_dtype)
     model_path = resolve_recipe(job.model, "models", path.parent)
     cluster_path = resolve_recipe(job.cluster, "clusters", path.parent)
     cluster = load_cluster(cluster_path)
@@ -122,6 +134,7 @@ def load_job(path: str | Path, memory_budget: str | int | None = None, seq_lengt
         precision=job.precision,
         fp8_recipe=job.fp8_recipe,
         gradient_reduce_dtype=job.gradient_reduce_dtype,
+        adam_moments_dtype=job.adam_moments_dtype,
         tp_comm_overlap=job.tp_comm_overlap,
         optimizer=job.optimizer,
         global_batch=job.global_batch,

@@ -40,25 +40,6 @@ cast uses a scale from the amax history of earlier iterations; megatron-core `--
 (Float8CurrentScaling: each tensor's amax is computed right before its cast; `--fp8-recipe tensorwise`). Blockwise
 and MXFP8 scaling are not costed."""
 
-GradientReduceDtype = Literal["fp32", "bf16"]
-GRADIENT_REDUCE_DTYPES: tuple[str, ...] = ("fp32", "bf16")
-"""The dtype a 16-bit model's gradients are accumulated and reduced in (gbmw.cost.model_states): `fp32` (Megatron's
-default under bf16: fp32 main gradients, 4 bytes per parameter) or `bf16` (megatron-core's `--grad-reduce-in-bf16`,
-NeMo's `optim.grad_sync_dtype: bf16`: the gradient buffer in bf16, 2 bytes)."""
-BF16_GRADIENT_PRECISIONS: tuple[str, ...] = ("bf16", "fp8")
-"""The precisions whose gradients Megatron accumulates in fp32 unless told bf16 (fp8 keeps bf16 weights)."""
-
-
-def gradient_reduce_dtype_problem(precision: str, gradient_reduce_dtype: str) -> str | None:
-    """Why `gradient_reduce_dtype` does not go with `precision` (one line naming the field and what works), or None."""
-    if gradient_reduce_dtype not in GRADIENT_REDUCE_DTYPES:
-        return f"gradient_reduce_dtype {gradient_reduce_dtype!r} is not one of {list(GRADIENT_REDUCE_DTYPES)}"
-    if gradient_reduce_dtype == "bf16" and precision not in BF16_GRADIENT_PRECISIONS:
-        return (f"gradient_reduce_dtype bf16 reduces the gradients of a bf16 model (precision bf16 or fp8), but the "
-                f"precision is {precision}; set precision: bf16 or drop gradient_reduce_dtype")
-    return None
-
-
 HIGHER_PRECISION: dict[str, str] = {"fp8": "bf16"}
 """The precision of everything but the FP8 linear layers' GEMMs, where it differs from the training precision."""
 
