@@ -14,7 +14,9 @@ definitions (gbmw.space.targets, gbmw.space.spaces) rather than read from the se
 * layouts: targets — every tree over N / P devices of the target's axes with at most one data-parallel axis, TP
   innermost (first), DeepSpeed's pipeline refusing ZeRO-2/3 when P > 1; with and without +sp for trees with TP on
   the Megatron targets; recomputation none, full, and selective (megatron-core always, Megatron-DeepSpeed only
-  where the attention is not flash); baselines — their one tree, GPipe recomputing every block. A layout is used
+  where the attention is not flash); on megatron-core a job keeping Adam's moments in bf16 (its precision-aware
+  optimizer, which Megatron runs under the distributed optimizer only) no tree with plain dp of degree > 1;
+  baselines — their one tree, GPipe recomputing every block. A layout is used
   when its TP degree divides every layer's attention and key/value heads (and, with +sp, the sequence length:
   Megatron's scatter to the sequence-parallel region asserts it) and its data-parallel degree divides b;
 * partitions: pp = 1 — all layers; otherwise the space's rules. The closed-form rules of gbmw.space.stock_partitions
@@ -165,6 +167,8 @@ def space_layouts(space: str, job: JobSpec, pp: int) -> list[Layout]:
         layouts = []
         moe = job.model.is_mixture_of_experts
         for tree in _target_trees(rules, devices // pp, pp):
+            if job.adam_moments_dtype == "bf16" and any(axis == "dp" and degree > 1 for axis, degree in tree):
+                continue  # Megatron's precision-aware optimizer runs under its distributed optimizer only
             has_tp = any(axis == "tp" for axis, _ in tree)
             has_sequence = any(axis in SEQUENCE for axis, _ in tree)
             data = [(axis, degree) for axis, degree in tree if axis != "tp" and axis not in SEQUENCE]
@@ -265,7 +269,8 @@ class UniformPlanOracle:
         self.schedule = "gpipe" if self.space == "gpipe" else "1f1b"
         target = get_target(self.target)
         self.model = model_as_run(self.job.model, target.fused_attention)
-        self.cost_settings = CostSettings(self.job.cluster, self.job.precision, self.job.optimizer, target.framework)
+        self.cost_settings = CostSettings(self.job.cluster, self.job.precision, self.job.optimizer, target.framework,
+                                          adam_moments_dtype=self.job.adam_moments_dtype)
         found: list[UniformPlan] = []
         degrees = space_pipeline_degrees(self.space, self.job)
         for setting in oracle_settings(self.job):
@@ -331,7 +336,7 @@ class UniformPlanOracle:
                         global_batch=setting.global_batch, micro_batch=setting.micro_batch,
                         num_micro_batches=setting.num_micro_batches, pp=setting.pp, partition=partition,
                         strategies=self.strategies(layout), target=self.target, schedule=self.schedule,
-                        virtual_stages=virtual)
+                        virtual_stages=virtual, adam_moments_dtype=self.job.adam_moments_dtype)
             estimate = estimate_plan(self.job, plan, PLACEHOLDER_BUDGET_BYTES)
             self.whole_plans += 1
             self.keys.add(plan_key(plan))
@@ -384,6 +389,8 @@ def random_uniform_case(source, spaces: tuple[str, ...] = UNIFORM_SPACES, work_c
                                   else {"global_batch": batch})
         summary = tiny.summary.rsplit(", ", 1)[0] + (f", sweep ≤ {batch}" if sweep else f", batch {batch}")
         tiny = TinyJob(job, summary)
+    if space == "megatron-core" and tiny.job.precision == "bf16" and tiny.job.optimizer == "adam" and choose.flag(0.5):
+        tiny = TinyJob(tiny.job.model_copy(update={"adam_moments_dtype": "bf16"}), tiny.summary + ", bf16 moments")
     oracle = UniformPlanOracle(tiny.job, space)
     budget, kind = draw_budget(choose, oracle)
     return UniformCase(tiny, space, budget, kind, oracle)
