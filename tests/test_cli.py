@@ -163,6 +163,20 @@ def test_a_fitting_plan_near_the_budget_says_so(capsys):
     assert "of the budget" in capsys.readouterr().out
 
 
+def test_the_nearest_published_runs_are_of_the_plans_kind_dense_or_experts():
+    """A dense regime otherwise equal to an MoE run's is judged by dense runs only, and an MoE regime otherwise equal
+    to a dense run's by MoE runs only. Catches: the kind ignored (the MoE run itself, sharing 8 of 9, would be
+    nearest), or the filter applied the wrong way round."""
+    from gbmw.cli.trust import nearest_runs, published_errors
+    runs = published_errors()
+    for kind, other in (("MoE", "dense"), ("dense", "MoE")):
+        run = next(run for run in runs if run["regime"]["experts"] == kind)
+        regime = dict(run["regime"], experts=other)
+        shared, nearest = nearest_runs(regime)
+        assert nearest and all(near["regime"]["experts"] == other for near in nearest), (kind, nearest)
+        assert run not in nearest
+
+
 def test_the_trust_line_names_the_nearest_published_runs_and_says_when_none_is_of_the_regime(capsys):
     """A regime equal to a bundled published run's finds it among all 9 features; one sharing fewer than 8 is
     reported as of no published regime; `estimate` prints the line. Catches: a wrong count of shared features, the

@@ -6,8 +6,8 @@ precision, the TP degree, the pipeline's depth and interleaving, the ZeRO stage,
 sequence splitting (`plan_regime`). The published runs' regimes and errors are data, written by
 `python benchmarks/published_runs.py --regimes FILE` from the runs it costs and kept in
 recipes/published_errors.yaml (a test checks the file against the benchmark run anew). The nearest runs are those
-sharing the most features with the plan; when they share fewer than `MIN_SHARED_FEATURES`, no published run is
-of this regime, and the line says so.
+sharing the most features with the plan among the runs of its kind (`SAME_KIND_FEATURES`: dense or mixture of
+experts); when they share fewer than `MIN_SHARED_FEATURES`, no published run is of this regime, and the line says so.
 """
 
 from __future__ import annotations
@@ -27,6 +27,10 @@ FEATURES = ("target", "device", "precision", "tensor parallel", "pipeline", "ZeR
             "sequence split")
 MIN_SHARED_FEATURES = 8
 """Fewer features in common than this and the nearest published runs are not of the plan's regime."""
+SAME_KIND_FEATURES = ("experts",)
+"""Features the nearest runs share with the plan wherever a published run does: a mixture of experts' errors come
+from terms a dense model has none of (routing, the experts' all-to-alls and GEMMs), so a dense plan is not judged by
+MoE runs however many other features they share (nor an MoE plan by dense runs while an MoE run is published)."""
 
 
 def _device_family(name: str) -> str:
@@ -66,8 +70,11 @@ def published_errors() -> tuple[dict[str, Any], ...]:
 
 
 def nearest_runs(regime: dict[str, str]) -> tuple[int, list[dict[str, Any]]]:
-    """(features shared, the published runs sharing that many — the most any run shares with `regime`)."""
+    """(features shared, the published runs sharing that many — the most any run of the regime's kind shares with
+    `regime`; any run's where none is of its kind)."""
     runs = published_errors()
+    same_kind = [run for run in runs if all(run["regime"].get(f) == regime[f] for f in SAME_KIND_FEATURES)]
+    runs = same_kind or runs
     if not runs:
         return 0, []
     shared = [sum(run["regime"].get(feature) == regime[feature] for feature in FEATURES) for run in runs]
