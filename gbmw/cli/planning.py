@@ -158,8 +158,7 @@ def _run_estimate(args: argparse.Namespace) -> int:
             raise PlanError(f"{args.plan}: field `model`: value {shown(plan.model)} — the job trains "
                             f"{job.model.name}; plan it with `gbmw plan {args.job} -o plan.yaml`, or cost a layout "
                             "for this model with --uniform")
-        plan.check_against(job.model, job.cluster.num_devices, job.precision, job.fp8_recipe, job.gradient_reduce_dtype,
-                           job.tp_comm_overlap, job.adam_moments_dtype)
+        plan.check_against(job.model, job.cluster.num_devices, **job.launch_settings())
         get_target(plan.target).check(plan, job.model)  # a hand-edited `target` must be able to run the plan
         if job.global_batch is not None and plan.global_batch != job.global_batch:
             print(

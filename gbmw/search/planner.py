@@ -354,10 +354,7 @@ class Planner:
         setting = best.setting
         plan = Plan(
             model=self.job.model.name, cluster=self.job.cluster.name, num_devices=self.job.cluster.num_devices,
-            precision=self.job.precision, fp8_recipe=self.job.fp8_recipe,
-            gradient_reduce_dtype=self.job.gradient_reduce_dtype, tp_comm_overlap=self.job.tp_comm_overlap,
-            adam_moments_dtype=self.job.adam_moments_dtype,
-            global_batch=setting.global_batch,
+            **self.job.launch_settings(), global_batch=setting.global_batch,
             micro_batch=setting.micro_batch, num_micro_batches=setting.num_micro_batches, pp=setting.pp,
             partition=best.partition, strategies=best.strategies, target=self.spec.target,
             schedule=self.spec.schedule, virtual_stages=setting.virtual_stages,

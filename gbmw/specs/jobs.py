@@ -7,7 +7,7 @@ builds the ModelSpec and ClusterSpec and fixes the per-device memory budget.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -20,6 +20,10 @@ from gbmw.specs.optimizer_dtypes import (AdamMomentsDtype, GradientReduceDtype, 
                                           gradient_reduce_dtype_problem)
 from gbmw.specs.models import load_model
 from gbmw.specs.schema import MAX_GLOBAL_BATCH, MAX_SEQUENCE, Frozen, MemorySize, parse_bytes, validate_as
+
+
+LAUNCH_SETTINGS = ("precision", "fp8_recipe", "gradient_reduce_dtype", "adam_moments_dtype", "tp_comm_overlap")
+"""The job's fields a plan carries as its own (gbmw.plan.Plan) and a target must be able to run."""
 
 
 def check_precision_settings(precision: str, recipe: str, where: str, gradient_reduce_dtype: str = "fp32",
@@ -65,6 +69,10 @@ class JobSpec(Frozen):
     def model_post_init(self, context: object) -> None:
         check_precision_settings(self.precision, self.fp8_recipe, self.name, self.gradient_reduce_dtype, self.optimizer,
                                  self.adam_moments_dtype)
+
+    def launch_settings(self) -> dict[str, Any]:
+        """The settings a plan for this job carries, by the names of gbmw.plan.Plan's fields (LAUNCH_SETTINGS)."""
+        return {name: getattr(self, name) for name in LAUNCH_SETTINGS}
 
 
 class JobFile(Frozen):
