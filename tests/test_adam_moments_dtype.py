@@ -120,3 +120,8 @@ def test_megatron_emits_the_precision_aware_optimizer_and_reads_it_back(tmp_path
     mixed = args[:args.index("--exp-avg-sq-dtype") + 1] + ["fp32"] + args[args.index("--exp-avg-sq-dtype") + 2:]
     with pytest.raises(GbmwError, match="gbmw prices both moments in fp32 or both in bf16$"):
         megatron_args_to_plan(mixed, job, "megatron-core")
+    for flag, value in (("--main-params-dtype", "fp16"), ("--main-grads-dtype", "bf16")):
+        with pytest.raises(GbmwError, match=f"^Megatron arguments: {flag} {value}: gbmw prices the precision-aware"):
+            megatron_args_to_plan(args + [flag, value], job, "megatron-core")
+    kept = megatron_args_to_plan(args + ["--main-params-dtype", "fp32"], job, "megatron-core")
+    assert kept.adam_moments_dtype == "bf16"

@@ -68,6 +68,8 @@ def _parser(target: str) -> _Parser:
         add("--use-precision-aware-optimizer", action="store_true")  # megatron/training/arguments.py
         for dest in ("exp_avg_dtype", "exp_avg_sq_dtype"):
             add(_flag(dest), choices=["fp32", "fp16", "bf16", "fp8"], default="fp32")
+        add("--main-grads-dtype", choices=["fp32", "bf16"], default="fp32")
+        add("--main-params-dtype", choices=["fp32", "fp16"], default="fp32")
     add("--attention-dropout", type=float)
     add("--hidden-dropout", type=float)
     add("--recompute-granularity", choices=["full", "selective"])
@@ -340,7 +342,12 @@ def megatron_args_to_plan(args: Sequence[str], job: JobSpec, target: str = "mega
 def _adam_moments_dtype(namespace: argparse.Namespace) -> str:
     """The dtype of Adam's moments the arguments ask (megatron-core's precision-aware optimizer), refusing what
     Megatron refuses (the dtypes without the optimizer, the optimizer without the distributed one) and what gbmw does
-    not price (fp16 or fp8 moments, or the two moments in different dtypes)."""
+    not price (fp16 or fp8 moments, the two moments in different dtypes, main gradients or weights other than fp32)."""
+    for dest in ("main_grads_dtype", "main_params_dtype"):
+        if getattr(namespace, dest, "fp32") != "fp32":
+            raise GbmwError(f"Megatron arguments: {_flag(dest)} {getattr(namespace, dest)}: gbmw prices the "
+                            "precision-aware optimizer with fp32 main gradients and weights (gradient_reduce_dtype "
+                            "bf16 is --grad-reduce-in-bf16); drop it")
     dtypes = {getattr(namespace, "exp_avg_dtype", "fp32"), getattr(namespace, "exp_avg_sq_dtype", "fp32")}
     if not getattr(namespace, "use_precision_aware_optimizer", False):
         if dtypes != {"fp32"}:
