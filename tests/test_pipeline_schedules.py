@@ -16,6 +16,7 @@ from gbmw.cost.model_states import state_bytes, step_traffic_bytes
 from gbmw.cost.pipeline_schedules import in_flight_micro_batches, pipeline_time_s
 from gbmw.cost.stage_cost import StageCosts, stage_estimate, strategy_tables
 from gbmw.space.strategy import Strategy
+from gbmw.space.targets import get_target
 from gbmw.specs.transformer_layers import BlockShape, block_layer
 
 pytestmark = pytest.mark.unit
@@ -94,6 +95,26 @@ def test_scatter_gather_sends_one_tp_share_and_all_gathers():
     assert plain.boundary_send_s(2, 1, 4) == pytest.approx(comm.p2p_s(message, 4))
     assert scatter.boundary_send_s(2, 1, 4) == pytest.approx(comm.p2p_s(message / 4, 4) + comm.allgather_s(message, 4, 1))
     assert scatter.boundary_send_s(2, 1, 4) < plain.boundary_send_s(2, 1, 4)
+
+
+def test_blocking_p2p_waits_out_each_boundary_transfer_twice():
+    """DeepSpeed's pipeline engine sends and receives as separate blocking calls: a middle stage spends each of its
+    two boundaries' transfer twice per micro-batch (its send and the receive the other way), an end stage its one
+    boundary's twice; Megatron's batched pairs once. Catches the receives left out (1×) or charged where the
+    transfers are batched, or the end stages charged a boundary they do not have."""
+    cluster = make_cluster(nodes=2, devices_per_node=4)
+    comm = CommModel(cluster)
+    model = make_model([make_layer(f"l{i}") for i in range(9)])
+    tables = strategy_tables(model, [Strategy.parse("dp4")], 8, CostSettings(cluster, "fp32"), comm)
+    batched, blocking = (StageCosts(model, tables, 3, 4, "1f1b", comm, blocking_p2p=flag) for flag in (False, True))
+    send = batched.boundary_send_s(3, 4)
+    assert blocking.boundary_send_s(3, 4) == pytest.approx(2 * send)
+    for stage, boundaries in ((0, 1), (1, 2), (2, 1)):
+        once, twice = (stage_estimate(costs, stage, 3 * stage, [0] * 3) for costs in (batched, blocking))
+        assert twice.time_no_grad_sync_s - once.time_no_grad_sync_s == pytest.approx(boundaries * send)
+        assert twice.time_s - once.time_s == pytest.approx(boundaries * send)
+    assert get_target("megatron-deepspeed").pipeline_blocking_p2p and get_target("deepspeed").pipeline_blocking_p2p
+    assert not get_target("megatron-core").pipeline_blocking_p2p
 
 
 def test_interleaving_multiplies_the_sends_and_the_stash():

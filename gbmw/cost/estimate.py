@@ -35,7 +35,8 @@ def plan_stage_estimates(job: JobSpec, plan: Plan, fused_elementwise: bool = Fal
     model = model_as_run(job.model, target.fused_attention and not attention_as_declared)
     tables = strategy_tables(model, strategies, plan.micro_batch, settings, comm)
     costs = StageCosts(model, tables, plan.pp, plan.num_micro_batches, plan.schedule, comm,
-                       virtual_stages=plan.virtual_stages, scatter_gather=target.pipeline_scatter_gather)
+                       virtual_stages=plan.virtual_stages, scatter_gather=target.pipeline_scatter_gather,
+                       blocking_p2p=target.pipeline_blocking_p2p)
     index = {strategy: position for position, strategy in enumerate(strategies)}
     return [stage_estimate(costs, stage, first, [index[strategy] for strategy in plan.stage_strategies(stage)])
             for stage, (first, _) in enumerate(plan.stage_bounds)]

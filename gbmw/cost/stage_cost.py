@@ -164,7 +164,7 @@ class StageCosts:
     over strategies (indices into `tables.strategies`)."""
 
     def __init__(self, model: ModelSpec, tables: StrategyTables, pp: int, num_micro_batches: int, schedule: str,
-                 comm: CommModel, virtual_stages: int = 1, scatter_gather: bool = False):
+                 comm: CommModel, virtual_stages: int = 1, scatter_gather: bool = False, blocking_p2p: bool = False):
         self.model, self.tables, self.comm = model, tables, comm
         self.pp, self.num_micro_batches, self.schedule = pp, num_micro_batches, schedule
         self.virtual_stages = virtual_stages
@@ -172,6 +172,13 @@ class StageCosts:
         self.scatter_gather = scatter_gather
         """Each TP rank sends 1/t of a stage's output and the next stage all-gathers it (Megatron's and DeepSpeed's
         pipelines with TP; Narayanan et al. SC21 Sec. 4.1); otherwise every TP rank sends the whole activation."""
+        self.blocking_p2p = blocking_p2p
+        """Every send and every receive is a blocking call of its own, so a stage spends each transfer's time twice per
+        boundary: sending the activation and receiving its gradient (or receiving the activation and sending the
+        gradient). DeepSpeed's PipelineEngine runs TrainSchedule's SendGrad, RecvActivation, RecvGrad and
+        SendActivation as separate synchronous `dist.send`/`dist.recv` (deepspeed/runtime/pipe/schedule.py, p2p.py);
+        Megatron's 1F1B pairs each send with the opposite receive in one batched call (send_forward_recv_backward),
+        which runs both directions at once: once per boundary."""
         self.group_size = tables.strategies[0].group_size
         self.in_flight = [in_flight_micro_batches(schedule, i, pp, num_micro_batches, virtual_stages)
                           for i in range(pp)]
@@ -186,7 +193,8 @@ class StageCosts:
         """One transfer of `layer`'s input (boundary activation and side input) between two stages, sent by
         each device of a layout that splits the micro-batch `data_parallel` ways and replicates it over `tp` ranks
         (numbers, or arrays of them): the previous stage sends it forward, and the receiving stage sends its
-        gradient back. With scatter-gather each TP rank sends 1/t and the receivers all-gather the whole."""
+        gradient back. With scatter-gather each TP rank sends 1/t and the receivers all-gather the whole. With
+        `blocking_p2p` the stage also waits out the transfer it receives the other way: twice the time."""
         messages = np.atleast_1d((self.boundary_bytes[layer] + self.side_bytes[layer]) * self.tables.micro_batch
                                  / np.asarray(data_parallel, dtype=float))
         tps = np.broadcast_to(np.asarray(tp), messages.shape)
@@ -198,6 +206,7 @@ class StageCosts:
                                 + self.comm.allgather_s(float(message), degree, 1))
             else:
                 times[index] = pipeline_send_s(self.model, self.comm, float(message), self.group_size)
+        times = times * (2 if self.blocking_p2p else 1)
         return float(times[0]) if np.ndim(data_parallel) == 0 and np.ndim(tp) == 0 else times
 
     def transition_s(self, layer: int) -> np.ndarray:

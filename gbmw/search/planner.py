@@ -186,8 +186,9 @@ class Planner:
         return throughput_upper_bound(self._costs(tables, pp, count, virtual_stages), allowed, self.budget, total_no_sync_s)
 
     def _costs(self, tables: StrategyTables, pp: int, count: int, virtual_stages: int = 1) -> StageCosts:
+        target = get_target(self.spec.target)
         return StageCosts(self.job.model, tables, pp, count, self.spec.schedule, self.comm, virtual_stages,
-                          scatter_gather=get_target(self.spec.target).pipeline_scatter_gather)
+                          scatter_gather=target.pipeline_scatter_gather, blocking_p2p=target.pipeline_blocking_p2p)
 
     # ------------------------------------------------------------------ one setting
 

@@ -78,6 +78,9 @@ class Target:
     pipeline_scatter_gather: bool = False
     """Its pipeline sends 1/t of an activation from each TP rank and all-gathers it on the receiving stage
     (Megatron's scatter-gather; DeepSpeed's `pipe_partitioned`, on by default with model parallelism)."""
+    pipeline_blocking_p2p: bool = False
+    """Its pipeline sends and receives each transfer as its own blocking call, so a stage waits for its receives as
+    for its sends (DeepSpeed's engine: gbmw.cost.stage_cost.StageCosts.blocking_p2p); Megatron batches them in pairs."""
     interleaved_pipeline: bool = False
     """It runs interleaved 1F1B (virtual pipeline stages, Megatron's --num-layers-per-virtual-pipeline-stage)."""
     sequence_parallel: bool = False
@@ -361,12 +364,12 @@ TARGETS: dict[str, Target] = {
                       precisions=("fp32", "tf32", "fp16", "bf16")),
     "deepspeed": Target(
         "deepspeed", "DeepSpeed (ZeRO + pipeline engine)", "deepspeed", ("dp", "z1dp", "z2dp", "sdp"),
-        pipeline_max_zero_stage=1,
+        pipeline_max_zero_stage=1, pipeline_blocking_p2p=True,
         partition_methods=(("uniform", "uniform"), ("parameters", "parameters")),
     ),
     "megatron-deepspeed": Target(
         "megatron-deepspeed", "Megatron-DeepSpeed", "deepspeed", ("tp", "ulysses", "dp", "z1dp", "z2dp", "sdp"),
-        pipeline_max_zero_stage=1,
+        pipeline_max_zero_stage=1, pipeline_blocking_p2p=True,
         partition_methods=(("type:transformer", "even"),),
         pipeline_scatter_gather=True, sequence_parallel=True, selective_recompute="standard", expert_parallel=True,
         expert_parallel_axes=("dp", "z1dp", "z2dp"), sequence_axes=("ulysses",),

@@ -41,7 +41,7 @@ class StepReserveSearch:
             else:
                 budget -= self.per_parameter * ADAM_CHUNK_ELEMENTS
             search_costs = StageCosts(costs.model, searched, costs.pp, costs.num_micro_batches, costs.schedule,
-                                      costs.comm, costs.virtual_stages, costs.scatter_gather)
+                                      costs.comm, costs.virtual_stages, costs.scatter_gather, costs.blocking_p2p)
             self._searches[regime] = (StageSearch(search_costs, budget, self.granularity, self.allowed, self.exact)
                                       if budget > 0 else None)
         return self._searches[regime]
