@@ -113,6 +113,12 @@ def test_blocking_p2p_waits_out_each_boundary_transfer_twice():
         once, twice = (stage_estimate(costs, stage, 3 * stage, [0] * 3) for costs in (batched, blocking))
         assert twice.time_no_grad_sync_s - once.time_no_grad_sync_s == pytest.approx(boundaries * send)
         assert twice.time_s - once.time_s == pytest.approx(boundaries * send)
+    tp_tables = strategy_tables(model, [Strategy.parse("tp4")], 8, CostSettings(cluster, "fp32"), comm)
+    message = model.layers[3].boundary_activation_bytes_per_sample * 8
+    scatter = StageCosts(model, tp_tables, 3, 4, "1f1b", comm, scatter_gather=True, blocking_p2p=True)
+    # each direction's 1/4 share sent and received, the received one all-gathered once
+    assert scatter.boundary_send_s(3, 1, 4) == pytest.approx(2 * comm.p2p_s(message / 4, 4)
+                                                             + comm.allgather_s(message, 4, 1))
     assert get_target("megatron-deepspeed").pipeline_blocking_p2p and get_target("deepspeed").pipeline_blocking_p2p
     assert not get_target("megatron-core").pipeline_blocking_p2p
 

@@ -194,19 +194,21 @@ class StageCosts:
         each device of a layout that splits the micro-batch `data_parallel` ways and replicates it over `tp` ranks
         (numbers, or arrays of them): the previous stage sends it forward, and the receiving stage sends its
         gradient back. With scatter-gather each TP rank sends 1/t and the receivers all-gather the whole. With
-        `blocking_p2p` the stage also waits out the transfer it receives the other way: twice the time."""
+        `blocking_p2p` the stage also waits out the transfer it receives the other way: the p2p part twice (the
+        all-gather stays once: a stage all-gathers what it receives, never what it sends)."""
         messages = np.atleast_1d((self.boundary_bytes[layer] + self.side_bytes[layer]) * self.tables.micro_batch
                                  / np.asarray(data_parallel, dtype=float))
         tps = np.broadcast_to(np.asarray(tp), messages.shape)
         times = np.empty(messages.shape)
+        transfers = 2 if self.blocking_p2p else 1
         for index, (message, degree) in enumerate(zip(messages, tps)):
             degree = int(degree)
             if self.scatter_gather and degree > 1:
-                times[index] = (pipeline_send_s(self.model, self.comm, float(message) / degree, self.group_size)
+                times[index] = (transfers * pipeline_send_s(self.model, self.comm, float(message) / degree,
+                                                            self.group_size)
                                 + self.comm.allgather_s(float(message), degree, 1))
             else:
-                times[index] = pipeline_send_s(self.model, self.comm, float(message), self.group_size)
-        times = times * (2 if self.blocking_p2p else 1)
+                times[index] = transfers * pipeline_send_s(self.model, self.comm, float(message), self.group_size)
         return float(times[0]) if np.ndim(data_parallel) == 0 and np.ndim(tp) == 0 else times
 
     def transition_s(self, layer: int) -> np.ndarray:
