@@ -1,7 +1,7 @@
 """Adam's moments in bf16 (megatron-core's precision-aware optimizer: `--use-precision-aware-optimizer --exp-avg-dtype
 bf16 --exp-avg-sq-dtype bf16`): Megatron keeps 8 bytes of optimizer state per parameter instead of 12 — the model
-states by exact arithmetic — only under its distributed optimizer; and the field's one-line refusals, YAML round trip
-and Megatron round trip."""
+states by exact arithmetic — only under its distributed optimizer; and the field's one-line refusals and Megatron
+round trip (the YAML: tests/test_plan_launch_settings.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ from gbmw.adapters.megatron import megatron_args_to_plan, plan_to_megatron_args
 from gbmw.cost.estimate import estimate_plan
 from gbmw.cost.model_states import StateBytes, state_bytes
 from gbmw.errors import GbmwError, PlanError, SpecError
-from gbmw.plan import Plan
 
 MOMENTS_JOB = ("model: gpt3-15b\ncluster: h100-80g-x64\nprecision: {precision}\noptimizer: {optimizer}\n"
                "adam_moments_dtype: bf16\nglobal_batch: 512\n")
@@ -90,15 +89,6 @@ def test_megatron_core_plans_it_under_the_distributed_optimizer_only(tmp_path):
         estimate_plan(job, plain)
     with pytest.raises(PlanError, match="^megatron-core cannot run this plan: adam_moments_dtype bf16 needs"):
         plan_to_megatron_args(plain, job, "megatron-core")
-
-
-def test_yaml_round_trip_writes_the_field_only_when_bf16(tmp_path):
-    plan = gbmw.uniform_plan(_job(tmp_path), LAYOUT)
-    assert "adam_moments_dtype: bf16" in plan.to_yaml() and Plan.from_yaml(plan.to_yaml()) == plan
-    fp32 = dataclasses.replace(plan, adam_moments_dtype="fp32")
-    assert "adam_moments_dtype" not in fp32.to_yaml() and Plan.from_yaml(fp32.to_yaml()) == fp32
-    with pytest.raises(PlanError, match="^plan is for adam_moments_dtype fp32 but the job sets bf16; plan again"):
-        fp32.check_against(_job(tmp_path).model, adam_moments_dtype="bf16")
 
 
 def test_megatron_emits_the_precision_aware_optimizer_and_reads_it_back(tmp_path):

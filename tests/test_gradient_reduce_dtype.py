@@ -1,6 +1,7 @@
 """Gradients reduced in bf16 (megatron-core's `--grad-reduce-in-bf16`, NeMo's `optim.grad_sync_dtype: bf16`):
 Megatron keeps 2-byte gradients instead of fp32 main gradients — the model states and the data-parallel gradient
-traffic by exact arithmetic — and the field's one-line refusals, YAML round trip and Megatron round trip."""
+traffic by exact arithmetic — and the field's one-line refusals and Megatron round trip (the YAML:
+tests/test_plan_launch_settings.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,6 @@ from gbmw.adapters.megatron import megatron_args_to_plan, plan_to_megatron_args
 from gbmw.cost.estimate import estimate_plan
 from gbmw.cost.model_states import StateBytes, state_bytes
 from gbmw.errors import GbmwError, PlanError, SpecError
-from gbmw.plan import Plan
 
 BF16_JOB = ("model: gpt3-15b\ncluster: h100-80g-x64\nprecision: {precision}\ngradient_reduce_dtype: bf16\n"
             "global_batch: 512\n")
@@ -66,15 +66,6 @@ def test_targets_that_keep_fp32_gradients_refuse_in_one_line(tmp_path, target):
     with pytest.raises(GbmwError, match=f"^gradient_reduce_dtype bf16: --target {target} reduces gradients in fp32; "
                                         "plan it for --target megatron-core, or drop the job's gradient_reduce_dtype$"):
         gbmw.Planner(job, target=target, explain_failure=False).run()
-
-
-def test_yaml_round_trip_writes_the_field_only_when_bf16(tmp_path):
-    plan = gbmw.uniform_plan(_job(tmp_path), "tp=4,pp=2,zero=1,sp=on,micro=1,target=megatron-core")
-    assert "gradient_reduce_dtype: bf16" in plan.to_yaml() and Plan.from_yaml(plan.to_yaml()) == plan
-    fp32 = dataclasses.replace(plan, gradient_reduce_dtype="fp32")
-    assert "gradient_reduce_dtype" not in fp32.to_yaml() and Plan.from_yaml(fp32.to_yaml()) == fp32
-    with pytest.raises(PlanError, match="^plan is for gradient_reduce_dtype fp32 but the job sets bf16; plan again"):
-        fp32.check_against(_job(tmp_path).model, gradient_reduce_dtype="bf16")
 
 
 def test_megatron_emits_grad_reduce_in_bf16_and_reads_it_back(tmp_path):
