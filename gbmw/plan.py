@@ -195,9 +195,10 @@ class Plan:
         if fp8_recipe is not None and self.fp8_recipe != fp8_recipe:
             raise PlanError(f"plan is for fp8_recipe {self.fp8_recipe} but the job scales FP8 by {fp8_recipe}; "
                             f"plan again (gbmw plan) or set the job's fp8_recipe to {self.fp8_recipe}")
+        word = lambda value: str(value).lower()  # noqa: E731 (YAML's words for booleans)
         for name, wanted in (("gradient_reduce_dtype", gradient_reduce_dtype), ("adam_moments_dtype", adam_moments_dtype),
                              ("tp_comm_overlap", tp_comm_overlap)):
-            have, word = getattr(self, name), lambda value: str(value).lower()  # YAML's words for booleans
+            have = getattr(self, name)
             if wanted is not None and have != wanted:
                 raise PlanError(f"plan is for {name} {word(have)} but the job sets {word(wanted)}; plan again (gbmw "
                                 f"plan) or set the job's {name} to {word(have)}")
