@@ -96,3 +96,27 @@ def test_a_sweep_runs_the_rules_count_for_each_batch():
     assert swept.pp == 1 or swept.num_micro_batches == rule(swept.global_batch, swept.pp)
     fixed = Planner(job, "dp+pp", batch=48, accumulate=False, explain_failure=False, micro_batch_count_rule=rule).run()
     assert swept.estimate.samples_per_s >= fixed.estimate.samples_per_s * (1 - 1e-12)
+
+
+def test_deepspeed_3d_count_is_the_most_accumulation_the_papers_batches_do_not_refute():
+    """benchmarks/paper_table3.unrefuted_count: a count whose best batches are above the paper's in every cell both fit
+    is refuted (the paper's sweep would have found the larger batch); cells the paper ran out of memory in, or gbmw
+    found nothing in, are not compared. Catches the comparison inverted, OOM cells compared, or the order of counts."""
+    from paper_table3 import DEEPSPEED_3D_ROW, batches_above, unrefuted_count
+
+    data = {"models": ["A", "B"], "budgets": {"8GiB": {DEEPSPEED_3D_ROW: [[5.0, 8], [6.0, 16]]},
+                                             "12GiB": {DEEPSPEED_3D_ROW: [[5.0, 16], None]}}}
+
+    def best(a8, b8, a12, b12):
+        return {("8GiB", "A", DEEPSPEED_3D_ROW): a8, ("8GiB", "B", DEEPSPEED_3D_ROW): b8,
+                ("12GiB", "A", DEEPSPEED_3D_ROW): a12, ("12GiB", "B", DEEPSPEED_3D_ROW): b12}
+
+    count_4 = best((9.0, 16), (9.0, 32), (9.0, 24), (9.0, 8))   # above in 3 of 3 (B at 12 GiB: paper OOM)
+    count_2 = best((7.0, 8), (7.0, 32), (7.0, 24), None)        # equal in one: not above everywhere
+    count_1 = best((6.0, 8), (6.0, 8), (6.0, 16), None)
+    assert batches_above(data, count_4, [DEEPSPEED_3D_ROW])[:2] == (3, 3)
+    above, cells, ratio = batches_above(data, count_2, [DEEPSPEED_3D_ROW])
+    assert (above, cells) == (2, 3) and ratio == pytest.approx((1 * 2 * 1.5) ** (1 / 3))
+    assert unrefuted_count(data, {4: count_4, 2: count_2, 1: count_1}) == 2
+    assert unrefuted_count(data, {4: count_2, 2: count_4, 1: count_1}) == 4
+    assert unrefuted_count(data, {4: count_4, 2: count_4, 1: count_4}) == 1  # all refuted: the least accumulation
