@@ -123,6 +123,38 @@ def test_blocking_p2p_waits_out_each_boundary_transfer_twice():
     assert not get_target("megatron-core").pipeline_blocking_p2p
 
 
+def test_sequence_parallel_layers_send_their_shards_at_a_megatron_boundary():
+    """Megatron's +sp layers hold s/t of the sequence on each TP rank: each sends its shard to its peer in the next
+    stage and nothing is all-gathered (megatron-core's (s/t, b, h) tensor shape; the older Megatron-LM scatter-gathered
+    only without sp). Without +sp the scatter-gather stays (1/t sent, then all-gathered); other frameworks keep the
+    whole sequence at a boundary. The two +sp layouts are told apart (and cost nothing to switch between), so the
+    search's per-layout boundary prices them right. Catches the all-gather charged under +sp, the shard not taken
+    (a whole send), or the rule applied to a framework whose boundary is whole."""
+    cluster = make_cluster(nodes=2, devices_per_node=4)
+    comm = CommModel(cluster)
+    model = make_model([make_layer(f"l{i}") for i in range(6)])
+    message = model.layers[3].boundary_activation_bytes_per_sample * 8
+    strategies = [Strategy.parse("tp4"), Strategy.parse("tp4+sp")]
+    megatron = strategy_tables(model, strategies, 8, CostSettings(cluster, "bf16", framework="megatron"), comm)
+    assert list(megatron.boundary_shards) == [1, 4]
+    assert megatron.layout[0] != megatron.layout[1]
+    assert megatron.transition_fraction[megatron.layout[0], megatron.layout[1]] == 0
+    costs = StageCosts(model, megatron, 2, 4, "1f1b", comm, scatter_gather=True)
+    assert costs.boundary_send_s(3, 1, 4, 4) == pytest.approx(comm.p2p_s(message / 4, 4))
+    assert costs.boundary_send_s(3, 1, 4, 1) == pytest.approx(comm.p2p_s(message / 4, 4) + comm.allgather_s(message, 4, 1))
+    plain, sharded = (stage_estimate(costs, 0, 0, [index] * 3) for index in (0, 1))
+    gather = comm.allgather_s(message, 4, 1)
+    assert (plain.time_no_grad_sync_s - plain_compute(megatron, 0)) - (
+        sharded.time_no_grad_sync_s - plain_compute(megatron, 1)) == pytest.approx(gather)
+    runtime = strategy_tables(model, strategies, 8, CostSettings(cluster, "bf16"), comm)
+    assert list(runtime.boundary_shards) == [1, 1] and runtime.layout[0] == runtime.layout[1]
+
+
+def plain_compute(tables, strategy: int) -> float:
+    """Stage 0's three layers without their boundary: the layers' own time."""
+    return float(tables.time_no_grad_sync_s[strategy, :3].sum())
+
+
 def test_interleaving_multiplies_the_sends_and_the_stash():
     cluster = make_cluster(nodes=2, devices_per_node=4)
     comm = CommModel(cluster)

@@ -7,7 +7,8 @@ A stage's terms at one setting (micro-batch size, pp, micro-batch count m, sched
 * the transition cost R(l, S_i, S_j) of Eq. (4): a Slice-Gather when neighbouring layers' activation
   layouts differ (gbmw.ranks.transition_fraction);
 * receiving the stage's input from the previous stage (and sending its gradient back), and sending the output
-  to the next stage;
+  to the next stage — whole, in 1/t scatter-gather pieces, or as the sequence shards +sp layers hold
+  (`sequence_sharded_boundary`);
 * the 1F1B stash: stage i of P keeps the activations of min(P − i, m) micro-batches (GPipe: all m);
 * the side input (the encoder output a T5 decoder stage reads), stashed once per stage;
 * the received input a framework keeps beside its own copy (gbmw.cost.framework_memory), with a later stage's first layer;
@@ -70,8 +71,12 @@ class StrategyTables:
     """[strategy]: ways a micro-batch's activations are split over ranks holding different parts: the
     data-parallel degree times the sequence-parallel one (cp, ulysses) — what a rank stashes, sends and receives
     of a boundary."""
+    boundary_shards: np.ndarray
+    """[strategy]: pieces a TP group's boundary activation is already split into, each rank sending its own
+    (`sequence_sharded_boundary`); 1 where every TP rank holds the whole."""
     layout: np.ndarray
-    """[strategy]: activation-layout id; strategies with equal ids need no Slice-Gather between them."""
+    """[strategy]: activation-layout id; strategies with equal ids need no Slice-Gather between them, and send their
+    stage boundaries alike (equal `boundary_shards`)."""
     transition_fraction: np.ndarray
     """[layout, layout]: share of the micro-batch's boundary activation one device receives (R)."""
 
@@ -85,8 +90,10 @@ def strategy_tables(
     (gbmw.search.layer_cost_cache)."""
     if costs is None:
         costs = layer_costs_of_strategies(model, strategies, micro_batch, settings, comm)
-    layouts: dict[int, int] = {}
-    layout_ids = np.array([layouts.setdefault(data_layout_number(s), len(layouts)) for s in strategies])
+    shards = np.array([sequence_sharded_boundary(settings.framework, s) for s in strategies])
+    layouts: dict[tuple[int, int], int] = {}
+    layout_ids = np.array([layouts.setdefault((data_layout_number(s), int(pieces)), len(layouts))
+                           for s, pieces in zip(strategies, shards)])
     representative = {}
     for strategy, layout in zip(strategies, layout_ids):
         representative.setdefault(int(layout), strategy)
@@ -118,6 +125,7 @@ def strategy_tables(
         optimizer_shards=rows[:, 2].astype(int),
         tp=rows[:, 3].astype(int),
         data_parallel=rows[:, 4].astype(int),
+        boundary_shards=shards,
         layout=layout_ids,
         transition_fraction=fraction,
     )
@@ -135,6 +143,18 @@ def _strategy_row(strategy: Strategy, settings: CostSettings) -> tuple:
             model_state_bytes_per_parameter(view, settings),
             view.degree("sdp") * view.degree("z2dp") * view.degree("z1dp"),
             strategy.tp, strategy.data_parallel * strategy.sequence_parallel_degree)
+
+
+def sequence_sharded_boundary(framework: str, strategy: Strategy) -> int:
+    """Pieces a layer's stage-boundary activation is in across its TP group when it reaches the boundary (1: every TP
+    rank holds the whole). Under Megatron's sequence parallelism (+sp) each TP rank holds s/t of the sequence between
+    layers and sends that shard to its peer in the next stage, which needs nothing more: megatron-core's tensor shape
+    is (s / t, b, h) with `config.sequence_parallel` (megatron/core/pipeline_parallel/schedules.py `get_tensor_shapes`
+    at core_v0.16.1; its p2p_communication.py has no scatter-gather), and the Megatron-LM code before megatron-core
+    scatter-gathered only `not args.sequence_parallel` (megatron/p2p_communication.py before 3c92fa93b5, 2023-03-23).
+    Megatron-DeepSpeed's pipeline is DeepSpeed's engine and gbmw's runtime keeps the whole sequence at boundaries
+    (its +sp is inside blocks): 1 for both."""
+    return strategy.tp if framework == "megatron" and strategy.sp and strategy.tp > 1 else 1
 
 
 def pipeline_send_s(model: ModelSpec, comm: CommModel, message_bytes: float, stage_devices: int) -> float:
@@ -189,27 +209,34 @@ class StageCosts:
         self.transition_overhead_s = slice_gather_overhead_s(model, comm)
         self._transitions: dict[int, np.ndarray] = {}
 
-    def boundary_send_s(self, layer: int, data_parallel, tp=1):
+    def boundary_send_s(self, layer: int, data_parallel, tp=1, shards=1):
         """One transfer of `layer`'s input (boundary activation and side input) between two stages, sent by
         each device of a layout that splits the micro-batch `data_parallel` ways and replicates it over `tp` ranks
         (numbers, or arrays of them): the previous stage sends it forward, and the receiving stage sends its
-        gradient back. With scatter-gather each TP rank sends 1/t and the receivers all-gather the whole. With
-        `blocking_p2p` the stage also waits out the transfer it receives the other way: the p2p part twice (the
-        all-gather stays once: a stage all-gathers what it receives, never what it sends)."""
+        gradient back. Where the TP group already holds it in `shards` pieces (+sp: `sequence_sharded_boundary`) each
+        rank sends its own piece and nothing is gathered; otherwise, with scatter-gather, each TP rank sends 1/t and
+        the receivers all-gather the whole. With `blocking_p2p` the stage also waits out the transfer it receives the
+        other way: the p2p part twice (the all-gather stays once: a stage all-gathers what it receives, never what it
+        sends)."""
         messages = np.atleast_1d((self.boundary_bytes[layer] + self.side_bytes[layer]) * self.tables.micro_batch
                                  / np.asarray(data_parallel, dtype=float))
         tps = np.broadcast_to(np.asarray(tp), messages.shape)
+        pieces = np.broadcast_to(np.asarray(shards), messages.shape)
         times = np.empty(messages.shape)
         transfers = 2 if self.blocking_p2p else 1
-        for index, (message, degree) in enumerate(zip(messages, tps)):
-            degree = int(degree)
-            if self.scatter_gather and degree > 1:
+        for index, (message, degree, piece) in enumerate(zip(messages, tps, pieces)):
+            degree, piece = int(degree), int(piece)
+            if piece > 1:
+                times[index] = transfers * pipeline_send_s(self.model, self.comm, float(message) / piece,
+                                                           self.group_size)
+            elif self.scatter_gather and degree > 1:
                 times[index] = (transfers * pipeline_send_s(self.model, self.comm, float(message) / degree,
                                                             self.group_size)
                                 + self.comm.allgather_s(float(message), degree, 1))
             else:
                 times[index] = transfers * pipeline_send_s(self.model, self.comm, float(message), self.group_size)
-        return float(times[0]) if np.ndim(data_parallel) == 0 and np.ndim(tp) == 0 else times
+        scalar = np.ndim(data_parallel) == 0 and np.ndim(tp) == 0 and np.ndim(shards) == 0
+        return float(times[0]) if scalar else times
 
     def transition_s(self, layer: int) -> np.ndarray:
         """R(l, S_i, S_j) of Eq. (4) per micro-batch, as a [layout of S_i, layout of S_j] matrix: the Slice-Gather
@@ -307,13 +334,17 @@ def stage_estimate(costs: StageCosts, stage_index: int, first_layer: int, strate
     if costs.virtual_stages > 1:  # every chunk boundary, on every stage (the last stage's chunks feed stage 0's)
         output_layer = first_layer + count if first_layer + count < model.num_layers else first_layer
         send += costs.virtual_stages * (
-            costs.boundary_send_s(output_layer, tables.data_parallel[last], tables.tp[last])
-            + costs.boundary_send_s(first_layer, tables.data_parallel[first], tables.tp[first]))
+            costs.boundary_send_s(output_layer, tables.data_parallel[last], tables.tp[last],
+                                  tables.boundary_shards[last])
+            + costs.boundary_send_s(first_layer, tables.data_parallel[first], tables.tp[first],
+                                    tables.boundary_shards[first]))
     else:
         if stage_index < costs.pp - 1:
-            send += costs.boundary_send_s(first_layer + count, tables.data_parallel[last], tables.tp[last])
+            send += costs.boundary_send_s(first_layer + count, tables.data_parallel[last], tables.tp[last],
+                                          tables.boundary_shards[last])
         if stage_index > 0:
-            send += costs.boundary_send_s(first_layer, tables.data_parallel[first], tables.tp[first])
+            send += costs.boundary_send_s(first_layer, tables.data_parallel[first], tables.tp[first],
+                                          tables.boundary_shards[first])
     time += send
     no_sync += send
     in_flight = costs.in_flight[stage_index]

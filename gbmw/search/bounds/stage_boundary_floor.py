@@ -31,16 +31,17 @@ def boundary_floors_s(costs, allowed: np.ndarray) -> tuple[np.ndarray, np.ndarra
     """(receive_floor[a], send_floor[c]) for a, c in 0 … L (see the module; 0 where no stage boundary can be: the
     receive at L, the send at 0 and L), among the strategies `allowed` per layer."""
     tables, layers = costs.tables, allowed.shape[1]
-    pairs = np.stack([tables.data_parallel, tables.tp], axis=1)
+    pairs = np.stack([tables.data_parallel, tables.tp, tables.boundary_shards], axis=1)
     unique_pairs, strategy_pair = np.unique(pairs, axis=0, return_inverse=True)
     strategy_pair = strategy_pair.reshape(-1)
     by_bytes: dict[float, np.ndarray] = {}
-    # [pair, layer]: the send of each layer's input per (DP, TP) pair, computed once per distinct message size
+    # [pair, layer]: the send of each layer's input per (DP, TP, shards) triple, computed once per distinct message size
     per_pair = np.empty((unique_pairs.shape[0], layers))
     for layer in range(layers):
         message = float(costs.boundary_bytes[layer] + costs.side_bytes[layer])
         if message not in by_bytes:
-            by_bytes[message] = np.atleast_1d(costs.boundary_send_s(layer, unique_pairs[:, 0], unique_pairs[:, 1]))
+            by_bytes[message] = np.atleast_1d(costs.boundary_send_s(layer, unique_pairs[:, 0], unique_pairs[:, 1],
+                                                                    unique_pairs[:, 2]))
         per_pair[:, layer] = by_bytes[message]
     if not allowed.any(axis=0).all():
         raise ValueError("boundary_floors_s: a layer allows no strategy")

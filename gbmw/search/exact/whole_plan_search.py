@@ -95,6 +95,8 @@ class WholePlanSearch:
         self.layout_data_parallel[tables.layout] = tables.data_parallel
         self.layout_tp = np.ones(layouts, dtype=int)
         self.layout_tp[tables.layout] = tables.tp
+        self.layout_shards = np.ones(layouts, dtype=int)
+        self.layout_shards[tables.layout] = tables.boundary_shards
         self._zero_transition = np.zeros((layouts, layouts))
         masked = np.where(allowed, 1.0, 0.0)
         strategies = np.arange(len(tables.strategies))
@@ -176,7 +178,8 @@ class WholePlanSearch:
         states = self.states[chosen, layer]
         params = self.params[chosen, layer]
         if receives:  # receive the activation, send its gradient back
-            no_sync = no_sync + costs.boundary_send_s(layer, tables.data_parallel[chosen], tables.tp[chosen])
+            no_sync = no_sync + costs.boundary_send_s(layer, tables.data_parallel[chosen], tables.tp[chosen],
+                                                      tables.boundary_shards[chosen])
             forward = forward + self.received[chosen, layer]
         if side_first:
             forward = forward + self.side[chosen, layer]
@@ -295,7 +298,8 @@ class WholePlanSearch:
     def _finish(self, node: PartialPlans, stage_index: int, first: int, end: int) -> StageOptions | None:
         no_sync = node.no_sync
         if stage_index < self.pp - 1:  # send the output to the next stage, and receive its gradient
-            no_sync = no_sync + self.costs.boundary_send_s(end, self.layout_data_parallel, self.layout_tp)[node.layout]
+            no_sync = no_sync + self.costs.boundary_send_s(end, self.layout_data_parallel, self.layout_tp,
+                                                           self.layout_shards)[node.layout]
         optimizer = node.params * self.step_s
         outside = self.least_prefix_s[first] + self.least_prefix_s[-1] - self.least_prefix_s[end]
         slowest_other = max(self.before_max[stage_index, first], self.after_max[stage_index + 1, end])

@@ -63,6 +63,8 @@ class StageSearch:
         self.layout_data_parallel[tables.layout] = tables.data_parallel
         self.layout_tp = np.ones(self.layouts, dtype=int)
         self.layout_tp[tables.layout] = tables.tp
+        self.layout_shards = np.ones(self.layouts, dtype=int)
+        self.layout_shards[tables.layout] = tables.boundary_shards
         self._nodes: dict[tuple, object] = {}
         self._zero_transition = np.zeros((self.layouts, self.layouts))
 
@@ -79,7 +81,8 @@ class StageSearch:
         forward = tables.forward_memory_bytes[allowed, layer].copy()
         states = tables.model_state_bytes[allowed, layer].copy()
         if layer == first_layer and stage_index > 0:  # receive the activation, send its gradient back
-            time += self.m * costs.boundary_send_s(layer, tables.data_parallel[allowed], tables.tp[allowed])
+            time += self.m * costs.boundary_send_s(layer, tables.data_parallel[allowed], tables.tp[allowed],
+                                                   tables.boundary_shards[allowed])
             forward += costs.received_input_bytes(layer, allowed)
         if side_first:
             forward += costs.side_input_bytes(layer, allowed)
@@ -116,7 +119,7 @@ class StageSearch:
         """Per layout of the stage's last layer: sending the output to the next stage, every micro-batch."""
         if stage_index == self.pp - 1:
             return None
-        return self.m * self.costs.boundary_send_s(end, self.layout_data_parallel, self.layout_tp)
+        return self.m * self.costs.boundary_send_s(end, self.layout_data_parallel, self.layout_tp, self.layout_shards)
 
     def solve(self, stage_index: int, first: int, end: int) -> StageSolution | None:
         """The fastest strategies for layers [first, end) as stage `stage_index` that fit, or None."""
