@@ -92,8 +92,12 @@ def test_composer_runs_costed_on_bf16_weights_leave_the_regimes_alone(benchmark)
         bf16_weights = benchmark.cost(run, benchmark.COMPOSER_WEIGHTS_TARGET)
         assert benchmark.REGIMES[run["name"]] == regime, run["name"]
         assert math.isfinite(bf16_weights.predicted_s) and bf16_weights.predicted_s > 0, run["name"]
-        # bf16 weights, no autocast copies: the same run holds less than on the runtime (fp32 weights, bf16 copies)
-        assert bf16_weights.peak_memory_gib < headline.peak_memory_gib, run["name"]
+        # bf16 weights, no autocast copies: without recomputation the same run holds less than on the runtime, whose
+        # autocast keeps a bf16 copy of every weight from forward to backward beside its fp32 ones. With full
+        # recomputation those copies live one layer at a time, and DeepSpeed's 4 more bytes of states per parameter
+        # (20 against FSDP's 16) can outweigh them: MPT-30B on 8 GPUs holds 77.1 GiB there against the runtime's 74.4.
+        if run["parallelism"]["recompute"] == "none":
+            assert bf16_weights.peak_memory_gib < headline.peak_memory_gib, run["name"]
 
 
 def test_tp_comm_overlap_is_read_from_the_recipes_of_tp_runs_only(benchmark):
