@@ -301,13 +301,24 @@ def _interleaved(plan: Plan, parallelism: dict, job: JobSpec) -> tuple[Plan, int
     return plan, virtual
 
 
-def cost(run: dict, target: str | None = None) -> Costed:
-    """`run` costed on the gbmw target its framework maps to (TARGET_OF_FRAMEWORK), or on `target`."""
+def with_attention_slowed(cluster: ClusterSpec, factor: float) -> ClusterSpec:
+    """`cluster` with its devices' fused-attention rate divided by `factor` (TRITON_ATTENTION_SLOWDOWNS)."""
+    table = cluster.device.attention_tflops
+    slower = table.model_copy(update={precision: rate / factor for precision, rate in table.model_dump().items()
+                                      if rate is not None})
+    return cluster.model_copy(update={"device": cluster.device.model_copy(update={"attention_tflops": slower})})
+
+
+def cost(run: dict, target: str | None = None, attention_slowdown: float = 1.0) -> Costed:
+    """`run` costed on the gbmw target its framework maps to (TARGET_OF_FRAMEWORK), or on `target`; with
+    `attention_slowdown`, its devices' attention rate divided by it (print_triton_attention)."""
     if run["model"].get("moe"):
         return cost_moe(run)
     run, assumptions = with_recipe_fields(run)
     parallelism = run["parallelism"]
     cluster = build_cluster(run, assumptions)
+    if attention_slowdown != 1.0:
+        cluster = with_attention_slowed(cluster, attention_slowdown)
     job = build_job(run, cluster, assumptions)
     framework = _framework(run)
     zero = parallelism.get("zero_stage")
@@ -720,6 +731,34 @@ def print_composer_weights(console: Console, runs: list[dict], costed: list[Cost
     console.print(table)
 
 
+TRITON_ATTENTION_SLOWDOWNS = (1.3, 2.5)
+"""How much slower than FlashAttention-2 "FlashAttention in Triton" runs on an A100: FlashAttention-2 is "1.3-2.5×
+faster than FlashAttention in Triton" (Dao, FlashAttention-2, 2023, Sec. 4). That Triton kernel (Tri Dao's
+flash_attn_triton.py for triton 2.0.0.dev20221202) is what llm-foundry's benchmark sweeps ran (`attn_impl: triton`,
+submit_benchmarks.py's default), while the A100 recipe carries FlashAttention-2's measured rate. No measurement of the
+Triton kernel at MPT's shapes (ALiBi bias, head dim 64 or 128, causal) exists here, so the headline keeps the recipe's
+rate and `print_triton_attention` prints the A100 Composer rows at both ends of the range beside it (the range is an
+A100 one: the H100 row is left out of it)."""
+
+
+def print_triton_attention(console: Console, runs: list[dict], costed: list[Costed]) -> None:
+    """The A100 Composer (llm-foundry) runs with their attention at FlashAttention-2's rate divided by each of
+    TRITON_ATTENTION_SLOWDOWNS, beside the headline error: a bracket, not a costing."""
+    by_name = {row.name: row for row in costed}
+    composer = [run for run in runs if _framework(run) == "composer/llm-foundry" and run["name"] in by_name
+                and "A100" in run["cluster"]["gpu"]]
+    if not composer:
+        return
+    table = Table(title="llm-foundry's A100 runs with its Triton FlashAttention at FlashAttention-2's rate ÷ 1.3 and "
+                        "÷ 2.5 (the FlashAttention-2 paper's range) — see TRITON_ATTENTION_SLOWDOWNS")
+    for column in ("run", "headline error", *(f"attention ÷ {factor}" for factor in TRITON_ATTENTION_SLOWDOWNS)):
+        table.add_column(column, justify="left" if column == "run" else "right")
+    for run in composer:
+        slowed = [cost(run, attention_slowdown=factor).error for factor in TRITON_ATTENTION_SLOWDOWNS]
+        table.add_row(run["name"], f"{by_name[run['name']].error:+.1%}", *(f"{error:+.1%}" for error in slowed))
+    console.print(table)
+
+
 def _record_tp_comm_overlap(run: dict) -> None:
     """Note a TP > 1 run's TP communication overlap (its recipe's, filled in by with_recipe_fields) in TP_COMM_OVERLAP."""
     if run["parallelism"]["tensor"] > 1:
@@ -813,6 +852,7 @@ def main() -> int:
                   f"{len(costed + moe_costed + long_context_costed)} costed runs over the memory gbmw gives them" +
                   "".join(f"\n  {row.name}: {row.peak_memory_gib:.1f} GiB of {row.usable_gib:.1f}" for row in over))
     print_composer_weights(console, runs, costed)
+    print_triton_attention(console, runs, costed)
     if args.regimes:
         from gbmw.specs.files import write_new_file
 

@@ -115,3 +115,19 @@ def test_tp_comm_overlap_is_read_from_the_recipes_of_tp_runs_only(benchmark):
         assert benchmark.TP_COMM_OVERLAP[name] is value, name
     tp1 = [run["name"] for run in runs if run["parallelism"]["tensor"] == 1 and benchmark.why_not_costable(run) is None]
     assert tp1 and not set(tp1) & set(benchmark.TP_COMM_OVERLAP)
+
+
+def test_the_triton_attention_bracket_slows_the_attention_alone(benchmark):
+    """published_runs.print_triton_attention's costing: the device's attention rate divided by the factor, its matmul
+    rate untouched, and an llm-foundry run slower for it, its regime unchanged. Catches the factor applied to the
+    matmuls, multiplied instead of divided, or left out."""
+    run = next(run for run in yaml.safe_load(benchmark.DATA.read_text())["runs"]
+               if run["name"] == "mpt-125m-a100-80gb-8gpu-seq2048-mbs40")
+    cluster = benchmark.build_cluster(run, [])
+    slowed = benchmark.with_attention_slowed(cluster, 2.5)
+    assert slowed.attention_flops("bf16") == pytest.approx(cluster.attention_flops("bf16") / 2.5)
+    assert slowed.sustained_flops("bf16") == cluster.sustained_flops("bf16")
+    headline = benchmark.cost(run)
+    regime = dict(benchmark.REGIMES[run["name"]])
+    assert benchmark.cost(run, attention_slowdown=2.5).predicted_s > headline.predicted_s
+    assert benchmark.REGIMES[run["name"]] == regime
