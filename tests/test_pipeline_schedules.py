@@ -164,8 +164,16 @@ def test_interleaving_multiplies_the_sends_and_the_stash():
     interleaved = stage_estimate(StageCosts(model, tables, 2, 4, "1f1b", comm, virtual_stages=2), 0, 0, [0] * 4)
     send = StageCosts(model, tables, 2, 4, "1f1b", comm).boundary_send_s(4, 4)
     compute = plain.time_no_grad_sync_s - send  # stage 0 sends its output (and receives nothing) once
-    assert interleaved.time_no_grad_sync_s == pytest.approx(compute + 2 * 2 * send)
+    # stage 0 of 2 with 2 chunks: both chunks send their output, only the second receives an input (and sends its
+    # gradient back): the first chunk reads the data
+    assert interleaved.time_no_grad_sync_s == pytest.approx(compute + (2 + 1) * send)
     assert interleaved.in_flight_micro_batches == pytest.approx(2 * (1 + 1 / 4))
+    # on 3 stages: the middle one sends at every chunk boundary both ways, the last one's last chunk ends in the loss
+    three = StageCosts(model, tables, 3, 4, "1f1b", comm, virtual_stages=2)
+    middle, final = stage_estimate(three, 1, 2, [0] * 2), stage_estimate(three, 2, 4, [0] * 4)
+    layers_s = float(tables.time_no_grad_sync_s[0, :2].sum())
+    assert middle.time_no_grad_sync_s == pytest.approx(layers_s + 2 * 2 * send)
+    assert final.time_no_grad_sync_s == pytest.approx(2 * layers_s + (1 + 2) * send)
 
 
 def test_optimizer_step_moves_its_states_gradients_and_weights():

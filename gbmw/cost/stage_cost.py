@@ -331,13 +331,17 @@ def stage_estimate(costs: StageCosts, stage_index: int, first_layer: int, strate
             no_sync += transition
     send = 0.0  # the output forward and the input's gradient backward, as the sending device
     last, first = strategies[-1], strategies[0]
-    if costs.virtual_stages > 1:  # every chunk boundary, on every stage (the last stage's chunks feed stage 0's)
+    if costs.virtual_stages > 1:
+        # every chunk boundary, on every stage (the last stage's chunks feed stage 0's next ones), but the pipeline's
+        # own ends: stage 0's first chunk reads the data (no input to receive, no gradient to send back) and the last
+        # stage's last chunk ends in the loss (no output to send)
         output_layer = first_layer + count if first_layer + count < model.num_layers else first_layer
-        send += costs.virtual_stages * (
-            costs.boundary_send_s(output_layer, tables.data_parallel[last], tables.tp[last],
-                                  tables.boundary_shards[last])
-            + costs.boundary_send_s(first_layer, tables.data_parallel[first], tables.tp[first],
-                                    tables.boundary_shards[first]))
+        outputs = costs.virtual_stages - (stage_index == costs.pp - 1)
+        inputs = costs.virtual_stages - (stage_index == 0)
+        send += (outputs * costs.boundary_send_s(output_layer, tables.data_parallel[last], tables.tp[last],
+                                                 tables.boundary_shards[last])
+                 + inputs * costs.boundary_send_s(first_layer, tables.data_parallel[first], tables.tp[first],
+                                                  tables.boundary_shards[first]))
     else:
         if stage_index < costs.pp - 1:
             send += costs.boundary_send_s(first_layer + count, tables.data_parallel[last], tables.tp[last],
