@@ -238,6 +238,12 @@ class StageCosts:
         scalar = np.ndim(data_parallel) == 0 and np.ndim(tp) == 0 and np.ndim(shards) == 0
         return float(times[0]) if scalar else times
 
+    def strategies_send_s(self, layer: int, strategies):
+        """`boundary_send_s` of `layer`'s input under the strategies of these indices into `tables.strategies`."""
+        tables = self.tables
+        return self.boundary_send_s(layer, tables.data_parallel[strategies], tables.tp[strategies],
+                                    tables.boundary_shards[strategies])
+
     def transition_s(self, layer: int) -> np.ndarray:
         """R(l, S_i, S_j) of Eq. (4) per micro-batch, as a [layout of S_i, layout of S_j] matrix: the Slice-Gather
         of `layer`'s boundary activation plus the profiled per-call overhead (0 when the layouts agree)."""
@@ -338,17 +344,13 @@ def stage_estimate(costs: StageCosts, stage_index: int, first_layer: int, strate
         output_layer = first_layer + count if first_layer + count < model.num_layers else first_layer
         outputs = costs.virtual_stages - (stage_index == costs.pp - 1)
         inputs = costs.virtual_stages - (stage_index == 0)
-        send += (outputs * costs.boundary_send_s(output_layer, tables.data_parallel[last], tables.tp[last],
-                                                 tables.boundary_shards[last])
-                 + inputs * costs.boundary_send_s(first_layer, tables.data_parallel[first], tables.tp[first],
-                                                  tables.boundary_shards[first]))
+        send += (outputs * costs.strategies_send_s(output_layer, last)
+                 + inputs * costs.strategies_send_s(first_layer, first))
     else:
         if stage_index < costs.pp - 1:
-            send += costs.boundary_send_s(first_layer + count, tables.data_parallel[last], tables.tp[last],
-                                          tables.boundary_shards[last])
+            send += costs.strategies_send_s(first_layer + count, last)
         if stage_index > 0:
-            send += costs.boundary_send_s(first_layer, tables.data_parallel[first], tables.tp[first],
-                                          tables.boundary_shards[first])
+            send += costs.strategies_send_s(first_layer, first)
     time += send
     no_sync += send
     in_flight = costs.in_flight[stage_index]

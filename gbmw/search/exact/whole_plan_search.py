@@ -178,8 +178,7 @@ class WholePlanSearch:
         states = self.states[chosen, layer]
         params = self.params[chosen, layer]
         if receives:  # receive the activation, send its gradient back
-            no_sync = no_sync + costs.boundary_send_s(layer, tables.data_parallel[chosen], tables.tp[chosen],
-                                                      tables.boundary_shards[chosen])
+            no_sync = no_sync + costs.strategies_send_s(layer, chosen)
             forward = forward + self.received[chosen, layer]
         if side_first:
             forward = forward + self.side[chosen, layer]

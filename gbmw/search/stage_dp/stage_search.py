@@ -81,8 +81,7 @@ class StageSearch:
         forward = tables.forward_memory_bytes[allowed, layer].copy()
         states = tables.model_state_bytes[allowed, layer].copy()
         if layer == first_layer and stage_index > 0:  # receive the activation, send its gradient back
-            time += self.m * costs.boundary_send_s(layer, tables.data_parallel[allowed], tables.tp[allowed],
-                                                   tables.boundary_shards[allowed])
+            time += self.m * costs.strategies_send_s(layer, allowed)
             forward += costs.received_input_bytes(layer, allowed)
         if side_first:
             forward += costs.side_input_bytes(layer, allowed)
